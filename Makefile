@@ -1,0 +1,60 @@
+# llmc: every target exits non-zero on any error, so deployment pipelines can call them.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+MODEL ?= smollm2-135m-instruct
+OUT ?= out
+EXPORT_DIR ?= $(OUT)/export
+ENGINE_DIR ?= $(OUT)/engine-$(BACKEND)$(if $(filter-out none,$(QUANT)),-$(QUANT))
+BACKEND ?= ort
+QUANT ?= none
+DTYPE ?= float32
+PROMPT ?= What is the capital of France?
+PYTEST_ARGS ?=
+
+.PHONY: help install demo export build run verify test lint bench serve clean
+
+help:
+	@echo "make demo                 install, export + build the default model, answer a chat prompt"
+	@echo "make test                 install and run the test suite"
+	@echo "make export MODEL=... OUT=...   make build BACKEND=ort QUANT=none   make run PROMPT=..."
+
+$(BIN)/llmc: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: a bare requirement would pull a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[export,serve,bench,dev]'
+	touch $(BIN)/llmc
+
+install: $(BIN)/llmc
+
+demo: install
+	$(BIN)/llmc export $(MODEL) -o $(EXPORT_DIR) --force
+	$(BIN)/llmc build $(EXPORT_DIR) --backend $(BACKEND) -o $(ENGINE_DIR) --force
+	$(BIN)/llmc run $(ENGINE_DIR) "$(PROMPT)"
+
+export: install
+	$(BIN)/llmc export $(MODEL) -o $(EXPORT_DIR) --dtype $(DTYPE) --force
+
+build: install
+	$(BIN)/llmc build $(EXPORT_DIR) --backend $(BACKEND) --quant $(QUANT) -o $(ENGINE_DIR) --force
+
+run: install
+	$(BIN)/llmc run $(ENGINE_DIR) "$(PROMPT)"
+
+verify: install
+	$(BIN)/llmc verify $(ENGINE_DIR)
+
+test: install
+	$(BIN)/ruff check llmc tests
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check llmc tests
+	$(BIN)/mypy llmc
+
+clean:
+	rm -rf $(OUT)

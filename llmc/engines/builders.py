@@ -1,0 +1,28 @@
+"""Dispatch `llmc build` to the backend's builder (found by name, like engine loaders)."""
+
+from __future__ import annotations
+
+from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.errors import BackendUnavailableError, InputError
+from llmc.manifest import EngineManifest
+from llmc.progress import Progress
+
+__all__ = ["BuildConfig", "build"]
+
+
+def _trt(cfg: BuildConfig, progress: Progress | None) -> EngineManifest:
+    try:
+        from llmc.engines.trt_build import build_trt
+    except ImportError as e:
+        raise BackendUnavailableError(f"the trt backend is unavailable: {e}") from None
+    return build_trt(cfg, progress)
+
+
+BUILDERS = {"ort": build_ort, "trt": _trt}
+
+
+def build(cfg: BuildConfig, progress: Progress | None = None) -> EngineManifest:
+    builder = BUILDERS.get(cfg.backend)
+    if builder is None:
+        raise InputError(f"--backend {cfg.backend!r} is unknown; known: {', '.join(BUILDERS)}")
+    return builder(cfg, progress)

@@ -1,0 +1,47 @@
+"""KV memory in host RAM (numpy), for CPU backends."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llmc.engines.base import KVCache
+from llmc.manifest import KVSpec
+
+
+class HostKVCache(KVCache):
+    """Per layer one K and one V buffer [num_slots, Hkv, max_len, D], allocated once."""
+
+    def __init__(self, spec: KVSpec, num_slots: int, max_len: int) -> None:
+        super().__init__(num_slots, max_len)
+        dtype = np.float16 if spec.dtype == "float16" else np.float32
+        shape = (num_slots, spec.num_kv_heads, max_len, spec.head_dim)
+        # keys[l], values[l]: [slots, Hkv, max_len, D]
+        self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+        self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+    def buffers(self) -> list[np.ndarray]:
+        """K and V buffers interleaved by layer, in the order of KVSpec.names()."""
+        return [buf for pair in zip(self.keys, self.values) for buf in pair]
+
+    def move(self, src: int, dst: int) -> None:
+        n = int(self.lengths[src])
+        for buf in self.buffers():
+            buf[dst, :, :n] = buf[src, :, :n]
+        self.lengths[dst], self.lengths[src] = n, 0
+
+    def write(self, slot: int, start: int, present: list[np.ndarray], row: int, src: slice) -> None:
+        """Copy positions `src` of batch row `row` of each present tensor into `slot` at `start`."""
+        n = src.stop - src.start
+        for buf, new in zip(self.buffers(), present):
+            buf[slot, :, start:start + n] = new[row, :, src]
+
+    def gather(self, slots: list[int], past_len: int) -> list[np.ndarray]:
+        """[B, Hkv, P, D] views (contiguous slots) or copies of the first past_len positions of each slot."""
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            rows = slice(slots[0], slots[0] + len(slots))
+            return [buf[rows, :, :past_len] for buf in self.buffers()]
+        return [buf[slots][:, :, :past_len] for buf in self.buffers()]

@@ -1,0 +1,31 @@
+"""User-facing errors. Each message is one line that names the value and the limit."""
+
+from __future__ import annotations
+
+
+class LlmcError(Exception):
+    """Base of every error a user can cause; the CLI prints it on one line and exits 1."""
+
+
+class InputError(LlmcError):
+    """A bad argument, path, or request field."""
+
+
+class UnsupportedModelError(LlmcError):
+    """The model's architecture or format is not one llmc can export."""
+
+
+class ManifestError(LlmcError):
+    """A manifest is missing, of another format version, or does not match its files."""
+
+
+class LimitError(InputError):
+    """A request exceeds a limit of the engine (context length, batch size, ...)."""
+
+
+class BackendUnavailableError(LlmcError):
+    """A backend's library or hardware is not present on this machine."""
+
+
+class EngineError(LlmcError):
+    """An engine failed while running a request."""

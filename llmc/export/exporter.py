@@ -1,0 +1,168 @@
+"""`llmc export`: a model reference in, an export folder out (graphs, weights once, manifest, golden)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from llmc.errors import InputError, LlmcError
+from llmc.export import io_names, sources
+from llmc.export.arch import Checkpoint, from_transformers
+from llmc.export.decoder import build_graph
+from llmc.export.golden import golden_prompt_ids, make_golden
+from llmc.onnx_store import WeightFile, make_model
+from llmc.golden import GOLDEN_FILE, Golden
+from llmc.manifest import ExportManifest, GenerationSpec, GraphSpec, save, sha256_file
+from llmc.progress import Progress, Quiet
+
+SUPPORTED_OPSETS = range(17, 22)
+WEIGHTS_FILE = "weights.bin"
+# fp32 graphs must match transformers this closely or the export is refused; fp16 is checked by top-1 only.
+FP32_TOLERANCE = 1e-3
+STEPS = 7
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    model: str
+    out_dir: Path
+    dtype: str = "float32"
+    opset: int = 17
+    force: bool = False
+    allow_pickle: bool = False
+
+
+def check_config(cfg: ExportConfig) -> None:
+    if cfg.dtype not in ("float32", "float16"):
+        raise InputError(f"--dtype must be float32 or float16, got {cfg.dtype!r}")
+    if cfg.opset not in SUPPORTED_OPSETS:
+        raise InputError(f"--opset must be in [{SUPPORTED_OPSETS.start}, {SUPPORTED_OPSETS.stop - 1}], got {cfg.opset}")
+    out = Path(cfg.out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not cfg.force:
+        raise InputError(f"output directory {out} is not empty; pass --force to overwrite it")
+
+
+def export(cfg: ExportConfig, progress: Progress | None = None) -> ExportManifest:
+    """Export into a temporary folder beside OUT_DIR, then move it into place: never a half-written export."""
+    progress = progress or Quiet()
+    check_config(cfg)
+    out = Path(cfg.out_dir).resolve()
+    progress.step(f"resolving {cfg.model}")
+    src = sources.resolve(cfg.model, cfg.allow_pickle)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        manifest = _export_into(work, src, cfg, progress)
+        if out.exists():
+            shutil.rmtree(out)
+        work.rename(out)
+        return manifest
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _export_into(work: Path, src: sources.ModelSource, cfg: ExportConfig, progress: Progress) -> ExportManifest:
+    progress.step(f"loading {src.name} ({src.kind}) with transformers")
+    loaded = sources.load(src)
+    ckpt = from_transformers(loaded.model)
+    kv = io_names.kv_spec(ckpt.spec, cfg.dtype)
+    graphs = {"prefill": io_names.prefill_spec(ckpt.spec, kv), "decode": io_names.decode_spec(ckpt.spec, kv)}
+    progress.step(f"writing weights ({_nbytes(ckpt, cfg.dtype) / 1e6:.0f} MB, stored once) and graphs")
+    _write_graphs(work, ckpt, graphs, cfg)
+    progress.step("copying tokenizer, chat template and generation config")
+    generation = _write_tokenizer(work, loaded)
+    progress.step("computing golden outputs with transformers")
+    golden = make_golden(loaded.model, golden_prompt_ids(loaded.tokenizer))
+    golden.save(work / GOLDEN_FILE)
+    manifest = ExportManifest(
+        model_name=src.name, source=str(src.path), dtype=cfg.dtype, opset=cfg.opset, model=ckpt.spec, kv=kv,
+        prefill=graphs["prefill"], decode=graphs["decode"], generation=generation, weights_file=WEIGHTS_FILE,
+        golden_file=GOLDEN_FILE, tools=tool_versions(), files={},
+    )
+    progress.step("checking the graphs against transformers (ONNX Runtime)")
+    parity = _check_parity(work, manifest, golden)
+    progress.step("writing manifest")
+    files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
+    manifest = ExportManifest(**{**manifest.__dict__, "files": files, "parity": parity})
+    save(manifest, work)
+    return manifest
+
+
+def _nbytes(ckpt: Checkpoint, dtype: str) -> int:
+    itemsize = 2 if dtype == "float16" else 4
+    return sum(w.size for w in ckpt.weights.values()) * itemsize
+
+
+def _write_graphs(work: Path, ckpt: Checkpoint, graphs: dict[str, GraphSpec], cfg: ExportConfig) -> None:
+    weights = WeightFile(work / WEIGHTS_FILE)
+    np_dtype = np.float16 if cfg.dtype == "float16" else np.float32
+    try:
+        for name, array in ckpt.weights.items():
+            weights.add(name, array.astype(np_dtype))
+    finally:
+        weights.close()
+    for spec in graphs.values():
+        graph, used = build_graph(ckpt, spec, cfg.dtype, cfg.opset)
+        model = make_model(graph, weights, used, cfg.opset)
+        path = work / spec.file
+        onnx.save(model, str(path))
+        onnx.checker.check_model(str(path))  # path form: works past 2 GB, checks external data
+
+
+def _write_tokenizer(work: Path, loaded: sources.LoadedModel) -> GenerationSpec:
+    tok = loaded.tokenizer
+    tok.save_pretrained(str(work))
+    if not (work / "tokenizer.json").is_file():
+        raise LlmcError(f"{loaded.source.name}: no fast tokenizer (tokenizer.json) could be made for the runtime")
+    for extra in ("special_tokens_map.json",):
+        (work / extra).unlink(missing_ok=True)
+    gen = loaded.model.generation_config
+    gen.save_pretrained(str(work))
+    eos = gen.eos_token_id if gen.eos_token_id is not None else tok.eos_token_id
+    eos_ids = tuple(sorted({int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None}))
+    return GenerationSpec(
+        eos_token_ids=eos_ids,
+        bos_token_id=gen.bos_token_id,
+        pad_token_id=gen.pad_token_id,
+        has_chat_template=bool(getattr(tok, "chat_template", None)),
+    )
+
+
+def _check_parity(work: Path, manifest: ExportManifest, golden: Golden) -> dict[str, float]:
+    from llmc.engines.ort_build import export_engine
+    from llmc.runtime.verify import check_golden
+
+    engine = export_engine(manifest, work)
+    result = check_golden(engine, golden)
+    if manifest.dtype == "float32" and result["max_abs_diff"] > FP32_TOLERANCE:
+        raise LlmcError(
+            f"exported graphs differ from transformers: max |logit diff| {result['max_abs_diff']:.2e} "
+            f"> {FP32_TOLERANCE:.0e}"
+        )
+    return result
+
+
+def tool_versions() -> dict[str, str]:
+    import onnxruntime
+    import torch
+    import transformers
+
+    import llmc
+
+    versions = {"llmc": llmc.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+    try:
+        import gguf
+
+        versions["gguf"] = getattr(gguf, "__version__", "installed")
+    except ImportError:
+        pass
+    return versions

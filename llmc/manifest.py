@@ -1,0 +1,220 @@
+"""The manifests: the only contract between export, build and run.
+
+`llmc.json` (written by export) describes the model, the two graphs and their I/O, the KV-cache layout, limits,
+tool versions and file checksums. `engine.json` (written by build) says what was built from which export.
+Both carry a format version; a reader refuses a version it does not know.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
+
+from llmc.errors import ManifestError
+
+EXPORT_MANIFEST = "llmc.json"
+ENGINE_MANIFEST = "engine.json"
+EXPORT_FORMAT_VERSION = 1
+ENGINE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output. Symbolic dims are strings (e.g. "batch"), fixed ones ints."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    file: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    # "last": logits only at each row's last valid position [B, 1, V]; "all": [B, S, V].
+    logits: str = "last"
+
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts the graphs were built from (and a backend may rebuild them from)."""
+
+    family: str  # "llama" (Llama/Mistral/Qwen2/SmolLM2) or "gpt2"
+    hf_architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_positions: int
+    norm: str  # "rms" | "layer"
+    norm_eps: float
+    activation: str  # "silu" | "gelu_tanh"
+    positions: str  # "rope" | "learned"
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    rope_attention_scaling: float = 1.0
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """KV cache layout. "concat": past [B, Hkv, P, D] in, present [B, Hkv, P+S, D] out (Optimum style).
+
+    A later layout ("inplace": one [B, Hkv, max_len, D] buffer bound as past and present) is a different value
+    here, not a different CLI.
+    """
+
+    layout: str
+    dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    past_key: str  # name template with {i}
+    past_value: str
+    present_key: str
+    present_value: str
+
+    def names(self, kind: str) -> list[str]:
+        """All per-layer names of one kind: "past" or "present", keys and values interleaved by layer."""
+        k, v = (self.past_key, self.past_value) if kind == "past" else (self.present_key, self.present_value)
+        return [n.format(i=i) for i in range(self.num_layers) for n in (k, v)]
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    has_chat_template: bool = False
+
+
+@dataclass(frozen=True)
+class ExportManifest:
+    model_name: str
+    source: str
+    dtype: str
+    opset: int
+    model: ModelSpec
+    kv: KVSpec
+    prefill: GraphSpec
+    decode: GraphSpec
+    generation: GenerationSpec
+    weights_file: str
+    golden_file: str
+    tools: dict[str, str]
+    files: dict[str, str]  # file name -> sha256
+    parity: dict[str, float] = field(default_factory=dict)
+    format: str = "llmc-export"
+    format_version: int = EXPORT_FORMAT_VERSION
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.max_positions
+
+
+@dataclass(frozen=True)
+class EngineManifest:
+    backend: str
+    precision: str
+    export_dir: str
+    export_manifest_sha256: str
+    model_name: str
+    model: ModelSpec
+    kv: KVSpec
+    prefill: GraphSpec
+    decode: GraphSpec
+    generation: GenerationSpec
+    settings: dict[str, Any]
+    tools: dict[str, str]
+    files: dict[str, str]
+    format: str = "llmc-engine"
+    format_version: int = ENGINE_FORMAT_VERSION
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.max_positions
+
+
+T = TypeVar("T")
+
+
+def _build(tp: Any, value: Any) -> Any:
+    """Rebuild a (nested) dataclass value from JSON data, following the type hints."""
+    if is_dataclass(tp):
+        hints = get_type_hints(tp)
+        known = {f.name for f in fields(tp)}
+        return tp(**{k: _build(hints[k], v) for k, v in value.items() if k in known})
+    origin = get_origin(tp)
+    if origin is tuple and value is not None:
+        args = get_args(tp)
+        inner = args[0]
+        return tuple(_build(inner, v) for v in value)
+    return value
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save(manifest: ExportManifest | EngineManifest, directory: Path) -> Path:
+    name = EXPORT_MANIFEST if isinstance(manifest, ExportManifest) else ENGINE_MANIFEST
+    path = Path(directory) / name
+    path.write_text(json.dumps(asdict(manifest), indent=2) + "\n")
+    return path
+
+
+def _load(cls: type[T], path: Path, fmt: str, version: int) -> T:
+    if not path.is_file():
+        raise ManifestError(f"no manifest at {path}: is this an llmc {fmt.split('-')[1]} directory?")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"manifest {path} is not valid JSON: {e}") from None
+    if data.get("format") != fmt:
+        raise ManifestError(f"{path} has format {data.get('format')!r}, expected {fmt!r}")
+    if data.get("format_version") != version:
+        raise ManifestError(
+            f"{path} has format_version {data.get('format_version')}, this llmc reads version {version}; "
+            "re-run the stage that wrote it"
+        )
+    try:
+        return _build(cls, data)  # type: ignore[no-any-return]
+    except TypeError as e:
+        raise ManifestError(f"manifest {path} is incomplete: {e}") from None
+
+
+def load_export(directory: Path | str) -> ExportManifest:
+    return _load(ExportManifest, Path(directory) / EXPORT_MANIFEST, "llmc-export", EXPORT_FORMAT_VERSION)
+
+
+def load_engine(directory: Path | str) -> EngineManifest:
+    return _load(EngineManifest, Path(directory) / ENGINE_MANIFEST, "llmc-engine", ENGINE_FORMAT_VERSION)
+
+
+def verify_files(directory: Path, files: dict[str, str]) -> None:
+    """Check every recorded checksum; a modified or missing file is a clear error."""
+    for name, expected in files.items():
+        path = Path(directory) / name
+        if not path.is_file():
+            raise ManifestError(f"{path} is listed in the manifest but missing")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise ManifestError(f"{path} was modified: sha256 {actual[:12]}… != recorded {expected[:12]}…")

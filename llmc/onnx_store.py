@@ -1,0 +1,93 @@
+"""ONNX files on disk: weights stored once in one external-data file that several graphs reference by offset,
+and the safety check every loader runs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from llmc.errors import ManifestError
+
+ALIGN = 4096  # page-aligned offsets so runtimes can memory-map each tensor
+
+
+class WeightFile:
+    """Appends tensors to `path` and hands out TensorProtos that point into it (no data copied into graphs)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self._protos: dict[str, TensorProto] = {}
+        self._placed: dict[bytes, int] = {}  # sha256 of bytes -> offset
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        if name in self._protos:
+            return
+        data = np.ascontiguousarray(array)
+        proto = TensorProto()
+        proto.name = name
+        proto.data_type = helper.np_dtype_to_tensor_dtype(data.dtype)
+        proto.dims.extend(data.shape)
+        self.point(proto, data.tobytes())
+        self._protos[name] = proto
+
+    def point(self, proto: TensorProto, raw: bytes) -> None:
+        """Make `proto` refer to `raw` in this file, writing it only if the same bytes are not there yet."""
+        key = hashlib.sha256(raw).digest()
+        if key not in self._placed:
+            offset = self._file.tell()
+            pad = (-offset) % ALIGN
+            self._file.write(b"\0" * pad)
+            self._file.write(raw)
+            self._placed[key] = offset + pad
+        proto.ClearField("raw_data")
+        del proto.external_data[:]
+        proto.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", self.path.name), ("offset", str(self._placed[key])), ("length", str(len(raw)))):
+            entry = proto.external_data.add()
+            entry.key, entry.value = k, v
+
+    def proto(self, name: str) -> TensorProto:
+        return self._protos[name]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def make_model(graph: onnx.GraphProto, weights: WeightFile, used: list[str], opset: int,
+               extra_opsets: dict[str, int] | None = None) -> onnx.ModelProto:
+    graph.initializer.extend(weights.proto(n) for n in used)
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="llmc")
+    model.ir_version = 10  # readable by ONNX Runtime >= 1.17 and TensorRT 10
+    return model
+
+
+def read_external(proto: TensorProto, base_dir: Path) -> bytes:
+    """The raw bytes of an initializer stored as external data."""
+    info = {e.key: e.value for e in proto.external_data}
+    with open(Path(base_dir) / info["location"], "rb") as f:
+        f.seek(int(info.get("offset", 0)))
+        return f.read(int(info["length"])) if "length" in info else f.read()
+
+
+def to_numpy(proto: TensorProto, base_dir: Path) -> np.ndarray:
+    return numpy_helper.to_array(proto, base_dir=str(base_dir))
+
+
+def check_external_paths(model_path: Path) -> None:
+    """Refuse external data that points outside the model's folder (a path-traversal hole in ONNX)."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    root = model_path.parent.resolve()
+    for init in model.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                target = (root / entry.value).resolve()
+                if root not in target.parents:
+                    raise ManifestError(
+                        f"{model_path.name}: external data {entry.value!r} of {init.name} escapes {root}"
+                    )

@@ -1,0 +1,29 @@
+"""Progress reporting for slow stages, kept apart from the stages themselves (the CLI passes a console one)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Protocol
+
+
+class Progress(Protocol):
+    def step(self, message: str) -> None: ...
+
+
+class Quiet:
+    def step(self, message: str) -> None:
+        pass
+
+
+class ConsoleSteps:
+    """Numbered steps with elapsed time, on stderr so stdout stays clean for results."""
+
+    def __init__(self, total: int, prefix: str = "") -> None:
+        self.total, self.prefix, self.n = total, prefix, 0
+        self.t0 = time.perf_counter()
+
+    def step(self, message: str) -> None:
+        self.n += 1
+        elapsed = time.perf_counter() - self.t0
+        print(f"{self.prefix}[{self.n}/{self.total}] {message}  ({elapsed:.1f}s)", file=sys.stderr, flush=True)

@@ -1,0 +1,161 @@
+"""The engine loop: schedule, run the engine, post-process. Continuous batching over one KV memory."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from llmc.engines.base import Engine
+from llmc.errors import EngineError, InputError, LimitError
+from llmc.runtime.request import CompletionOutput, FinishReason, RequestOutput, SamplingParams
+from llmc.runtime.sampler import Sampler, SequenceSamplingState
+from llmc.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan
+from llmc.runtime.sequence import Sequence
+from llmc.runtime.stopping import StopChecker
+from llmc.runtime.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    max_running: int = 8  # KV slots: sequences decoding together
+    kv_budget_mb: int = 1024  # memory for the KV cache; max_len per slot follows from it
+    max_step_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
+
+
+@dataclass(frozen=True)
+class SeqUpdate:
+    """What one sequence produced in one step (for streaming)."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer | None, config: LoopConfig | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config or LoopConfig()
+        per_slot = self.config.kv_budget_mb * 2**20 // (engine.kv_bytes_per_token() * self.config.max_running)
+        self.max_len = int(min(engine.max_positions, per_slot))
+        if self.max_len < 16:
+            raise InputError(
+                f"--kv-budget-mb {self.config.kv_budget_mb} leaves {self.max_len} tokens per sequence for "
+                f"{self.config.max_running} sequences; raise the budget or lower --max-batch"
+            )
+        self.kv = engine.new_kv_cache(self.config.max_running, self.max_len)
+        self.scheduler = Scheduler(SchedulerConfig(self.config.max_running, self.max_len,
+                                                   self.config.max_step_tokens))
+        self.sampler = Sampler()
+        self.eos_ids = list(engine.manifest.generation.eos_token_ids)
+        self.requests: dict[str, list[Sequence]] = {}
+        self._ids = itertools.count()
+
+    # -- requests ----------------------------------------------------------------------------------------
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        params.validate(self.engine.vocab_size)
+        if not prompt_ids:
+            raise InputError("prompt is empty: at least 1 token is needed")
+        bad = [t for t in prompt_ids if not 0 <= t < self.engine.vocab_size]
+        if bad:
+            raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.engine.vocab_size})")
+        if len(prompt_ids) > self.max_len:
+            raise LimitError(f"prompt has {len(prompt_ids)} tokens, the context holds {self.max_len}")
+        if len(prompt_ids) + params.max_tokens > self.max_len:
+            raise LimitError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{len(prompt_ids) + params.max_tokens} exceeds the context of {self.max_len} tokens"
+            )
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        self.check_request(prompt_ids, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        seqs = []
+        for i in range(params.n):
+            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+            detok = self.tokenizer.decode_stream(prompt_ids) if self.tokenizer is not None else None
+            seq = Sequence(f"{request_id}/{i}", request_id, i, list(prompt_ids), p,
+                           SequenceSamplingState(p, prompt_ids, self.eos_ids), StopChecker(p, self.eos_ids), detok)
+            seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = seqs
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        for seq in self.scheduler.abort(request_id):
+            self._release(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # -- the step ----------------------------------------------------------------------------------------
+    def step(self) -> list[SeqUpdate]:
+        plan = self.scheduler.schedule()
+        sampled = self._run(plan)
+        return self._postprocess(plan, sampled)
+
+    def _run(self, plan: StepPlan) -> list[Sequence]:
+        """Run the engine for the plan; sample for every sequence whose prompt is done. Returns those."""
+        sampled: list[Sequence] = []
+        calls = [(self.engine.prefill, [(s, s.prompt_ids[:n]) for s, n in plan.prefill]),
+                 (self.engine.decode, [(s, s.prompt_ids[s.prefilled:s.prefilled + n]) for s, n in plan.extend]),
+                 (self.engine.decode, [(s, [s.output_ids[-1]]) for s in plan.decode])]
+        for run, rows in calls:
+            if not rows:
+                continue
+            seqs = [s for s, _ in rows]
+            try:
+                logits = run([s.slot for s in seqs], [toks for _, toks in rows], self.kv)
+            except EngineError:
+                for seq in seqs:
+                    seq.finish(FinishReason.ERROR)
+                continue
+            for seq, toks in rows:
+                if not seq.prompt_done:
+                    seq.prefilled += len(toks)
+            ready = [i for i, s in enumerate(seqs) if s.prompt_done]
+            if ready:
+                self._sample(logits[ready], [seqs[i] for i in ready])
+                sampled.extend(seqs[i] for i in ready)
+        return sampled
+
+    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
+        out = self.sampler.sample(logits, [s.sampling for s in seqs])
+        for seq, token, logprob in zip(seqs, out.token_ids.tolist(), out.logprobs):
+            seq.accept(int(token), logprob)
+
+    def _postprocess(self, plan: StepPlan, sampled: list[Sequence]) -> list[SeqUpdate]:
+        updates = [SeqUpdate(s.request_id, s.index, s.new_text, s.output_ids[-1:], s.finish_reason) for s in sampled]
+        touched = {s.seq_id for s in sampled}
+        for seq in list(self.scheduler.running):
+            if seq.finished:
+                if seq.seq_id not in touched:
+                    updates.append(SeqUpdate(seq.request_id, seq.index, "", [], seq.finish_reason))
+                self._release(seq)
+        return updates
+
+    def _release(self, seq: Sequence) -> None:
+        slot = seq.slot
+        move = self.scheduler.release(seq)
+        if move is not None:
+            self.kv.move(*move)
+        elif slot >= 0:
+            self.kv.free(slot)
+
+    # -- results -----------------------------------------------------------------------------------------
+    def result(self, request_id: str, prompt: str | None = None) -> RequestOutput:
+        seqs = self.requests[request_id]
+        outputs = [CompletionOutput(s.text, list(s.output_ids), s.finish_reason, s.logprobs or None, s.index)
+                   for s in seqs]
+        return RequestOutput(request_id, prompt, list(seqs[0].prompt_ids), outputs,
+                             finished=all(s.finished for s in seqs))
+
+    def pop(self, request_id: str) -> RequestOutput:
+        out = self.result(request_id)
+        del self.requests[request_id]
+        return out

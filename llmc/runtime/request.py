@@ -1,0 +1,152 @@
+"""Per-request sampling parameters and the outputs a request produces."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from llmc.errors import InputError
+
+MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
+
+
+class FinishReason(str, Enum):
+    """Why a sequence ended; the values are the OpenAI `finish_reason` strings (plus abort/error)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request's tokens and when to stop.
+
+    `temperature == 0` means greedy; `top_k` 0 or -1 and `top_p == 1` and `min_p == 0` are "off".
+    Call `validate()` at the boundary (server or CLI); the sampler assumes valid values.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    n: int = 1
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise `InputError` (one line: field, value, rule) on the first invalid field."""
+        self._validate_counts()
+        self._validate_sampling()
+        self._validate_penalties()
+        self._validate_stops(vocab_size)
+
+    def _validate_counts(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise InputError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.n) or self.n < 1:
+            raise InputError(f"n must be >= 1, got {self.n!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise InputError(f"min_tokens must be >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise InputError(
+                f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} > max_tokens={self.max_tokens}"
+            )
+        if self.logprobs is not None and (
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise InputError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise InputError(f"seed must be an integer or null, got {self.seed!r}")
+
+    def _validate_sampling(self) -> None:
+        t = self.temperature
+        if not _is_num(t) or not math.isfinite(t) or t < 0:
+            raise InputError(f"temperature must be >= 0 and finite, got {t!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise InputError(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k!r}")
+        p = self.top_p
+        if not _is_num(p) or not math.isfinite(p) or not 0 < p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {p!r}")
+        m = self.min_p
+        if not _is_num(m) or not math.isfinite(m) or not 0 <= m <= 1:
+            raise InputError(f"min_p must be in [0, 1], got {m!r}")
+
+    def _validate_penalties(self) -> None:
+        r = self.repetition_penalty
+        if not _is_num(r) or not math.isfinite(r) or r <= 0:
+            raise InputError(f"repetition_penalty must be > 0 and finite, got {r!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_num(v) or not math.isfinite(v) or not -2 <= v <= 2:
+                raise InputError(f"{name} must be in [-2, 2], got {v!r}")
+
+    def _validate_stops(self, vocab_size: int | None) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InputError(f"too many stop strings: {len(self.stop)} > {MAX_STOP_STRINGS}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InputError(f"stop strings must be non-empty strings, got {s!r}")
+        for tid in self.stop_token_ids:
+            if not _is_int(tid) or tid < 0:
+                raise InputError(f"stop_token_ids must be non-negative integers, got {tid!r}")
+            if vocab_size is not None and tid >= vocab_size:
+                raise InputError(f"stop_token_ids contains {tid} >= vocab size {vocab_size}")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass
+class TokenLogprob:
+    """The chosen token's logprob and the `top` most likely alternatives (token id -> logprob)."""
+
+    token_id: int
+    logprob: float
+    top: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class CompletionOutput:
+    """One of the `n` completions of a request, as produced so far."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None
+    index: int = 0
+
+
+@dataclass
+class RequestOutput:
+    """A request's state as reported to the caller (a streaming delta or the final result)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False

@@ -1,0 +1,66 @@
+"""One generated sequence: its tokens, sampling state, stop checks and streaming text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from llmc.runtime.request import FinishReason, SamplingParams, TokenLogprob
+from llmc.runtime.sampler import SequenceSamplingState
+from llmc.runtime.stopping import StopChecker
+from llmc.runtime.tokenizer import DecodeStream
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: str
+    request_id: str
+    index: int  # which of the request's n completions
+    prompt_ids: list[int]
+    params: SamplingParams
+    sampling: SequenceSamplingState
+    stopper: StopChecker
+    detok: DecodeStream | None
+    status: Status = Status.WAITING
+    slot: int = -1
+    prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    new_text: str = ""  # emitted by the latest step, for streaming
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prompt_done(self) -> bool:
+        return self.prefilled >= len(self.prompt_ids)
+
+    def accept(self, token: int, logprob: TokenLogprob | None) -> None:
+        """Record a sampled token, its text (held back near stop strings), and whether it ends the sequence."""
+        self.output_ids.append(token)
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        piece = self.detok.step(token) if self.detok is not None else ""
+        emitted, reason = self.stopper.on_token(token, piece)
+        self.new_text = emitted
+        self.text += emitted
+        if reason is not None:
+            self.finish(reason)
+
+    def finish(self, reason: FinishReason) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+        self.status = Status.FINISHED
