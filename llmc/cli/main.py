@@ -47,11 +47,16 @@ def main(version: bool = typer.Option(False, "--version", callback=version_callb
     """llmc: export -> build -> run."""
 
 
-def _register() -> None:
-    from llmc.cli import build_cmd, export_cmd, run_cmd, verify_cmd
+COMMAND_MODULES = ("export_cmd", "build_cmd", "run_cmd", "verify_cmd", "bench_cmd", "serve_cmd")
 
-    for module in (export_cmd, build_cmd, run_cmd, verify_cmd):
-        module.register(app, user_errors)
+
+def _register() -> None:
+    import importlib
+    import importlib.util
+
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(f"llmc.cli.{name}") is not None:
+            importlib.import_module(f"llmc.cli.{name}").register(app, user_errors)
 
 
 _register()
