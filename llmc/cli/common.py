@@ -5,7 +5,6 @@ from __future__ import annotations
 from enum import Enum
 
 
-
 class Dtype(str, Enum):
     float32 = "float32"
     float16 = "float16"

@@ -9,8 +9,8 @@ import numpy as np
 from llmc.engines.base import Engine, EngineOptions, KVCache
 from llmc.engines.host_kv import HostKVCache
 from llmc.errors import BackendUnavailableError, EngineError, ManifestError
-from llmc.onnx_store import check_external_paths
 from llmc.manifest import EngineManifest, GraphSpec, verify_files
+from llmc.onnx_store import check_external_paths
 
 
 def default_threads() -> int:
@@ -45,8 +45,8 @@ def _check_names(file: str, spec: GraphSpec, inputs: list[str], outputs: list[st
             )
 
 
-class OrtEngine(Engine):
-    """The "concat" KV layout: past [B, Hkv, P, D] in, present [B, Hkv, P+S, D] out; we keep each slot compact."""
+class OrtEngineBase(Engine):
+    """Two ONNX Runtime sessions over the engine folder's graphs, checked against the manifest at load."""
 
     def __init__(self, manifest: EngineManifest, directory: Path, options: EngineOptions) -> None:
         self.manifest = manifest
@@ -56,6 +56,10 @@ class OrtEngine(Engine):
         self._prefill = make_session(self.directory / manifest.prefill.file, manifest.prefill, self.threads)
         self._decode = make_session(self.directory / manifest.decode.file, manifest.decode, self.threads)
         self._past_names = manifest.kv.names("past")
+
+
+class OrtEngine(OrtEngineBase):
+    """The "concat" KV layout: past [B, Hkv, P, D] in, present [B, Hkv, P+S, D] out; we keep each slot compact."""
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         return HostKVCache(self.manifest.kv, num_slots, min(max_len, self.max_positions))

@@ -11,12 +11,15 @@ import onnx
 
 from llmc.engines.base import EngineOptions
 from llmc.engines.ort import OrtEngine, default_threads
+from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
 from llmc.errors import InputError
 from llmc.golden import Golden
+from llmc.graph.quant import QuantSpec
 from llmc.manifest import (
     EngineManifest,
     ExportManifest,
     GraphSpec,
+    KVSpec,
     load_export,
     save,
     sha256_file,
@@ -36,19 +39,28 @@ class BuildConfig:
     export_dir: Path
     out_dir: Path
     backend: str = "ort"
-    quant: str = "none"
+    quant: str = "none"  # none | int8 | int4
     threads: int = 0
     force: bool = False
+    kv_layout: str = "inplace"  # inplace (GroupQueryAttention, shared buffer) | concat (the export's own graphs)
+    block_size: int = 32
+    accuracy_level: int = 4
+
+    def quant_spec(self) -> QuantSpec | None:
+        if self.quant == "none":
+            return None
+        return QuantSpec(bits=int(self.quant.removeprefix("int")), block_size=self.block_size,
+                         accuracy_level=self.accuracy_level)
 
 
 def engine_manifest(export: ExportManifest, export_dir: Path, backend: str, precision: str,
                     settings: dict[str, object], files: dict[str, str],
-                    graphs: tuple[GraphSpec, GraphSpec] | None = None) -> EngineManifest:
+                    graphs: tuple[GraphSpec, GraphSpec] | None = None, kv: KVSpec | None = None) -> EngineManifest:
     prefill, decode = graphs or (export.prefill, export.decode)
     return EngineManifest(
         backend=backend, precision=precision, export_dir=str(Path(export_dir).resolve()),
         export_manifest_sha256=sha256_file(Path(export_dir) / "llmc.json") if (Path(export_dir) / "llmc.json").exists()
-        else "", model_name=export.model_name, model=export.model, kv=export.kv, prefill=prefill, decode=decode,
+        else "", model_name=export.model_name, model=export.model, kv=kv or export.kv, prefill=prefill, decode=decode,
         generation=export.generation, settings=dict(settings), tools=dict(export.tools), files=files,
     )
 
@@ -60,8 +72,16 @@ def export_engine(export: ExportManifest, export_dir: Path, threads: int = 0) ->
 
 
 def check_build_config(cfg: BuildConfig) -> None:
-    if cfg.quant != "none":
-        raise InputError(f"--quant {cfg.quant} is not available in this version of the ort backend; use none")
+    if cfg.quant not in ("none", "int8", "int4"):
+        raise InputError(f"--quant must be none, int8 or int4, got {cfg.quant!r}")
+    if cfg.kv_layout not in ("inplace", "concat"):
+        raise InputError(f"--kv-layout must be inplace or concat, got {cfg.kv_layout!r}")
+    if cfg.quant != "none" and cfg.kv_layout == "concat":
+        raise InputError("--quant needs --kv-layout inplace (the concat layout runs the export's graphs as they are)")
+    if cfg.block_size not in (16, 32, 64, 128, 256):
+        raise InputError(f"--block-size must be one of 16, 32, 64, 128, 256, got {cfg.block_size}")
+    if cfg.accuracy_level not in (0, 1, 2, 3, 4):
+        raise InputError(f"--accuracy-level must be in [0, 4], got {cfg.accuracy_level}")
     if cfg.threads < 0:
         raise InputError(f"--threads must be >= 0 (0 = physical cores), got {cfg.threads}")
     out = Path(cfg.out_dir)
@@ -95,25 +115,39 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     import onnxruntime as ort
 
     threads = cfg.threads or default_threads()
-    progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
     scratch = work / "scratch"
     scratch.mkdir()
-    for spec in (export.prefill, export.decode):
-        _optimize(export_dir / spec.file, scratch / spec.file, threads)
+    src_dir, kv, graphs = export_dir, export.kv, (export.prefill, export.decode)
+    if cfg.kv_layout == "inplace":
+        progress.step(f"lowering to GroupQueryAttention with an in-place KV cache (weights: {cfg.quant})")
+        ckpt = load_checkpoint(export_dir, export)
+        quant = cfg.quant_spec()
+        if quant is not None:
+            ckpt = quantized(ckpt, quant)
+        src_dir = scratch / "lowered"
+        src_dir.mkdir()
+        kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant)
+        graphs = (lowered[0], lowered[1])
+    progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
+    for spec in graphs:
+        _optimize(src_dir / spec.file, scratch / spec.file, threads)
     progress.step("storing the optimized weights once")
-    _share_weights(scratch, work, [export.prefill.file, export.decode.file])
+    _share_weights(scratch, work, [g.file for g in graphs])
     shutil.rmtree(scratch)
     for name in RUNTIME_FILES:
         if (export_dir / name).is_file():
             shutil.copy2(export_dir / name, work / name)
     files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
-    settings = {"threads": threads, "optimization": "extended", "quant": cfg.quant,
-                "onnxruntime": ort.__version__}
-    manifest = engine_manifest(export, export_dir, "ort", export.dtype, settings, files)
+    settings = {"threads": threads, "optimization": "extended", "quant": cfg.quant, "kv_layout": kv.layout,
+                "block_size": cfg.block_size, "accuracy_level": cfg.accuracy_level, "onnxruntime": ort.__version__}
+    precision = export.dtype if cfg.quant == "none" else f"{cfg.quant}-{export.dtype}"
+    manifest = engine_manifest(export, export_dir, "ort", precision, settings, files, graphs, kv)
     progress.step("checking the engine against the golden outputs")
+    from llmc.engines.registry import load_engine_dir
     from llmc.runtime.verify import check_golden
 
-    parity = check_golden(OrtEngine(manifest, work, EngineOptions(threads=threads)), Golden.load(work / "golden.npz"))
+    save(manifest, work)
+    parity = check_golden(load_engine_dir(work, EngineOptions(threads=threads)), Golden.load(work / "golden.npz"))
     manifest = replace(manifest, settings={**settings, "parity": parity})
     save(manifest, work)
     return manifest

@@ -13,6 +13,10 @@ Loader = Callable[[EngineManifest, Path, EngineOptions], Engine]
 
 
 def _ort(manifest: EngineManifest, directory: Path, options: EngineOptions) -> Engine:
+    if manifest.kv.layout == "inplace":
+        from llmc.engines.ort_inplace import OrtInplaceEngine
+
+        return OrtInplaceEngine(manifest, directory, options)
     from llmc.engines.ort import OrtEngine
 
     return OrtEngine(manifest, directory, options)

@@ -6,26 +6,17 @@ builder never needs to know which checkpoint they came from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from llmc.errors import UnsupportedModelError
+from llmc.graph.checkpoint import INV_FREQ, Checkpoint
 from llmc.manifest import ModelSpec
 
 LLAMA_FAMILY = {"llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2"}
 SUPPORTED = {**LLAMA_FAMILY, "gpt2": "GPT-2"}
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A model ready for graph building: its spec, canonical weights and rotary frequencies."""
-
-    spec: ModelSpec
-    weights: dict[str, np.ndarray]
-    inv_freq: np.ndarray | None  # [D/2] float32, rope models only
 
 
 def supported_list() -> str:
@@ -102,8 +93,8 @@ def _llama(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         gate_up = [sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]
         w[f"layers.{i}.gate_up.weight"] = np.concatenate(gate_up, axis=0).T.copy()
         w[f"layers.{i}.down.weight"] = sd[p + "mlp.down_proj.weight"].T.copy()
-    inv_freq = rotary.inv_freq.detach().float().cpu().numpy()
-    return Checkpoint(spec, w, inv_freq)
+    w[INV_FREQ] = rotary.inv_freq.detach().float().cpu().numpy()
+    return Checkpoint(spec, w)
 
 
 def _gpt2(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
@@ -142,7 +133,7 @@ def _gpt2(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
                              ("fc", "mlp.c_fc"), ("proj", "mlp.c_proj")):
             w[f"layers.{i}.{ours}.weight"] = sd[p + theirs + ".weight"]
             w[f"layers.{i}.{ours}.bias"] = sd[p + theirs + ".bias"]
-    return Checkpoint(spec, w, None)
+    return Checkpoint(spec, w)
 
 
 def _activation(name: str) -> str:

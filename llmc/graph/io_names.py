@@ -12,12 +12,14 @@ INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 POSITION_IDS = "position_ids"
 LOGITS = "logits"
+SEQLENS_K = "seqlens_k"  # [B] int32: tokens of each row after this step, minus one
+TOTAL_SEQ_LEN = "total_sequence_length"  # [] int32: max over rows of seqlens_k + 1
 PAST_KEY = "past_key_values.{i}.key"
 PAST_VALUE = "past_key_values.{i}.value"
 PRESENT_KEY = "present.{i}.key"
 PRESENT_VALUE = "present.{i}.value"
 
-BATCH, SEQ, PAST, TOTAL = "batch", "sequence", "past_sequence", "total_sequence"
+BATCH, SEQ, PAST, TOTAL, MAX_SEQ = "batch", "sequence", "past_sequence", "total_sequence", "max_sequence"
 
 
 def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
@@ -65,3 +67,25 @@ def decode_spec(model: ModelSpec, kv: KVSpec, file: str = "decode.onnx") -> Grap
         outputs=(TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *_kv(kv, "present", TOTAL)),
         logits="all",
     )
+
+
+def _inplace_inputs(model: ModelSpec, kv: KVSpec) -> list[TensorSpec]:
+    inputs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
+    if model.positions == "learned":
+        inputs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
+    inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]
+    return inputs + _kv(kv, "past", MAX_SEQ)
+
+
+def inplace_specs(model: ModelSpec, kv: KVSpec) -> tuple[GraphSpec, GraphSpec]:
+    """The "inplace" layout: one [B, Hkv, max_len, D] buffer per layer and kind, bound as past AND present.
+
+    Prefill (right-padded prompts, empty rows) returns logits at each row's last token [B, 1, V]; decode (each row
+    S new tokens after its cached ones) returns [B, S, V].
+    """
+    present = _kv(kv, "present", MAX_SEQ)
+    prefill = GraphSpec("prefill.onnx", tuple(_inplace_inputs(model, kv)),
+                        (TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *present), logits="last")
+    decode = GraphSpec("decode.onnx", tuple(_inplace_inputs(model, kv)),
+                       (TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *present), logits="all")
+    return prefill, decode

@@ -1,0 +1,57 @@
+"""Rebuild an export's decoder for ONNX Runtime: GroupQueryAttention over an in-place KV buffer, optionally with
+MatMulNBits int8/int4 weights. The weights come from the export's weights.bin (the graph builder is shared with
+export; only the lowering differs), so every engine is built from the one export.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from llmc.graph import io_names
+from llmc.graph.checkpoint import Checkpoint
+from llmc.graph.decoder import MS, GraphOptions, build_graph
+from llmc.graph.quant import QuantSpec, quantize_weights
+from llmc.manifest import ExportManifest, GraphSpec, KVSpec
+from llmc.onnx_store import WeightFile, make_model, to_numpy
+
+LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight")
+
+
+def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
+    """Canonical weights by name, read back from the export's graphs (their initializers point into weights.bin)."""
+    weights: dict[str, np.ndarray] = {}
+    for spec in (export.prefill, export.decode):
+        model = onnx.load(str(export_dir / spec.file), load_external_data=False)
+        for init in model.graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL and init.name not in weights:
+                weights[init.name] = to_numpy(init, export_dir)
+    return Checkpoint(export.model, weights)
+
+
+def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
+    """Linear layers and the LM head as MatMulNBits weights; the embedding stays for the Gather."""
+    names = [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES)]
+    weights = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in ckpt.weights.items()}
+    head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
+    weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
+    return Checkpoint(ckpt.spec, quantize_weights(weights, [*names, "lm_head.weight"], quant))
+
+
+def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int,
+                         quant: QuantSpec | None) -> tuple[KVSpec, GraphSpec, GraphSpec]:
+    """Write prefill.onnx + decode.onnx (one weights.bin) for the in-place KV layout into `out`."""
+    kv = io_names.kv_spec(ckpt.spec, dtype, layout="inplace")
+    prefill, decode = io_names.inplace_specs(ckpt.spec, kv)
+    weights = WeightFile(out / "weights.bin")
+    try:
+        for name, array in ckpt.weights.items():
+            weights.add(name, array)
+        for spec in (prefill, decode):
+            graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions("gqa", quant))
+            onnx.save(make_model(graph, weights, used, opset, {MS: 1}), str(out / spec.file))
+    finally:
+        weights.close()
+    return kv, prefill, decode

@@ -1,0 +1,98 @@
+"""ONNX Runtime engine over the "inplace" KV layout: GroupQueryAttention writes each step's K/V into buffers that
+are bound (IOBinding, OrtValue over our own numpy memory) as both past and present. Nothing copies the cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from llmc.engines.base import EngineOptions, KVCache
+from llmc.engines.host_kv import HostKVCache
+from llmc.engines.ort import OrtEngineBase
+from llmc.errors import EngineError, LimitError
+from llmc.manifest import EngineManifest
+
+
+class OrtInplaceEngine(OrtEngineBase):
+    def __init__(self, manifest: EngineManifest, directory: Path, options: EngineOptions) -> None:
+        super().__init__(manifest, directory, options)
+        import onnxruntime as ort
+
+        self._ort = ort
+        self._present_names = manifest.kv.names("present")
+        self._learned_positions = manifest.model.positions == "learned"
+        self._views: dict[tuple[int, int, int], list[object]] = {}  # (id(kv), first, stop) -> OrtValues
+
+    def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
+        self._views.clear()
+        return HostKVCache(self.manifest.kv, num_slots, min(max_len, self.max_positions))
+
+    def _kv_values(self, kv: HostKVCache, first: int, stop: int) -> list[object]:
+        """OrtValues over rows first..stop-1 of every buffer (contiguous views: no copy), cached."""
+        key = (id(kv), first, stop)
+        if key not in self._views:
+            make = self._ort.OrtValue.ortvalue_from_numpy
+            self._views[key] = [make(buf[first:stop]) for buf in kv.buffers()]
+        return self._views[key]
+
+    def _run_rows(self, session: object, kv: HostKVCache, first: int, ids: np.ndarray, seqlens: np.ndarray,
+                  logits_rows: int) -> np.ndarray:
+        """Run rows first..first+B-1 of the cache; seqlens[b] = tokens of row b after this step."""
+        batch, width = ids.shape
+        binding = session.io_binding()  # type: ignore[attr-defined]
+        binding.bind_cpu_input("input_ids", ids)
+        if self._learned_positions:
+            pos = np.clip(seqlens[:, None] - width + np.arange(width)[None, :], 0, None).astype(np.int64)
+            binding.bind_cpu_input("position_ids", pos)
+        binding.bind_cpu_input("seqlens_k", (seqlens - 1).astype(np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(int(seqlens.max()), dtype=np.int32))
+        values = self._kv_values(kv, first, first + batch)
+        for past, present, value in zip(self._past_names, self._present_names, values):
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        logits = np.empty((batch, logits_rows, self.vocab_size), np.float32)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        try:
+            session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+        except Exception as e:
+            raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
+        return logits
+
+    def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
+        assert isinstance(kv, HostKVCache)
+        lens = np.array([len(p) for p in prompts], np.int64)
+        kv.check_room(slots, lens.tolist())
+        if slots != list(range(slots[0], slots[0] + len(slots))):  # prompts write rows in place: one run per row
+            return np.concatenate([self.prefill([s], [p], kv) for s, p in zip(slots, prompts)])
+        ids = np.zeros((len(prompts), int(lens.max())), np.int64)
+        for row, p in enumerate(prompts):
+            ids[row, : len(p)] = p
+        logits = self._run_rows(self._prefill, kv, slots[0], ids, lens, 1)
+        kv.lengths[slots] = lens
+        return logits[:, 0, :]
+
+    def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
+        assert isinstance(kv, HostKVCache)
+        kv.check_room(slots, [len(t) for t in tokens])
+        if any(len(t) != 1 for t in tokens):  # prompt chunks: GQA wants equal new lengths, so one run per row
+            return np.concatenate([self._extend(s, t, kv) for s, t in zip(slots, tokens)])
+        first, stop = min(slots), max(slots) + 1
+        # Rows of the range that are not in this step (mid-prompt) run a harmless dummy token: it is written at
+        # their current length, which their next real token overwrites.
+        ids = np.zeros((stop - first, 1), np.int64)
+        seqlens = kv.lengths[first:stop] + 1
+        if np.any(seqlens > kv.max_len):
+            raise LimitError(f"a KV slot in rows {first}..{stop - 1} is full ({kv.max_len} tokens)")
+        for slot, toks in zip(slots, tokens):
+            ids[slot - first, 0] = toks[0]
+        logits = self._run_rows(self._decode, kv, first, ids, seqlens, 1)
+        kv.lengths[slots] += 1
+        return logits[np.array(slots) - first, 0, :]
+
+    def _extend(self, slot: int, toks: list[int], kv: HostKVCache) -> np.ndarray:
+        seqlens = np.array([kv.lengths[slot] + len(toks)], np.int64)
+        logits = self._run_rows(self._decode, kv, slot, np.array([toks], np.int64), seqlens, len(toks))
+        kv.lengths[slot] += len(toks)
+        return logits[:, -1, :]

@@ -1,0 +1,1 @@
+"""The decoder written directly as ONNX: used by export (portable graphs) and by backends that rebuild them."""

@@ -1,0 +1,86 @@
+"""Shared fixtures: tiny models of each architecture (HF folder, export, ORT engine) built once per session,
+and the default model (SmolLM2-135M-Instruct) exported and built once for the slow tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_models import make_model
+
+ARCHS = ("llama", "llama3", "mistral", "qwen2", "gpt2")
+
+
+@dataclass(frozen=True)
+class Built:
+    """A model at every stage: its source, its export folder and its ONNX Runtime engine folder."""
+
+    name: str
+    hf_dir: Path  # the model reference passed to export (an HF folder, or the default model's name)
+    export_dir: Path
+    engine_dir: Path
+
+
+def _export_and_build(ref: str, root: Path) -> tuple[Path, Path]:
+    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.export.exporter import ExportConfig, export
+
+    export_dir, engine_dir = root / "export", root / "engine"
+    export(ExportConfig(model=ref, out_dir=export_dir))
+    build_ort(BuildConfig(export_dir, engine_dir, force=True))
+    return export_dir, engine_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
+    """tiny_factory(arch) -> Built, made on first use and cached for the session."""
+    cache: dict[str, Built] = {}
+
+    def get(arch: str) -> Built:
+        if arch not in cache:
+            root = tmp_path_factory.mktemp(f"tiny-{arch}")
+            hf_dir = make_model(arch, root / "hf")
+            export_dir, engine_dir = _export_and_build(str(hf_dir), root)
+            cache[arch] = Built(arch, hf_dir, export_dir, engine_dir)
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def tiny(request: pytest.FixtureRequest, tiny_factory: Callable[[str], Built]) -> Built:
+    """Each tiny architecture in turn."""
+    return tiny_factory(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_factory: Callable[[str], Built]) -> Built:
+    return tiny_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def hf_factory() -> Callable[[Built], Any]:
+    """hf_factory(built) -> the transformers model (fp32, eval) of a tiny model, loaded once."""
+    cache: dict[Path, Any] = {}
+
+    def get(built: Built) -> Any:
+        if built.hf_dir not in cache:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(str(built.hf_dir), dtype=torch.float32)
+            cache[built.hf_dir] = model.eval()
+        return cache[built.hf_dir]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+    """The default model exported and built once; its GGUF is fetched into (or reused from) $LLMC_CACHE."""
+    root = tmp_path_factory.mktemp("smollm2")
+    export_dir, engine_dir = _export_and_build("smollm2-135m-instruct", root)
+    yield Built("smollm2-135m-instruct", Path("smollm2-135m-instruct"), export_dir, engine_dir)

@@ -1,0 +1,243 @@
+"""`llmc export` refuses what it cannot or should not export, clearly, and never leaves a half-written folder."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Built
+from tiny_models import make_model, make_tokenizer
+from typer.testing import CliRunner
+
+from llmc.cli.main import app
+from llmc.errors import InputError, LlmcError, UnsupportedModelError
+from llmc.export.exporter import ExportConfig, export
+from llmc.manifest import load_export
+
+
+def _export(model: Path | str, out: Path, **kwargs: object) -> object:
+    return export(ExportConfig(model=str(model), out_dir=out, **kwargs))  # type: ignore[arg-type]
+
+
+def _cli(*args: str) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _assert_cli_error(result: object, *needles: str) -> None:
+    """Exit 1, one `error: ...` line on stderr naming each needle, no traceback."""
+    assert result.exit_code == 1, result.output  # type: ignore[attr-defined]
+    lines = result.stderr.strip().splitlines()  # type: ignore[attr-defined]
+    assert lines and lines[-1].startswith("error: "), result.stderr  # type: ignore[attr-defined]
+    assert sum(line.startswith("error: ") for line in lines) == 1
+    for needle in needles:
+        assert needle in lines[-1]
+    assert "Traceback" not in result.output  # type: ignore[attr-defined]
+
+
+def _leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name == name or p.name.startswith(f".{name}.partial-"))
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tiny_factory: Callable[[str], Built]) -> Path:
+    return tiny_factory("llama").hf_dir
+
+
+def _copy_model(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def _edit_config(folder: Path, **changes: object) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+# -- the model reference --------------------------------------------------------------------------------------
+
+def test_missing_path(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(InputError, match="does not exist"):
+        _export(missing, tmp_path / "out")
+    assert _leftovers(tmp_path, "out") == []
+    _assert_cli_error(_cli("export", missing, "-o", tmp_path / "out"), "no-such-model", "does not exist")
+
+
+def test_folder_without_config(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no config.json"):
+        _export(tmp_path / "empty", tmp_path / "out")
+
+
+def test_unsupported_architecture_is_refused_with_the_list(tmp_path: Path) -> None:
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"]}))
+    with pytest.raises(UnsupportedModelError) as e:
+        _export(folder, tmp_path / "out")
+    for name in ("'bert'", "llama", "mistral", "qwen2", "gpt2"):
+        assert name in str(e.value)
+    assert _leftovers(tmp_path, "out") == []
+    _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), "bert", "supported")
+
+
+def test_trust_remote_code_is_refused(tmp_path: Path, tiny_hf: Path) -> None:
+    folder = _copy_model(tiny_hf, tmp_path / "remote")
+    _edit_config(folder, auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"})
+    with pytest.raises(UnsupportedModelError, match="trust_remote_code"):
+        _export(folder, tmp_path / "out")
+    _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), "trust_remote_code")
+    assert _leftovers(tmp_path, "out") == []
+
+
+@pytest.fixture(scope="module")
+def pickle_model(tmp_path_factory: pytest.TempPathFactory, tiny_hf: Path) -> Path:
+    """The tiny llama with its weights in pytorch_model.bin (pickle) only."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = _copy_model(tiny_hf, tmp_path_factory.mktemp("pickle") / "model")
+    state = load_file(str(folder / "model.safetensors"))
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def test_pickle_weights_need_allow_pickle(tmp_path: Path, pickle_model: Path) -> None:
+    with pytest.raises(InputError, match="--allow-pickle") as e:
+        _export(pickle_model, tmp_path / "out")
+    assert "pytorch_model.bin" in str(e.value)
+    assert _leftovers(tmp_path, "out") == []
+    _assert_cli_error(_cli("export", pickle_model, "-o", tmp_path / "out"), "pickle", "--allow-pickle")
+    with pytest.raises(InputError, match="pickle"):  # the .bin file itself, not its folder
+        _export(pickle_model / "pytorch_model.bin", tmp_path / "out")
+
+
+def test_pickle_weights_accepted_with_allow_pickle(tmp_path: Path, pickle_model: Path) -> None:
+    result = _cli("export", pickle_model, "-o", tmp_path / "out", "--allow-pickle")
+    assert result.exit_code == 0, result.output
+    manifest = load_export(tmp_path / "out")
+    assert manifest.parity["max_abs_diff"] <= 1e-4
+    assert manifest.parity["top1_agreement"] == 1.0
+
+
+def test_no_weights_at_all(tmp_path: Path, tiny_hf: Path) -> None:
+    folder = _copy_model(tiny_hf, tmp_path / "noweights")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(InputError, match="no weights"):
+        _export(folder, tmp_path / "out")
+
+
+# -- the output folder ----------------------------------------------------------------------------------------
+
+def test_non_empty_output_needs_force(tmp_path: Path, tiny_hf: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(InputError, match="--force"):
+        _export(tiny_hf, out)
+    assert (out / "keep.txt").read_text() == "mine"
+    _assert_cli_error(_cli("export", tiny_hf, "-o", out), "not empty", "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+    result = _cli("export", tiny_hf, "-o", out, "--force")
+    assert result.exit_code == 0, result.output
+    assert not (out / "keep.txt").exists(), "--force replaces the folder, it does not merge into it"
+    assert load_export(out).model.num_layers == 2
+    assert _leftovers(tmp_path, "out") == ["out"]
+
+
+def test_empty_output_folder_is_fine(tmp_path: Path, tiny_hf: Path) -> None:
+    (tmp_path / "out").mkdir()
+    _export(tiny_hf, tmp_path / "out")
+    assert (tmp_path / "out" / "llmc.json").is_file()
+
+
+def test_output_that_is_a_file_is_refused(tmp_path: Path, tiny_hf: Path) -> None:
+    (tmp_path / "out").write_text("x")
+    with pytest.raises(InputError, match="not a directory"):
+        _export(tiny_hf, tmp_path / "out", force=True)
+
+
+@pytest.fixture(scope="module")
+def failing_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A llama with MLP biases: it resolves fine and fails only once loaded (mid-export)."""
+    import torch
+    import transformers as tf
+
+    folder = tmp_path_factory.mktemp("failing") / "model"
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, mlp_bias=True)
+    tf.LlamaForCausalLM(cfg).save_pretrained(str(folder))
+    make_tokenizer(folder, 320)
+    return folder
+
+
+def test_failing_export_leaves_nothing(tmp_path: Path, failing_model: Path) -> None:
+    with pytest.raises(UnsupportedModelError, match="bias"):
+        _export(failing_model, tmp_path / "out")
+    assert _leftovers(tmp_path, "out") == []
+    _assert_cli_error(_cli("export", failing_model, "-o", tmp_path / "out"), "bias")
+    assert _leftovers(tmp_path, "out") == []
+
+
+def test_failing_export_with_force_keeps_the_old_export(tmp_path: Path, tiny_hf: Path,
+                                                       failing_model: Path) -> None:
+    out = tmp_path / "out"
+    _export(tiny_hf, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(LlmcError):
+        _export(failing_model, out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert _leftovers(tmp_path, "out") == ["out"]
+
+
+# -- dtype and opset ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dtype": "bfloat16"}, "--dtype must be float32 or float16, got 'bfloat16'"),
+    ({"dtype": "int8"}, "--dtype must be float32 or float16, got 'int8'"),
+    ({"opset": 16}, "--opset must be in [17, 21], got 16"),
+    ({"opset": 22}, "--opset must be in [17, 21], got 22"),
+])
+def test_dtype_and_opset_out_of_range(tmp_path: Path, tiny_hf: Path, kwargs: dict[str, object],
+                                      message: str) -> None:
+    with pytest.raises(InputError) as e:
+        _export(tiny_hf, tmp_path / "out", **kwargs)
+    assert str(e.value) == message
+    assert _leftovers(tmp_path, "out") == []
+
+
+def test_cli_opset_out_of_range(tmp_path: Path, tiny_hf: Path) -> None:
+    _assert_cli_error(_cli("export", tiny_hf, "-o", tmp_path / "out", "--opset", "99"), "--opset", "99", "17")
+
+
+def test_cli_unknown_dtype(tmp_path: Path, tiny_hf: Path) -> None:
+    result = _cli("export", tiny_hf, "-o", tmp_path / "out", "--dtype", "bfloat16")
+    assert result.exit_code != 0
+    assert "bfloat16" in result.output and "Traceback" not in result.output
+    assert _leftovers(tmp_path, "out") == []
+
+
+@pytest.mark.parametrize("opset", [17, 21])
+def test_opset_range_ends_export(tmp_path: Path, tiny_hf: Path, opset: int) -> None:
+    manifest = _export(tiny_hf, tmp_path / "out", opset=opset)
+    assert manifest.opset == opset  # type: ignore[attr-defined]
+    assert manifest.parity["max_abs_diff"] <= 1e-4  # type: ignore[attr-defined]
+
+
+def test_float16_export(tmp_path: Path, tiny_hf: Path) -> None:
+    manifest = _export(tiny_hf, tmp_path / "out", dtype="float16")
+    assert manifest.dtype == "float16" and manifest.kv.dtype == "float16"  # type: ignore[attr-defined]
+    assert manifest.parity["top1_agreement"] >= 0.75  # type: ignore[attr-defined]
+
+
+def test_make_model_helper_rejects_unknown_arch(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        make_model("bert", tmp_path / "m")

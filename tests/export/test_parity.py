@@ -1,0 +1,249 @@
+"""Exported graphs and the ORT engine against transformers, for a tiny random model of every architecture."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import Built
+
+from llmc import LLM, SamplingParams
+from llmc.engines.base import Engine
+from llmc.engines.registry import load_engine_dir
+from llmc.manifest import load_export
+from llmc.onnx_store import ALIGN
+
+TOL = 1e-4
+GREEDY_TOKENS = 16
+
+
+def _ids(seed: int, n: int, vocab: int = 320) -> list[int]:
+    """Random prompt ids that avoid the special tokens (0..2)."""
+    return np.random.default_rng(seed).integers(3, vocab, size=n).tolist()
+
+
+PROMPTS = [_ids(1, 1), _ids(2, 5), _ids(3, 23), _ids(4, 100)]  # 100: past llama3's original 64 positions
+
+
+def _hf_logits(model: Any, ids: list[int]) -> np.ndarray:
+    """transformers' logits at every position of one sequence: [S, V]."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def _hf_greedy(model: Any, ids: list[int], n: int = GREEDY_TOKENS) -> list[int]:
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    tokens = out[0, len(ids):].tolist()
+    assert len(tokens) == n
+    return tokens
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max())
+
+
+@pytest.fixture()
+def engine(tiny: Built) -> Engine:
+    return load_engine_dir(tiny.engine_dir)
+
+
+@pytest.fixture()
+def hf(tiny: Built, hf_factory: Callable[[Built], Any]) -> Any:
+    return hf_factory(tiny)
+
+
+# -- engine vs transformers ---------------------------------------------------------------------------------
+
+def test_prefill_logits_match_transformers(engine: Engine, hf: Any) -> None:
+    for ids in PROMPTS:
+        kv = engine.new_kv_cache(1, 128)
+        ours = engine.prefill([0], [ids], kv)[0]
+        ref = _hf_logits(hf, ids)[-1]
+        assert _max_diff(ours, ref) <= TOL, f"prompt of {len(ids)} tokens"
+
+
+def test_greedy_continuation_matches_transformers(tiny: Built, hf: Any) -> None:
+    llm = LLM(tiny.engine_dir)
+    params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
+    text_prompt = llm.encode("The capital of France is")
+    for ids in (text_prompt, PROMPTS[2]):
+        out = llm.generate([ids], params)[0]
+        assert out.prompt_token_ids == ids
+        assert out.outputs[0].token_ids == _hf_greedy(hf, ids)
+        assert out.outputs[0].finish_reason.value == "length"
+
+
+def test_prefill_then_decode_equals_full_prefill(engine: Engine, hf: Any) -> None:
+    seq = _ids(5, 30)
+    n = 9
+    full = _hf_logits(hf, seq)
+    kv = engine.new_kv_cache(1, 64)
+    steps = [engine.prefill([0], [seq[:n]], kv)[0]]
+    steps += [engine.decode([0], [[t]], kv)[0] for t in seq[n:]]
+    assert int(kv.lengths[0]) == len(seq)
+    for j, logits in enumerate(steps):
+        pos = n - 1 + j
+        fresh = engine.new_kv_cache(1, 64)
+        assert _max_diff(logits, engine.prefill([0], [seq[:pos + 1]], fresh)[0]) <= TOL, f"step {j}"
+        assert _max_diff(logits, full[pos]) <= TOL, f"step {j} vs transformers"
+
+
+def test_decode_chunk_equals_full_prefill(engine: Engine, hf: Any) -> None:
+    """The decode graph with S > 1 new tokens (a prompt chunk) continues a prefill correctly."""
+    seq = _ids(6, 40)
+    kv = engine.new_kv_cache(1, 64)
+    engine.prefill([0], [seq[:11]], kv)
+    engine.decode([0], [seq[11:12]], kv)
+    chunked = engine.decode([0], [seq[12:40]], kv)[0]
+    whole = engine.prefill([0], [seq], engine.new_kv_cache(1, 64))[0]
+    assert _max_diff(chunked, whole) <= TOL
+    assert _max_diff(chunked, _hf_logits(hf, seq)[-1]) <= TOL
+
+
+def test_batch_equals_singles(tiny: Built, hf: Any) -> None:
+    llm = LLM(tiny.engine_dir)
+    params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
+    prompts = [_ids(7, 3), _ids(8, 17), _ids(9, 8)]
+    batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    singles = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    assert batched == singles
+    assert batched[1] == _hf_greedy(hf, prompts[1])
+
+
+# -- the raw graphs through onnxruntime -----------------------------------------------------------------------
+
+def _sessions(export_dir: Path) -> tuple[ort.InferenceSession, ort.InferenceSession]:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return tuple(ort.InferenceSession(str(export_dir / f), so, providers=["CPUExecutionProvider"])  # type: ignore[return-value]
+                 for f in ("prefill.onnx", "decode.onnx"))
+
+
+def _past(kv_spec: Any, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shape = (batch, kv_spec.num_kv_heads, length, kv_spec.head_dim)
+    return {n: rng.standard_normal(shape).astype(np.float32) for n in kv_spec.names("past")}
+
+
+def test_graph_axes_are_symbolic(tiny: Built) -> None:
+    manifest = load_export(tiny.export_dir)
+    for session, spec in zip(_sessions(tiny.export_dir), (manifest.prefill, manifest.decode)):
+        declared = {i.name: i.shape for i in session.get_inputs()} | {o.name: o.shape for o in session.get_outputs()}
+        for t in (*spec.inputs, *spec.outputs):
+            assert list(t.shape) == declared[t.name], t.name
+            assert isinstance(declared[t.name][0], str), f"{t.name}: batch axis fixed at export"
+        assert isinstance(declared["input_ids"][1], str)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_graphs_run_at_many_shapes(tiny: Built, batch: int) -> None:
+    manifest = load_export(tiny.export_dir)
+    prefill, decode = _sessions(tiny.export_dir)
+    kv, vocab = manifest.kv, manifest.model.vocab_size
+    rng = np.random.default_rng(batch)
+    for s in (1, 7, 33):
+        ids = rng.integers(3, vocab, size=(batch, s)).astype(np.int64)
+        pos = np.tile(np.arange(s, dtype=np.int64), (batch, 1))
+        logits, *present = prefill.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                              "position_ids": pos})
+        assert logits.shape == (batch, 1, vocab) and logits.dtype == np.float32
+        assert len(present) == 2 * kv.num_layers
+        assert all(p.shape == (batch, kv.num_kv_heads, s, kv.head_dim) for p in present)
+        for past in (1, 9, 40):
+            feeds = {"input_ids": ids, "attention_mask": np.ones((batch, past + s), np.int64),
+                     "position_ids": pos + past, **_past(kv, batch, past, seed=past)}
+            logits, *present = decode.run(None, feeds)
+            assert logits.shape == (batch, s, vocab)
+            assert all(p.shape == (batch, kv.num_kv_heads, past + s, kv.head_dim) for p in present)
+            assert np.isfinite(logits).all()
+
+
+def test_right_padded_batch_rows_equal_single_rows(tiny: Built) -> None:
+    """Graph level: a right-padded row gives the logits and cache it gives alone."""
+    prefill, decode = _sessions(tiny.export_dir)
+    rows = [_ids(10, 7), _ids(11, 3), _ids(12, 5)]
+    width = max(map(len, rows))
+    ids = np.zeros((3, width), np.int64)
+    mask = np.zeros((3, width), np.int64)
+    for b, r in enumerate(rows):
+        ids[b, :len(r)], mask[b, :len(r)] = r, 1
+    pos = np.tile(np.arange(width, dtype=np.int64), (3, 1))
+    logits, *present = prefill.run(None, {"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+    for b, r in enumerate(rows):
+        one = np.array([r], np.int64)
+        ref_logits, *ref_present = prefill.run(None, {"input_ids": one, "attention_mask": np.ones_like(one),
+                                                      "position_ids": np.arange(len(r))[None]})
+        assert _max_diff(logits[b], ref_logits[0]) <= TOL
+        for p, q in zip(present, ref_present):
+            assert _max_diff(p[b, :, :len(r)], q[0]) <= TOL
+
+
+def test_decode_graph_chunk_logits_match_transformers(tiny: Built, hf: Any) -> None:
+    """decode.onnx returns logits for every new token [B, S, V]; each matches transformers' full forward."""
+    manifest = load_export(tiny.export_dir)
+    prefill, decode = _sessions(tiny.export_dir)
+    seq, n = _ids(13, 20), 8
+    head = np.array([seq[:n]], np.int64)
+    _, *present = prefill.run(None, {"input_ids": head, "attention_mask": np.ones_like(head),
+                                     "position_ids": np.arange(n)[None]})
+    tail = np.array([seq[n:]], np.int64)
+    feeds = {"input_ids": tail, "attention_mask": np.ones((1, len(seq)), np.int64),
+             "position_ids": np.arange(n, len(seq))[None], **dict(zip(manifest.kv.names("past"), present))}
+    logits, *_ = decode.run(None, feeds)
+    assert _max_diff(logits[0], _hf_logits(hf, seq)[n:]) <= TOL
+
+
+# -- the manifest and the files -------------------------------------------------------------------------------
+
+def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
+    m = load_export(tiny.export_dir).model
+    assert m.num_layers == 2 and m.num_heads == 4 and m.vocab_size == 320 and m.hidden_size == 64
+    assert m.num_kv_heads == (4 if tiny.name == "gpt2" else 2)
+    assert m.qkv_bias is (tiny.name in ("qwen2", "gpt2"))
+    assert m.rope_type == ("llama3" if tiny.name == "llama3" else "default")
+    assert m.tie_embeddings is bool(hf.config.tie_word_embeddings)
+    assert m.positions == ("learned" if tiny.name == "gpt2" else "rope")
+
+
+def _external_refs(model_path: Path) -> dict[str, tuple[str, int, int]]:
+    """initializer name -> (location, offset, length) for every initializer stored as external data."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    refs = {}
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in init.external_data}
+            refs[init.name] = (info["location"], int(info.get("offset", 0)), int(info["length"]))
+    return refs
+
+
+@pytest.mark.parametrize("stage", ["export", "engine"])
+def test_weights_stored_once(tiny: Built, hf: Any, stage: str) -> None:
+    folder = tiny.export_dir if stage == "export" else tiny.engine_dir
+    weights = folder / "weights.bin"
+    assert weights.is_file()
+    assert not list(folder.glob("*.data")), "a second external-data file"
+    size = weights.stat().st_size
+    refs = [_external_refs(folder / f) for f in ("prefill.onnx", "decode.onnx")]
+    for graph_refs in refs:
+        assert graph_refs, "graph holds no external weights"
+        assert {loc for loc, _, _ in graph_refs.values()} == {"weights.bin"}
+        assert all(off % ALIGN == 0 and off + n <= size for _, off, n in graph_refs.values())
+    for name in refs[0].keys() & refs[1].keys():  # the same tensor, the same bytes on disk
+        assert refs[0][name] == refs[1][name], name
+    param_bytes = 4 * sum(p.numel() for p in hf.parameters())
+    distinct = {(off, n) for r in refs for _, off, n in r.values()}
+    assert size <= param_bytes + ALIGN * len(distinct), f"{size} bytes for {param_bytes} bytes of parameters"
+    if stage == "export":
+        assert size >= 0.9 * param_bytes
+    for f in ("prefill.onnx", "decode.onnx"):  # the graphs themselves hold no weights
+        assert (folder / f).stat().st_size < 0.25 * param_bytes
