@@ -1,4 +1,4 @@
-"""`llmc verify ENGINE_DIR`: the engine against the golden outputs of its export."""
+"""`llmc verify ENGINE_DIR`: the engine against transformers' golden outputs and against the fp32 export."""
 
 from __future__ import annotations
 
@@ -13,21 +13,44 @@ def register(app: typer.Typer, wrap: Any) -> None:
     @wrap
     def verify_command(
         engine_dir: Annotated[Path, typer.Argument(help="Engine folder.")],
-        min_top1: Annotated[float, typer.Option(help="Fail below this top-1 agreement (0-1).")] = 1.0,
+        min_top1: Annotated[float, typer.Option(help="Fail below this top-1 agreement with the export (0-1).")] = 0.9,
+        max_kl: Annotated[float | None, typer.Option(help="Fail above this mean KL divergence.")] = None,
+        steps: Annotated[int, typer.Option(help="Greedy tokens per prompt of the prompt set.")] = 32,
         threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
     ) -> None:
-        """Teacher-force the golden prompt through the engine and compare with transformers' logits."""
+        """Golden check, then top-1 agreement / KL / greedy match against the export over a fixed prompt set."""
         from llmc.engines.base import EngineOptions
+        from llmc.engines.ort_build import export_engine
         from llmc.engines.registry import load_engine_dir
         from llmc.errors import InputError, LlmcError
         from llmc.golden import GOLDEN_FILE, Golden
-        from llmc.runtime.verify import check_golden
+        from llmc.manifest import load_export
+        from llmc.runtime.tokenizer import Tokenizer
+        from llmc.runtime.verify import VERIFY_PROMPTS, check_golden, compare_engines
 
         if not 0.0 <= min_top1 <= 1.0:
             raise InputError(f"--min-top1 must be in [0, 1], got {min_top1}")
+        if steps < 1:
+            raise InputError(f"--steps must be >= 1, got {steps}")
         engine = load_engine_dir(engine_dir, EngineOptions(threads=threads))
-        result = check_golden(engine, Golden.load(engine_dir / GOLDEN_FILE))
-        typer.echo(f"golden: top-1 agreement {result['top1_agreement']:.1%}, max |logit diff| "
-                   f"{result['max_abs_diff']:.2e}, greedy match {int(result['greedy_match'])} tokens")
-        if result["top1_agreement"] < min_top1:
-            raise LlmcError(f"top-1 agreement {result['top1_agreement']:.1%} is below --min-top1 {min_top1:.1%}")
+        golden = check_golden(engine, Golden.load(engine_dir / GOLDEN_FILE))
+        typer.echo(f"golden (transformers): top-1 {golden['top1_agreement']:.1%}, max |logit diff| "
+                   f"{golden['max_abs_diff']:.2e}, greedy match {int(golden['greedy_match'])} tokens")
+        export_dir = Path(engine.manifest.export_dir)
+        reference = export_engine(load_export(export_dir), export_dir, threads)
+        tok = Tokenizer.from_dir(engine_dir)
+        prompts = [_encode(tok, p) for p in VERIFY_PROMPTS]
+        r = compare_engines(reference, engine, prompts, steps)
+        typer.echo(f"vs export ({len(prompts)} prompts, {int(r['positions'])} positions): top-1 agreement "
+                   f"{r['top1_agreement']:.1%}, mean KL {r['mean_kl']:.2e}, greedy match mean "
+                   f"{r['greedy_match_mean']:.1f} / min {int(r['greedy_match_min'])} of {steps} tokens")
+        if r["top1_agreement"] < min_top1:
+            raise LlmcError(f"top-1 agreement {r['top1_agreement']:.1%} is below --min-top1 {min_top1:.1%}")
+        if max_kl is not None and r["mean_kl"] > max_kl:
+            raise LlmcError(f"mean KL {r['mean_kl']:.3e} is above --max-kl {max_kl:.3e}")
+
+
+def _encode(tok: Any, prompt: str) -> list[int]:
+    if tok.chat_template:
+        return tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]), add_special_tokens=False)
+    return tok.encode(prompt)

@@ -20,7 +20,7 @@ from onnx import helper
 from llmc.graph import io_names as io
 from llmc.graph.builder import DTYPES, GraphBuilder
 from llmc.graph.checkpoint import INV_FREQ, Checkpoint
-from llmc.graph.quant import QWEIGHT, SCALES, QuantSpec
+from llmc.graph.quant import QWEIGHT, SCALES, ZEROS, QuantSpec
 from llmc.manifest import GraphSpec, ModelSpec
 
 MS = "com.microsoft"
@@ -81,7 +81,8 @@ def _linear(c: _Ctx, x: str, name: str) -> str:
         q = c.opts.quant
         assert q is not None, f"{w} is quantized but no QuantSpec was given"
         n, blocks, _ = c.ckpt.weights[w + QWEIGHT].shape
-        y = b.op("MatMulNBits", x, b.weight(w + QWEIGHT), b.weight(w + SCALES), domain=MS, K=_in_features(c.m, name),
+        y = b.op("MatMulNBits", x, b.weight(w + QWEIGHT), b.weight(w + SCALES), b.weight(w + ZEROS), domain=MS,
+                 K=_in_features(c.m, name),
                  N=int(n),
                  bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
     else:

@@ -27,3 +27,52 @@ def check_golden(engine: Engine, golden: Golden) -> dict[str, float]:
         "top1_agreement": float(top1.mean()),
         "greedy_match": float(match_len),
     }
+
+
+# A fixed, varied prompt set: facts, code, arithmetic, instructions, multilingual, long-ish context.
+VERIFY_PROMPTS = (
+    "What is the capital of France?",
+    "Write a Python function that checks whether a number is prime.",
+    "Explain in two sentences why the sky is blue.",
+    "What is 17 times 23? Show your steps.",
+    "Translate to French: The weather is nice today and we are going to the park.",
+    "List three tips for a good night's sleep.",
+    "Summarize the plot of Romeo and Juliet in one paragraph.",
+    "Give me a short poem about the sea.",
+)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def _trace(engine: Engine, prompt: list[int], tokens: list[int] | None, steps: int) -> tuple[np.ndarray, list[int]]:
+    """Next-token logits after the prompt and after each token; greedy when `tokens` is None, else teacher-forced."""
+    kv = engine.new_kv_cache(1, len(prompt) + steps + 1)
+    logits = [engine.prefill([0], [prompt], kv)[0]]
+    chosen: list[int] = []
+    for i in range(steps):
+        token = int(np.argmax(logits[-1])) if tokens is None else tokens[i]
+        chosen.append(token)
+        logits.append(engine.decode([0], [[token]], kv)[0])
+    return np.stack(logits), chosen
+
+
+def compare_engines(reference: Engine, candidate: Engine, prompts: list[list[int]], steps: int = 32) -> dict[str, float]:
+    """Top-1 agreement and mean KL(reference || candidate) of next-token distributions along the reference's own
+    greedy continuations, and the mean length over which the candidate's greedy output matches the reference's."""
+    agree, kls, match = [], [], []
+    for prompt in prompts:
+        ref_logits, ref_tokens = _trace(reference, prompt, None, steps)
+        cand_logits, _ = _trace(candidate, prompt, ref_tokens, steps)
+        ref_top, cand_top = ref_logits.argmax(-1), cand_logits.argmax(-1)
+        agree.append(ref_top == cand_top)
+        p_log, q_log = _log_softmax(ref_logits), _log_softmax(cand_logits)
+        kls.append((np.exp(p_log) * (p_log - q_log)).sum(-1))
+        diverge = np.nonzero(cand_top[:-1] != np.array(ref_tokens))[0]
+        match.append(int(diverge[0]) if diverge.size else steps)
+    return {"top1_agreement": float(np.concatenate(agree).mean()), "mean_kl": float(np.concatenate(kls).mean()),
+            "greedy_match_mean": float(np.mean(match)), "greedy_match_min": float(np.min(match)),
+            "positions": float(sum(a.size for a in agree))}

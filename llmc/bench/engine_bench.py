@@ -1,0 +1,129 @@
+"""`llmc bench ENGINE_DIR`: time to first token, per-token latency and decode throughput of an engine, judged
+against the memory-bandwidth limit of the machine (and, optionally, transformers measured in the same run)."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmc.bench.limits import DEFAULT_BANDWIDTH_GBS, kv_bytes_copied_per_step, weight_bytes_per_step
+from llmc.errors import InputError
+from llmc.runtime.generator import EngineLoop, LoopConfig
+from llmc.runtime.llm import LLM, LLMConfig
+from llmc.runtime.request import SamplingParams
+
+FILLER = ("The history of the city goes back many centuries, with markets, bridges, libraries and gardens that "
+          "travellers described in letters, songs and careful maps. ")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    engine_dir: Path
+    batch_sizes: tuple[int, ...] = (1, 8)
+    prompt_len: int = 128
+    new_tokens: int = 128
+    contexts: tuple[int, ...] = ()  # extra batch-1 runs with these prompt lengths (decode speed vs context)
+    threads: int = 0
+    bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
+
+    def check(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise InputError(f"--batch-sizes must be >= 1, got {list(self.batch_sizes)}")
+        if self.prompt_len < 1 or self.new_tokens < 2:
+            raise InputError(f"--prompt-len must be >= 1 and --new-tokens >= 2, got {self.prompt_len}, {self.new_tokens}")
+        if any(c < 1 for c in self.contexts):
+            raise InputError(f"--contexts must be >= 1, got {list(self.contexts)}")
+
+    def runs(self) -> list[tuple[int, int, int]]:
+        """(batch, prompt_len, new_tokens) of every measured configuration."""
+        runs = [(b, self.prompt_len, self.new_tokens) for b in self.batch_sizes]
+        return runs + [(1, c, min(self.new_tokens, 64)) for c in self.contexts if (1, c) not in
+                       {(b, p) for b, p, _ in runs}]
+
+
+def synthetic_prompts(llm: LLM, batch: int, length: int) -> list[list[int]]:
+    """`batch` different prompts of exactly `length` tokens (rows start at different offsets of a fixed text)."""
+    ids = llm.tokenizer.encode(FILLER * (length // 8 + 4), add_special_tokens=False)
+    while len(ids) < length + batch:
+        ids = ids + ids
+    return [ids[row : row + length] for row in range(batch)]
+
+
+def measure(loop: EngineLoop, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+    """Run one batch to full length (EOS ignored); TTFT is the prefill step, ITL each decode step."""
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    rids = [loop.add_request(p, params) for p in prompts]
+    start = time.perf_counter()
+    loop.step()  # every prompt fits the step budget: one prefill step, first token of each row
+    ttft = time.perf_counter() - start
+    steps = []
+    while loop.has_work:
+        t0 = time.perf_counter()
+        loop.step()
+        steps.append(time.perf_counter() - t0)
+    for rid in rids:
+        assert len(loop.pop(rid).outputs[0].token_ids) == new_tokens
+    itl = np.array(steps) * 1e3
+    return {"ttft_ms": ttft * 1e3, "tpot_ms": float(itl.mean()), "itl_ms_median": float(np.median(itl)),
+            "itl_ms_p90": float(np.percentile(itl, 90)), "itl_ms_p99": float(np.percentile(itl, 99))}
+
+
+def run_bench(cfg: BenchConfig, on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    cfg.check()
+    runs = cfg.runs()
+    max_batch = max(b for b, _, _ in runs)
+    longest = max(p + n for _, p, n in runs)
+    llm = LLM(cfg.engine_dir, LLMConfig(threads=cfg.threads, max_batch=1))
+    budget = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8) // 2**20 + 1
+    loop = EngineLoop(llm.engine, llm.tokenizer, LoopConfig(max_batch, budget, max_batch * longest + max_batch))
+    if loop.max_len < longest:
+        raise InputError(f"the longest run needs {longest} positions, the engine allows {loop.max_len}")
+    measure(loop, synthetic_prompts(llm, 1, 16), 4)  # warm-up: first-run allocations and thread start
+    weights = weight_bytes_per_step(cfg.engine_dir, llm.engine.manifest)
+    results = []
+    for batch, prompt_len, new_tokens in runs:
+        timing = measure(loop, synthetic_prompts(llm, batch, prompt_len), new_tokens)
+        result = _report(llm, cfg, batch, prompt_len, new_tokens, timing, weights)
+        results.append(result)
+        if on_result:
+            on_result(result)
+    return results
+
+
+def _report(llm: LLM, cfg: BenchConfig, batch: int, prompt_len: int, new_tokens: int, t: dict[str, float],
+            weights: int) -> dict[str, Any]:
+    m = llm.engine.manifest
+    per_token = llm.engine.kv_bytes_per_token()
+    context = prompt_len + new_tokens // 2  # mean context over the decode steps
+    step_bytes = weights + batch * context * per_token  # weights once per step + every row's KV
+    limit_steps = cfg.bandwidth_gbs * 1e9 / step_bytes
+    steps_per_s = 1e3 / t["tpot_ms"]
+    return {
+        "backend": m.backend, "precision": m.precision, "kv_layout": m.kv.layout, "threads": llm.engine.threads,
+        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
+        "ttft_ms": round(t["ttft_ms"], 2), "prefill_tok_s": round(batch * prompt_len / t["ttft_ms"] * 1e3, 1),
+        "tpot_ms": round(t["tpot_ms"], 3), "itl_ms_median": round(t["itl_ms_median"], 3),
+        "itl_ms_p90": round(t["itl_ms_p90"], 3), "itl_ms_p99": round(t["itl_ms_p99"], 3),
+        "decode_tok_s_per_seq": round(steps_per_s, 1), "decode_tok_s_aggregate": round(steps_per_s * batch, 1),
+        "bandwidth_limit_tok_s_per_seq": round(limit_steps, 1), "fraction_of_limit": round(steps_per_s / limit_steps, 3),
+        "weight_bytes_per_step": weights, "kv_bytes_copied_per_step": kv_bytes_copied_per_step(m, batch, context,
+                                                                                                per_token),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    return (f"{r['precision']:>12} b={r['batch']:<3} p={r['prompt_len']:<5} ttft {r['ttft_ms']:8.1f} ms  "
+            f"decode {r['decode_tok_s_per_seq']:7.1f} tok/s/seq {r['decode_tok_s_aggregate']:8.1f} agg  "
+            f"{r['fraction_of_limit']:.0%} of {r['bandwidth_limit_tok_s_per_seq']:.0f} limit")
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

@@ -1,0 +1,42 @@
+"""`llmc bench --plot FILE.png`: decode tokens/s against batch size and against context, with the limit drawn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llmc.errors import InputError
+
+
+def plot(results: list[dict[str, Any]], path: Path, prompt_len: int) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError("--plot needs matplotlib: pip install 'llmc[bench]'") from None
+    fig, (by_batch, by_ctx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    batch_runs = sorted((r for r in results if r["prompt_len"] == prompt_len), key=lambda r: r["batch"])
+    xs = [r["batch"] for r in batch_runs]
+    by_batch.plot(xs, [r["decode_tok_s_aggregate"] for r in batch_runs], "o-", label="llmc (aggregate)")
+    by_batch.plot(xs, [r["bandwidth_limit_tok_s_per_seq"] * r["batch"] for r in batch_runs], "k--",
+                  label="bandwidth limit")
+    if any("torch_decode_tok_s_per_seq" in r for r in batch_runs):
+        by_batch.plot(xs, [r.get("torch_decode_tok_s_per_seq", 0) * r["batch"] for r in batch_runs], "s-",
+                      label="transformers (aggregate)")
+    by_batch.set(xlabel="batch size", ylabel="decode tokens/s", title="decode throughput vs batch", xscale="log")
+    ctx_runs = sorted((r for r in results if r["batch"] == 1), key=lambda r: r["prompt_len"])
+    cx = [r["prompt_len"] for r in ctx_runs]
+    by_ctx.plot(cx, [r["decode_tok_s_per_seq"] for r in ctx_runs], "o-", label="llmc (batch 1)")
+    by_ctx.plot(cx, [r["bandwidth_limit_tok_s_per_seq"] for r in ctx_runs], "k--", label="bandwidth limit")
+    by_ctx.set(xlabel="context (tokens)", ylabel="decode tokens/s", title="decode speed vs context", xscale="log")
+    for ax in (by_batch, by_ctx):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        ax.set_ylim(bottom=0)
+    precision = results[0]["precision"] if results else ""
+    fig.suptitle(f"llmc {results[0]['backend'] if results else ''} {precision}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

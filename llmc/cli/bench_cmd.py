@@ -1,0 +1,100 @@
+"""`llmc bench ENGINE_DIR` (engine) and `llmc bench --serve URL` (a running server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from llmc.errors import InputError
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+def register(app: typer.Typer, wrap: Any) -> None:
+    @app.command("bench")
+    @wrap
+    def bench_command(
+        engine_dir: Annotated[Path | None, typer.Argument(help="Engine folder (omit with --serve).")] = None,
+        batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,8",
+        prompt_len: Annotated[int, typer.Option(help="Prompt tokens.")] = 128,
+        new_tokens: Annotated[int, typer.Option(help="Generated tokens (EOS ignored).")] = 128,
+        contexts: Annotated[str, typer.Option(help="Extra batch-1 prompt lengths, e.g. 128,512,2048.")] = "",
+        threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
+        bandwidth_gbs: Annotated[float, typer.Option(help="Memory bandwidth of this machine.")] = 35.0,
+        compare_torch: Annotated[bool, typer.Option("--compare-torch", help="Also run transformers.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line and configuration.")] = False,
+        plot: Annotated[Path | None, typer.Option(help="Draw decode tokens/s vs batch and context to a PNG.")] = None,
+        serve: Annotated[str | None, typer.Option(help="Benchmark a running server at this URL instead.")] = None,
+        concurrency: Annotated[str, typer.Option(help="--serve: comma-separated concurrency levels.")] = "1,8,32",
+        num_prompts: Annotated[int, typer.Option(help="--serve: requests per level.")] = 32,
+        request_rate: Annotated[float, typer.Option(help="--serve: Poisson rate (req/s); 0 = as fast as allowed.")] = 0.0,
+        output: Annotated[Path | None, typer.Option(help="--serve: save results as JSON.")] = None,
+    ) -> None:
+        """Measure TTFT, TPOT, ITL, decode tokens/s and peak memory against the bandwidth limit."""
+        if serve is not None:
+            from llmc.cli.bench_serve import bench_serve
+
+            bench_serve(serve, _ints(concurrency, "--concurrency"), num_prompts, prompt_len, new_tokens,
+                        request_rate, output, as_json)
+            return
+        if engine_dir is None:
+            raise InputError("pass an ENGINE_DIR (or --serve URL)")
+        _bench_engine(engine_dir, _ints(batch_sizes, "--batch-sizes"), prompt_len, new_tokens,
+                      _ints(contexts, "--contexts"), threads, bandwidth_gbs, compare_torch, as_json, plot)
+
+
+def _bench_engine(engine_dir: Path, batches: tuple[int, ...], prompt_len: int, new_tokens: int,
+                  contexts: tuple[int, ...], threads: int, bandwidth: float, compare_torch: bool, as_json: bool,
+                  plot: Path | None) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from llmc.bench.engine_bench import BenchConfig, run_bench, summary_line
+    from llmc.manifest import load_engine
+
+    cfg = BenchConfig(engine_dir, batches, prompt_len, new_tokens, contexts, threads, bandwidth)
+    cfg.check()
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("benchmarking", total=len(cfg.runs()))
+        results = run_bench(cfg, on_result=lambda r: (bar.advance(task), console.print(summary_line(r))))
+    if compare_torch:
+        _add_torch(results, load_engine(engine_dir).export_dir, engine_dir, threads, console)
+    for r in results:
+        typer.echo(json.dumps(r) if as_json else summary_line(r) + _torch_note(r))
+    if plot is not None:
+        from llmc.bench.plot import plot as draw
+
+        draw(results, plot, prompt_len)
+        console.print(f"plot written to {plot}")
+
+
+def _add_torch(results: list[dict[str, Any]], export_dir: str, engine_dir: Path, threads: int, console: Any) -> None:
+    from llmc.bench.engine_bench import synthetic_prompts
+    from llmc.bench.torch_ref import torch_decode
+    from llmc.manifest import load_export
+    from llmc.runtime.llm import LLM, LLMConfig
+
+    source = load_export(export_dir).source
+    llm = LLM(engine_dir, LLMConfig(threads=threads, max_batch=1))
+    for r in results:
+        console.print(f"transformers: batch {r['batch']}, prompt {r['prompt_len']} ...")
+        prompts = synthetic_prompts(llm, r["batch"], r["prompt_len"])
+        ref = torch_decode(source, prompts, r["new_tokens"], r["threads"])
+        r.update(ref)
+        r["speedup_vs_torch"] = round(r["decode_tok_s_per_seq"] / ref["torch_decode_tok_s_per_seq"], 2)
+        r["ttft_speedup_vs_torch"] = round(ref["torch_ttft_ms"] / r["ttft_ms"], 2)
+
+
+def _torch_note(r: dict[str, Any]) -> str:
+    if "speedup_vs_torch" not in r:
+        return ""
+    return f"  | transformers {r['torch_decode_tok_s_per_seq']} tok/s/seq: {r['speedup_vs_torch']}x"
