@@ -20,7 +20,7 @@ from onnx import helper
 from llmc.graph import io_names as io
 from llmc.graph.builder import DTYPES, GraphBuilder
 from llmc.graph.checkpoint import INV_FREQ, Checkpoint
-from llmc.graph.quant import QWEIGHT, SCALES, ZEROS, QuantSpec
+from llmc.graph.quant import OFFSETS, QWEIGHT, SCALES, QuantSpec, bits_of
 from llmc.manifest import GraphSpec, ModelSpec
 
 MS = "com.microsoft"
@@ -80,23 +80,16 @@ def _linear(c: _Ctx, x: str, name: str) -> str:
     if c.has(w + QWEIGHT):
         q = c.opts.quant
         assert q is not None, f"{w} is quantized but no QuantSpec was given"
-        n, blocks, _ = c.ckpt.weights[w + QWEIGHT].shape
-        y = b.op("MatMulNBits", x, b.weight(w + QWEIGHT), b.weight(w + SCALES), b.weight(w + ZEROS), domain=MS,
-                 K=_in_features(c.m, name),
-                 N=int(n),
-                 bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+        qweight = c.ckpt.weights[w + QWEIGHT]
+        n, blocks, _ = qweight.shape
+        y = b.op("MatMulNBits", x, b.weight(w + QWEIGHT), b.weight(w + SCALES), domain=MS, K=blocks * q.block_size,
+                 N=n, bits=bits_of(qweight, q.block_size), block_size=q.block_size, accuracy_level=q.accuracy_level)
+        block_sums = b.op("ReduceSum", b.op("Reshape", x, b.ints(0, 0, blocks, q.block_size)), b.ints(-1),
+                          keepdims=0)  # [B, S, K / block]
+        y = b.op("Add", y, b.op("MatMul", block_sums, b.weight(w + OFFSETS)))
     else:
         y = b.op("MatMul", x, b.weight(w))
     return b.op("Add", y, b.weight(f"{name}.bias")) if c.has(f"{name}.bias") else y
-
-
-def _in_features(m: ModelSpec, name: str) -> int:
-    kind = name.rsplit(".", 1)[-1]
-    if kind == "o":
-        return m.num_heads * m.head_dim
-    if kind in ("down", "proj"):
-        return m.intermediate_size
-    return m.hidden_size  # qkv, gate_up, fc, lm_head
 
 
 def _norm(c: _Ctx, x: str, name: str) -> str:
