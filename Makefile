@@ -50,6 +50,7 @@ verify: install
 
 test: install
 	$(BIN)/ruff check llmc tests
+	$(BIN)/mypy llmc
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install

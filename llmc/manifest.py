@@ -157,7 +157,7 @@ def _build(tp: Any, value: Any) -> Any:
     if is_dataclass(tp):
         hints = get_type_hints(tp)
         known = {f.name for f in fields(tp)}
-        return tp(**{k: _build(hints[k], v) for k, v in value.items() if k in known})
+        return tp(**{k: _build(hints[k], v) for k, v in value.items() if k in known})  # type: ignore[operator]
     origin = get_origin(tp)
     if origin is tuple and value is not None:
         args = get_args(tp)

@@ -63,7 +63,7 @@ def make_model(graph: onnx.GraphProto, weights: WeightFile, used: list[str], ops
     graph.initializer.extend(weights.proto(n) for n in used)
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="llmc")
-    model.ir_version = 10  # readable by ONNX Runtime >= 1.17 and TensorRT 10
+    model.ir_version = 10 if opset <= 21 else 11  # IR 10 for opset <= 21: ONNX Runtime >= 1.17, TensorRT 10
     return model
 
 

@@ -3,7 +3,7 @@ and the default model (SmolLM2-135M-Instruct) exported and built once for the sl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,9 @@ import pytest
 from tiny_models import make_model
 
 ARCHS = ("llama", "llama3", "mistral", "qwen2", "gpt2")
+# Engines the engine-level tests run on: the default build (in place, GroupQueryAttention), the export's own graphs
+# (KV layout "concat") and the in-place build with standard ONNX Attention + TensorScatter.
+LAYOUTS = ("default", "concat", "onnx")
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,15 @@ class Built:
     name: str
     hf_dir: Path  # the model reference passed to export (an HF folder, or the default model's name)
     export_dir: Path
-    engine_dir: Path
+    engine_dir: Path  # `llmc build` with its defaults
+    concat_engine_dir: Path | None = None  # the export's own graphs (KV layout "concat"), tiny models only
+    onnx_engine_dir: Path | None = None  # in place with Attention-24 + TensorScatter, tiny models only
+
+    def engine(self, layout: str) -> Path:
+        """The engine folder for "default", "concat" or "onnx"."""
+        path = {"default": self.engine_dir, "concat": self.concat_engine_dir, "onnx": self.onnx_engine_dir}[layout]
+        assert path is not None, f"no {layout} engine for {self.name}"
+        return path
 
 
 def _export_and_build(ref: str, root: Path) -> tuple[Path, Path]:
@@ -37,6 +48,8 @@ def _export_and_build(ref: str, root: Path) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def tiny_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
     """tiny_factory(arch) -> Built, made on first use and cached for the session."""
+    from llmc.engines.ort_build import BuildConfig, build_ort
+
     cache: dict[str, Built] = {}
 
     def get(arch: str) -> Built:
@@ -44,7 +57,10 @@ def tiny_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Bu
             root = tmp_path_factory.mktemp(f"tiny-{arch}")
             hf_dir = make_model(arch, root / "hf")
             export_dir, engine_dir = _export_and_build(str(hf_dir), root)
-            cache[arch] = Built(arch, hf_dir, export_dir, engine_dir)
+            concat, onnx_attention = root / "engine-concat", root / "engine-onnx"
+            build_ort(BuildConfig(export_dir, concat, kv_layout="concat"))
+            build_ort(BuildConfig(export_dir, onnx_attention, attention="onnx"))
+            cache[arch] = Built(arch, hf_dir, export_dir, engine_dir, concat, onnx_attention)
         return cache[arch]
 
     return get
@@ -79,8 +95,8 @@ def hf_factory() -> Callable[[Built], Any]:
 
 
 @pytest.fixture(scope="session")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Built:
     """The default model exported and built once; its GGUF is fetched into (or reused from) $LLMC_CACHE."""
     root = tmp_path_factory.mktemp("smollm2")
     export_dir, engine_dir = _export_and_build("smollm2-135m-instruct", root)
-    yield Built("smollm2-135m-instruct", Path("smollm2-135m-instruct"), export_dir, engine_dir)
+    return Built("smollm2-135m-instruct", Path("smollm2-135m-instruct"), export_dir, engine_dir)

@@ -41,5 +41,6 @@ def kv_bytes_copied_per_step(manifest: EngineManifest, batch: int, context: int,
 
 
 def _itemsize(data_type: int) -> int:
-    return {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.UINT8: 1,
-            onnx.TensorProto.INT8: 1, onnx.TensorProto.INT64: 8, onnx.TensorProto.INT32: 4}.get(data_type, 4)
+    sizes: dict[int, int] = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.UINT8: 1,
+            onnx.TensorProto.INT8: 1, onnx.TensorProto.INT64: 8, onnx.TensorProto.INT32: 4}
+    return sizes.get(data_type, 4)

@@ -65,7 +65,12 @@ def _bench_engine(engine_dir: Path, batches: tuple[int, ...], prompt_len: int, n
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("benchmarking", total=len(cfg.runs()))
-        results = run_bench(cfg, on_result=lambda r: (bar.advance(task), console.print(summary_line(r))))
+
+        def report(r: dict[str, Any]) -> None:
+            bar.advance(task)
+            console.print(summary_line(r))
+
+        results = run_bench(cfg, on_result=report)
     if compare_torch:
         _add_torch(results, load_engine(engine_dir).export_dir, engine_dir, threads, console)
     for r in results:

@@ -1,14 +1,20 @@
-"""`llmc run ENGINE_DIR|MODEL [PROMPT]`: one answer streamed, or an interactive chat."""
+"""`llmc run ENGINE_DIR|MODEL [PROMPT]`: one answer streamed, or an interactive chat;
+`--input prompts.jsonl --output results.jsonl`: an offline batch on the same engine loop."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from llmc.errors import InputError
 from llmc.runtime.request import SamplingParams
+
+if TYPE_CHECKING:
+    from llmc.runtime.batch_file import BatchConfig
 
 
 def register(app: typer.Typer, wrap: Any) -> None:
@@ -20,7 +26,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
         raw: Annotated[bool, typer.Option("--raw", help="Do not apply the chat template.")] = False,
         system: Annotated[str | None, typer.Option(help="System prompt (chat template).")] = None,
         chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file.")] = None,
-        max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 256,
+        max_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate [default: 256, or what the "
+                                                        "context leaves].")] = None,
         temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
         top_k: Annotated[int, typer.Option(help="0 = off.")] = 0,
         top_p: Annotated[float, typer.Option(help="Nucleus sampling, in (0, 1].")] = 1.0,
@@ -30,24 +37,76 @@ def register(app: typer.Typer, wrap: Any) -> None:
         stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
         threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
         kv_budget_mb: Annotated[int, typer.Option(help="Memory for the KV cache.")] = 1024,
+        input_file: Annotated[Path | None, typer.Option("--input", help="JSONL of prompts: an offline batch "
+                                                        "(lines {\"prompt\"} or {\"messages\"}, sampling fields).")] = None,
+        output_file: Annotated[Path | None, typer.Option("--output", help="JSONL of results, in input order "
+                                                         "(with --input); an interrupted run resumes.")] = None,
+        max_batch: Annotated[int, typer.Option(help="With --input: sequences decoding together.")] = 8,
     ) -> None:
-        """Generate with an engine, streaming text as it comes."""
+        """Generate with an engine, streaming text as it comes; or run a JSONL file of prompts (--input)."""
         from llmc.pipeline import ensure_engine
         from llmc.progress import ConsoleSteps
         from llmc.runtime.llm import LLM, LLMConfig
 
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        params = SamplingParams(max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                 min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop or []))
         params.validate()
+        batch = _batch_config(prompt, input_file, output_file, max_batch, params)
         engine_dir = ensure_engine(model, ConsoleSteps(8, prefix="setup "))
-        llm = LLM(engine_dir, LLMConfig(threads=threads, max_batch=1, kv_budget_mb=kv_budget_mb,
+        llm = LLM(engine_dir, LLMConfig(threads=threads, max_batch=max_batch if batch else 1,
+                                        kv_budget_mb=kv_budget_mb,
                                         chat_template=str(chat_template) if chat_template else None))
+        if batch is not None:
+            _run_batch(llm, batch)
+            return
         if prompt is not None:
             messages = _messages(system, prompt)
             ids = llm.encode(prompt) if raw else llm.encode_chat(messages)
-            _stream(llm, ids, params)
+            _stream(llm, ids, _fit(llm, ids, params, max_tokens is None))
         else:
-            _chat(llm, system, params)
+            _chat(llm, system, params, max_tokens is None)
+
+
+def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path | None, max_batch: int,
+                  params: SamplingParams) -> BatchConfig | None:
+    """The batch run the flags ask for (None: a single prompt or a chat); checked before an engine loads."""
+    from llmc.runtime.batch_file import BatchConfig, check_paths
+
+    if input_file is None and output_file is None:
+        return None
+    if input_file is None or output_file is None:
+        raise InputError("--input and --output go together: llmc run ENGINE --input in.jsonl --output out.jsonl")
+    if prompt is not None:
+        raise InputError("give either a PROMPT or --input, not both")
+    if max_batch < 1:
+        raise InputError(f"--max-batch must be >= 1, got {max_batch}")
+    config = BatchConfig(input_file, output_file, params)
+    check_paths(config)
+    return config
+
+
+def _run_batch(llm: Any, config: BatchConfig) -> None:
+    from llmc.runtime.batch_file import ConsoleBatchProgress, run_batch
+
+    try:
+        with ConsoleBatchProgress() as bar:
+            summary = run_batch(llm, config, bar)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: finished lines are kept in {config.sidecar}; run the same command to resume",
+                   err=True)
+        raise typer.Exit(code=130) from None
+    resumed = f", {summary.resumed} from an earlier run" if summary.resumed else ""
+    typer.echo(f"wrote {summary.total} results ({summary.errors} errors{resumed}) to {config.output}", err=True)
+
+
+DEFAULT_MAX_TOKENS = 256
+
+
+def _fit(llm: Any, ids: list[int], params: SamplingParams, default: bool) -> SamplingParams:
+    """Without an explicit --max-tokens, generate at most what the context leaves after the prompt."""
+    if not default:
+        return params
+    return replace(params, max_tokens=max(1, min(params.max_tokens, llm.max_context - len(ids))))
 
 
 def _messages(system: str | None, prompt: str) -> list[dict[str, str]]:
@@ -65,7 +124,7 @@ def _stream(llm: Any, ids: list[int], params: SamplingParams) -> str:
     return "".join(text)
 
 
-def _chat(llm: Any, system: str | None, params: SamplingParams) -> None:
+def _chat(llm: Any, system: str | None, params: SamplingParams, default_max: bool) -> None:
     """Interactive chat that keeps the conversation; empty line or /exit (or EOF) ends it."""
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     typer.echo("chat with the model; /exit or an empty line to quit", err=True)
@@ -77,5 +136,6 @@ def _chat(llm: Any, system: str | None, params: SamplingParams) -> None:
         if not line.strip() or line.strip() == "/exit":
             break
         messages.append({"role": "user", "content": line})
-        answer = _stream(llm, llm.encode_chat(messages), params)
+        ids = llm.encode_chat(messages)
+        answer = _stream(llm, ids, _fit(llm, ids, params, default_max))
         messages.append({"role": "assistant", "content": answer})

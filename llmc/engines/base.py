@@ -61,6 +61,7 @@ class Engine(ABC):
 
     manifest: EngineManifest
     directory: Path
+    threads: int = 0
 
     @property
     def vocab_size(self) -> int:

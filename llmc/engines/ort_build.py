@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from llmc.manifest import (
     verify_files,
 )
 from llmc.onnx_store import WeightFile, read_external
+from llmc.outdir import atomic_dir, check_out_dir
 from llmc.progress import Progress, Quiet
 
 # Files copied from the export so an engine folder runs on its own.
@@ -42,7 +42,8 @@ class BuildConfig:
     quant: str = "none"  # none | int8 | int4
     threads: int = 0
     force: bool = False
-    kv_layout: str = "inplace"  # inplace (GroupQueryAttention, shared buffer) | concat (the export's own graphs)
+    kv_layout: str = "inplace"  # inplace (one shared past/present buffer) | concat (the export's own graphs)
+    attention: str = "gqa"  # inplace lowering: gqa (GroupQueryAttention) | onnx (Attention-24 + TensorScatter)
     block_size: int = 32
     accuracy_level: int = 4
 
@@ -74,6 +75,8 @@ def export_engine(export: ExportManifest, export_dir: Path, threads: int = 0) ->
 def check_build_config(cfg: BuildConfig) -> None:
     if cfg.quant not in ("none", "int8", "int4"):
         raise InputError(f"--quant must be none, int8 or int4, got {cfg.quant!r}")
+    if cfg.attention not in ("gqa", "onnx"):
+        raise InputError(f"--attention must be gqa or onnx, got {cfg.attention!r}")
     if cfg.kv_layout not in ("inplace", "concat"):
         raise InputError(f"--kv-layout must be inplace or concat, got {cfg.kv_layout!r}")
     if cfg.quant != "none" and cfg.kv_layout == "concat":
@@ -84,9 +87,7 @@ def check_build_config(cfg: BuildConfig) -> None:
         raise InputError(f"--accuracy-level must be in [0, 4], got {cfg.accuracy_level}")
     if cfg.threads < 0:
         raise InputError(f"--threads must be >= 0 (0 = physical cores), got {cfg.threads}")
-    out = Path(cfg.out_dir)
-    if out.is_dir() and any(out.iterdir()) and not cfg.force:
-        raise InputError(f"output directory {out} is not empty; pass --force to overwrite it")
+    check_out_dir(cfg.out_dir, cfg.force)
 
 
 def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManifest:
@@ -96,18 +97,8 @@ def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManif
     export = load_export(export_dir)
     progress.step(f"checking export {export_dir} ({export.model_name}, {export.dtype})")
     verify_files(export_dir, export.files)
-    out = Path(cfg.out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        manifest = _build_into(work, export_dir, export, cfg, progress)
-        if out.exists():
-            shutil.rmtree(out)
-        work.rename(out)
-        return replace(manifest)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    with atomic_dir(cfg.out_dir, export_dir, "export") as work:
+        return _build_into(work, export_dir, export, cfg, progress)
 
 
 def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: BuildConfig,
@@ -119,14 +110,14 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     scratch.mkdir()
     src_dir, kv, graphs = export_dir, export.kv, (export.prefill, export.decode)
     if cfg.kv_layout == "inplace":
-        progress.step(f"lowering to GroupQueryAttention with an in-place KV cache (weights: {cfg.quant})")
+        progress.step(f"lowering attention to {cfg.attention} with an in-place KV cache (weights: {cfg.quant})")
         ckpt = load_checkpoint(export_dir, export)
         quant = cfg.quant_spec()
         if quant is not None:
             ckpt = quantized(ckpt, quant)
         src_dir = scratch / "lowered"
         src_dir.mkdir()
-        kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant)
+        kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention)
         graphs = (lowered[0], lowered[1])
     progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
     for spec in graphs:
@@ -139,6 +130,7 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
             shutil.copy2(export_dir / name, work / name)
     files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
     settings = {"threads": threads, "optimization": "extended", "quant": cfg.quant, "kv_layout": kv.layout,
+                "attention": cfg.attention if kv.layout == "inplace" else "decomposed",
                 "block_size": cfg.block_size, "accuracy_level": cfg.accuracy_level, "onnxruntime": ort.__version__}
     precision = export.dtype if cfg.quant == "none" else f"{cfg.quant}-{export.dtype}"
     manifest = engine_manifest(export, export_dir, "ort", precision, settings, files, graphs, kv)

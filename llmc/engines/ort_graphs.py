@@ -37,20 +37,25 @@ def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     weights = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in ckpt.weights.items()}
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
-    return Checkpoint(ckpt.spec, quantize_weights(weights, [*names, "lm_head.weight"], quant))
+    return Checkpoint(ckpt.spec, quantize_weights(weights, names, quant, head="lm_head.weight"))
 
 
-def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int,
-                         quant: QuantSpec | None) -> tuple[KVSpec, GraphSpec, GraphSpec]:
+ONNX_ATTENTION_OPSET = 24  # Attention with GQA + TensorScatter
+
+
+def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, quant: QuantSpec | None,
+                         attention: str = "gqa") -> tuple[KVSpec, GraphSpec, GraphSpec]:
     """Write prefill.onnx + decode.onnx (one weights.bin) for the in-place KV layout into `out`."""
     kv = io_names.kv_spec(ckpt.spec, dtype, layout="inplace")
-    prefill, decode = io_names.inplace_specs(ckpt.spec, kv)
+    prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention)
+    if attention == "onnx":
+        opset = max(opset, ONNX_ATTENTION_OPSET)
     weights = WeightFile(out / "weights.bin")
     try:
         for name, array in ckpt.weights.items():
             weights.add(name, array)
         for spec in (prefill, decode):
-            graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions("gqa", quant))
+            graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions(attention, quant))
             onnx.save(make_model(graph, weights, used, opset, {MS: 1}), str(out / spec.file))
     finally:
         weights.close()

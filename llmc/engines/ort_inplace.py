@@ -1,5 +1,6 @@
-"""ONNX Runtime engine over the "inplace" KV layout: GroupQueryAttention writes each step's K/V into buffers that
-are bound (IOBinding, OrtValue over our own numpy memory) as both past and present. Nothing copies the cache.
+"""ONNX Runtime engine over the "inplace" KV layout: the graph (GroupQueryAttention, or Attention + TensorScatter)
+writes each step's K/V into buffers that are bound (IOBinding, OrtValue over our own numpy memory) as both past and
+present. Nothing copies the cache.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class OrtInplaceEngine(OrtEngineBase):
 
         self._ort = ort
         self._present_names = manifest.kv.names("present")
-        self._learned_positions = manifest.model.positions == "learned"
+        self._input_names = [n for n in manifest.decode.input_names() if n not in self._past_names]
         self._views: dict[tuple[int, int, int], list[object]] = {}  # (id(kv), first, stop) -> OrtValues
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
@@ -37,17 +38,24 @@ class OrtInplaceEngine(OrtEngineBase):
             self._views[key] = [make(buf[first:stop]) for buf in kv.buffers()]
         return self._views[key]
 
-    def _run_rows(self, session: object, kv: HostKVCache, first: int, ids: np.ndarray, seqlens: np.ndarray,
-                  logits_rows: int) -> np.ndarray:
-        """Run rows first..first+B-1 of the cache; seqlens[b] = tokens of row b after this step."""
-        batch, width = ids.shape
+    def _feeds(self, ids: np.ndarray, start: np.ndarray, counts: np.ndarray) -> dict[str, np.ndarray]:
+        """Inputs for rows with start[b] cached tokens and counts[b] new ones (right-padded to ids.shape[1])."""
+        width = ids.shape[1]
+        seqlens = start + counts
+        pos = start[:, None] + np.arange(width)[None, :]
+        pos[np.arange(width)[None, :] >= counts[:, None]] = 0  # pads: position 0 (in range, never the max)
+        feeds = {"input_ids": ids, "position_ids": pos.astype(np.int64),
+                 "seqlens_k": (seqlens - 1).astype(np.int32),
+                 "total_sequence_length": np.array(int(seqlens.max()), dtype=np.int32)}
+        return {name: feeds[name] for name in self._input_names}
+
+    def _run_rows(self, session: object, kv: HostKVCache, first: int, ids: np.ndarray, start: np.ndarray,
+                  counts: np.ndarray, logits_rows: int) -> np.ndarray:
+        """Run rows first..first+B-1 of the cache, each with start[b] cached and counts[b] new tokens."""
+        batch = ids.shape[0]
         binding = session.io_binding()  # type: ignore[attr-defined]
-        binding.bind_cpu_input("input_ids", ids)
-        if self._learned_positions:
-            pos = np.clip(seqlens[:, None] - width + np.arange(width)[None, :], 0, None).astype(np.int64)
-            binding.bind_cpu_input("position_ids", pos)
-        binding.bind_cpu_input("seqlens_k", (seqlens - 1).astype(np.int32))
-        binding.bind_cpu_input("total_sequence_length", np.array(int(seqlens.max()), dtype=np.int32))
+        for name, array in self._feeds(ids, start, counts).items():
+            binding.bind_cpu_input(name, array)
         values = self._kv_values(kv, first, first + batch)
         for past, present, value in zip(self._past_names, self._present_names, values):
             binding.bind_ortvalue_input(past, value)
@@ -69,7 +77,7 @@ class OrtInplaceEngine(OrtEngineBase):
         ids = np.zeros((len(prompts), int(lens.max())), np.int64)
         for row, p in enumerate(prompts):
             ids[row, : len(p)] = p
-        logits = self._run_rows(self._prefill, kv, slots[0], ids, lens, 1)
+        logits = self._run_rows(self._prefill, kv, slots[0], ids, np.zeros_like(lens), lens, 1)
         kv.lengths[slots] = lens
         return logits[:, 0, :]
 
@@ -82,17 +90,17 @@ class OrtInplaceEngine(OrtEngineBase):
         # Rows of the range that are not in this step (mid-prompt) run a harmless dummy token: it is written at
         # their current length, which their next real token overwrites.
         ids = np.zeros((stop - first, 1), np.int64)
-        seqlens = kv.lengths[first:stop] + 1
-        if np.any(seqlens > kv.max_len):
+        start = kv.lengths[first:stop].copy()
+        if np.any(start + 1 > kv.max_len):
             raise LimitError(f"a KV slot in rows {first}..{stop - 1} is full ({kv.max_len} tokens)")
         for slot, toks in zip(slots, tokens):
             ids[slot - first, 0] = toks[0]
-        logits = self._run_rows(self._decode, kv, first, ids, seqlens, 1)
+        logits = self._run_rows(self._decode, kv, first, ids, start, np.ones_like(start), 1)
         kv.lengths[slots] += 1
         return logits[np.array(slots) - first, 0, :]
 
     def _extend(self, slot: int, toks: list[int], kv: HostKVCache) -> np.ndarray:
-        seqlens = np.array([kv.lengths[slot] + len(toks)], np.int64)
-        logits = self._run_rows(self._decode, kv, slot, np.array([toks], np.int64), seqlens, len(toks))
+        start, counts = kv.lengths[slot : slot + 1].copy(), np.array([len(toks)], np.int64)
+        logits = self._run_rows(self._decode, kv, slot, np.array([toks], np.int64), start, counts, len(toks))
         kv.lengths[slot] += len(toks)
         return logits[:, -1, :]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from llmc.graph.checkpoint import INV_FREQ, Checkpoint
 from llmc.graph.decoder import build_graph
 from llmc.manifest import ExportManifest, GenerationSpec, GraphSpec, save, sha256_file
 from llmc.onnx_store import WeightFile, make_model
+from llmc.outdir import atomic_dir, check_out_dir
 from llmc.progress import Progress, Quiet
 
 SUPPORTED_OPSETS = range(17, 22)
@@ -44,31 +43,17 @@ def check_config(cfg: ExportConfig) -> None:
         raise InputError(f"--dtype must be float32 or float16, got {cfg.dtype!r}")
     if cfg.opset not in SUPPORTED_OPSETS:
         raise InputError(f"--opset must be in [{SUPPORTED_OPSETS.start}, {SUPPORTED_OPSETS.stop - 1}], got {cfg.opset}")
-    out = Path(cfg.out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"output {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not cfg.force:
-        raise InputError(f"output directory {out} is not empty; pass --force to overwrite it")
+    check_out_dir(cfg.out_dir, cfg.force)
 
 
 def export(cfg: ExportConfig, progress: Progress | None = None) -> ExportManifest:
     """Export into a temporary folder beside OUT_DIR, then move it into place: never a half-written export."""
     progress = progress or Quiet()
     check_config(cfg)
-    out = Path(cfg.out_dir).resolve()
     progress.step(f"resolving {cfg.model}")
     src = sources.resolve(cfg.model, cfg.allow_pickle)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        manifest = _export_into(work, src, cfg, progress)
-        if out.exists():
-            shutil.rmtree(out)
-        work.rename(out)
-        return manifest
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+    with atomic_dir(cfg.out_dir, src.path, "model") as work:
+        return _export_into(work, src, cfg, progress)
 
 
 def _export_into(work: Path, src: sources.ModelSource, cfg: ExportConfig, progress: Progress) -> ExportManifest:

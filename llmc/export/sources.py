@@ -93,7 +93,10 @@ def _hf_source(path: Path, allow_pickle: bool) -> ModelSource:
         if len(ggufs) == 1:
             return _gguf_source(ggufs[0], path.name)
         raise InputError(f"{path} has no config.json: not a Hugging Face model folder")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{config_path} is not valid JSON: {e}") from None
     if config.get("auto_map"):
         raise UnsupportedModelError(
             f"{path} needs trust_remote_code (custom code in auto_map); llmc does not run a model's own code"
@@ -116,7 +119,10 @@ def _hf_source(path: Path, allow_pickle: bool) -> ModelSource:
 def _gguf_source(path: Path, name: str) -> ModelSource:
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as e:
+        raise InputError(f"{path} is not a readable GGUF file: {e}") from None
     field = reader.fields.get("general.architecture")
     arch = bytes(field.parts[field.data[0]]).decode() if field else "?"
     check_supported(arch)
@@ -138,7 +144,7 @@ def load(src: ModelSource) -> LoadedModel:
     model.eval()
     if src.kind == "gguf":
         # The GGUF weights are dequantized to fp32; drop the "quantized" label so the model acts as a plain one.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -28,22 +30,22 @@ class GraphBuilder:
         self._count += 1
         return f"{op_type}_{self._count}"
 
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs: object) -> str:
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, domain: str = "", **attrs: Any) -> str:
         """Add a node with one output; returns the output name."""
         return self.op_n(op_type, *inputs, outputs=outputs, domain=domain, **attrs)[0]
 
-    def op_n(self, op_type: str, *inputs: str, outputs: int, domain: str = "", **attrs: object) -> list[str]:
+    def op_n(self, op_type: str, *inputs: str, outputs: int, domain: str = "", **attrs: Any) -> list[str]:
         name = self._name(op_type)
         outs = [f"{name}_out{i}" for i in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, domain=domain, **attrs))
         return outs
 
-    def output(self, op_type: str, inputs: list[str], name: str, **attrs: object) -> str:
+    def output(self, op_type: str, inputs: list[str], name: str, **attrs: Any) -> str:
         """A node whose output is a graph output with a fixed name."""
         self.nodes.append(helper.make_node(op_type, inputs, [name], name=self._name(op_type), **attrs))
         return name
 
-    def const(self, value: np.ndarray | float | int | list[int], dtype: object = None) -> str:
+    def const(self, value: np.ndarray | float | int | list[int], dtype: Any = None) -> str:
         arr = np.asarray(value, dtype=dtype)
         key = (arr.dtype.str, arr.tobytes(), arr.shape)
         if key not in self._const_names:

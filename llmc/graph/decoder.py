@@ -2,9 +2,10 @@
 
 No tracing of transformers' modeling code (and its cache classes): every node is placed here, so the graphs stay
 the same across transformers versions and the parity tests decide whether they are right.
-Two attention lowerings share everything else: "decomposed" (standard ONNX ops, concat KV: the portable export) and
+Three attention lowerings share everything else: "decomposed" (standard ONNX ops, concat KV: the portable export),
 "gqa" (ONNX Runtime's GroupQueryAttention over one [B, Hkv, max_len, D] buffer bound as past and present: the KV
-cache is written in place). Linear layers become MatMulNBits when their weights were quantized.
+cache is written in place) and "onnx" (opset-24 TensorScatter writes the new K/V into that buffer in place and the
+standard Attention op reads it: in place with standard ops only, what TensorRT >= 10.15 parses). Linear layers become MatMulNBits when their weights were quantized.
 Shapes in comments: B batch, S new tokens, P past length, T = P + S, H/Hkv heads, G = H // Hkv, D head dim.
 """
 
@@ -28,7 +29,7 @@ MS = "com.microsoft"
 
 @dataclass(frozen=True)
 class GraphOptions:
-    attention: str = "decomposed"  # "decomposed" | "gqa"
+    attention: str = "decomposed"  # "decomposed" | "gqa" | "onnx" (Attention-24 + TensorScatter, in place)
     quant: QuantSpec | None = None
 
 
@@ -55,7 +56,9 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
     x = b.op("Gather", b.weight("embed.weight"), io.INPUT_IDS)  # [B, S, Hd]
     if m.positions == "learned":
         x = b.op("Add", x, b.op("Gather", b.weight("pos_embed.weight"), io.POSITION_IDS))
-    attend = _DecomposedAttention(c) if opts.attention == "decomposed" else _GroupQueryAttention(c)
+    lowerings: dict[str, type[_DecomposedAttention | _GroupQueryAttention]] = {
+        "decomposed": _DecomposedAttention, "gqa": _GroupQueryAttention, "onnx": _OnnxAttention}
+    attend = lowerings[opts.attention](c)
     for i in range(m.num_layers):
         p = f"layers.{i}"
         h = _norm(c, x, f"{p}.norm1")
@@ -253,4 +256,42 @@ class _GroupQueryAttention:
         """Row b's last new token is at index seqlens_k[b] of a right-padded prompt: [B, S, Hd] -> [B, 1, Hd]."""
         b = self.c.b
         last = b.unsqueeze(b.cast(io.SEQLENS_K, "int64"), 1)  # [B, 1]
+        return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)
+
+
+class _OnnxAttention(_DecomposedAttention):
+    """Opset 24: TensorScatter writes the new K/V at each row's position into the bound [B, Hkv, max_len, D] buffer
+    (past and present share it); Attention reads the first T = max(position) + 1 positions under a causal mask."""
+
+    def __init__(self, c: _Ctx) -> None:
+        self.c = c
+        b = c.b
+        self.rope = self._rope_tables() if c.m.positions == "rope" else None
+        pos = io.POSITION_IDS  # [B, S]: each new token's position; row b writes at pos[b, 0]
+        self.write_index = b.op("Squeeze", b.op("Gather", pos, b.ints(0), axis=1), b.ints(1))  # [B]
+        one = b.const(np.array(1, np.int64))
+        self.total = b.op("Add", b.op("ReduceMax", pos, keepdims=0), one)  # []
+        keys = b.op("Range", b.const(np.array(0, np.int64)), self.total, one)  # [T]
+        allowed = b.op("LessOrEqual", b.unsqueeze(keys, 0, 1), b.unsqueeze(pos, 2))  # [B, S, T]
+        self.mask = b.unsqueeze(allowed, 1)  # [B, 1, S, T]
+
+    def __call__(self, i: int, qkv: str) -> str:
+        b, m = self.c.b, self.c.m
+        H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
+        q, k, v = b.split(qkv, [H * D, Hkv * D, Hkv * D])
+        q, k, v = self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)
+        if self.rope is not None:
+            q, k = self._rotate(q), self._rotate(k)
+        zero = b.ints(0)
+        used = []
+        for new, past, present in ((k, io.PAST_KEY, io.PRESENT_KEY), (v, io.PAST_VALUE, io.PRESENT_VALUE)):
+            full = b.output("TensorScatter", [past.format(i=i), new, self.write_index], present.format(i=i), axis=2)
+            used.append(b.op("Slice", full, zero, b.unsqueeze(self.total, 0), b.ints(2)))  # [B, Hkv, T, D]
+        out = b.op("Attention", q, used[0], used[1], self.mask, scale=1.0 / math.sqrt(D))  # [B, H, S, D]
+        return b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints(0, 0, H * D))
+
+    def last_token(self, x: str) -> str:
+        """Row b's last token is where its position is largest (right padding pads with position 0)."""
+        b = self.c.b
+        last = b.op("ArgMax", io.POSITION_IDS, axis=1, keepdims=1)  # [B, 1]
         return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)

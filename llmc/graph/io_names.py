@@ -69,23 +69,26 @@ def decode_spec(model: ModelSpec, kv: KVSpec, file: str = "decode.onnx") -> Grap
     )
 
 
-def _inplace_inputs(model: ModelSpec, kv: KVSpec) -> list[TensorSpec]:
+def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[TensorSpec]:
     inputs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
-    if model.positions == "learned":
+    if model.positions == "learned" or attention == "onnx":
         inputs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
-    inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]
+    if attention == "gqa":
+        inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]
     return inputs + _kv(kv, "past", MAX_SEQ)
 
 
-def inplace_specs(model: ModelSpec, kv: KVSpec) -> tuple[GraphSpec, GraphSpec]:
+def inplace_specs(model: ModelSpec, kv: KVSpec, attention: str = "gqa") -> tuple[GraphSpec, GraphSpec]:
     """The "inplace" layout: one [B, Hkv, max_len, D] buffer per layer and kind, bound as past AND present.
 
     Prefill (right-padded prompts, empty rows) returns logits at each row's last token [B, 1, V]; decode (each row
-    S new tokens after its cached ones) returns [B, S, V].
+    S new tokens after its cached ones) returns [B, S, V]. "gqa" graphs take seqlens_k / total_sequence_length,
+    "onnx" graphs (Attention + TensorScatter) position_ids.
     """
     present = _kv(kv, "present", MAX_SEQ)
-    prefill = GraphSpec("prefill.onnx", tuple(_inplace_inputs(model, kv)),
+    inputs = tuple(_inplace_inputs(model, kv, attention))
+    prefill = GraphSpec("prefill.onnx", inputs,
                         (TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *present), logits="last")
-    decode = GraphSpec("decode.onnx", tuple(_inplace_inputs(model, kv)),
+    decode = GraphSpec("decode.onnx", inputs,
                        (TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *present), logits="all")
     return prefill, decode

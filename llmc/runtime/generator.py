@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from llmc.engines.base import Engine
+from llmc.engines.base import Engine, KVCache
 from llmc.errors import EngineError, InputError, LimitError
-from llmc.runtime.request import CompletionOutput, FinishReason, RequestOutput, SamplingParams
+from llmc.runtime.request import CompletionOutput, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from llmc.runtime.sampler import Sampler, SequenceSamplingState
 from llmc.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan
 from llmc.runtime.sequence import Sequence
 from llmc.runtime.stopping import StopChecker
 from llmc.runtime.tokenizer import Tokenizer
+
+EngineCall = Callable[[list[int], list[list[int]], KVCache], np.ndarray]  # Engine.prefill or Engine.decode
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class LoopConfig:
     max_running: int = 8  # KV slots: sequences decoding together
     kv_budget_mb: int = 1024  # memory for the KV cache; max_len per slot follows from it
     max_step_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
+    min_chunk: int = 32  # a prompt chunk smaller than this waits for the next step
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class SeqUpdate:
     text: str
     token_ids: list[int]
     finish_reason: FinishReason | None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # for token_ids, when the request asked
 
 
 class EngineLoop:
@@ -49,7 +54,7 @@ class EngineLoop:
             )
         self.kv = engine.new_kv_cache(self.config.max_running, self.max_len)
         self.scheduler = Scheduler(SchedulerConfig(self.config.max_running, self.max_len,
-                                                   self.config.max_step_tokens))
+                                                   self.config.max_step_tokens, self.config.min_chunk))
         self.sampler = Sampler()
         self.eos_ids = list(engine.manifest.generation.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}
@@ -73,7 +78,10 @@ class EngineLoop:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
         self.check_request(prompt_ids, params)
-        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id is None:
+            request_id = next(r for r in (f"req-{i}" for i in self._ids) if r not in self.requests)
+        elif request_id in self.requests:
+            raise InputError(f"request id {request_id!r} is already in use")
         seqs = []
         for i in range(params.n):
             p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
@@ -101,28 +109,32 @@ class EngineLoop:
 
     def _run(self, plan: StepPlan) -> list[Sequence]:
         """Run the engine for the plan; sample for every sequence whose prompt is done. Returns those."""
-        sampled: list[Sequence] = []
         calls = [(self.engine.prefill, [(s, s.prompt_ids[:n]) for s, n in plan.prefill]),
                  (self.engine.decode, [(s, s.prompt_ids[s.prefilled:s.prefilled + n]) for s, n in plan.extend]),
                  (self.engine.decode, [(s, [s.output_ids[-1]]) for s in plan.decode])]
-        for run, rows in calls:
-            if not rows:
-                continue
-            seqs = [s for s, _ in rows]
-            try:
-                logits = run([s.slot for s in seqs], [toks for _, toks in rows], self.kv)
-            except EngineError:
-                for seq in seqs:
-                    seq.finish(FinishReason.ERROR)
-                continue
-            for seq, toks in rows:
-                if not seq.prompt_done:
-                    seq.prefilled += len(toks)
-            ready = [i for i, s in enumerate(seqs) if s.prompt_done]
-            if ready:
-                self._sample(logits[ready], [seqs[i] for i in ready])
-                sampled.extend(seqs[i] for i in ready)
-        return sampled
+        return [seq for run, rows in calls if rows for seq in self._call(run, rows)]
+
+    def _call(self, run: EngineCall, rows: list[tuple[Sequence, list[int]]]) -> list[Sequence]:
+        """One engine call, then sampling for the rows whose prompt is done (returned).
+
+        A failed batch is retried row by row, so an engine error fails only the sequences it comes from
+        (an engine raises EngineError before it changes the KV cache).
+        """
+        seqs = [s for s, _ in rows]
+        try:
+            logits = run([s.slot for s in seqs], [toks for _, toks in rows], self.kv)
+        except EngineError:
+            if len(rows) == 1:
+                seqs[0].finish(FinishReason.ERROR)
+                return []
+            return [seq for row in rows for seq in self._call(run, [row])]
+        for seq, toks in rows:
+            if not seq.prompt_done:
+                seq.prefilled += len(toks)
+        ready = [i for i, s in enumerate(seqs) if s.prompt_done]
+        if ready:
+            self._sample(logits[ready], [seqs[i] for i in ready])
+        return [seqs[i] for i in ready]
 
     def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
         out = self.sampler.sample(logits, [s.sampling for s in seqs])
@@ -130,14 +142,20 @@ class EngineLoop:
             seq.accept(int(token), logprob)
 
     def _postprocess(self, plan: StepPlan, sampled: list[Sequence]) -> list[SeqUpdate]:
-        updates = [SeqUpdate(s.request_id, s.index, s.new_text, s.output_ids[-1:], s.finish_reason) for s in sampled]
+        updates = [SeqUpdate(s.request_id, s.index, s.new_text, s.output_ids[-1:], s.finish_reason,
+                             s.logprobs[-1:] if s.params.logprobs is not None else []) for s in sampled]
         touched = {s.seq_id for s in sampled}
-        for seq in list(self.scheduler.running):
-            if seq.finished:
-                if seq.seq_id not in touched:
-                    updates.append(SeqUpdate(seq.request_id, seq.index, "", [], seq.finish_reason))
-                self._release(seq)
+        for seq in self.release_finished():
+            if seq.seq_id not in touched:
+                updates.append(SeqUpdate(seq.request_id, seq.index, "", [], seq.finish_reason))
         return updates
+
+    def release_finished(self) -> list[Sequence]:
+        """Free the slots of running sequences that are finished (also after a step that raised part-way)."""
+        done = [seq for seq in self.scheduler.running if seq.finished]
+        for seq in done:
+            self._release(seq)
+        return done
 
     def _release(self, seq: Sequence) -> None:
         slot = seq.slot

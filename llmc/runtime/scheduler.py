@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from llmc.errors import InputError
 from llmc.runtime.kv_allocator import SlotAllocator
 from llmc.runtime.request import FinishReason
 from llmc.runtime.sequence import Sequence, Status
@@ -21,6 +22,19 @@ class SchedulerConfig:
     max_len: int  # tokens one slot holds
     max_step_tokens: int = 2048  # per-step token budget (decode tokens + prompt tokens)
     min_chunk: int = 32  # a prompt chunk smaller than this waits for the next step
+
+    def __post_init__(self) -> None:
+        if self.max_step_tokens < self.max_running:
+            raise InputError(
+                f"max_step_tokens ({self.max_step_tokens}) must be >= max_running ({self.max_running}): "
+                "every running sequence decodes one token per step"
+            )
+
+    @property
+    def chunk_floor(self) -> int:
+        """The smallest prompt chunk worth a step, capped so that a chunk always fits beside a full decode batch:
+        otherwise a prompt longer than the budget could wait for ever (min_chunk > max_step_tokens)."""
+        return max(1, min(self.min_chunk, self.max_step_tokens - self.max_running + 1))
 
 
 @dataclass
@@ -52,11 +66,11 @@ class Scheduler:
         plan = StepPlan(decode=[s for s in self.running if s.prompt_done])
         budget = self.config.max_step_tokens - len(plan.decode)
         for seq in self.running:
-            if not seq.prompt_done and budget >= min(self.config.min_chunk, self._left(seq)):
+            if not seq.prompt_done and budget >= min(self.config.chunk_floor, self._left(seq)):
                 n = min(self._left(seq), budget)
                 plan.extend.append((seq, n))
                 budget -= n
-        while self.waiting and self.slots.free and budget >= min(self.config.min_chunk, len(self.waiting[0].prompt_ids)):
+        while self.waiting and self.slots.free and budget >= min(self.config.chunk_floor, len(self.waiting[0].prompt_ids)):
             seq = self.waiting.popleft()
             seq.slot = self.slots.allocate(seq.seq_id)
             seq.status = Status.RUNNING

@@ -5,35 +5,37 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import Result
 from conftest import Built
-from tiny_models import make_model, make_tokenizer
+from tiny_models import make_tokenizer
 from typer.testing import CliRunner
 
 from llmc.cli.main import app
 from llmc.errors import InputError, LlmcError, UnsupportedModelError
 from llmc.export.exporter import ExportConfig, export
-from llmc.manifest import load_export
+from llmc.manifest import ExportManifest, load_export
 
 
-def _export(model: Path | str, out: Path, **kwargs: object) -> object:
-    return export(ExportConfig(model=str(model), out_dir=out, **kwargs))  # type: ignore[arg-type]
+def _export(model: Path | str, out: Path, **kwargs: Any) -> ExportManifest:
+    return export(ExportConfig(model=str(model), out_dir=out, **kwargs))
 
 
-def _cli(*args: str) -> object:
+def _cli(*args: object) -> Result:
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def _assert_cli_error(result: object, *needles: str) -> None:
+def _assert_cli_error(result: Result, *needles: str) -> None:
     """Exit 1, one `error: ...` line on stderr naming each needle, no traceback."""
-    assert result.exit_code == 1, result.output  # type: ignore[attr-defined]
-    lines = result.stderr.strip().splitlines()  # type: ignore[attr-defined]
-    assert lines and lines[-1].startswith("error: "), result.stderr  # type: ignore[attr-defined]
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), result.stderr
     assert sum(line.startswith("error: ") for line in lines) == 1
     for needle in needles:
         assert needle in lines[-1]
-    assert "Traceback" not in result.output  # type: ignore[attr-defined]
+    assert "Traceback" not in result.output
 
 
 def _leftovers(parent: Path, name: str) -> list[str]:
@@ -84,6 +86,24 @@ def test_unsupported_architecture_is_refused_with_the_list(tmp_path: Path) -> No
         assert name in str(e.value)
     assert _leftovers(tmp_path, "out") == []
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), "bert", "supported")
+
+
+def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "bert.gguf"
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_tensor("x", np.zeros(4, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match="'bert' is not supported"):
+        _export(path, tmp_path / "out")
+    with pytest.raises(UnsupportedModelError, match="'bert' is not supported"):  # a folder holding one .gguf
+        _export(tmp_path, tmp_path / "out")
+    assert _leftovers(tmp_path, "out") == []
 
 
 def test_trust_remote_code_is_refused(tmp_path: Path, tiny_hf: Path) -> None:
@@ -147,6 +167,7 @@ def test_non_empty_output_needs_force(tmp_path: Path, tiny_hf: Path) -> None:
 
     result = _cli("export", tiny_hf, "-o", out, "--force")
     assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("exported ") and len(result.stdout.splitlines()) == 1  # steps go to stderr
     assert not (out / "keep.txt").exists(), "--force replaces the folder, it does not merge into it"
     assert load_export(out).model.num_layers == 2
     assert _leftovers(tmp_path, "out") == ["out"]
@@ -206,7 +227,7 @@ def test_failing_export_with_force_keeps_the_old_export(tmp_path: Path, tiny_hf:
     ({"opset": 16}, "--opset must be in [17, 21], got 16"),
     ({"opset": 22}, "--opset must be in [17, 21], got 22"),
 ])
-def test_dtype_and_opset_out_of_range(tmp_path: Path, tiny_hf: Path, kwargs: dict[str, object],
+def test_dtype_and_opset_out_of_range(tmp_path: Path, tiny_hf: Path, kwargs: dict[str, Any],
                                       message: str) -> None:
     with pytest.raises(InputError) as e:
         _export(tiny_hf, tmp_path / "out", **kwargs)
@@ -228,16 +249,12 @@ def test_cli_unknown_dtype(tmp_path: Path, tiny_hf: Path) -> None:
 @pytest.mark.parametrize("opset", [17, 21])
 def test_opset_range_ends_export(tmp_path: Path, tiny_hf: Path, opset: int) -> None:
     manifest = _export(tiny_hf, tmp_path / "out", opset=opset)
-    assert manifest.opset == opset  # type: ignore[attr-defined]
-    assert manifest.parity["max_abs_diff"] <= 1e-4  # type: ignore[attr-defined]
+    assert manifest.opset == opset
+    assert manifest.parity["max_abs_diff"] <= 1e-4
 
 
 def test_float16_export(tmp_path: Path, tiny_hf: Path) -> None:
     manifest = _export(tiny_hf, tmp_path / "out", dtype="float16")
-    assert manifest.dtype == "float16" and manifest.kv.dtype == "float16"  # type: ignore[attr-defined]
-    assert manifest.parity["top1_agreement"] >= 0.75  # type: ignore[attr-defined]
+    assert manifest.dtype == "float16" and manifest.kv.dtype == "float16"
+    assert manifest.parity["top1_agreement"] >= 0.75
 
-
-def test_make_model_helper_rejects_unknown_arch(tmp_path: Path) -> None:
-    with pytest.raises(ValueError):
-        make_model("bert", tmp_path / "m")

@@ -11,13 +11,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import Built
+from conftest import ARCHS, LAYOUTS, Built
 
 from llmc import LLM, SamplingParams
 from llmc.engines.base import Engine
 from llmc.engines.registry import load_engine_dir
 from llmc.manifest import load_export
 from llmc.onnx_store import ALIGN
+from llmc.runtime.generator import EngineLoop, LoopConfig
+from llmc.runtime.llm import LLMConfig
 
 TOL = 1e-4
 GREEDY_TOKENS = 16
@@ -52,9 +54,14 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max())
 
 
+@pytest.fixture(params=LAYOUTS)
+def layout(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture()
-def engine(tiny: Built) -> Engine:
-    return load_engine_dir(tiny.engine_dir)
+def engine(tiny: Built, layout: str) -> Engine:
+    return load_engine_dir(tiny.engine(layout))
 
 
 @pytest.fixture()
@@ -72,8 +79,8 @@ def test_prefill_logits_match_transformers(engine: Engine, hf: Any) -> None:
         assert _max_diff(ours, ref) <= TOL, f"prompt of {len(ids)} tokens"
 
 
-def test_greedy_continuation_matches_transformers(tiny: Built, hf: Any) -> None:
-    llm = LLM(tiny.engine_dir)
+def test_greedy_continuation_matches_transformers(tiny: Built, hf: Any, layout: str) -> None:
+    llm = LLM(tiny.engine(layout))
     params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
     text_prompt = llm.encode("The capital of France is")
     for ids in (text_prompt, PROMPTS[2]):
@@ -110,14 +117,59 @@ def test_decode_chunk_equals_full_prefill(engine: Engine, hf: Any) -> None:
     assert _max_diff(chunked, _hf_logits(hf, seq)[-1]) <= TOL
 
 
-def test_batch_equals_singles(tiny: Built, hf: Any) -> None:
-    llm = LLM(tiny.engine_dir)
+@pytest.mark.parametrize(("arch", "layout"), [(a, lay) for a in ARCHS for lay in LAYOUTS])
+def test_batch_equals_singles(arch: str, layout: str, tiny_factory: Callable[[str], Built],
+                              hf_factory: Callable[[Built], Any]) -> None:
+    tiny = tiny_factory(arch)
+    hf = hf_factory(tiny)
+    llm = LLM(tiny.engine(layout))
     params = SamplingParams(temperature=0, max_tokens=GREEDY_TOKENS, ignore_eos=True)
     prompts = [_ids(7, 3), _ids(8, 17), _ids(9, 8)]
     batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     singles = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
     assert batched == singles
     assert batched[1] == _hf_greedy(hf, prompts[1])
+
+
+@pytest.mark.parametrize(("arch", "layout"), [(a, lay) for a in ARCHS for lay in LAYOUTS])
+def test_more_prompts_than_slots(arch: str, layout: str, tiny_factory: Callable[[str], Built]) -> None:
+    """Six prompts through two KV slots: slots are freed, reused and compacted without mixing sequences."""
+    engine_dir = tiny_factory(arch).engine(layout)
+    # Different lengths, so a slot frees while another sequence is still decoding (its KV is moved).
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (4, 15, 9, 12, 3, 14)]
+    prompts = [_ids(20 + i, n) for i, n in enumerate([3, 40, 9, 100, 1, 17])]
+    llm = LLM(engine_dir)
+    singles = [llm.generate([p], q)[0].outputs[0].token_ids for p, q in zip(prompts, params)]
+    two_slots = LLM(engine_dir, LLMConfig(max_batch=2)).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in two_slots] == singles
+
+
+def test_chunked_prompts_equal_singles(engine: Engine) -> None:
+    """A small per-step token budget splits long prompts into chunks run by the decode graph (S > 1)."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [_ids(30, 100), _ids(31, 5), _ids(32, 47)]
+    chunk_sizes: list[int] = []
+    decode = engine.decode
+
+    def spy(slots: list[int], tokens: list[list[int]], kv: Any) -> np.ndarray:
+        chunk_sizes.extend(len(t) for t in tokens if len(t) > 1)
+        return decode(slots, tokens, kv)
+
+    engine.decode = spy  # type: ignore[method-assign]
+    singles = []
+    for p in prompts:
+        loop = EngineLoop(engine, None, LoopConfig(max_running=3))
+        rid = loop.add_request(p, params)
+        while loop.has_work:
+            loop.step()
+        singles.append(loop.pop(rid).outputs[0].token_ids)
+    assert not chunk_sizes, "a 2048-token budget needs no chunks"
+    loop = EngineLoop(engine, None, LoopConfig(max_running=3, max_step_tokens=16))
+    rids = [loop.add_request(p, params) for p in prompts]
+    while loop.has_work:
+        loop.step()
+    assert [loop.pop(r).outputs[0].token_ids for r in rids] == singles
+    assert chunk_sizes, "the long prompts were not chunked"
 
 
 # -- the raw graphs through onnxruntime -----------------------------------------------------------------------
@@ -226,9 +278,9 @@ def _external_refs(model_path: Path) -> dict[str, tuple[str, int, int]]:
     return refs
 
 
-@pytest.mark.parametrize("stage", ["export", "engine"])
+@pytest.mark.parametrize("stage", ["export", *LAYOUTS])
 def test_weights_stored_once(tiny: Built, hf: Any, stage: str) -> None:
-    folder = tiny.export_dir if stage == "export" else tiny.engine_dir
+    folder = tiny.export_dir if stage == "export" else tiny.engine(stage)
     weights = folder / "weights.bin"
     assert weights.is_file()
     assert not list(folder.glob("*.data")), "a second external-data file"

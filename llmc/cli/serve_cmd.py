@@ -1,0 +1,84 @@
+"""`llmc serve ENGINE_DIR|MODEL`: an OpenAI-compatible HTTP server; `llmc serve-bench URL`: load it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def register(app: typer.Typer, wrap: Any) -> None:
+    @app.command("serve")
+    @wrap
+    def serve_command(
+        model: Annotated[str, typer.Argument(help="Engine folder, export folder, or a model (exported on first use).")],
+        host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+        max_running: Annotated[int, typer.Option(help="Sequences decoding together (KV slots).")] = 8,
+        max_queue: Annotated[int, typer.Option(help="Sequences waiting beyond those; past it: 429.")] = 64,
+        kv_budget_mb: Annotated[int, typer.Option(help="Memory for the KV cache.")] = 1024,
+        threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
+        chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file.")] = None,
+        shutdown_timeout: Annotated[float, typer.Option(help="Seconds to drain requests on SIGTERM.")] = 30.0,
+        served_model_name: Annotated[str | None, typer.Option(help="Name clients pass as `model`.")] = None,
+        log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    ) -> None:
+        """Serve an engine over HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+        from llmc.pipeline import ensure_engine
+        from llmc.progress import ConsoleSteps
+        from llmc.serve.app import ServeConfig
+        from llmc.serve.server import run_server
+
+        _check_flags(max_running, max_queue, port, shutdown_timeout)
+        engine_dir = ensure_engine(model, ConsoleSteps(8, prefix="setup "))
+        config = ServeConfig(model_name=served_model_name or _default_name(model, engine_dir), host=host,
+                             port=port, max_running=max_running, max_queue=max_queue, kv_budget_mb=kv_budget_mb,
+                             threads=threads, chat_template=str(chat_template) if chat_template else None,
+                             shutdown_timeout=shutdown_timeout)
+        run_server(engine_dir, config, log_level=log_level)
+
+    @app.command("serve-bench", hidden=True)
+    @wrap
+    def serve_bench_command(
+        url: Annotated[str, typer.Argument(help="Server base URL, e.g. http://127.0.0.1:8000.")],
+        model: Annotated[str | None, typer.Option(help="Model name (default: the server's first).")] = None,
+        num_prompts: Annotated[int, typer.Option(help="Requests to send.")] = 64,
+        concurrency: Annotated[int | None, typer.Option(help="Most requests in flight.")] = None,
+        request_rate: Annotated[float, typer.Option(help="Poisson arrivals per second (inf: all at once).")]
+        = float("inf"),
+        prompt_len: Annotated[int, typer.Option(help="Prompt length in tokens (approximate).")] = 128,
+        max_tokens: Annotated[int, typer.Option(help="Tokens to generate per request.")] = 128,
+        ignore_eos: Annotated[bool, typer.Option(help="Generate max_tokens whatever the model says.")] = True,
+        endpoint: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
+        seed: Annotated[int, typer.Option(help="Seed of the arrival times.")] = 0,
+        output: Annotated[Path | None, typer.Option(help="Save the results as JSON here.")] = None,
+    ) -> None:
+        """Load a running server like `vllm bench serve`: TTFT, TPOT, ITL, latency percentiles, throughput."""
+        import asyncio
+
+        from llmc.bench.serve_client import BenchConfig, format_report, run_bench
+
+        cfg = BenchConfig(url=url, model=model, num_prompts=num_prompts, concurrency=concurrency,
+                          request_rate=request_rate, prompt_len=prompt_len, max_tokens=max_tokens,
+                          ignore_eos=ignore_eos, endpoint=endpoint, seed=seed, output=output)
+        typer.echo(format_report(asyncio.run(run_bench(cfg))))
+
+
+def _check_flags(max_running: int, max_queue: int, port: int, shutdown_timeout: float) -> None:
+    from llmc.errors import InputError
+
+    if max_running < 1:
+        raise InputError(f"--max-running must be >= 1, got {max_running}")
+    if max_queue < 0:
+        raise InputError(f"--max-queue must be >= 0, got {max_queue}")
+    if not 0 <= port <= 65535:
+        raise InputError(f"--port must be in [0, 65535], got {port}")
+    if shutdown_timeout < 0:
+        raise InputError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
+
+
+def _default_name(ref: str, engine_dir: Path) -> str:
+    """The name the user typed for a model reference; the folder's name for an engine or export folder."""
+    path = Path(ref).expanduser()
+    return path.resolve().name if path.exists() else ref

@@ -1,0 +1,42 @@
+"""Output folders written whole or not at all: a temporary folder beside OUT, moved into place at the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from llmc.errors import InputError
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"output {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise InputError(f"output directory {out} is not empty; pass --force to overwrite it")
+
+
+@contextmanager
+def atomic_dir(out: Path, source: Path, what: str) -> Iterator[Path]:
+    """Yield a work folder; on success it replaces `out`, on any error it is removed and `out` is untouched.
+
+    Refuses an `out` that overlaps `source` (the input), which --force would otherwise delete.
+    """
+    out, src = Path(out).resolve(), Path(source).resolve()
+    if src == out or out in src.parents or src in out.parents:
+        raise InputError(f"output {out} overlaps the {what} {src}; choose another output folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield work
+        os.chmod(work, 0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise

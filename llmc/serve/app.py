@@ -1,0 +1,94 @@
+"""The FastAPI app: OpenAI-compatible endpoints over one `AsyncEngine` (see docs SERVING.md)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from llmc import __version__
+from llmc.runtime.async_engine import AsyncEngine, AsyncEngineConfig
+from llmc.runtime.llm import LLM, LLMConfig
+from llmc.serve.chat import create_chat_completion
+from llmc.serve.completions import create_completion
+from llmc.serve.context import Served
+from llmc.serve.errors import install_error_handlers
+from llmc.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How `llmc serve` runs one engine; built once by the CLI."""
+
+    model_name: str | None = None  # what clients pass as `model`; None: the engine folder's name
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_running: int = 8  # sequences decoding together (KV slots)
+    max_queue: int = 64  # sequences waiting beyond those; past it: 429
+    kv_budget_mb: int = 1024
+    threads: int = 0  # 0: physical cores
+    chat_template: str | None = None  # a Jinja file overriding the model's template
+    shutdown_timeout: float = 30.0  # SIGTERM: seconds to drain in-flight requests
+    retry_after_s: float = 1.0
+
+    def llm_config(self) -> LLMConfig:
+        return LLMConfig(threads=self.threads, max_batch=self.max_running, kv_budget_mb=self.kv_budget_mb,
+                         chat_template=self.chat_template)
+
+
+def create_app(source: LLM | str | Path, config: ServeConfig | None = None) -> FastAPI:
+    """An app serving `source` (a loaded `LLM`, or an engine folder loaded here with `config.llm_config()`).
+
+    The app owns the LLM's engine loop from here on (one engine thread); do not call `LLM.generate` meanwhile.
+    A given `LLM` keeps its own batch size (`config.max_running` is used only to load a folder). The engine stops
+    at the app's shutdown, after draining for `config.shutdown_timeout` seconds.
+    """
+    config = config or ServeConfig()
+    llm = source if isinstance(source, LLM) else LLM(source, config.llm_config())
+    engine = AsyncEngine(llm.loop, AsyncEngineConfig(config.max_queue, config.retry_after_s))
+    served = Served(engine, llm.tokenizer, config.model_name or llm.engine_dir.name, str(llm.engine_dir))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await engine.shutdown(config.shutdown_timeout)
+
+    app = FastAPI(title="llmc", version=__version__, lifespan=lifespan)
+    app.state.served = served
+    app.state.engine = engine
+    install_error_handlers(app)
+    _routes(app, served)
+    return app
+
+
+def _routes(app: FastAPI, served: Served) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
+        return await create_chat_completion(served, req, raw.receive)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, raw: Request) -> Response:
+        return await create_completion(served, req, raw.receive)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=served.model_name, root=served.root,
+                                         max_model_len=served.max_model_len)])
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = served.engine.alive and served.engine.accepting
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(served.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,81 @@
+"""What every endpoint needs: the engine, the tokenizer, the served name, the metrics, and shared checks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from functools import lru_cache
+
+from pydantic import BaseModel
+
+from llmc.runtime.async_engine import AsyncEngine
+from llmc.runtime.request import MAX_LOGPROBS, SamplingParams
+from llmc.runtime.tokenizer import Tokenizer
+from llmc.serve.errors import ApiError, error_body
+from llmc.serve.generation import Generation
+from llmc.serve.metrics import ServerMetrics
+from llmc.serve.protocol import SamplingFields, Usage
+
+
+class Served:
+    """One model served: engine, tokenizer and metrics under a name."""
+
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, model_name: str, root: str | None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.root = root
+        self.metrics = ServerMetrics(engine, model_name)
+        self.token_text = lru_cache(maxsize=1 << 16)(self._token_text)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def check(self, req: SamplingFields) -> None:
+        """Checks shared by both endpoints, before any tokenizing."""
+        if req.model is not None and req.model != self.model_name:
+            raise ApiError(404, f"model {req.model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+        if req.stream_options is not None and not req.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+        if req.logit_bias:
+            raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+
+    def check_logprobs(self, value: int | None, name: str) -> None:
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise ApiError(400, f"{name} must be in [0, {MAX_LOGPROBS}], got {value}", param=name)
+
+    def prompt_ids(self, ids: list[int], req: SamplingFields) -> list[int]:
+        """Keep the last `truncate_prompt_tokens` tokens when asked; never truncate otherwise."""
+        k = req.truncate_prompt_tokens
+        return ids[-k:] if k is not None and len(ids) > k else ids
+
+    def default_max_tokens(self, prompts: list[list[int]]) -> int:
+        """What is left of the context after the longest prompt (at least 1: a too-long prompt fails later)."""
+        return max(1, self.max_model_len - max(len(p) for p in prompts))
+
+    def start(self, prompts: list[list[int]], params: SamplingParams) -> Generation:
+        return Generation(self.engine, prompts, params, self.metrics.tracker())
+
+    @staticmethod
+    def usage(gen: Generation) -> Usage:
+        return Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
+                     total_tokens=gen.prompt_tokens + gen.completion_tokens)
+
+
+def sse(obj: BaseModel | dict[str, object]) -> str:
+    body = obj.model_dump_json() if isinstance(obj, BaseModel) else json.dumps(obj)
+    return f"data: {body}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+async def sse_error(err: ApiError) -> AsyncIterator[str]:
+    """The error event a stream ends with when its request fails after the 200 went out (as vLLM does)."""
+    yield sse(error_body(err.status, err.message, err.param, err.code))
+    yield SSE_DONE

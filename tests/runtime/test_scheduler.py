@@ -1,0 +1,292 @@
+"""The scheduler and slot allocator on the CPU: plans, budgets, chunking, slot moves; and a state-machine test of
+the whole engine loop over a FakeEngine (no leaks, no starvation, every sequence ends exactly once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from llmc.errors import InputError
+from llmc.runtime.generator import EngineLoop, LoopConfig
+from llmc.runtime.kv_allocator import SlotAllocator
+from llmc.runtime.request import FinishReason, SamplingParams
+from llmc.runtime.sampler import SequenceSamplingState
+from llmc.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan
+from llmc.runtime.sequence import Sequence, Status
+from llmc.runtime.stopping import StopChecker
+
+from .fake_engine import EOS, POISON, VOCAB, FakeEngine, FakeKVCache, check_invariants, greedy_reference
+
+
+def make_seq(name: str, prompt_len: int, max_tokens: int = 4) -> Sequence:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    prompt = [3] * prompt_len
+    return Sequence(f"{name}/0", name, 0, prompt, params, SequenceSamplingState(params, prompt),
+                    StopChecker(params, []), None)
+
+
+def advance(plan: StepPlan) -> None:
+    """What the engine loop does with a plan, minus the engine: prompts advance, decoders gain a token."""
+    for seq, n in (*plan.prefill, *plan.extend):
+        seq.prefilled += n
+        if seq.prompt_done:
+            seq.output_ids.append(5)
+    for seq in plan.decode:
+        seq.output_ids.append(5)
+
+
+def tokens(plan: StepPlan) -> int:
+    return sum(n for _, n in (*plan.prefill, *plan.extend)) + len(plan.decode)
+
+
+# -- slot allocator ------------------------------------------------------------------------------------------
+
+def test_allocator_keeps_slots_compact() -> None:
+    slots = SlotAllocator(4, 100)
+    assert [slots.allocate(x) for x in "abc"] == [0, 1, 2]
+    assert slots.release(0) == (2, 0)  # the last one moves into the hole
+    assert slots.owner == ["c", "b", None, None]
+    assert slots.release(1) is None  # the last one: nothing to move
+    assert slots.used == 1 and slots.free == 3
+    assert slots.allocate("d") == 1
+
+
+def test_allocator_full_and_double_release() -> None:
+    slots = SlotAllocator(1, 100)
+    slots.allocate("a")
+    with pytest.raises(RuntimeError, match="no free KV slot"):
+        slots.allocate("b")
+    slots.release(0)
+    with pytest.raises(AssertionError, match="released twice"):
+        slots.release(0)
+
+
+# -- scheduler -----------------------------------------------------------------------------------------------
+
+def test_admission_stops_at_free_slots() -> None:
+    sched = Scheduler(SchedulerConfig(max_running=2, max_len=100))
+    seqs = [make_seq(f"r{i}", 5) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    plan = sched.schedule()
+    assert [(s.seq_id, n) for s, n in plan.prefill] == [("r0/0", 5), ("r1/0", 5)]
+    assert [s.slot for s in seqs] == [0, 1, -1] and seqs[2].status is Status.WAITING
+    assert list(sched.waiting) == [seqs[2]]
+
+
+def test_long_prompt_is_chunked_while_others_decode() -> None:
+    sched = Scheduler(SchedulerConfig(max_running=4, max_len=200, max_step_tokens=16, min_chunk=4))
+    short, long = make_seq("short", 3, max_tokens=50), make_seq("long", 40)
+    sched.add(short)
+    advance(sched.schedule())
+    sched.add(long)
+    chunks = []
+    while not long.prompt_done:
+        plan = sched.schedule()
+        assert plan.decode[:1] == [short]  # the running request decodes in every step of the chunked prefill
+        assert tokens(plan) <= 16
+        chunks += [n for s, n in (*plan.prefill, *plan.extend) if s is long]
+        advance(plan)
+    assert chunks == [15, 15, 10]
+
+
+def test_small_remainder_below_min_chunk_waits() -> None:
+    sched = Scheduler(SchedulerConfig(max_running=4, max_len=200, max_step_tokens=20, min_chunk=8))
+    a, b = make_seq("a", 15), make_seq("b", 30)
+    for s in (a, b):
+        sched.add(s)
+    plan = sched.schedule()
+    assert [(s.seq_id, n) for s, n in plan.prefill] == [("a/0", 15)]  # 5 left: less than min_chunk 8
+    assert list(sched.waiting) == [b]
+    advance(plan)
+    plan = sched.schedule()
+    assert [(s.seq_id, n) for s, n in plan.prefill] == [("b/0", 19)] and plan.decode == [a]
+
+
+def test_short_prompt_fits_below_min_chunk() -> None:
+    sched = Scheduler(SchedulerConfig(max_running=4, max_len=200, max_step_tokens=20, min_chunk=8))
+    a, b = make_seq("a", 15), make_seq("b", 4)
+    for s in (a, b):
+        sched.add(s)
+    plan = sched.schedule()
+    assert [(s.seq_id, n) for s, n in plan.prefill] == [("a/0", 15), ("b/0", 4)]
+
+
+def test_min_chunk_above_budget_cannot_stall() -> None:
+    config = SchedulerConfig(max_running=4, max_len=200, max_step_tokens=16, min_chunk=32)
+    assert config.chunk_floor == 13  # a chunk beside 3 decoders always fits
+    sched = Scheduler(config)
+    seq = make_seq("a", 100)
+    sched.add(seq)
+    steps = 0
+    while not seq.prompt_done:
+        plan = sched.schedule()
+        assert not plan.empty
+        advance(plan)
+        steps += 1
+    assert steps == 7
+
+
+def test_budget_below_max_running_is_rejected() -> None:
+    with pytest.raises(InputError, match=r"max_step_tokens \(4\) must be >= max_running \(8\)"):
+        SchedulerConfig(max_running=8, max_len=100, max_step_tokens=4)
+
+
+def test_release_moves_last_slot_into_the_hole() -> None:
+    sched = Scheduler(SchedulerConfig(max_running=3, max_len=100))
+    seqs = [make_seq(f"r{i}", 2) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    advance(sched.schedule())
+    assert sched.release(seqs[0]) == (2, 0)
+    assert (seqs[0].slot, seqs[1].slot, seqs[2].slot) == (-1, 1, 0)
+    assert sched.release(seqs[1]) is None and seqs[2].slot == 0
+    assert sched.slots.used == 1 and sched.running == [seqs[2]]
+
+
+def test_abort_marks_waiting_and_running() -> None:
+    sched = Scheduler(SchedulerConfig(max_running=1, max_len=100))
+    a, b = make_seq("a", 2), make_seq("a", 2)
+    b.seq_id, b.index = "a/1", 1
+    sched.add(a)
+    sched.add(b)
+    sched.schedule()
+    hit = sched.abort("a")
+    assert hit == [b, a] and all(s.finish_reason is FinishReason.ABORT for s in hit)
+    assert sched.abort("a") == []  # already finished: not hit twice
+    assert sched.release(b) is None and sched.release(a) is None
+    assert not sched.has_work and sched.slots.used == 0
+
+
+# -- the engine loop as a state machine ------------------------------------------------------------------------
+
+@dataclass
+class Tracked:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    work: int  # an upper bound on its steps alone: n * (prompt + max_tokens)
+    deadline: int  # the step by which it must have finished: the work of all live requests added before it, plus its own
+    aborted: bool = False
+    finished_at: int | None = None
+
+
+prompt_tokens = st.integers(min_value=3, max_value=VOCAB - 2)
+
+
+class EngineLoopMachine(RuleBasedStateMachine):
+    """Random adds, aborts and steps over random loop configurations; invariants after every rule."""
+
+    @initialize(max_running=st.integers(1, 4), extra_budget=st.integers(0, 40), min_chunk=st.integers(1, 24))
+    def setup(self, max_running: int, extra_budget: int, min_chunk: int) -> None:
+        self.config = LoopConfig(max_running=max_running, kv_budget_mb=1,
+                                 max_step_tokens=max_running + extra_budget, min_chunk=min_chunk)
+        self.engine = FakeEngine()
+        self.loop = EngineLoop(self.engine, None, self.config)
+        self.requests: dict[str, Tracked] = {}
+        self.streamed: dict[str, list[int]] = {}  # seq_id -> tokens from updates
+        self.finals: dict[str, int] = {}  # seq_id -> final updates seen
+        self.steps = 0
+        self.queued_work = 0
+
+    # -- rules ----------------------------------------------------------------------------------------------
+    @rule(prompt=st.lists(prompt_tokens, min_size=1, max_size=50), max_tokens=st.integers(1, 10),
+          n=st.sampled_from([1, 1, 1, 2, 3]), kind=st.sampled_from(["greedy", "greedy", "no_eos", "seeded", "poison"]),
+          seed=st.integers(0, 2**32), fail_after=st.integers(0, 60))
+    def add(self, prompt: list[int], max_tokens: int, n: int, kind: str, seed: int, fail_after: int) -> None:
+        if kind == "poison":
+            prompt = [POISON, fail_after, *prompt]
+        sampled = kind == "seeded"
+        params = SamplingParams(max_tokens=max_tokens, n=n, temperature=0.7 if sampled else 0.0,
+                                seed=seed if sampled else None, ignore_eos=kind == "no_eos")
+        rid = self.loop.add_request(prompt, params)
+        work = n * (len(prompt) + max_tokens)
+        self.queued_work += work
+        before = sum(r.work for r in self.requests.values() if r.finished_at is None and not r.aborted)
+        self.requests[rid] = Tracked(rid, prompt, params, work, self.steps + before + work)
+
+    @precondition(lambda self: any(not r.aborted and r.finished_at is None for r in self.requests.values()))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        live = sorted(r.rid for r in self.requests.values() if not r.aborted and r.finished_at is None)
+        rid = data.draw(st.sampled_from(live))
+        self.loop.abort(rid)
+        self.requests[rid].aborted = True
+        for seq in self.loop.requests[rid]:
+            assert seq.finished and seq.slot == -1
+
+    @rule()
+    def step(self) -> None:
+        busy, calls = self.loop.has_work, len(self.engine.calls)
+        updates = self.loop.step()
+        self.steps += 1
+        step_tokens = sum(c.num_tokens for c in self.engine.calls[calls:] if not c.failed)
+        assert step_tokens <= self.config.max_step_tokens
+        assert len(self.engine.calls) > calls or not busy, "a step with work made no progress"
+        for u in updates:
+            seq_id = f"{u.request_id}/{u.index}"
+            assert seq_id not in self.finals, f"{seq_id} updated after its final update"
+            assert len(u.token_ids) <= 1 and (u.token_ids or u.finish_reason is not None)
+            self.streamed.setdefault(seq_id, []).extend(u.token_ids)
+            if u.finish_reason is not None:
+                self.finals[seq_id] = self.finals.get(seq_id, 0) + 1
+        for rid, seqs in self.loop.requests.items():
+            tracked = self.requests[rid]
+            if tracked.finished_at is None and all(s.finished for s in seqs):
+                tracked.finished_at = self.steps
+
+    @invariant()
+    def slots_and_cache_match_sequences(self) -> None:
+        check_invariants(self.loop)
+
+    # -- at the end -----------------------------------------------------------------------------------------
+    def teardown(self) -> None:
+        if not hasattr(self, "loop"):
+            return
+        limit = self.steps + self.queued_work + 1
+        while self.loop.has_work:
+            assert self.steps <= limit, "requests still running after all their work"
+            self.step()
+            check_invariants(self.loop)
+        assert self.loop.scheduler.slots.used == 0 and not self.loop.scheduler.running
+        assert isinstance(self.loop.kv, FakeKVCache)
+        assert not self.loop.kv.lengths.any() and not any(self.loop.kv.tokens)
+        for tracked in self.requests.values():
+            self.check_request(tracked)
+
+    def check_request(self, tracked: Tracked) -> None:
+        seqs = self.loop.requests[tracked.rid]
+        assert len(seqs) == tracked.params.n and all(s.finished for s in seqs)
+        for seq in seqs:
+            aborted = seq.finish_reason is FinishReason.ABORT
+            assert self.finals.get(seq.seq_id, 0) == (0 if aborted else 1), f"{seq.seq_id} ended wrongly"
+            assert self.streamed.get(seq.seq_id, []) == seq.output_ids
+            assert len(seq.output_ids) <= tracked.params.max_tokens
+            assert aborted <= tracked.aborted
+            assert (seq.finish_reason is FinishReason.ERROR) <= (tracked.prompt[0] == POISON)
+        if tracked.aborted or tracked.prompt[0] == POISON:
+            return
+        assert tracked.finished_at is not None and tracked.finished_at <= tracked.deadline, "request starved"
+        self.check_alone(tracked, seqs)
+
+    def check_alone(self, tracked: Tracked, seqs: list[Sequence]) -> None:
+        """Each sequence generated exactly what it generates alone."""
+        p = tracked.params
+        if p.greedy:
+            want = greedy_reference(tracked.prompt, p.max_tokens, (EOS,), p.ignore_eos)
+            assert all(s.output_ids == want for s in seqs)
+            return
+        alone = EngineLoop(FakeEngine(), None, self.config)
+        rid = alone.add_request(tracked.prompt, p)
+        while alone.has_work:
+            alone.step()
+        assert [c.token_ids for c in alone.pop(rid).outputs] == [s.output_ids for s in seqs]
+
+
+TestEngineLoopMachine = EngineLoopMachine.TestCase
+TestEngineLoopMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
