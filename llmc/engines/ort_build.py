@@ -46,12 +46,13 @@ class BuildConfig:
     attention: str = "gqa"  # inplace lowering: gqa (GroupQueryAttention) | onnx (Attention-24 + TensorScatter)
     block_size: int = 32
     accuracy_level: int = 4
+    quant_scheme: str = "auto"
 
     def quant_spec(self) -> QuantSpec | None:
         if self.quant == "none":
             return None
         return QuantSpec(bits=int(self.quant.removeprefix("int")), block_size=self.block_size,
-                         accuracy_level=self.accuracy_level)
+                         accuracy_level=self.accuracy_level, scheme=self.quant_scheme)
 
 
 def engine_manifest(export: ExportManifest, export_dir: Path, backend: str, precision: str,

@@ -87,9 +87,10 @@ def _linear(c: _Ctx, x: str, name: str) -> str:
         n, blocks, _ = qweight.shape
         y = b.op("MatMulNBits", x, b.weight(w + QWEIGHT), b.weight(w + SCALES), domain=MS, K=blocks * q.block_size,
                  N=n, bits=bits_of(qweight, q.block_size), block_size=q.block_size, accuracy_level=q.accuracy_level)
-        block_sums = b.op("ReduceSum", b.op("Reshape", x, b.ints(0, 0, blocks, q.block_size)), b.ints(-1),
-                          keepdims=0)  # [B, S, K / block]
-        y = b.op("Add", y, b.op("MatMul", block_sums, b.weight(w + OFFSETS)))
+        if c.has(w + OFFSETS):  # the "minmax" scheme's per-block minimums
+            block_sums = b.op("ReduceSum", b.op("Reshape", x, b.ints(0, 0, blocks, q.block_size)), b.ints(-1),
+                              keepdims=0)  # [B, S, K / block]
+            y = b.op("Add", y, b.op("MatMul", block_sums, b.weight(w + OFFSETS)))
     else:
         y = b.op("MatMul", x, b.weight(w))
     return b.op("Add", y, b.weight(f"{name}.bias")) if c.has(f"{name}.bias") else y

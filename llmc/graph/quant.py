@@ -27,13 +27,17 @@ class QuantSpec:
     block_size: int = 32
     head_bits: int = 8  # the LM head stays at 8 bits (as llama.cpp keeps output.weight wider): it dominates int4 error
     accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = fp32 compute
+    scheme: str = "auto"  # "symmetric" (no offsets, fastest), "minmax" (scale + min), "auto": symmetric where that
+    # reproduces a weight exactly (e.g. GGUF Q8_0), else minmax
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8) or self.head_bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits} / head {self.head_bits}")
+        if self.scheme not in ("auto", "minmax", "symmetric"):
+            raise ValueError(f"scheme must be auto, minmax or symmetric, got {self.scheme!r}")
 
     def for_bits(self, bits: int) -> QuantSpec:
-        return QuantSpec(bits, self.block_size, self.head_bits, self.accuracy_level)
+        return QuantSpec(bits, self.block_size, self.head_bits, self.accuracy_level, self.scheme)
 
 
 def _pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -57,6 +61,15 @@ def quantize(w_kn: np.ndarray, spec: QuantSpec, name: str = "weight") -> tuple[n
     blocks = k // spec.block_size
     w = np.ascontiguousarray(w_kn.T, dtype=np.float32).reshape(n, blocks, spec.block_size)
     qmax = 2**spec.bits - 1
+    if spec.scheme != "minmax":  # w = s * (q - z), z = 2^(bits-1) implicit: no offsets
+        half = 2 ** (spec.bits - 1)
+        scales = np.abs(w).max(axis=2) / (half - 1)  # as GGUF Q8_0: q in [-(half-1), half-1]
+        scales[scales == 0] = 1.0
+        q = np.clip(np.rint(w / scales[..., None]) + half, 0, qmax).astype(np.uint8)
+        packed, flat = np.ascontiguousarray(_pack(q, spec.bits)), scales.reshape(-1)
+        err = np.abs((q.astype(np.float32) - half) * scales[..., None] - w).max()
+        if spec.scheme == "symmetric" or err <= 1e-5 * max(float(np.abs(w).max()), 1e-12):
+            return packed, flat, np.zeros((0, n), np.float32)
     lo, hi = w.min(axis=2), w.max(axis=2)  # [N, blocks]
     scales = (hi - lo) / qmax
     scales[scales == 0] = 1.0
@@ -69,7 +82,9 @@ def dequantize(qweight: np.ndarray, scales: np.ndarray, offsets: np.ndarray, spe
     """What the graph computes with: -> W [K, N] fp32."""
     n, blocks, _ = qweight.shape
     q = _unpack(qweight, spec.bits).astype(np.float32) - 2 ** (spec.bits - 1)
-    w = q * scales.reshape(n, blocks)[..., None] + offsets.T[..., None]
+    w = q * scales.reshape(n, blocks)[..., None]
+    if offsets.size:
+        w = w + offsets.T[..., None]
     return w.reshape(n, -1).T.copy()
 
 
@@ -84,6 +99,8 @@ def quantize_weights(weights: dict[str, np.ndarray], names: list[str], spec: Qua
     out = {k: v for k, v in weights.items() if k not in names and k != head}
     for name in names + ([head] if head else []):
         bits = spec.head_bits if name == head else spec.bits
-        out[name + QWEIGHT], out[name + SCALES], out[name + OFFSETS] = quantize(weights[name], spec.for_bits(bits),
-                                                                               name)
+        qweight, scales, offsets = quantize(weights[name], spec.for_bits(bits), name)
+        out[name + QWEIGHT], out[name + SCALES] = qweight, scales
+        if offsets.size:
+            out[name + OFFSETS] = offsets
     return out
