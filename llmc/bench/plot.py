@@ -31,7 +31,12 @@ def plot(results: list[dict[str, Any]], path: Path, prompt_len: int) -> None:
     by_ctx.plot(cx, [r["decode_tok_s_per_seq"] for r in ctx_runs], "o-", label="llmc (batch 1)")
     by_ctx.plot(cx, [r["bandwidth_limit_tok_s_per_seq"] for r in ctx_runs], "k--", label="bandwidth limit")
     by_ctx.set(xlabel="context (tokens)", ylabel="decode tokens/s", title="decode speed vs context", xscale="log")
-    for ax in (by_batch, by_ctx):
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    for ax, ticks in ((by_batch, xs), (by_ctx, cx)):
+        ax.set_xticks(ticks)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, alpha=0.3)
         ax.legend()
         ax.set_ylim(bottom=0)

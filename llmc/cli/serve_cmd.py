@@ -18,6 +18,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         max_running: Annotated[int, typer.Option(help="Sequences decoding together (KV slots).")] = 8,
         max_queue: Annotated[int, typer.Option(help="Sequences waiting beyond those; past it: 429.")] = 64,
         kv_budget_mb: Annotated[int, typer.Option(help="Memory for the KV cache.")] = 1024,
+        max_step_tokens: Annotated[int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")] = 512,
         threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
         chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file.")] = None,
         shutdown_timeout: Annotated[float, typer.Option(help="Seconds to drain requests on SIGTERM.")] = 30.0,
@@ -35,7 +36,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         config = ServeConfig(model_name=served_model_name or _default_name(model, engine_dir), host=host,
                              port=port, max_running=max_running, max_queue=max_queue, kv_budget_mb=kv_budget_mb,
                              threads=threads, chat_template=str(chat_template) if chat_template else None,
-                             shutdown_timeout=shutdown_timeout)
+                             shutdown_timeout=shutdown_timeout, max_step_tokens=max_step_tokens)
         run_server(engine_dir, config, log_level=log_level)
 
     @app.command("serve-bench", hidden=True)

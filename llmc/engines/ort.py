@@ -30,7 +30,10 @@ def make_session(path: Path, spec: GraphSpec, threads: int) -> object:
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.log_severity_level = 3
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's own exception types: report one line
+        raise EngineError(f"onnxruntime could not load {path.name}: {str(e).splitlines()[0]}") from e
     _check_names(path.name, spec, [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()])
     return session
 

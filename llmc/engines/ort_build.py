@@ -11,7 +11,7 @@ import onnx
 from llmc.engines.base import EngineOptions
 from llmc.engines.ort import OrtEngine, default_threads
 from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
-from llmc.errors import InputError
+from llmc.errors import EngineError, InputError
 from llmc.golden import Golden
 from llmc.graph.quant import QuantSpec
 from llmc.manifest import (
@@ -156,7 +156,10 @@ def _optimize(src: Path, dst: Path, threads: int) -> None:
     so.log_severity_level = 3
     so.add_session_config_entry("session.optimized_model_external_initializers_file_name", dst.stem + ".data")
     so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    try:
+        ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's own exception types: report one line
+        raise EngineError(f"onnxruntime could not optimize {src.name}: {str(e).splitlines()[0]}") from e
 
 
 def _share_weights(scratch: Path, out: Path, files: list[str]) -> None:

@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from llmc.graph import io_names as io
-from llmc.graph.builder import DTYPES, GraphBuilder
+from llmc.graph.builder import DTYPES, NP_DTYPES, GraphBuilder
 from llmc.graph.checkpoint import INV_FREQ, Checkpoint
 from llmc.graph.quant import OFFSETS, QWEIGHT, SCALES, QuantSpec, bits_of
 from llmc.manifest import GraphSpec, ModelSpec
@@ -236,9 +236,9 @@ class _GroupQueryAttention:
         if m.positions == "rope":
             inv_freq = c.ckpt.weights[INV_FREQ].astype(np.float64)
             freqs = np.outer(np.arange(m.max_positions, dtype=np.float64), inv_freq).astype(np.float32)
-            scale = np.float32(m.rope_attention_scaling)
-            self.rope = (b.const((np.cos(freqs) * scale).astype(np.float32)),
-                         b.const((np.sin(freqs) * scale).astype(np.float32)))  # [max_pos, D/2]
+            scale, dtype = np.float32(m.rope_attention_scaling), NP_DTYPES[b.dtype]  # caches in the qkv dtype
+            self.rope = (b.const((np.cos(freqs) * scale).astype(dtype)),
+                         b.const((np.sin(freqs) * scale).astype(dtype)))  # [max_pos, D/2]
 
     def __call__(self, i: int, qkv: str) -> str:
         b, m = self.c.b, self.c.m

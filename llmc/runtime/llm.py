@@ -22,6 +22,7 @@ class LLMConfig:
     threads: int = 0  # 0: physical cores
     max_batch: int = 8  # sequences decoding together (KV slots)
     kv_budget_mb: int = 1024
+    max_step_tokens: int = 2048  # per-step token budget: longer prompts are prefilled in chunks
     chat_template: str | None = None  # a Jinja file overriding the model's template
 
 
@@ -35,7 +36,8 @@ class LLM:
                                                                        kv_budget_mb=config.kv_budget_mb))
         self.tokenizer = Tokenizer.from_dir(self.engine_dir, config.chat_template)
         self.loop = EngineLoop(self.engine, self.tokenizer, LoopConfig(max_running=config.max_batch,
-                                                                       kv_budget_mb=config.kv_budget_mb))
+                                                                       kv_budget_mb=config.kv_budget_mb,
+                                                                       max_step_tokens=config.max_step_tokens))
 
     @property
     def max_context(self) -> int:

@@ -31,6 +31,7 @@ class ServeConfig:
     max_running: int = 8  # sequences decoding together (KV slots)
     max_queue: int = 64  # sequences waiting beyond those; past it: 429
     kv_budget_mb: int = 1024
+    max_step_tokens: int = 512  # per-step tokens: small prompt chunks keep running streams' inter-token latency low
     threads: int = 0  # 0: physical cores
     chat_template: str | None = None  # a Jinja file overriding the model's template
     shutdown_timeout: float = 30.0  # SIGTERM: seconds to drain in-flight requests
@@ -38,7 +39,7 @@ class ServeConfig:
 
     def llm_config(self) -> LLMConfig:
         return LLMConfig(threads=self.threads, max_batch=self.max_running, kv_budget_mb=self.kv_budget_mb,
-                         chat_template=self.chat_template)
+                         max_step_tokens=self.max_step_tokens, chat_template=self.chat_template)
 
 
 def create_app(source: LLM | str | Path, config: ServeConfig | None = None) -> FastAPI:

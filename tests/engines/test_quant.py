@@ -1,0 +1,103 @@
+"""Weight-only quantization: exact forms, the MatMulNBits graphs, and int8/int4 engines end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Built
+from typer.testing import CliRunner
+
+from llmc import LLM, SamplingParams
+from llmc.cli.main import app
+from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.errors import InputError
+from llmc.graph.quant import QuantSpec, dequantize, quantize
+
+RNG = np.random.default_rng(0)
+
+
+def _q4_1_like(k: int, n: int) -> np.ndarray:
+    """Weights on a GGUF Q4_1 grid: per block of 32 along K, w = d * q + m with q in 0..15."""
+    d = RNG.random((k // 32, n)).astype(np.float32) * 0.1 + 0.01
+    m = RNG.standard_normal((k // 32, n)).astype(np.float32) * 0.3
+    q = RNG.integers(0, 16, (k // 32, 32, n))
+    q[:, 0, :], q[:, 1, :] = 0, 15  # every block uses its whole range, as Q4_1's quantizer makes it
+    return (q * d[:, None, :] + m[:, None, :]).reshape(k, n).astype(np.float32)
+
+
+def _q8_0_like(k: int, n: int) -> np.ndarray:
+    d = RNG.random((k // 32, n)).astype(np.float32) * 0.01 + 0.001
+    q = RNG.integers(-127, 128, (k // 32, 32, n))
+    q[:, 0, :] = 127
+    return (q * d[:, None, :]).reshape(k, n).astype(np.float32)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_minmax_reproduces_a_q4_1_grid_exactly(bits: int) -> None:
+    w = _q4_1_like(64, 24)
+    spec = QuantSpec(bits, scheme="minmax")
+    assert np.abs(dequantize(*quantize(w, spec), spec) - w).max() < 1e-5
+
+
+def test_auto_uses_symmetric_where_exact_and_minmax_elsewhere() -> None:
+    spec = QuantSpec(8)
+    q8 = _q8_0_like(64, 24)
+    qweight, scales, offsets = quantize(q8, spec)
+    assert offsets.size == 0  # no block offsets: the fastest kernel path
+    assert np.abs(dequantize(qweight, scales, offsets, spec) - q8).max() < 1e-6
+    assert quantize(_q4_1_like(64, 24), spec)[2].size > 0
+
+
+@pytest.mark.parametrize(("bits", "tol"), [(4, 0.07), (8, 0.005)])
+def test_random_weights_error_is_bounded_by_the_grid(bits: int, tol: float) -> None:
+    w = RNG.standard_normal((96, 40)).astype(np.float32)
+    spec = QuantSpec(bits)
+    rel = np.abs(dequantize(*quantize(w, spec), spec) - w).max() / np.abs(w).max()
+    assert rel < tol
+
+
+def test_input_size_must_be_a_multiple_of_the_block() -> None:
+    with pytest.raises(InputError, match="not a multiple of --block-size 32"):
+        quantize(np.zeros((40, 8), np.float32), QuantSpec(4), "layers.0.qkv.weight")
+
+
+@pytest.fixture(scope="module")
+def quant_engines(tiny_llama: Built, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("quant")
+    out = {}
+    for quant in ("int8", "int4"):
+        out[quant] = root / quant
+        build_ort(BuildConfig(tiny_llama.export_dir, out[quant], quant=quant, accuracy_level=0))
+    return out
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_engines_load_and_generate(quant: str, quant_engines: dict[str, Path]) -> None:
+    manifest = json.loads((quant_engines[quant] / "engine.json").read_text())
+    assert manifest["precision"] == f"{quant}-float32" and manifest["kv"]["layout"] == "inplace"
+    outs = LLM(quant_engines[quant]).generate(["The capital of France is", "Hello"],
+                                              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in outs] == [8, 8]
+    assert manifest["settings"]["parity"]["top1_agreement"] >= 0.5
+
+
+def test_verify_passes_and_fails_on_the_threshold(quant_engines: dict[str, Path]) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(app, ["verify", str(quant_engines["int8"]), "--min-top1", "0.5", "--steps", "4"])
+    assert ok.exit_code == 0, ok.output
+    assert "top-1 agreement" in ok.output and "mean KL" in ok.output
+    strict = runner.invoke(app, ["verify", str(quant_engines["int4"]), "--min-top1", "0", "--max-kl", "0",
+                                 "--steps", "4"])
+    assert strict.exit_code == 1
+    assert "above --max-kl" in strict.stderr
+    strict = runner.invoke(app, ["verify", str(quant_engines["int4"]), "--min-top1", "1", "--steps", "4"])
+    assert strict.exit_code == 1 or "top-1 agreement 100.0%" in strict.output
+    assert strict.exit_code == 0 or "below --min-top1 100.0%" in strict.stderr
+
+
+def test_quant_needs_the_inplace_layout(tiny_llama: Built, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="--quant needs --kv-layout inplace"):
+        build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", quant="int4", kv_layout="concat"))
