@@ -13,6 +13,9 @@ QUANT ?= none
 DTYPE ?= float32
 PROMPT ?= What is the capital of France?
 PYTEST_ARGS ?=
+BENCH_ARGS ?= --compare-torch --plot $(OUT)/bench.png
+HOST ?= 127.0.0.1
+PORT ?= 8000
 
 .PHONY: help install demo export build run verify test lint bench serve clean
 
@@ -52,6 +55,13 @@ test: install
 	$(BIN)/ruff check llmc tests
 	$(BIN)/mypy llmc
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/llmc bench $(ENGINE_DIR) --batch-sizes 1,8 --prompt-len 128 --new-tokens 128 --contexts 512,2048 \
+		$(BENCH_ARGS)
+
+serve: install
+	$(BIN)/llmc serve $(ENGINE_DIR) --host $(HOST) --port $(PORT)
 
 lint: install
 	$(BIN)/ruff check llmc tests

@@ -19,13 +19,25 @@ def register(app: typer.Typer, wrap: Any) -> None:
         backend: Annotated[Backend, typer.Option(help="ort: ONNX Runtime CPU; trt: TensorRT (NVIDIA GPU).")] = Backend.ort,
         quant: Annotated[Quant, typer.Option(help="Weight-only quantization (ort).")] = Quant.none,
         threads: Annotated[int, typer.Option(help="Threads recorded for the engine (0 = physical cores).")] = 0,
+        kv_layout: Annotated[str, typer.Option(help="inplace (one past/present buffer) or concat (export graphs).")]
+        = "inplace",
+        attention: Annotated[str, typer.Option(help="In-place lowering: gqa (GroupQueryAttention) or onnx "
+                                                    "(Attention + TensorScatter).")] = "gqa",
+        block_size: Annotated[int, typer.Option(help="--quant: weights per scale along the input axis.")] = 32,
+        accuracy_level: Annotated[int, typer.Option(help="--quant: MatMulNBits compute (4 = int8 activations, "
+                                                         "0 = fp32).")] = 4,
+        quant_scheme: Annotated[str, typer.Option(help="--quant: auto, minmax (scale + min) or symmetric.")]
+        = "auto",
         force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output folder.")] = False,
     ) -> None:
         """Build an engine from an export (its own manifest points back at the export)."""
         from llmc.engines.builders import BuildConfig, build
         from llmc.progress import ConsoleSteps
 
-        manifest = build(BuildConfig(export_dir, out, backend.value, quant.value, threads, force), ConsoleSteps(5))
+        cfg = BuildConfig(export_dir, out, backend.value, quant.value, threads, force, kv_layout=kv_layout,
+                          attention=attention, block_size=block_size, accuracy_level=accuracy_level,
+                          quant_scheme=quant_scheme)
+        manifest = build(cfg, ConsoleSteps(5))
         parity = manifest.settings.get("parity", {})
         typer.echo(f"built {manifest.backend} engine ({manifest.precision}) in {out}; golden check: top-1 "
                    f"{parity.get('top1_agreement', float('nan')):.0%}, max |logit diff| "
