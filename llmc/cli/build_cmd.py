@@ -21,13 +21,21 @@ def register(app: typer.Typer, wrap: Any) -> None:
         threads: Annotated[int, typer.Option(help="Threads recorded for the engine (0 = physical cores).")] = 0,
         kv_layout: Annotated[str, typer.Option(help="inplace (one past/present buffer) or concat (export graphs).")]
         = "inplace",
-        attention: Annotated[str, typer.Option(help="In-place lowering: gqa (GroupQueryAttention) or onnx "
-                                                    "(Attention + TensorScatter).")] = "gqa",
+        attention: Annotated[str | None, typer.Option(
+            help="Attention lowering. ort: gqa (GroupQueryAttention, default) or onnx (Attention + TensorScatter); "
+                 "trt: plugin (llmc::attention, default) or native (TensorRT >= 10.15 layers).")] = None,
         block_size: Annotated[int, typer.Option(help="--quant: weights per scale along the input axis.")] = 32,
         accuracy_level: Annotated[int, typer.Option(help="--quant: MatMulNBits compute (4 = int8 activations, "
                                                          "0 = fp32).")] = 4,
         quant_scheme: Annotated[str, typer.Option(help="--quant: auto, minmax (scale + min) or symmetric.")]
         = "auto",
+        precision: Annotated[str, typer.Option(help="trt: engine precision.")] = "fp16",
+        max_batch_size: Annotated[int | None, typer.Option(help="trt: most sequences per run.")] = None,
+        max_input_len: Annotated[int | None, typer.Option(help="trt: most prompt tokens per row in a prefill.")]
+        = None,
+        max_seq_len: Annotated[int | None, typer.Option(help="trt: KV positions per sequence.")] = None,
+        max_num_tokens: Annotated[int | None, typer.Option(help="trt: most new tokens per row in a decode run.")]
+        = None,
         force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty output folder.")] = False,
     ) -> None:
         """Build an engine from an export (its own manifest points back at the export)."""
@@ -35,9 +43,22 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.progress import ConsoleSteps
 
         cfg = BuildConfig(export_dir, out, backend.value, quant.value, threads, force, kv_layout=kv_layout,
-                          attention=attention, block_size=block_size, accuracy_level=accuracy_level,
+                          attention=attention or "gqa", block_size=block_size, accuracy_level=accuracy_level,
                           quant_scheme=quant_scheme)
-        manifest = build(cfg, ConsoleSteps(5))
+        if backend is Backend.trt:
+            from llmc.engines.trt_build import trt_config_from
+            from llmc.engines.trt_profiles import TrtLimits
+
+            given = (max_batch_size, max_input_len, max_seq_len, max_num_tokens)
+            def pick(value: int | None, default: int) -> int:
+                return default if value is None else value
+
+            limits = None if all(v is None for v in given) else TrtLimits(
+                max_batch_size=pick(max_batch_size, 8), max_input_len=pick(max_input_len, 512),
+                max_seq_len=pick(max_seq_len, 2048), max_num_tokens=max_num_tokens)
+            manifest = build(trt_config_from(cfg, limits, precision, attention or "plugin"), ConsoleSteps(8))
+        else:
+            manifest = build(cfg, ConsoleSteps(5))
         parity = manifest.settings.get("parity", {})
         typer.echo(f"built {manifest.backend} engine ({manifest.precision}) in {out}; golden check: top-1 "
                    f"{parity.get('top1_agreement', float('nan')):.0%}, max |logit diff| "

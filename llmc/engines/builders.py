@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from llmc.engines.ort_build import BuildConfig, build_ort
 from llmc.errors import BackendUnavailableError, InputError
 from llmc.manifest import EngineManifest
 from llmc.progress import Progress
 
+if TYPE_CHECKING:
+    from llmc.engines.trt_build import TrtBuildConfig
+
 __all__ = ["BuildConfig", "build"]
 
 
-def _trt(cfg: BuildConfig, progress: Progress | None) -> EngineManifest:
+def _trt(cfg: BuildConfig | TrtBuildConfig, progress: Progress | None) -> EngineManifest:
     try:
         from llmc.engines.trt_build import build_trt
     except ImportError as e:
@@ -18,10 +23,10 @@ def _trt(cfg: BuildConfig, progress: Progress | None) -> EngineManifest:
     return build_trt(cfg, progress)
 
 
-BUILDERS = {"ort": build_ort, "trt": _trt}
+BUILDERS: dict[str, Any] = {"ort": build_ort, "trt": _trt}
 
 
-def build(cfg: BuildConfig, progress: Progress | None = None) -> EngineManifest:
+def build(cfg: BuildConfig | TrtBuildConfig, progress: Progress | None = None) -> EngineManifest:
     builder = BUILDERS.get(cfg.backend)
     if builder is None:
         raise InputError(f"--backend {cfg.backend!r} is unknown; known: {', '.join(BUILDERS)}")

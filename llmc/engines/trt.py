@@ -1,0 +1,364 @@
+"""TensorRT engine: prefill.plan and decode.plan over one KV memory on the GPU.
+
+The KV cache is one device buffer [slots, Hkv, max_seq_len, D] per layer and kind, allocated once and bound with
+set_tensor_address as both past and present (the attention plugin writes each step's K/V in place). Shapes are
+checked against the engine's optimization profiles before every run; a decode step whose shapes repeat is captured
+in a CUDA graph and replayed. CUDA goes through cuda-python (the `trt` extra); tensorrt and cuda are imported lazily
+so the load checks and the step logic import (and are tested) anywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmc.engines.base import Engine, EngineOptions, KVCache
+from llmc.engines.trt_profiles import GRAPHS, Profile, TrtLimits, check_shapes
+from llmc.errors import BackendUnavailableError, EngineError, LimitError, ManifestError
+from llmc.graph import io_names as io
+from llmc.manifest import EngineManifest, verify_files
+
+# -- load checks (pure) -----------------------------------------------------------------------------------------
+
+
+def check_build_env(settings: Mapping[str, Any], tensorrt_version: str, compute_capability: str, gpu: str) -> None:
+    """An engine runs only under the TensorRT version and on the compute capability it was built for."""
+    built_trt, built_cc = str(settings.get("tensorrt")), str(settings.get("compute_capability"))
+    if built_trt != tensorrt_version:
+        raise ManifestError(f"engine was built with TensorRT {built_trt}, this machine has TensorRT "
+                            f"{tensorrt_version}: rebuild it here with llmc build --backend trt")
+    if built_cc != compute_capability:
+        raise ManifestError(f"engine was built for compute capability {built_cc} ({settings.get('gpu')}), this GPU "
+                            f"is {compute_capability} ({gpu}): rebuild it on this GPU")
+
+
+def check_tensor_names(file: str, kind: str, expected: Sequence[str], actual: Sequence[str]) -> None:
+    """Compare the manifest's tensor names with the engine's and report both differences (as TensorRT-LLM does)."""
+    missing, unexpected = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
+    if missing or unexpected:
+        raise ManifestError(f"{file}: {kind} differ from the manifest: missing {missing[:4]}, "
+                            f"unexpected {unexpected[:4]}")
+
+
+# -- step logic (pure): the in-place semantics of OrtInplaceEngine, split to fit the engine's limits -------------
+
+
+def inplace_inputs(rows: list[list[int]], start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """input_ids and position_ids [B, S] for right-padded rows after start[b] cached tokens (pads: position 0)."""
+    ids = np.zeros((len(rows), max(len(r) for r in rows)), np.int64)
+    pos = np.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = row
+        pos[b, : len(row)] = start[b] + np.arange(len(row))
+    return ids, pos
+
+
+def runs(slots: list[int], size: int) -> list[list[int]]:
+    """Indices of `slots` grouped into runs of consecutive slots, each at most `size` long."""
+    groups: list[list[int]] = []
+    for i, slot in enumerate(slots):
+        if groups and slot == slots[groups[-1][-1]] + 1 and len(groups[-1]) < size:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+class SlotSteps(Engine):
+    """prefill/decode in terms of one primitive: run rows first..first+B-1 of the cache through a graph."""
+
+    limits: TrtLimits
+
+    @abstractmethod
+    def _run(self, graph: str, kv: KVCache, first: int, ids: np.ndarray, pos: np.ndarray,
+             logits_rows: int) -> np.ndarray:
+        """ids, pos [B, S] -> logits [B, logits_rows, V] float32 (prefill: 1 row, the last token)."""
+
+    def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
+        lens = np.array([len(p) for p in prompts], np.int64)
+        kv.check_room(slots, lens.tolist())
+        groups = runs(slots, self.limits.max_batch_size)
+        if len(groups) > 1:  # prompts write their rows in place: one run per group of consecutive slots
+            return np.concatenate([self.prefill([slots[i] for i in g], [prompts[i] for i in g], kv) for g in groups])
+        ids, pos = inplace_inputs(prompts, np.zeros_like(lens))
+        logits = self._run("prefill", kv, slots[0], ids, pos, 1)
+        kv.lengths[slots] = lens
+        return logits[:, 0, :]
+
+    def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
+        kv.check_room(slots, [len(t) for t in tokens])
+        if any(len(t) != 1 for t in tokens):  # prompt chunks: one run per row
+            return np.stack([self._extend(s, t, kv) for s, t in zip(slots, tokens)])
+        first, stop = min(slots), max(slots) + 1
+        if stop - first > self.limits.max_batch_size:  # windows of at most max_batch_size rows
+            cut = first + self.limits.max_batch_size
+            low = [i for i, s in enumerate(slots) if s < cut]
+            high = [i for i, s in enumerate(slots) if s >= cut]
+            out = np.empty((len(slots), self.vocab_size), np.float32)
+            for part in (low, high):
+                out[part] = self.decode([slots[i] for i in part], [tokens[i] for i in part], kv)
+            return out
+        # Rows of the window that are not in this step run a harmless dummy token at their current length, which
+        # their next real token overwrites.
+        start = kv.lengths[first:stop].copy()
+        if np.any(start + 1 > kv.max_len):
+            raise LimitError(f"a KV slot in rows {first}..{stop - 1} is full ({kv.max_len} tokens)")
+        rows = [[0] for _ in range(stop - first)]
+        for slot, toks in zip(slots, tokens):
+            rows[slot - first] = toks
+        ids, pos = inplace_inputs(rows, start)
+        logits = self._run("decode", kv, first, ids, pos, 1)
+        kv.lengths[slots] += 1
+        return logits[np.array(slots) - first, 0, :]
+
+    def _extend(self, slot: int, toks: list[int], kv: KVCache) -> np.ndarray:
+        """Append a prompt chunk through the decode graph, at most max_num_tokens tokens per run."""
+        step = self.limits.decode_tokens
+        logits = np.empty(0, np.float32)
+        for i in range(0, len(toks), step):
+            chunk = toks[i:i + step]
+            ids, pos = inplace_inputs([chunk], kv.lengths[slot:slot + 1])
+            logits = self._run("decode", kv, slot, ids, pos, len(chunk))[0, -1, :]
+            kv.lengths[slot] += len(chunk)
+        return logits
+
+
+# -- CUDA through cuda-python ------------------------------------------------------------------------------------
+
+
+def cudart() -> Any:
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        try:
+            from cuda import cudart as runtime  # cuda-python < 12.6
+        except ImportError:
+            raise BackendUnavailableError("cuda-python is not installed: pip install 'llmc[trt]'") from None
+    return runtime
+
+
+def cuda_call(result: Any) -> Any:
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise EngineError(f"CUDA call failed: {err}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def gpu_info(device: int = 0) -> tuple[str, str]:
+    """(GPU name, compute capability "major.minor"); a clear error where there is no CUDA GPU."""
+    rt = cudart()
+    err, count = rt.cudaGetDeviceCount()
+    if int(err) != 0 or count < 1:
+        raise BackendUnavailableError(f"no CUDA GPU is visible ({err}): the trt backend needs an NVIDIA GPU")
+    prop = cuda_call(rt.cudaGetDeviceProperties(device))
+    name = prop.name.decode(errors="replace").rstrip("\0") if isinstance(prop.name, bytes) else str(prop.name)
+    return name, f"{prop.major}.{prop.minor}"
+
+
+class PinnedArray:
+    """Page-locked host memory seen as a numpy array (stable address: async copies and CUDA graphs)."""
+
+    def __init__(self, size: int, dtype: type) -> None:
+        self._rt = cudart()
+        nbytes = size * np.dtype(dtype).itemsize
+        self.ptr = int(cuda_call(self._rt.cudaMallocHost(nbytes)))
+        buf = memoryview((ctypes.c_byte * nbytes).from_address(self.ptr)).cast("B")
+        self.array: np.ndarray = np.frombuffer(buf, dtype=dtype, count=size)
+
+    def __del__(self) -> None:
+        self._rt.cudaFreeHost(self.ptr)
+
+
+class DeviceArray:
+    def __init__(self, nbytes: int) -> None:
+        self._rt = cudart()
+        self.nbytes = nbytes
+        self.ptr = int(cuda_call(self._rt.cudaMalloc(nbytes)))
+        cuda_call(self._rt.cudaMemset(self.ptr, 0, nbytes))
+
+    def __del__(self) -> None:
+        self._rt.cudaFree(self.ptr)
+
+
+class TrtKVCache(KVCache):
+    """Per layer one K and one V device buffer [num_slots, Hkv, buffer_len, D] (fp16), allocated once."""
+
+    def __init__(self, manifest: EngineManifest, num_slots: int, max_len: int, buffer_len: int) -> None:
+        super().__init__(num_slots, max_len)
+        kv = manifest.kv
+        self.row_bytes = kv.num_kv_heads * buffer_len * kv.head_dim * (2 if kv.dtype == "float16" else 4)
+        self.names = kv.names("past")
+        self.buffers = [DeviceArray(num_slots * self.row_bytes) for _ in self.names]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    def address(self, index: int, slot: int) -> int:
+        """Device address of row `slot` of buffer `index` (KVSpec.names order)."""
+        return self.buffers[index].ptr + slot * self.row_bytes
+
+    def move(self, src: int, dst: int) -> None:
+        rt = cudart()
+        for i in range(len(self.buffers)):
+            cuda_call(rt.cudaMemcpy(self.address(i, dst), self.address(i, src), self.row_bytes,
+                                    rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice))
+        self.lengths[dst], self.lengths[src] = self.lengths[src], 0
+
+
+# -- the engine ----------------------------------------------------------------------------------------------------
+
+
+def check_profile(file: str, profile: Profile, engine_shapes: Mapping[str, Sequence[Sequence[int]]]) -> None:
+    """The engine's own (min, opt, max) per input must be the ones recorded in the manifest."""
+    for name, r in profile.inputs.items():
+        actual = tuple(tuple(int(d) for d in shape) for shape in engine_shapes[name])
+        if actual != (r.min, r.opt, r.max):
+            raise ManifestError(f"{file}: input {name} has profile {actual} in the engine, the manifest records "
+                                f"{(r.min, r.opt, r.max)}")
+
+
+class _TrtGraph:
+    """One plan: its execution context, stable device I/O buffers with pinned host mirrors, captured CUDA graphs."""
+
+    def __init__(self, trt: Any, runtime: Any, path: Path, profile: Profile, manifest: EngineManifest,
+                 stream: Any, rows: int, logits_rows: int) -> None:
+        spec = getattr(manifest, profile.graph)
+        self.engine = runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise EngineError(f"TensorRT could not load {path.name} (see its log above)")
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        check_tensor_names(path.name, "inputs", spec.input_names(), inputs)
+        check_tensor_names(path.name, "outputs", spec.output_names(), [n for n in names if n not in inputs])
+        check_profile(path.name, profile, {n: self.engine.get_tensor_profile_shape(n, 0) for n in inputs})
+        self.profile, self.stream, self.vocab = profile, stream, manifest.model.vocab_size
+        self.present = manifest.kv.names("present")
+        self.context = self.engine.create_execution_context()
+        self.host = {io.INPUT_IDS: PinnedArray(rows, np.int64), io.POSITION_IDS: PinnedArray(rows, np.int64)}
+        self.device = {name: DeviceArray(rows * 8) for name in self.host}
+        self.logits = PinnedArray(logits_rows * self.vocab, np.float32)
+        self.device[io.LOGITS] = DeviceArray(logits_rows * self.vocab * 4)
+        self.capture = profile.graph == "decode"
+        self.graphs: dict[tuple[int, ...], Any] = {}  # (id(kv), first row, B, S) -> instantiated CUDA graph
+        self.last: tuple[int, ...] | None = None
+
+    def reset(self) -> None:
+        self.graphs.clear()
+        self.last = None
+
+    def _bind(self, kv: TrtKVCache, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        ctx = self.context
+        addresses = {name: buf.ptr for name, buf in self.device.items()}
+        for i, (past, present) in enumerate(zip(kv.names, self.present)):
+            addresses[past] = addresses[present] = kv.address(i, first)  # one buffer, written in place
+        for name, shape in shapes.items():
+            if not ctx.set_input_shape(name, shape):
+                raise EngineError(f"TensorRT refused shape {shape} for {self.profile.graph} input {name}")
+        for name, address in addresses.items():
+            if not ctx.set_tensor_address(name, address):
+                raise EngineError(f"TensorRT refused address {address:#x} for {self.profile.graph} tensor {name}")
+
+    def _enqueue(self, count: int, out_count: int) -> None:
+        rt = cudart()
+        to_dev, to_host = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        for name, host in self.host.items():
+            cuda_call(rt.cudaMemcpyAsync(self.device[name].ptr, host.ptr, count * 8, to_dev, self.stream))
+        if not self.context.execute_async_v3(int(self.stream)):
+            raise EngineError(f"TensorRT failed to run the {self.profile.graph} engine")
+        cuda_call(rt.cudaMemcpyAsync(self.logits.ptr, self.device[io.LOGITS].ptr, out_count * 4, to_host,
+                                     self.stream))
+
+    def _captured(self, count: int, out_count: int) -> Any:
+        rt = cudart()
+        cuda_call(rt.cudaStreamBeginCapture(self.stream, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
+        try:
+            self._enqueue(count, out_count)
+        finally:
+            graph = cuda_call(rt.cudaStreamEndCapture(self.stream))
+        return cuda_call(rt.cudaGraphInstantiate(graph, 0))
+
+    def run(self, kv: TrtKVCache, first: int, ids: np.ndarray, pos: np.ndarray, logits_rows: int,
+            shapes: Mapping[str, tuple[int, ...]]) -> np.ndarray:
+        count, out_count = ids.size, ids.shape[0] * logits_rows * self.vocab
+        self.host[io.INPUT_IDS].array[:count] = ids.ravel()
+        self.host[io.POSITION_IDS].array[:count] = pos.ravel()
+        key = (id(kv), first, *ids.shape)
+        if key not in self.graphs:
+            self._bind(kv, first, shapes)
+            # Capture only when the previous run had the same shapes and addresses: TensorRT wants one plain run
+            # after a shape change before its work is captured.
+            if self.capture and key == self.last:
+                self.graphs[key] = self._captured(count, out_count)
+            else:
+                self._enqueue(count, out_count)
+            self.last = key
+        if key in self.graphs:
+            cuda_call(cudart().cudaGraphLaunch(self.graphs[key], self.stream))
+        cuda_call(cudart().cudaStreamSynchronize(self.stream))
+        return self.logits.array[:out_count].reshape(ids.shape[0], logits_rows, self.vocab).copy()
+
+
+def _tensorrt() -> Any:
+    try:
+        import tensorrt
+    except ImportError:
+        raise BackendUnavailableError("TensorRT is not installed: pip install 'llmc[trt]' on an NVIDIA GPU "
+                                      "machine") from None
+    return tensorrt
+
+
+class TrtEngine(SlotSteps):
+    def __init__(self, manifest: EngineManifest, directory: Path, options: EngineOptions) -> None:
+        self.manifest, self.directory = manifest, Path(directory)
+        verify_files(self.directory, manifest.files)
+        settings = manifest.settings
+        self.limits = TrtLimits(**settings["limits"])
+        self.kv_budget_mb = options.kv_budget_mb
+        trt = _tensorrt()
+        gpu, capability = gpu_info()
+        check_build_env(settings, trt.__version__, capability, gpu)
+        if settings.get("attention") == "plugin":
+            from llmc.engines.trt_plugin import register_trt_plugin
+
+            register_trt_plugin()
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        self._stream = cuda_call(cudart().cudaStreamCreate())
+        rows = {"prefill": self.limits.max_input_len, "decode": self.limits.decode_tokens}
+        logits = {"prefill": 1, "decode": self.limits.decode_tokens}
+        self._graphs = {}
+        for graph in GRAPHS:
+            spec = getattr(manifest, graph)
+            profile = Profile.from_json(graph, spec, settings["profiles"][graph])
+            batch = self.limits.max_batch_size
+            self._graphs[graph] = _TrtGraph(trt, self._runtime, self.directory / spec.file, profile, manifest,
+                                            self._stream, batch * rows[graph], batch * logits[graph])
+
+    @property
+    def max_positions(self) -> int:
+        return min(self.manifest.model.max_positions, self.limits.max_seq_len)
+
+    def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
+        need = num_slots * self.limits.max_seq_len * self.kv_bytes_per_token()
+        if need > self.kv_budget_mb * 2**20:
+            raise LimitError(f"{num_slots} KV slots of {self.limits.max_seq_len} positions (the engine's "
+                             f"--max-seq-len) need {need / 2**20:.0f} MiB, the KV budget is {self.kv_budget_mb} MiB: "
+                             "raise --kv-budget-mb, run fewer sequences or rebuild with a smaller --max-seq-len")
+        for graph in self._graphs.values():
+            graph.reset()
+        return TrtKVCache(self.manifest, num_slots, min(max_len, self.max_positions), self.limits.max_seq_len)
+
+    def _run(self, graph: str, kv: KVCache, first: int, ids: np.ndarray, pos: np.ndarray,
+             logits_rows: int) -> np.ndarray:
+        assert isinstance(kv, TrtKVCache)
+        m = self.manifest.kv
+        shapes = {io.INPUT_IDS: ids.shape, io.POSITION_IDS: pos.shape,
+                  **{n: (ids.shape[0], m.num_kv_heads, self.limits.max_seq_len, m.head_dim) for n in kv.names}}
+        check_shapes(self._graphs[graph].profile, shapes)
+        return self._graphs[graph].run(kv, first, ids, pos, logits_rows, shapes)

@@ -1,0 +1,235 @@
+"""The `llmc::attention` op three ways: a numpy reference, that reference as an ONNX Runtime custom op (CPU checks of
+the lowered graphs), and the TensorRT plugin whose ahead-of-time compiled Triton kernel runs inside the engine.
+
+Semantics (those of the TensorScatter x2 + Slice x2 + Attention subgraph it replaces, see trt_lower.py):
+  q [B, H, S, D], k_new / v_new [B, Hkv, S, D], past_key / past_value [B, Hkv, max_seq, D], position_ids [B, S].
+  Row b writes its S new K/V at cache positions position_ids[b, 0] + 0..S-1 (right-padded rows: pads land past the
+  row's length, where its next tokens overwrite them). Query s of row b sees key t iff t <= position_ids[b, s]
+  (pads carry position 0). Head h reads KV head h // (H // Hkv). Outputs: attn [B, H, S, D] and the updated caches.
+
+No `from __future__ import annotations` here: tensorrt.plugin reads the decorated functions' annotations as types.
+Triton, torch, tensorrt and onnxruntime-extensions are imported only inside the functions that need them.
+"""
+
+import functools
+import inspect
+import math
+from typing import Any
+
+import numpy as np
+
+from llmc.engines.trt_lower import PLUGIN_ID
+
+# Tile sizes: key block, and compile options shared by both configurations (decode: BLOCK_M 16, prefill: 64).
+BLOCK_N = 64
+NUM_WARPS = 4
+NUM_STAGES = 2
+
+
+def attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, past_key: np.ndarray,
+                        past_value: np.ndarray, position_ids: np.ndarray,
+                        scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(attn, present_key, present_value); present_* are updated copies of past_* (the op writes in place)."""
+    batch, heads, seq, dim = q.shape
+    kv_heads, max_seq = past_key.shape[1], past_key.shape[2]
+    present_k, present_v = past_key.copy(), past_value.copy()
+    start = position_ids[:, 0].astype(np.int64)
+    for b in range(batch):
+        n = max(0, min(seq, max_seq - int(start[b])))  # the kernel skips writes past the buffer too
+        present_k[b, :, start[b]:start[b] + n] = k_new[b, :, :n]
+        present_v[b, :, start[b]:start[b] + n] = v_new[b, :, :n]
+    total = int(position_ids.max()) + 1
+    assert total <= max_seq, f"position {total - 1} is outside the {max_seq}-position cache"
+    k = present_k[:, :, :total].astype(np.float32)  # [B, Hkv, T, D]
+    v = present_v[:, :, :total].astype(np.float32)
+    q5 = q.astype(np.float32).reshape(batch, kv_heads, heads // kv_heads, seq, dim)  # [B, Hkv, G, S, D]
+    scores = np.einsum("bkgsd,bktd->bkgst", q5, k) * np.float32(scale)
+    visible = np.arange(total)[None, None, :] <= position_ids[:, :, None]  # [B, S, T]
+    scores = np.where(visible[:, None, None], scores, -np.inf)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.einsum("bkgst,bktd->bkgsd", probs, v).reshape(batch, heads, seq, dim)
+    return out.astype(q.dtype), present_k, present_v
+
+
+_ORT_REGISTERED = False
+
+
+def register_ort_reference() -> str:
+    """Register the reference as ONNX Runtime custom op llmc::attention (float32 graphs).
+
+    Returns the library path to pass to SessionOptions.register_custom_ops_library. Needs onnxruntime-extensions.
+    """
+    from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
+
+    global _ORT_REGISTERED
+    if not _ORT_REGISTERED:
+        f32, i64 = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int64
+
+        @onnx_op(op_type=PLUGIN_ID, inputs=[f32, f32, f32, f32, f32, i64], outputs=[f32, f32, f32],
+                 attrs={"scale": PyCustomOpDef.dt_float})
+        def _attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, past_key: np.ndarray,
+                       past_value: np.ndarray, position_ids: np.ndarray,
+                       scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            return attention_reference(q, k_new, v_new, past_key, past_value, position_ids, scale)
+
+        _ORT_REGISTERED = True
+    return str(get_library_path())
+
+
+@functools.cache
+def attention_kernel() -> Any:
+    """The Triton kernel (flash-attention forward with online softmax over key blocks), built on first use.
+
+    One program per (tile of BLOCK_M query rows, batch row x KV head). A tile's rows are (token s, group head g)
+    pairs of one KV head, so each K/V block is loaded once for the G query heads that share it (grouped heads):
+    with S = 1 (decode) one 16-row tile holds all G heads, with a prompt it covers BLOCK_M / G tokens. Keys at the
+    row's new positions are read from k_new / v_new, all others from the cache, so no program reads what another
+    writes; the rows of the group's first head then store the new K/V into the cache (KC_OUT aliases KC).
+    """
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def llmc_attention_fwd(Q, KN, VN, KC, VC, POS, S, MAX_SEQ, OUT, KC_OUT, VC_OUT,
+                           HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = (pid_bh // HKV).to(tl.int64)
+        kv_head = b * HKV + pid_bh % HKV
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < S * G
+        s = rows // G
+        h = (pid_bh % HKV) * G + rows % G
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < D
+        q_rows = ((b * HKV * G + h) * S + s)[:, None] * D + d[None, :]  # [BLOCK_M, BLOCK_D]
+        q = tl.load(Q + q_rows, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        pos = tl.load(POS + b * S + s, mask=row_ok, other=-1)  # [BLOCK_M] each query's position
+        start = tl.load(POS + b * S)  # where this row's new tokens are written
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        qk_scale = SCALE * 1.4426950408889634  # exp2 instead of exp
+        hi = (tl.max(pos, axis=0) + 1).to(tl.int32)
+        for first in range(0, hi, BLOCK_N):
+            t = first + tl.arange(0, BLOCK_N)  # key positions
+            rel = t - start
+            is_new = (rel >= 0) & (rel < S)
+            new_mask = is_new[:, None] & d_ok[None, :]
+            old_mask = (~is_new & (t < MAX_SEQ))[:, None] & d_ok[None, :]
+            new_at = (kv_head * S + rel)[:, None] * D + d[None, :]
+            old_at = (kv_head * MAX_SEQ + t)[:, None] * D + d[None, :]
+            k = tl.where(new_mask, tl.load(KN + new_at, mask=new_mask, other=0.0),
+                         tl.load(KC + old_at, mask=old_mask, other=0.0))  # [BLOCK_N, BLOCK_D]
+            qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], fp32 accumulate
+            qk = tl.where(t[None, :] <= pos[:, None], qk * qk_scale, -1.0e30)
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.where(new_mask, tl.load(VN + new_at, mask=new_mask, other=0.0),
+                         tl.load(VC + old_at, mask=old_mask, other=0.0))
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(OUT + q_rows, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        writes = (row_ok & (rows % G == 0) & (start + s < MAX_SEQ))[:, None] & d_ok[None, :]
+        src = (kv_head * S + s)[:, None] * D + d[None, :]
+        dst = (kv_head * MAX_SEQ + start + s)[:, None] * D + d[None, :]
+        tl.store(KC_OUT + dst, tl.load(KN + src, mask=writes, other=0.0), mask=writes)
+        tl.store(VC_OUT + dst, tl.load(VN + src, mask=writes, other=0.0), mask=writes)
+
+    return llmc_attention_fwd
+
+
+def kernel_constants(num_heads: int, kv_num_heads: int, head_dim: int, scale: float,
+                     block_m: int) -> dict[str, int | float]:
+    return {"HKV": kv_num_heads, "G": num_heads // kv_num_heads, "D": head_dim, "SCALE": float(scale),
+            "BLOCK_M": block_m, "BLOCK_N": BLOCK_N, "BLOCK_D": max(16, 1 << (head_dim - 1).bit_length())}
+
+
+def launch_attention(q: Any, k_new: Any, v_new: Any, past_key: Any, past_value: Any, position_ids: Any,
+                     scale: float, block_m: int) -> Any:
+    """Run the kernel on torch tensors (CUDA, or CPU under TRITON_INTERPRET=1); writes the caches in place."""
+    import torch
+
+    batch, heads, seq, dim = q.shape
+    kv_heads, max_seq = past_key.shape[1], past_key.shape[2]
+    out = torch.empty_like(q)
+    consts = kernel_constants(heads, kv_heads, dim, scale, block_m)
+    grid = (math.ceil(seq * consts["G"] / block_m), batch * kv_heads)
+    attention_kernel()[grid](q, k_new, v_new, past_key, past_value, position_ids, seq, max_seq, out, past_key,
+                             past_value, **consts, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return out
+
+
+SIGNATURE = ("Q", "KN", "VN", "KC", "VC", "POS", "S", "MAX_SEQ", "OUT", "KC_OUT", "VC_OUT")
+
+
+def compile_attention(dtype: str, num_heads: int, kv_num_heads: int, head_dim: int, scale: float, block_m: int,
+                      target: Any = None) -> Any:
+    """Compile the kernel ahead of time (PTX) for `target` (default: this machine's GPU)."""
+    import triton
+
+    ty = {"float16": "fp16", "float32": "fp32"}[dtype]
+    consts = kernel_constants(num_heads, kv_num_heads, head_dim, scale, block_m)
+    types = {n: "i32" if n in ("S", "MAX_SEQ") else ("*i64" if n == "POS" else f"*{ty}") for n in SIGNATURE}
+    signature = {**types, **{name: "constexpr" for name in consts}}
+    params = inspect.signature(triton.compiler.ASTSource).parameters
+    key = "constexprs" if "constexprs" in params else "constants"
+    src = triton.compiler.ASTSource(fn=attention_kernel(), signature=signature, **{key: consts})
+    compiled = triton.compile(src, target=target, options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+    for scratch in ("global_scratch_size", "profile_scratch_size"):
+        if getattr(compiled.metadata, scratch, 0):
+            raise RuntimeError(f"the attention kernel needs {scratch}: TensorRT AOT plugins cannot provide it")
+    return compiled
+
+
+_TRT_REGISTERED = False
+
+
+def register_trt_plugin() -> None:
+    """Register `llmc::attention` with TensorRT (shape/type description, formats, AOT Triton kernel). Idempotent."""
+    global _TRT_REGISTERED
+    if _TRT_REGISTERED:
+        return
+    from typing import List, Tuple, Union  # noqa: UP035 - tensorrt.plugin checks these exact annotations
+
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+
+    @trtp.register(PLUGIN_ID)
+    def _describe(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc, past_key: trtp.TensorDesc,
+                  past_value: trtp.TensorDesc, position_ids: trtp.TensorDesc, num_heads: int, kv_num_heads: int,
+                  head_dim: int, scale: float,
+                  block_m: int) -> Tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:  # noqa: UP006
+        return q.like(), past_key.aliased(), past_value.aliased()
+
+    @trtp.autotune(PLUGIN_ID)
+    def _formats(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc, past_key: trtp.TensorDesc,
+                 past_value: trtp.TensorDesc, position_ids: trtp.TensorDesc,
+                 outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:  # noqa: UP006
+        return [trtp.AutoTuneCombination("FP16, FP16, FP16, FP16, FP16, INT64, FP16, FP16, FP16", "LINEAR")]
+
+    @trtp.aot_impl(PLUGIN_ID)
+    def _aot(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc, past_key: trtp.TensorDesc,
+             past_value: trtp.TensorDesc, position_ids: trtp.TensorDesc, num_heads: int, kv_num_heads: int,
+             head_dim: int, scale: float, block_m: int, outputs: Tuple[trtp.TensorDesc],  # noqa: UP006
+             tactic: int) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams,  # noqa: UP006, UP007
+                                   trtp.SymExprs]:
+        if q.dtype != trt.float16:
+            raise ValueError(f"llmc::attention runs in fp16, got {q.dtype}")
+        compiled = compile_attention("float16", num_heads, kv_num_heads, head_dim, scale, block_m)
+        seq, groups = q.shape_expr[2], num_heads // kv_num_heads
+        launch = trtp.KernelLaunchParams()
+        launch.grid_x = trtp.cdiv(seq * groups, block_m)
+        launch.grid_y = q.shape_expr[0] * kv_num_heads
+        launch.block_x = compiled.metadata.num_warps * 32
+        launch.shared_mem = compiled.metadata.shared
+        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(seq), trtp.SymInt32(past_key.shape_expr[2])])
+        return compiled.metadata.name, compiled.asm["ptx"], launch, extra
+
+    _TRT_REGISTERED = True

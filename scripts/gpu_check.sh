@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Every GPU check of the TensorRT backend in one call (< 8 minutes on one GPU), ending with one table.
+#
+#   scripts/gpu_check.sh                  run from anywhere; OUT=dir keeps logs, JSON and engines (default: a tmp dir)
+#   PYTHON=python3.11 scripts/gpu_check.sh
+#   LLMC_EXPORT=dir scripts/gpu_check.sh  use an existing SmolLM2 export instead of exporting (offline machines)
+#
+# Steps (each with its own time limit; a failed step is a FAIL row, the others still run):
+#   1. install   pip install -e '.[export,trt,dev]' onnxruntime-extensions triton, skipped when all import
+#   2. kernels   the Triton attention kernels vs torch scaled_dot_product_attention, fp16, GQA, prefill and decode
+#                at several lengths: relative error (<= 1e-2) and time of both
+#   3. pytest    pytest -m "gpu or trt" tests (kernel tests, tiny TensorRT engines: parity, load checks, CUDA graphs)
+#   4. smollm2   export SmolLM2-135M-Instruct (fp32 reference), build fp16 engines with --attention plugin and,
+#                where TensorRT >= 10.15, native; golden check of each
+#   5. bench     llmc bench on each engine: batch 1 and 64, 512 prompt tokens, 64 new tokens
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-$(mktemp -d /tmp/llmc-gpu-check.XXXX)}
+mkdir -p "$OUT/logs"
+ROWS="$OUT/rows.jsonl"  # the table, one JSON object per row
+SUB="$OUT/sub.jsonl"  # rows a step adds under its own (kernel cases, bench runs)
+: > "$ROWS"
+export PY OUT SUB PYTHONPATH="$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
+
+row() {  # step status seconds detail
+  "$PY" -c 'import json,sys; print(json.dumps(dict(zip(["step","status","seconds","detail"], sys.argv[1:]))))' \
+    "$@" >> "$ROWS"
+}
+
+step() {  # name limit_seconds command...: run, log, add a row (the last line of output as detail)
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS status=ok
+  : > "$SUB"
+  timeout "$limit" bash -c '"$@"' "$name" "$@" > "$OUT/logs/$name.log" 2>&1 || status="FAIL rc=$?"
+  row "$name" "$status" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/logs/$name.log" | cut -c1-110)"
+  cat "$SUB" >> "$ROWS"
+  [ "$status" = ok ]
+}
+
+install() {
+  if "$PY" -c "import tensorrt, triton, torch, onnxruntime_extensions, transformers, llmc" 2>/dev/null; then
+    echo "already installed: tensorrt $("$PY" -c 'import tensorrt; print(tensorrt.__version__)')"
+    return 0
+  fi
+  "$PY" -m pip install -q -e '.[export,trt,dev]' onnxruntime-extensions triton &&
+    "$PY" -c "import tensorrt, torch; print('tensorrt', tensorrt.__version__, 'torch', torch.__version__,
+               'cuda', torch.cuda.is_available())"
+}
+
+kernels() {
+  "$PY" - "$SUB" <<'EOF'
+import json, sys
+from trt.kernel_bench import CASES, compare
+worst = 0.0
+with open(sys.argv[1], "a") as rows:
+    for case in CASES:
+        r = compare(*case)
+        worst = max(worst, r["rel_err"])
+        status = "ok" if r["rel_err"] <= 1e-2 else "FAIL"
+        detail = (f"rel err {r['rel_err']:.1e}  triton {r['triton_ms']:.3f} ms  sdpa {r['sdpa_ms']:.3f} ms  "
+                  f"({r['triton_ms'] / r['sdpa_ms']:.2f}x)")
+        name = f"  {r['kind']} b={r['batch']} h={r['heads']} d={r['dim']} t={r['length']}"
+        rows.write(json.dumps({"step": name, "status": status, "seconds": "", "detail": detail}) + "\n")
+print(f"worst relative error {worst:.1e}")
+sys.exit(0 if worst <= 1e-2 else 1)
+EOF
+}
+
+export_model() {
+  if [ -n "${LLMC_EXPORT:-}" ]; then ln -sfn "$LLMC_EXPORT" "$OUT/export"; echo "using $LLMC_EXPORT"; return 0; fi
+  "$PY" -m llmc.cli.main export smollm2-135m-instruct -o "$OUT/export" --force
+}
+
+build() {  # attention kind
+  "$PY" - "$OUT" "$1" <<'EOF'
+import json, sys
+from pathlib import Path
+from llmc.engines.ort_build import BuildConfig
+from llmc.engines.trt_build import TrtBuildConfig, build_trt
+from llmc.engines.trt_profiles import TrtLimits
+out, attention = Path(sys.argv[1]), sys.argv[2]
+limits = TrtLimits(max_batch_size=64, max_input_len=512, max_seq_len=640, max_num_tokens=64)
+cfg = TrtBuildConfig(BuildConfig(out / "export", out / f"engine-{attention}", backend="trt", force=True), limits,
+                     attention=attention)
+m = build_trt(cfg)
+p = m.settings["parity"]
+print(f"TensorRT {m.settings['tensorrt']} on {m.settings['gpu']}: golden top-1 {p['top1_agreement']:.0%}, "
+      f"greedy match {p['greedy_match']:.0f}, max |logit diff| {p['max_abs_diff']:.2e}")
+EOF
+}
+
+bench() {  # attention kind
+  "$PY" -m llmc.cli.main bench "$OUT/engine-$1" --batch-sizes 1,64 --prompt-len 512 --new-tokens 64 --json \
+    > "$OUT/bench-$1.jsonl" || return 1
+  "$PY" - "$OUT/bench-$1.jsonl" "$SUB" "$1" <<'EOF'
+import json, sys
+with open(sys.argv[2], "a") as rows:
+    for line in open(sys.argv[1]):
+        r = json.loads(line)
+        detail = (f"ttft {r['ttft_ms']:.2f} ms  decode {r['decode_tok_s_per_seq']:.0f} tok/s/seq  "
+                  f"{r['decode_tok_s_aggregate']:.0f} tok/s aggregate")
+        rows.write(json.dumps({"step": f"  {sys.argv[3]} b={r['batch']} p={r['prompt_len']}", "status": "ok",
+                               "seconds": "", "detail": detail}) + "\n")
+print("bench done")
+EOF
+}
+
+export -f install kernels export_model build bench
+START=$SECONDS
+step install 240 install
+step kernels 90 kernels
+step pytest 200 "$PY" -m pytest -m "gpu or trt" tests -q -rs -p no:cacheprovider
+if step export 120 export_model; then
+  KINDS="plugin"
+  "$PY" -c "import tensorrt as t, sys; sys.exit(tuple(map(int, t.__version__.split('.')[:2])) < (10, 15))" \
+    2>/dev/null && KINDS="plugin native"
+  for kind in $KINDS; do
+    step "build-$kind" 150 build "$kind" && step "bench-$kind" 90 bench "$kind"
+  done
+fi
+
+"$PY" - "$ROWS" "$((SECONDS - START))" "$OUT" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+width = max(len(r["step"]) for r in rows)
+print(f"\n{'step':<{width}}  {'status':<10} {'s':>4}  detail")
+print("-" * (width + 100))
+for r in rows:
+    print(f"{r['step']:<{width}}  {r['status']:<10} {r['seconds']:>4}  {r['detail']}")
+failed = [r["step"] for r in rows if r["status"] != "ok"]
+print(f"\n{len(rows) - len(failed)}/{len(rows)} ok in {sys.argv[2]} s; logs in {sys.argv[3]}/logs"
+      + (f"; FAILED: {', '.join(s.strip() for s in failed)}" if failed else ""))
+sys.exit(1 if failed else 0)
+EOF

@@ -1,0 +1,29 @@
+"""The Triton attention kernels on a GPU against torch's scaled_dot_product_attention, fp16 (prefill and decode,
+grouped heads, several lengths): relative error <= 1e-2. Timings are printed (and tabled by scripts/gpu_check.sh)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from .kernel_bench import CASES, compare
+
+
+def _cuda() -> bool:
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _cuda(), reason="needs an NVIDIA GPU with CUDA torch and triton (none here)")]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-b{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-t{c[5]}" for c in CASES])
+def test_triton_kernel_matches_sdpa(case: tuple) -> None:
+    result = compare(*case)
+    print(result)
+    assert result["rel_err"] <= 1e-2, result
