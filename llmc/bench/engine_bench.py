@@ -32,12 +32,15 @@ class BenchConfig:
     contexts: tuple[int, ...] = ()  # extra batch-1 runs with these prompt lengths (decode speed vs context)
     threads: int = 0
     bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
+    repeat: int = 3  # timed runs per configuration; the median run (by decode speed) is reported
 
     def check(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise InputError(f"--batch-sizes must be >= 1, got {list(self.batch_sizes)}")
         if self.prompt_len < 1 or self.new_tokens < 2:
             raise InputError(f"--prompt-len must be >= 1 and --new-tokens >= 2, got {self.prompt_len}, {self.new_tokens}")
+        if self.repeat < 1:
+            raise InputError(f"--repeat must be >= 1, got {self.repeat}")
         if any(c < 1 for c in self.contexts):
             raise InputError(f"--contexts must be >= 1, got {list(self.contexts)}")
 
@@ -90,7 +93,8 @@ def run_bench(cfg: BenchConfig, on_result: Callable[[dict[str, Any]], None] | No
     for batch, prompt_len, new_tokens in runs:
         prompts = synthetic_prompts(llm, batch, prompt_len)
         measure(loop, prompts, 2)  # warm-up at this shape: the runtime's first-run allocations are not timed
-        timing = measure(loop, prompts, new_tokens)
+        runs_t = sorted((measure(loop, prompts, new_tokens) for _ in range(cfg.repeat)), key=lambda t: t["tpot_ms"])
+        timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"], "tpot_ms_worst": runs_t[-1]["tpot_ms"]}
         result = _report(llm, cfg, batch, prompt_len, new_tokens, timing, weights)
         results.append(result)
         if on_result:
@@ -113,6 +117,8 @@ def _report(llm: LLM, cfg: BenchConfig, batch: int, prompt_len: int, new_tokens:
         "tpot_ms": round(t["tpot_ms"], 3), "itl_ms_median": round(t["itl_ms_median"], 3),
         "itl_ms_p90": round(t["itl_ms_p90"], 3), "itl_ms_p99": round(t["itl_ms_p99"], 3),
         "decode_tok_s_per_seq": round(steps_per_s, 1), "decode_tok_s_aggregate": round(steps_per_s * batch, 1),
+        "decode_tok_s_per_seq_range": [round(1e3 / t["tpot_ms_worst"], 1), round(1e3 / t["tpot_ms_best"], 1)],
+        "runs": cfg.repeat,
         "bandwidth_limit_tok_s_per_seq": round(limit_steps, 1), "fraction_of_limit": round(steps_per_s / limit_steps, 3),
         "weight_bytes_per_step": weights, "kv_bytes_copied_per_step": kv_bytes_copied_per_step(m, batch, context,
                                                                                                 per_token),
@@ -121,8 +127,10 @@ def _report(llm: LLM, cfg: BenchConfig, batch: int, prompt_len: int, new_tokens:
 
 
 def summary_line(r: dict[str, Any]) -> str:
+    low, high = r["decode_tok_s_per_seq_range"]
     return (f"{r['precision']:>12} b={r['batch']:<3} p={r['prompt_len']:<5} ttft {r['ttft_ms']:8.1f} ms  "
-            f"decode {r['decode_tok_s_per_seq']:7.1f} tok/s/seq {r['decode_tok_s_aggregate']:8.1f} agg  "
+            f"decode {r['decode_tok_s_per_seq']:7.1f} ({low:.1f}-{high:.1f}) tok/s/seq "
+            f"{r['decode_tok_s_aggregate']:8.1f} agg  "
             f"{r['fraction_of_limit']:.0%} of {r['bandwidth_limit_tok_s_per_seq']:.0f} limit")
 
 

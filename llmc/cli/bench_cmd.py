@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from llmc.errors import InputError
+
+if TYPE_CHECKING:
+    from llmc.bench.engine_bench import BenchConfig
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -28,6 +31,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         new_tokens: Annotated[int, typer.Option(help="Generated tokens (EOS ignored).")] = 128,
         contexts: Annotated[str, typer.Option(help="Extra batch-1 prompt lengths, e.g. 128,512,2048.")] = "",
         threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
+        repeat: Annotated[int, typer.Option(help="Timed runs per configuration (the median is reported).")] = 3,
         bandwidth_gbs: Annotated[float, typer.Option(help="Memory bandwidth of this machine.")] = 35.0,
         compare_torch: Annotated[bool, typer.Option("--compare-torch", help="Also run transformers.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line and configuration.")] = False,
@@ -47,20 +51,20 @@ def register(app: typer.Typer, wrap: Any) -> None:
             return
         if engine_dir is None:
             raise InputError("pass an ENGINE_DIR (or --serve URL)")
-        _bench_engine(engine_dir, _ints(batch_sizes, "--batch-sizes"), prompt_len, new_tokens,
-                      _ints(contexts, "--contexts"), threads, bandwidth_gbs, compare_torch, as_json, plot)
+        from llmc.bench.engine_bench import BenchConfig
+
+        cfg = BenchConfig(engine_dir, _ints(batch_sizes, "--batch-sizes"), prompt_len, new_tokens,
+                          _ints(contexts, "--contexts"), threads, bandwidth_gbs, repeat)
+        _bench_engine(cfg, compare_torch, as_json, plot)
 
 
-def _bench_engine(engine_dir: Path, batches: tuple[int, ...], prompt_len: int, new_tokens: int,
-                  contexts: tuple[int, ...], threads: int, bandwidth: float, compare_torch: bool, as_json: bool,
-                  plot: Path | None) -> None:
+def _bench_engine(cfg: BenchConfig, compare_torch: bool, as_json: bool, plot: Path | None) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
-    from llmc.bench.engine_bench import BenchConfig, run_bench, summary_line
+    from llmc.bench.engine_bench import run_bench, summary_line
     from llmc.manifest import load_engine
 
-    cfg = BenchConfig(engine_dir, batches, prompt_len, new_tokens, contexts, threads, bandwidth)
     cfg.check()
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
@@ -72,13 +76,13 @@ def _bench_engine(engine_dir: Path, batches: tuple[int, ...], prompt_len: int, n
 
         results = run_bench(cfg, on_result=report)
     if compare_torch:
-        _add_torch(results, load_engine(engine_dir).export_dir, engine_dir, threads, console)
+        _add_torch(results, load_engine(cfg.engine_dir).export_dir, cfg.engine_dir, cfg.threads, console)
     for r in results:
         typer.echo(json.dumps(r) if as_json else summary_line(r) + _torch_note(r))
     if plot is not None:
         from llmc.bench.plot import plot as draw
 
-        draw(results, plot, prompt_len)
+        draw(results, plot, cfg.prompt_len)
         console.print(f"plot written to {plot}")
 
 
