@@ -120,7 +120,8 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
             ckpt = quantized(ckpt, quant)
         src_dir = scratch / "lowered"
         src_dir.mkdir()
-        kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention)
+        kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention,
+                                            fuse_norms=True)
         graphs = (lowered[0], lowered[1])
     progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
     for spec in graphs:

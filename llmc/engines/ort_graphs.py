@@ -44,8 +44,11 @@ ONNX_ATTENTION_OPSET = 24  # Attention with GQA + TensorScatter
 
 
 def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, quant: QuantSpec | None,
-                         attention: str = "gqa") -> tuple[KVSpec, GraphSpec, GraphSpec]:
-    """Write prefill.onnx + decode.onnx (one weights.bin) for the in-place KV layout into `out`."""
+                         attention: str = "gqa", fuse_norms: bool = False) -> tuple[KVSpec, GraphSpec, GraphSpec]:
+    """Write prefill.onnx + decode.onnx (one weights.bin) for the in-place KV layout into `out`.
+
+    `fuse_norms` uses ONNX Runtime's Skip*LayerNormalization contrib ops (ONNX Runtime engines only).
+    """
     kv = io_names.kv_spec(ckpt.spec, dtype, layout="inplace")
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention)
     if attention == "onnx":
@@ -55,7 +58,7 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
         for name, array in ckpt.weights.items():
             weights.add(name, array)
         for spec in (prefill, decode):
-            graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions(attention, quant))
+            graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions(attention, quant, fuse_norms))
             onnx.save(make_model(graph, weights, used, opset, {MS: 1}), str(out / spec.file))
     finally:
         weights.close()

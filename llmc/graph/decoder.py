@@ -31,6 +31,7 @@ MS = "com.microsoft"
 class GraphOptions:
     attention: str = "decomposed"  # "decomposed" | "gqa" | "onnx" (Attention-24 + TensorScatter, in place)
     quant: QuantSpec | None = None
+    fuse_norms: bool = False  # residual Add + norm as ONNX Runtime's Skip*LayerNormalization (not for TensorRT)
 
 
 @dataclass
@@ -59,15 +60,24 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
     lowerings: dict[str, type[_DecomposedAttention | _GroupQueryAttention]] = {
         "decomposed": _DecomposedAttention, "gqa": _GroupQueryAttention, "onnx": _OnnxAttention}
     attend = lowerings[opts.attention](c)
-    for i in range(m.num_layers):
-        p = f"layers.{i}"
-        h = _norm(c, x, f"{p}.norm1")
-        x = b.op("Add", x, _linear(c, attend(i, _linear(c, h, f"{p}.qkv")), f"{p}.o"))
-        h = _norm(c, x, f"{p}.norm2")
-        x = b.op("Add", x, _mlp(c, p, h))
-    if spec.logits == "last":
-        x = attend.last_token(x)  # [B, 1, Hd]
-    _lm_head(c, _norm(c, x, "norm"))
+    if not opts.fuse_norms:  # standard ops only: residual Add, then the norm
+        for i in range(m.num_layers):
+            p = f"layers.{i}"
+            h = _norm(c, x, f"{p}.norm1")
+            x = b.op("Add", x, _linear(c, attend(i, _linear(c, h, f"{p}.qkv")), f"{p}.o"))
+            h = _norm(c, x, f"{p}.norm2")
+            x = b.op("Add", x, _mlp(c, p, h))
+        if spec.logits == "last":
+            x = attend.last_token(x)  # [B, 1, Hd]
+        _lm_head(c, _norm(c, x, "norm"))
+    else:  # ONNX Runtime: each residual Add fused with the norm after it
+        h = _norm(c, x, "layers.0.norm1")
+        for i in range(m.num_layers):
+            p = f"layers.{i}"
+            h, x = _skip_norm(c, x, _linear(c, attend(i, _linear(c, h, f"{p}.qkv")), f"{p}.o"), f"{p}.norm2")
+            after = f"layers.{i + 1}.norm1" if i + 1 < m.num_layers else "norm"
+            h, x = _skip_norm(c, x, _mlp(c, p, h), after)
+        _lm_head(c, attend.last_token(h) if spec.logits == "last" else h)
     graph = helper.make_graph(b.nodes, spec.file.removesuffix(".onnx"), [_value_info(t) for t in spec.inputs],
                               [_value_info(t) for t in spec.outputs], initializer=list(b.constants.values()))
     return graph, b.weights_used
@@ -109,6 +119,20 @@ def _norm(c: _Ctx, x: str, name: str) -> str:
         denom = b.op("Sqrt", b.op("Add", var, b.const(np.array(c.m.norm_eps, np.float32))))
         y = b.op("Mul", b.op("Div", xf, denom), w)
     return b.to_compute(y)
+
+
+def _skip_norm(c: _Ctx, x: str, delta: str, name: str) -> tuple[str, str]:
+    """ONNX Runtime's Skip(Simplified)LayerNormalization: (norm(x + delta), x + delta) in one node."""
+    b = c.b
+    out = b._name("SkipNorm")
+    inputs = [x, delta, b.weight(f"{name}.weight")]
+    if c.m.norm == "layer":
+        op, inputs = "SkipLayerNormalization", [*inputs, b.weight(f"{name}.bias")]
+    else:
+        op = "SkipSimplifiedLayerNormalization"
+    b.nodes.append(helper.make_node(op, inputs, [f"{out}_norm", "", "", f"{out}_sum"], name=out, domain=MS,
+                                    epsilon=c.m.norm_eps))
+    return f"{out}_norm", f"{out}_sum"
 
 
 def _activation(c: _Ctx, x: str) -> str:
