@@ -24,19 +24,25 @@ class OrtInplaceEngine(OrtEngineBase):
         self._ort = ort
         self._present_names = manifest.kv.names("present")
         self._input_names = [n for n in manifest.decode.input_names() if n not in self._past_names]
-        self._views: dict[tuple[int, int, int], list[object]] = {}  # (id(kv), first, stop) -> OrtValues
+        # (session, kv, first, stop) -> an IOBinding with the KV rows already bound as past and present
+        self._bindings: dict[tuple[int, int, int, int], tuple[object, list[object]]] = {}
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
-        self._views.clear()
+        self._bindings.clear()
         return HostKVCache(self.manifest.kv, num_slots, min(max_len, self.max_positions))
 
-    def _kv_values(self, kv: HostKVCache, first: int, stop: int) -> list[object]:
-        """OrtValues over rows first..stop-1 of every buffer (contiguous views: no copy), cached."""
-        key = (id(kv), first, stop)
-        if key not in self._views:
-            make = self._ort.OrtValue.ortvalue_from_numpy
-            self._views[key] = [make(buf[first:stop]) for buf in kv.buffers()]
-        return self._views[key]
+    def _binding(self, session: object, kv: HostKVCache, first: int, stop: int) -> object:
+        """An IOBinding over rows first..stop-1 of every KV buffer (OrtValues over contiguous views: no copy),
+        made once per row range; each run only rebinds the token inputs and the logits."""
+        key = (id(session), id(kv), first, stop)
+        if key not in self._bindings:
+            binding = session.io_binding()  # type: ignore[attr-defined]
+            values = [self._ort.OrtValue.ortvalue_from_numpy(buf[first:stop]) for buf in kv.buffers()]
+            for past, present, value in zip(self._past_names, self._present_names, values):
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)
+            self._bindings[key] = (binding, values)  # the values stay referenced as long as the binding
+        return self._bindings[key][0]
 
     def _feeds(self, ids: np.ndarray, start: np.ndarray, counts: np.ndarray) -> dict[str, np.ndarray]:
         """Inputs for rows with start[b] cached tokens and counts[b] new ones (right-padded to ids.shape[1])."""
@@ -53,15 +59,12 @@ class OrtInplaceEngine(OrtEngineBase):
                   counts: np.ndarray, logits_rows: int) -> np.ndarray:
         """Run rows first..first+B-1 of the cache, each with start[b] cached and counts[b] new tokens."""
         batch = ids.shape[0]
-        binding = session.io_binding()  # type: ignore[attr-defined]
+        binding = self._binding(session, kv, first, first + batch)
         for name, array in self._feeds(ids, start, counts).items():
-            binding.bind_cpu_input(name, array)
-        values = self._kv_values(kv, first, first + batch)
-        for past, present, value in zip(self._past_names, self._present_names, values):
-            binding.bind_ortvalue_input(past, value)
-            binding.bind_ortvalue_output(present, value)
+            binding.bind_cpu_input(name, array)  # type: ignore[attr-defined]
         logits = np.empty((batch, logits_rows, self.vocab_size), np.float32)
-        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape),  # type: ignore[attr-defined]
+                            logits.ctypes.data)
         try:
             session.run_with_iobinding(binding)  # type: ignore[attr-defined]
         except Exception as e:
