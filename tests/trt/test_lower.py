@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime_extensions  # noqa: E402,F401  (dev extra: runs the reference plugin op; no skip)
 import pytest
 
 from llmc.engines.base import Engine
@@ -19,8 +20,6 @@ from llmc.errors import LimitError, LlmcError
 from llmc.manifest import load_export
 
 from .plugin_engine import OrtPluginEngine, session, write_graphs
-
-pytest.importorskip("onnxruntime_extensions", reason="onnxruntime-extensions runs the reference plugin op")
 
 TOL = 1e-4
 PROMPTS = [[5, 17, 33, 9, 100, 42, 7], [11, 12], [200, 3, 4, 90]]  # different lengths: right padding
