@@ -13,7 +13,7 @@ from llmc.engines.ort import OrtEngine, default_threads
 from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
 from llmc.errors import EngineError, InputError
 from llmc.golden import Golden
-from llmc.graph.quant import QuantSpec
+from llmc.graph.quant import SCHEMES, QuantSpec
 from llmc.manifest import (
     EngineManifest,
     ExportManifest,
@@ -84,8 +84,8 @@ def check_build_config(cfg: BuildConfig) -> None:
         raise InputError("--quant needs --kv-layout inplace (the concat layout runs the export's graphs as they are)")
     if cfg.block_size not in (16, 32, 64, 128, 256):
         raise InputError(f"--block-size must be one of 16, 32, 64, 128, 256, got {cfg.block_size}")
-    if cfg.quant_scheme not in ("auto", "minmax", "symmetric"):
-        raise InputError(f"--quant-scheme must be auto, minmax or symmetric, got {cfg.quant_scheme!r}")
+    if cfg.quant_scheme not in SCHEMES:
+        raise InputError(f"--quant-scheme must be one of {', '.join(SCHEMES)}, got {cfg.quant_scheme!r}")
     if cfg.accuracy_level not in (0, 1, 2, 3, 4):
         raise InputError(f"--accuracy-level must be in [0, 4], got {cfg.accuracy_level}")
     if cfg.threads < 0:

@@ -21,7 +21,7 @@ from onnx import helper
 from llmc.graph import io_names as io
 from llmc.graph.builder import DTYPES, NP_DTYPES, GraphBuilder
 from llmc.graph.checkpoint import INV_FREQ, Checkpoint
-from llmc.graph.quant import OFFSETS, QWEIGHT, SCALES, QuantSpec, bits_of
+from llmc.graph.quant import BLOCKSUM_SCALES, BLOCKSUMS, OFFSETS, QWEIGHT, SCALES, QuantSpec, bits_of
 from llmc.manifest import GraphSpec, ModelSpec
 
 MS = "com.microsoft"
@@ -94,16 +94,26 @@ def _linear(c: _Ctx, x: str, name: str) -> str:
         q = c.opts.quant
         assert q is not None, f"{w} is quantized but no QuantSpec was given"
         qweight = c.ckpt.weights[w + QWEIGHT]
-        n, blocks, _ = qweight.shape
-        y = b.op("MatMulNBits", x, b.weight(w + QWEIGHT), b.weight(w + SCALES), domain=MS, K=blocks * q.block_size,
-                 N=n, bits=bits_of(qweight, q.block_size), block_size=q.block_size, accuracy_level=q.accuracy_level)
-        if c.has(w + OFFSETS):  # the "minmax" scheme's per-block minimums
+        if c.has(w + BLOCKSUMS):  # "folded": x extended with its block sums feeds the offset rows
+            sums = c.ckpt.weights[w + BLOCKSUMS]
+            x = b.op("Concat", x, _matmul_nbits(c, x, w + BLOCKSUMS, w + BLOCKSUM_SCALES, sums, 4), axis=-1)
+        y = _matmul_nbits(c, x, w + QWEIGHT, w + SCALES, qweight, bits_of(qweight, q.block_size))
+        if c.has(w + OFFSETS):  # the "minmax" scheme's per-block offsets, as an fp32 MatMul of the block sums
+            blocks = qweight.shape[1]
             block_sums = b.op("ReduceSum", b.op("Reshape", x, b.ints(0, 0, blocks, q.block_size)), b.ints(-1),
                               keepdims=0)  # [B, S, K / block]
             y = b.op("Add", y, b.op("MatMul", block_sums, b.weight(w + OFFSETS)))
     else:
         y = b.op("MatMul", x, b.weight(w))
     return b.op("Add", y, b.weight(f"{name}.bias")) if c.has(f"{name}.bias") else y
+
+
+def _matmul_nbits(c: _Ctx, x: str, qname: str, sname: str, qweight: np.ndarray, bits: int) -> str:
+    q = c.opts.quant
+    assert q is not None
+    n, blocks, _ = qweight.shape
+    return c.b.op("MatMulNBits", x, c.b.weight(qname), c.b.weight(sname), domain=MS, K=blocks * q.block_size, N=n,
+                  bits=bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 
 
 def _norm(c: _Ctx, x: str, name: str) -> str:

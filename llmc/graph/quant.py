@@ -1,13 +1,19 @@
-"""Weight-only block quantization for ONNX Runtime's MatMulNBits, in an exact "scale + min" form (numpy only).
+"""Weight-only block quantization for ONNX Runtime's MatMulNBits, in "scale + min" form (numpy only).
 
 Per block of `block_size` input rows (K) and output column n: w = s * q + m, with s = (max - min) / (2^bits - 1),
 m = min, q = round((w - m) / s). MatMulNBits computes x @ (s * (q - z)) with its default zero point z = 2^(bits-1)
-(its fast path: a float zero point is ~40x slower on CPU, a rounded uint8 one shifts every weight by up to s/2), so
-each quantized linear adds the block offsets separately: x @ W = MatMulNBits(x) + blocksum(x) @ O, O = m + z * s.
-This reproduces GGUF Q4_1 weights (block 32, scale + min along K) exactly, for 0.125 extra bytes per weight.
+(its fast path: a float zero point is ~40x slower on CPU, a uint8 one ~1.6x slower and rounds every weight by up
+to s/2), so the per-block offsets O = m + z * s are added separately: x @ W = MatMulNBits(x) + blocksum(x) @ O.
+That reproduces GGUF Q4_1 weights (block 32, scale + min along K). Two ways to add the offsets:
 
-Layout for W [K, N] used as x @ W: qweight [N, K / block, block * bits / 8] uint8 (4-bit: two values a byte, low
-nibble first), scales [N * blocks] fp32, offsets [blocks, N] fp32.
+- "minmax": an fp32 MatMul of the block sums with O [blocks, N] (exact; 5 nodes per linear layer).
+- "folded": O rides in the same MatMulNBits as extra input rows. x is extended with its block sums (one small
+  MatMulNBits against a constant 0/1 matrix, exact in 4 bits), and each offset is stored in those rows as a coarse
+  value plus its remainder (two symmetric 4-bit rows per offset: about 8-bit precision; one 8-bit row when the
+  layer is 8-bit). 3 nodes per linear layer, no fp32 weights: the fast form of the exact weights.
+
+Layout for W [K, N] used as x @ W: qweight [N, K' / block, block * bits / 8] uint8 (4-bit: two values a byte, low
+nibble first), scales [N * K' / block] fp32 (K' = K, or K + the offset rows when folded), offsets [blocks, N] fp32.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import numpy as np
 from llmc.errors import InputError
 
 QWEIGHT, SCALES, OFFSETS = ".qweight", ".scales", ".offsets"
+BLOCKSUMS, BLOCKSUM_SCALES = ".blocksums", ".blocksum_scales"  # folded: the 0/1 matrix giving the block sums
+SCHEMES = ("auto", "folded", "minmax", "symmetric")
 
 
 @dataclass(frozen=True)
@@ -27,14 +35,14 @@ class QuantSpec:
     block_size: int = 32
     head_bits: int = 8  # the LM head stays at 8 bits (as llama.cpp keeps output.weight wider): it dominates int4 error
     accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = fp32 compute
-    scheme: str = "auto"  # "symmetric" (no offsets, fastest), "minmax" (scale + min), "auto": symmetric where that
-    # reproduces a weight exactly (e.g. GGUF Q8_0), else minmax
+    scheme: str = "auto"  # "symmetric" (no offsets, fastest, lossy), "minmax" / "folded" (scale + min, see above);
+    # "auto": symmetric where that reproduces a weight exactly (e.g. GGUF Q8_0), else folded
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8) or self.head_bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits} / head {self.head_bits}")
-        if self.scheme not in ("auto", "minmax", "symmetric"):
-            raise ValueError(f"scheme must be auto, minmax or symmetric, got {self.scheme!r}")
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {self.scheme!r}")
 
     def for_bits(self, bits: int) -> QuantSpec:
         return QuantSpec(bits, self.block_size, self.head_bits, self.accuracy_level, self.scheme)
@@ -42,7 +50,7 @@ class QuantSpec:
 
 def _pack(q: np.ndarray, bits: int) -> np.ndarray:
     """[..., M] values < 2^bits -> [..., M * bits / 8] bytes (4-bit: low nibble first)."""
-    return q if bits == 8 else q[..., 0::2] | (q[..., 1::2] << 4)
+    return np.ascontiguousarray(q if bits == 8 else q[..., 0::2] | (q[..., 1::2] << 4))
 
 
 def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
@@ -53,38 +61,90 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return q
 
 
-def quantize(w_kn: np.ndarray, spec: QuantSpec, name: str = "weight") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """W [K, N] -> (qweight [N, blocks, blob] uint8, scales [N * blocks] fp32, offsets [blocks, N] fp32)."""
-    k, n = w_kn.shape
-    if k % spec.block_size:
-        raise InputError(f"{name}: input size {k} is not a multiple of --block-size {spec.block_size}")
+def _symmetric(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """w [N, blocks, block] -> (q uint8 around the implicit zero point, scales [N, blocks]); as GGUF Q8_0."""
+    half = 2 ** (bits - 1)
+    scales = np.abs(w).max(axis=2) / (half - 1)  # q - half in [-(half-1), half-1]
+    scales[scales == 0] = 1.0
+    q = np.clip(np.rint(w / scales[..., None]) + half, 0, 2**bits - 1).astype(np.uint8)
+    return q, scales
+
+
+def _symmetric_value(q: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    return (q.astype(np.float32) - 2 ** (bits - 1)) * scales[..., None]
+
+
+def offset_rows(blocks: int, block_size: int, bits: int) -> int:
+    """Extra input rows a folded layer with `blocks` blocks along K carries: each part padded to whole blocks."""
+    parts = 2 if bits == 4 else 1
+    return parts * -(-blocks // block_size) * block_size
+
+
+def blocksum_matrix(k: int, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The constant E [K, rows] with x @ E = the block sums of x, once per offset part (zeros between), as an
+    exact 4-bit MatMulNBits weight (values 0/1, scale 1)."""
     blocks = k // spec.block_size
-    w = np.ascontiguousarray(w_kn.T, dtype=np.float32).reshape(n, blocks, spec.block_size)
+    rows = offset_rows(blocks, spec.block_size, spec.bits)
+    part = rows // (2 if spec.bits == 4 else 1)
+    e = np.zeros((k, rows), np.float32)
+    for start in range(0, rows, part):
+        e[np.arange(k), start + np.arange(k) // spec.block_size] = 1.0
+    q = (e.T.reshape(rows, blocks, spec.block_size) + 8).astype(np.uint8)
+    return _pack(q, 4), np.ones(rows * blocks, np.float32)
+
+
+def quantize(w_kn: np.ndarray, spec: QuantSpec, name: str = "weight") -> dict[str, np.ndarray]:
+    """W [K, N] -> {QWEIGHT, SCALES (, OFFSETS | BLOCKSUMS + BLOCKSUM_SCALES)} as the graph uses them."""
+    k, n = w_kn.shape
+    bs = spec.block_size
+    if k % bs:
+        raise InputError(f"{name}: input size {k} is not a multiple of --block-size {bs}")
+    blocks = k // bs
+    w = np.ascontiguousarray(w_kn.T, dtype=np.float32).reshape(n, blocks, bs)
     qmax = 2**spec.bits - 1
-    if spec.scheme != "minmax":  # w = s * (q - z), z = 2^(bits-1) implicit: no offsets
-        half = 2 ** (spec.bits - 1)
-        scales = np.abs(w).max(axis=2) / (half - 1)  # as GGUF Q8_0: q in [-(half-1), half-1]
-        scales[scales == 0] = 1.0
-        q = np.clip(np.rint(w / scales[..., None]) + half, 0, qmax).astype(np.uint8)
-        packed, flat = np.ascontiguousarray(_pack(q, spec.bits)), scales.reshape(-1)
-        err = np.abs((q.astype(np.float32) - half) * scales[..., None] - w).max()
+    if spec.scheme in ("auto", "symmetric"):  # w = s * (q - z), z = 2^(bits-1) implicit: no offsets
+        q, scales = _symmetric(w, spec.bits)
+        err = np.abs(_symmetric_value(q, scales, spec.bits) - w).max()
         if spec.scheme == "symmetric" or err <= 1e-5 * max(float(np.abs(w).max()), 1e-12):
-            return packed, flat, np.zeros((0, n), np.float32)
+            return {QWEIGHT: _pack(q, spec.bits), SCALES: scales.reshape(-1)}
     lo, hi = w.min(axis=2), w.max(axis=2)  # [N, blocks]
     scales = (hi - lo) / qmax
     scales[scales == 0] = 1.0
     q = np.clip(np.rint((w - lo[..., None]) / scales[..., None]), 0, qmax).astype(np.uint8)
-    offsets = lo + 2 ** (spec.bits - 1) * scales  # cancels the kernel's implicit zero point
-    return np.ascontiguousarray(_pack(q, spec.bits)), scales.reshape(-1), np.ascontiguousarray(offsets.T)
+    offsets = lo + 2 ** (spec.bits - 1) * scales  # [N, blocks]: cancels the kernel's implicit zero point
+    if spec.scheme == "minmax":
+        return {QWEIGHT: _pack(q, spec.bits), SCALES: scales.reshape(-1), OFFSETS: np.ascontiguousarray(offsets.T)}
+    # folded: offset rows below the K weight rows; part 1 holds the offsets, part 2 (4-bit) their remainder
+    rows = offset_rows(blocks, bs, spec.bits)
+    parts = 2 if spec.bits == 4 else 1
+    part = rows // parts
+    rest = np.zeros((n, part), np.float32)
+    rest[:, :blocks] = offsets
+    qs, ss = [], []
+    for _ in range(parts):
+        qp, sp = _symmetric(rest.reshape(n, part // bs, bs), spec.bits)
+        rest = rest - _symmetric_value(qp, sp, spec.bits).reshape(n, part)
+        qs.append(qp)
+        ss.append(sp)
+    q_all = np.concatenate([q, *qs], axis=1)  # [N, blocks + rows / block, block]
+    e_q, e_s = blocksum_matrix(k, spec)
+    return {QWEIGHT: _pack(q_all, spec.bits), SCALES: np.concatenate([scales, *ss], axis=1).reshape(-1),
+            BLOCKSUMS: e_q, BLOCKSUM_SCALES: e_s}
 
 
-def dequantize(qweight: np.ndarray, scales: np.ndarray, offsets: np.ndarray, spec: QuantSpec) -> np.ndarray:
+def dequantize(parts: dict[str, np.ndarray], spec: QuantSpec) -> np.ndarray:
     """What the graph computes with: -> W [K, N] fp32."""
+    qweight, scales = parts[QWEIGHT], parts[SCALES]
     n, blocks, _ = qweight.shape
-    q = _unpack(qweight, spec.bits).astype(np.float32) - 2 ** (spec.bits - 1)
-    w = q * scales.reshape(n, blocks)[..., None]
-    if offsets.size:
-        w = w + offsets.T[..., None]
+    w = _symmetric_value(_unpack(qweight, spec.bits), scales.reshape(n, blocks), spec.bits)
+    if OFFSETS in parts:
+        w = w + parts[OFFSETS].T[..., None]
+    elif BLOCKSUMS in parts:
+        kb = parts[BLOCKSUMS].shape[1]  # blocks along the layer's own K
+        extra = w[:, kb:].reshape(n, -1)
+        part = extra.shape[1] // (2 if spec.bits == 4 else 1)
+        offsets = extra.reshape(n, -1, part).sum(axis=1)[:, :kb]  # coarse value + remainder
+        w = w[:, :kb] + offsets[..., None]
     return w.reshape(n, -1).T.copy()
 
 
@@ -95,12 +155,10 @@ def bits_of(qweight: np.ndarray, block_size: int) -> int:
 
 def quantize_weights(weights: dict[str, np.ndarray], names: list[str], spec: QuantSpec,
                      head: str | None = None) -> dict[str, np.ndarray]:
-    """Replace each named [K, N] weight by qweight/scales/offsets (`head` at spec.head_bits); others stay."""
+    """Replace each named [K, N] weight by its quantized parts (`head` at spec.head_bits); others stay."""
     out = {k: v for k, v in weights.items() if k not in names and k != head}
     for name in names + ([head] if head else []):
         bits = spec.head_bits if name == head else spec.bits
-        qweight, scales, offsets = quantize(weights[name], spec.for_bits(bits), name)
-        out[name + QWEIGHT], out[name + SCALES] = qweight, scales
-        if offsets.size:
-            out[name + OFFSETS] = offsets
+        for suffix, array in quantize(weights[name], spec.for_bits(bits), name).items():
+            out[name + suffix] = array
     return out

@@ -13,8 +13,19 @@ from typer.testing import CliRunner
 from llmc import LLM, SamplingParams
 from llmc.cli.main import app
 from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.engines.registry import load_engine_dir
 from llmc.errors import InputError
-from llmc.graph.quant import QuantSpec, dequantize, quantize
+from llmc.graph.quant import (
+    BLOCKSUMS,
+    OFFSETS,
+    QWEIGHT,
+    SCALES,
+    QuantSpec,
+    blocksum_matrix,
+    dequantize,
+    quantize,
+)
+from llmc.runtime.verify import compare_engines
 
 RNG = np.random.default_rng(0)
 
@@ -39,23 +50,53 @@ def _q8_0_like(k: int, n: int) -> np.ndarray:
 def test_minmax_reproduces_a_q4_1_grid_exactly(bits: int) -> None:
     w = _q4_1_like(64, 24)
     spec = QuantSpec(bits, scheme="minmax")
-    assert np.abs(dequantize(*quantize(w, spec), spec) - w).max() < 1e-5
+    assert np.abs(dequantize(quantize(w, spec), spec) - w).max() < 1e-5
 
 
-def test_auto_uses_symmetric_where_exact_and_minmax_elsewhere() -> None:
+@pytest.mark.parametrize(("bits", "k"), [(4, 64), (8, 64), (4, 1536)])  # 1536: 48 blocks, offsets span 2 blocks
+def test_folded_keeps_a_q4_1_grid_to_offset_precision(bits: int, k: int) -> None:
+    w = _q4_1_like(k, 24)
+    spec = QuantSpec(bits, scheme="folded")
+    parts = quantize(w, spec)
+    assert OFFSETS not in parts and BLOCKSUMS in parts
+    err = np.abs(dequantize(parts, spec) - w)
+    # the per-block grid steps are kept; only the offsets O = min + 2^(bits-1) * step are rounded: 4-bit as a
+    # coarse value (step max|O| / 7) plus its remainder (step <= max|O| / 98), 8-bit as one value (max|O| / 127)
+    blocks = w.reshape(k // 32, 32, 24)
+    lo, hi = blocks.min(axis=1), blocks.max(axis=1)
+    offsets = lo + 2 ** (bits - 1) * (hi - lo) / (2**bits - 1)
+    assert err.max() <= np.abs(offsets).max() / (196 if bits == 4 else 254) * 1.01
+    assert err.max() > 0  # not the exact form: a test that would notice the offsets going missing below
+    kb = k // 32
+    dropped = {QWEIGHT: parts[QWEIGHT][:, :kb], SCALES: parts[SCALES].reshape(24, -1)[:, :kb].reshape(-1)}
+    assert np.abs(dequantize(dropped, spec) - w).max() > 100 * err.max()
+
+
+def test_blocksum_matrix_sums_each_block_into_each_offset_part() -> None:
+    spec = QuantSpec(4)
+    packed, scales = blocksum_matrix(96, spec)
+    assert packed.shape == (64, 3, 16) and np.all(scales == 1)  # 2 parts x 32 rows, 3 blocks along K
+    e = dequantize({QWEIGHT: packed, SCALES: scales}, spec)  # a plain symmetric 4-bit weight
+    x = RNG.standard_normal(96).astype(np.float32)
+    sums = x.reshape(3, 32).sum(axis=1)
+    np.testing.assert_allclose((x @ e)[[0, 1, 2, 32, 33, 34]], np.tile(sums, 2), rtol=1e-5)
+    assert np.all((x @ e)[3:32] == 0) and np.all((x @ e)[35:] == 0)
+
+
+def test_auto_uses_symmetric_where_exact_and_folded_elsewhere() -> None:
     spec = QuantSpec(8)
     q8 = _q8_0_like(64, 24)
-    qweight, scales, offsets = quantize(q8, spec)
-    assert offsets.size == 0  # no block offsets: the fastest kernel path
-    assert np.abs(dequantize(qweight, scales, offsets, spec) - q8).max() < 1e-6
-    assert quantize(_q4_1_like(64, 24), spec)[2].size > 0
+    parts = quantize(q8, spec)
+    assert set(parts) == {QWEIGHT, SCALES}  # no block offsets: the fastest kernel path
+    assert np.abs(dequantize(parts, spec) - q8).max() < 1e-6
+    assert BLOCKSUMS in quantize(_q4_1_like(64, 24), spec)
 
 
 @pytest.mark.parametrize(("bits", "tol"), [(4, 0.07), (8, 0.005)])
 def test_random_weights_error_is_bounded_by_the_grid(bits: int, tol: float) -> None:
     w = RNG.standard_normal((96, 40)).astype(np.float32)
     spec = QuantSpec(bits)
-    rel = np.abs(dequantize(*quantize(w, spec), spec) - w).max() / np.abs(w).max()
+    rel = np.abs(dequantize(quantize(w, spec), spec) - w).max() / np.abs(w).max()
     assert rel < tol
 
 
@@ -71,7 +112,22 @@ def quant_engines(tiny_llama: Built, tmp_path_factory: pytest.TempPathFactory) -
     for quant in ("int8", "int4"):
         out[quant] = root / quant
         build_ort(BuildConfig(tiny_llama.export_dir, out[quant], quant=quant, accuracy_level=0))
+    out["int4-minmax"] = root / "int4-minmax"
+    build_ort(BuildConfig(tiny_llama.export_dir, out["int4-minmax"], quant="int4", accuracy_level=0,
+                          quant_scheme="minmax"))
     return out
+
+
+def test_folded_offsets_match_the_exact_fp32_offsets(quant_engines: dict[str, Path]) -> None:
+    """The default int4 graph (offsets folded into 4-bit rows) computes what the exact form computes, closely."""
+    import onnx
+
+    folded, exact = (load_engine_dir(quant_engines[q]) for q in ("int4", "int4-minmax"))
+    graph = onnx.load(str(quant_engines["int4"] / "decode.onnx"), load_external_data=False).graph
+    assert not any(n.op_type in ("MatMul", "ReduceSum") for n in graph.node)  # no fp32 offset path left
+    prompts = [[1, 5, 9, 13, 2], [3, 3, 7]]
+    report = compare_engines(exact, folded, prompts, steps=6)
+    assert report["top1_agreement"] >= 0.9 and report["mean_kl"] < 1e-5, report  # symmetric: ~1e-2
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
