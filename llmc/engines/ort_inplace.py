@@ -26,9 +26,12 @@ class OrtInplaceEngine(OrtEngineBase):
         self._input_names = [n for n in manifest.decode.input_names() if n not in self._past_names]
         # (session, kv, first, stop) -> an IOBinding with the KV rows already bound as past and present
         self._bindings: dict[tuple[int, int, int, int], tuple[object, list[object]]] = {}
+        # (kv, first, stop) -> the decode binding above with its step inputs and logits bound as well
+        self._steps: dict[tuple[int, int, int], tuple[object, dict[str, np.ndarray], list[object]]] = {}
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         self._bindings.clear()
+        self._steps.clear()
         return HostKVCache(self.manifest.kv, num_slots, min(max_len, self.max_positions))
 
     def _binding(self, session: object, kv: HostKVCache, first: int, stop: int) -> object:
@@ -36,13 +39,16 @@ class OrtInplaceEngine(OrtEngineBase):
         made once per row range; each run only rebinds the token inputs and the logits."""
         key = (id(session), id(kv), first, stop)
         if key not in self._bindings:
-            binding = session.io_binding()  # type: ignore[attr-defined]
-            values = [self._ort.OrtValue.ortvalue_from_numpy(buf[first:stop]) for buf in kv.buffers()]
-            for past, present, value in zip(self._past_names, self._present_names, values):
-                binding.bind_ortvalue_input(past, value)
-                binding.bind_ortvalue_output(present, value)
-            self._bindings[key] = (binding, values)  # the values stay referenced as long as the binding
+            self._bindings[key] = self._kv_binding(session, kv, first, stop)
         return self._bindings[key][0]
+
+    def _kv_binding(self, session: object, kv: HostKVCache, first: int, stop: int) -> tuple[object, list[object]]:
+        binding = session.io_binding()  # type: ignore[attr-defined]
+        values = [self._ort.OrtValue.ortvalue_from_numpy(buf[first:stop]) for buf in kv.buffers()]
+        for past, present, value in zip(self._past_names, self._present_names, values):
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        return binding, values  # the values stay referenced as long as the binding
 
     def _feeds(self, ids: np.ndarray, start: np.ndarray, counts: np.ndarray) -> dict[str, np.ndarray]:
         """Inputs for rows with start[b] cached tokens and counts[b] new ones (right-padded to ids.shape[1])."""
@@ -92,15 +98,44 @@ class OrtInplaceEngine(OrtEngineBase):
         first, stop = min(slots), max(slots) + 1
         # Rows of the range that are not in this step (mid-prompt) run a harmless dummy token: it is written at
         # their current length, which their next real token overwrites.
-        ids = np.zeros((stop - first, 1), np.int64)
-        start = kv.lengths[first:stop].copy()
+        start = kv.lengths[first:stop]
         if np.any(start + 1 > kv.max_len):
             raise LimitError(f"a KV slot in rows {first}..{stop - 1} is full ({kv.max_len} tokens)")
-        for slot, toks in zip(slots, tokens):
-            ids[slot - first, 0] = toks[0]
-        logits = self._run_rows(self._decode, kv, first, ids, start, np.ones_like(start), 1)
+        binding, step = self._decode_binding(kv, first, stop)
+        ids = np.zeros(stop - first, np.int64)
+        ids[np.array(slots) - first] = [t[0] for t in tokens]
+        now = {"input_ids": ids[:, None], "position_ids": start[:, None], "seqlens_k": start,  # cached + 1 new - 1
+               "total_sequence_length": start.max() + 1}
+        for name, array in step.items():
+            if name != "logits":
+                array[...] = now[name]
+        try:
+            self._decode.run_with_iobinding(binding)  # type: ignore[attr-defined]
+        except Exception as e:
+            raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
         kv.lengths[slots] += 1
-        return logits[np.array(slots) - first, 0, :]
+        return step["logits"][np.array(slots) - first, 0, :]  # a copy: the buffer is the next step's output
+
+    def _decode_binding(self, kv: HostKVCache, first: int, stop: int) -> tuple[object, dict[str, np.ndarray]]:
+        """The one-token decode binding for rows first..stop-1 with its inputs and logits bound once, to arrays
+        that each step fills in place: a step binds nothing and allocates nothing."""
+        key = (id(kv), first, stop)
+        if key not in self._steps:
+            batch = stop - first
+            binding, kv_values = self._kv_binding(self._decode, kv, first, stop)  # its own: _extend rebinds
+            arrays: dict[str, np.ndarray] = {"input_ids": np.zeros((batch, 1), np.int64), "position_ids": np.zeros((batch, 1), np.int64),
+                      "seqlens_k": np.zeros(batch, np.int32), "total_sequence_length": np.zeros((), np.int32),
+                      "logits": np.zeros((batch, 1, self.vocab_size), np.float32)}
+            arrays = {name: a for name, a in arrays.items() if name in self._input_names or name == "logits"}
+            values = {name: self._ort.OrtValue.ortvalue_from_numpy(a) for name, a in arrays.items()}
+            for name, value in values.items():
+                if name == "logits":
+                    binding.bind_ortvalue_output(name, value)  # type: ignore[attr-defined]
+                else:
+                    binding.bind_ortvalue_input(name, value)  # type: ignore[attr-defined]
+            self._steps[key] = (binding, arrays, [*kv_values, *values.values()])
+        binding, arrays, _ = self._steps[key]
+        return binding, arrays
 
     def _extend(self, slot: int, toks: list[int], kv: HostKVCache) -> np.ndarray:
         start, counts = kv.lengths[slot : slot + 1].copy(), np.array([len(toks)], np.int64)

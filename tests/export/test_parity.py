@@ -106,15 +106,19 @@ def test_prefill_then_decode_equals_full_prefill(engine: Engine, hf: Any) -> Non
 
 
 def test_decode_chunk_equals_full_prefill(engine: Engine, hf: Any) -> None:
-    """The decode graph with S > 1 new tokens (a prompt chunk) continues a prefill correctly."""
-    seq = _ids(6, 40)
+    """The decode graph with S > 1 new tokens (a prompt chunk) continues a prefill correctly, and one-token decode
+    steps before and after it on the same row stay correct (they reuse bindings the chunk must not disturb)."""
+    seq = _ids(6, 42)
     kv = engine.new_kv_cache(1, 64)
     engine.prefill([0], [seq[:11]], kv)
     engine.decode([0], [seq[11:12]], kv)
     chunked = engine.decode([0], [seq[12:40]], kv)[0]
-    whole = engine.prefill([0], [seq], engine.new_kv_cache(1, 64))[0]
+    whole = engine.prefill([0], [seq[:40]], engine.new_kv_cache(1, 64))[0]
     assert _max_diff(chunked, whole) <= TOL
-    assert _max_diff(chunked, _hf_logits(hf, seq)[-1]) <= TOL
+    hf_logits = _hf_logits(hf, seq)
+    assert _max_diff(chunked, hf_logits[39]) <= TOL
+    for pos in (40, 41):
+        assert _max_diff(engine.decode([0], [seq[pos:pos + 1]], kv)[0], hf_logits[pos]) <= TOL, pos
 
 
 @pytest.mark.parametrize(("arch", "layout"), [(a, lay) for a in ARCHS for lay in LAYOUTS])
