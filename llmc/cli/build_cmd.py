@@ -27,8 +27,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         block_size: Annotated[int, typer.Option(help="--quant: weights per scale along the input axis.")] = 32,
         accuracy_level: Annotated[int, typer.Option(help="--quant: MatMulNBits compute (4 = int8 activations, "
                                                          "0 = fp32).")] = 4,
-        quant_scheme: Annotated[str, typer.Option(help="--quant: auto, folded or minmax (scale + min, exact offsets), symmetric (no offsets).")]
-        = "auto",
+        quant_scheme: Annotated[str, typer.Option(
+            help="--quant: auto (folded, or symmetric where exact), folded, minmax (exact fp32 offsets), "
+                 "symmetric (no offsets).")] = "auto",
         precision: Annotated[str, typer.Option(help="trt: engine precision.")] = "fp16",
         max_batch_size: Annotated[int | None, typer.Option(help="trt: most sequences per run.")] = None,
         max_input_len: Annotated[int | None, typer.Option(help="trt: most prompt tokens per row in a prefill.")]

@@ -123,9 +123,10 @@ class OrtInplaceEngine(OrtEngineBase):
         if key not in self._steps:
             batch = stop - first
             binding, kv_values = self._kv_binding(self._decode, kv, first, stop)  # its own: _extend rebinds
-            arrays: dict[str, np.ndarray] = {"input_ids": np.zeros((batch, 1), np.int64), "position_ids": np.zeros((batch, 1), np.int64),
-                      "seqlens_k": np.zeros(batch, np.int32), "total_sequence_length": np.zeros((), np.int32),
-                      "logits": np.zeros((batch, 1, self.vocab_size), np.float32)}
+            arrays: dict[str, np.ndarray] = {
+                "input_ids": np.zeros((batch, 1), np.int64), "position_ids": np.zeros((batch, 1), np.int64),
+                "seqlens_k": np.zeros(batch, np.int32), "total_sequence_length": np.zeros((), np.int32),
+                "logits": np.zeros((batch, 1, self.vocab_size), np.float32)}
             arrays = {name: a for name, a in arrays.items() if name in self._input_names or name == "logits"}
             values = {name: self._ort.OrtValue.ortvalue_from_numpy(a) for name, a in arrays.items()}
             for name, value in values.items():
