@@ -115,7 +115,7 @@ def test_unknown_keys_are_ignored(tmp_path: Path, built: Built) -> None:
 
 # -- the files a manifest lists -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["weights.bin", "decode.onnx", "tokenizer.json"])
+@pytest.mark.parametrize("name", ["weights.bin", "model.onnx", "tokenizer.json"])
 def test_modified_engine_file_is_refused(tmp_path: Path, built: Built, name: str) -> None:
     engine = _copy(built.engine_dir, tmp_path / "engine")
     load_engine_dir(engine)  # the unmodified copy loads
@@ -148,7 +148,7 @@ def test_graph_names_that_differ_from_the_manifest_are_reported(tmp_path: Path, 
     (engine / ENGINE_MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ManifestError) as e:
         load_engine_dir(engine)
-    assert "prefill.onnx" in str(e.value)
+    assert manifest["prefill"]["file"] in str(e.value)
     assert "missing ['tokens']" in str(e.value) and "unexpected ['input_ids']" in str(e.value)
 
 
@@ -165,8 +165,8 @@ def _point_first_initializer_at(src: Path, dst: Path, location: str) -> None:
 
 def test_graphs_of_an_export_pass_the_path_check(built: Built) -> None:
     for folder in (built.export_dir, built.engine_dir):
-        for name in ("prefill.onnx", "decode.onnx"):
-            check_external_paths(folder / name)
+        for graph in folder.glob("*.onnx"):
+            check_external_paths(graph)
 
 
 @pytest.mark.parametrize("location", ["../evil.bin", "sub/../../evil.bin", "/tmp/evil.bin"])
@@ -184,9 +184,10 @@ def test_engine_with_escaping_external_data_is_refused(tmp_path: Path, built: Bu
     """Even with matching checksums, the engine loader runs the path check before ONNX Runtime reads anything."""
     engine = _copy(built.engine_dir, tmp_path / "engine")
     shutil.copy(engine / "weights.bin", tmp_path / "evil.bin")
-    _point_first_initializer_at(engine / "decode.onnx", engine / "decode.onnx", "../evil.bin")
     manifest = json.loads((engine / ENGINE_MANIFEST).read_text())
-    manifest["files"]["decode.onnx"] = sha256_file(engine / "decode.onnx")
+    graph = manifest["decode"]["file"]
+    _point_first_initializer_at(engine / graph, engine / graph, "../evil.bin")
+    manifest["files"][graph] = sha256_file(engine / graph)
     (engine / ENGINE_MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ManifestError, match="escapes"):
         load_engine_dir(engine)

@@ -121,13 +121,14 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         src_dir = scratch / "lowered"
         src_dir.mkdir()
         kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention,
-                                            fuse_norms=True)
+                                            fuse_norms=True, one_graph=True)
         graphs = (lowered[0], lowered[1])
     progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
-    for spec in graphs:
-        _optimize(src_dir / spec.file, scratch / spec.file, threads)
+    graph_files = list(dict.fromkeys(g.file for g in graphs))  # in-place engines: one graph for both
+    for file in graph_files:
+        _optimize(src_dir / file, scratch / file, threads)
     progress.step("storing the optimized weights once")
-    _share_weights(scratch, work, [g.file for g in graphs])
+    _share_weights(scratch, work, graph_files)
     shutil.rmtree(scratch)
     for name in RUNTIME_FILES:
         if (export_dir / name).is_file():

@@ -44,20 +44,22 @@ ONNX_ATTENTION_OPSET = 24  # Attention with GQA + TensorScatter
 
 
 def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, quant: QuantSpec | None,
-                         attention: str = "gqa", fuse_norms: bool = False) -> tuple[KVSpec, GraphSpec, GraphSpec]:
-    """Write prefill.onnx + decode.onnx (one weights.bin) for the in-place KV layout into `out`.
+                         attention: str = "gqa", fuse_norms: bool = False,
+                         one_graph: bool = False) -> tuple[KVSpec, GraphSpec, GraphSpec]:
+    """Write prefill.onnx + decode.onnx (or, `one_graph`, model.onnx for both), one weights.bin, for the in-place
+    KV layout into `out`.
 
     `fuse_norms` uses ONNX Runtime's Skip*LayerNormalization contrib ops (ONNX Runtime engines only).
     """
     kv = io_names.kv_spec(ckpt.spec, dtype, layout="inplace")
-    prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention)
+    prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
     if attention == "onnx":
         opset = max(opset, ONNX_ATTENTION_OPSET)
     weights = WeightFile(out / "weights.bin")
     try:
         for name, array in ckpt.weights.items():
             weights.add(name, array)
-        for spec in (prefill, decode):
+        for spec in dict.fromkeys((prefill, decode)):
             graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions(attention, quant, fuse_norms))
             onnx.save(make_model(graph, weights, used, opset, {MS: 1}), str(out / spec.file))
     finally:

@@ -140,6 +140,7 @@ class OrtInplaceEngine(OrtEngineBase):
 
     def _extend(self, slot: int, toks: list[int], kv: HostKVCache) -> np.ndarray:
         start, counts = kv.lengths[slot : slot + 1].copy(), np.array([len(toks)], np.int64)
-        logits = self._run_rows(self._decode, kv, slot, np.array([toks], np.int64), start, counts, len(toks))
+        rows = len(toks) if self.manifest.decode.logits == "all" else 1
+        logits = self._run_rows(self._decode, kv, slot, np.array([toks], np.int64), start, counts, rows)
         kv.lengths[slot] += len(toks)
         return logits[:, -1, :]

@@ -295,9 +295,11 @@ class _GroupQueryAttention:
         return out
 
     def last_token(self, x: str) -> str:
-        """Row b's last new token is at index seqlens_k[b] of a right-padded prompt: [B, S, Hd] -> [B, 1, Hd]."""
+        """Row b's last new token: [B, S, Hd] -> [B, 1, Hd]. It is at index seqlens_k[b] of a right-padded prompt
+        (empty past), and at S - 1 when the row has a past: a one-token decode row, or one row's prompt chunk."""
         b = self.c.b
-        last = b.unsqueeze(b.cast(io.SEQLENS_K, "int64"), 1)  # [B, 1]
+        last_col = b.op("Sub", b.op("Squeeze", b.dim(io.INPUT_IDS, 1)), b.const(np.array(1, np.int64)))
+        last = b.unsqueeze(b.op("Min", b.cast(io.SEQLENS_K, "int64"), last_col), 1)  # [B, 1]
         return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)
 
 

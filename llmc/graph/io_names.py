@@ -78,17 +78,24 @@ def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[Tensor
     return inputs + _kv(kv, "past", MAX_SEQ)
 
 
-def inplace_specs(model: ModelSpec, kv: KVSpec, attention: str = "gqa") -> tuple[GraphSpec, GraphSpec]:
+def inplace_specs(model: ModelSpec, kv: KVSpec, attention: str = "gqa",
+                  one_graph: bool = False) -> tuple[GraphSpec, GraphSpec]:
     """The "inplace" layout: one [B, Hkv, max_len, D] buffer per layer and kind, bound as past AND present.
 
     Prefill (right-padded prompts, empty rows) returns logits at each row's last token [B, 1, V]; decode (each row
     S new tokens after its cached ones) returns [B, S, V]. "gqa" graphs take seqlens_k / total_sequence_length,
     "onnx" graphs (Attention + TensorScatter) position_ids.
+
+    `one_graph`: prefill and decode are the same graph, `model.onnx`, with logits at each row's last new token
+    (all a runtime needs: one-token decode rows, a one-row prompt chunk, right-padded prompts), so an engine holds
+    its weights once.
     """
     present = _kv(kv, "present", MAX_SEQ)
     inputs = tuple(_inplace_inputs(model, kv, attention))
-    prefill = GraphSpec("prefill.onnx", inputs,
+    prefill = GraphSpec("model.onnx" if one_graph else "prefill.onnx", inputs,
                         (TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *present), logits="last")
+    if one_graph:
+        return prefill, prefill
     decode = GraphSpec("decode.onnx", inputs,
                        (TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *present), logits="all")
     return prefill, decode

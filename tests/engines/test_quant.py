@@ -123,7 +123,7 @@ def test_folded_offsets_match_the_exact_fp32_offsets(quant_engines: dict[str, Pa
     import onnx
 
     folded, exact = (load_engine_dir(quant_engines[q]) for q in ("int4", "int4-minmax"))
-    graph = onnx.load(str(quant_engines["int4"] / "decode.onnx"), load_external_data=False).graph
+    graph = onnx.load(str(quant_engines["int4"] / "model.onnx"), load_external_data=False).graph
     assert not any(n.op_type in ("MatMul", "ReduceSum") for n in graph.node)  # no fp32 offset path left
     prompts = [[1, 5, 9, 13, 2], [3, 3, 7]]
     report = compare_engines(exact, folded, prompts, steps=6)

@@ -282,6 +282,16 @@ def _external_refs(model_path: Path) -> dict[str, tuple[str, int, int]]:
     return refs
 
 
+@pytest.mark.parametrize("layout", ["default", "onnx"])
+def test_inplace_engines_run_one_graph_in_one_session(tiny: Built, layout: str) -> None:
+    """Prefill and decode are one graph (logits at each row's last new token), so ONNX Runtime prepacks and holds
+    the weights once; the parity tests above run it for prompts, one-token steps and prompt chunks."""
+    engine = load_engine_dir(tiny.engine(layout))
+    spec = engine.manifest.prefill
+    assert engine.manifest.decode == spec and spec.file == "model.onnx" and spec.logits == "last"
+    assert engine._decode is engine._prefill  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("stage", ["export", *LAYOUTS])
 def test_weights_stored_once(tiny: Built, hf: Any, stage: str) -> None:
     folder = tiny.export_dir if stage == "export" else tiny.engine(stage)
@@ -289,17 +299,19 @@ def test_weights_stored_once(tiny: Built, hf: Any, stage: str) -> None:
     assert weights.is_file()
     assert not list(folder.glob("*.data")), "a second external-data file"
     size = weights.stat().st_size
-    refs = [_external_refs(folder / f) for f in ("prefill.onnx", "decode.onnx")]
+    graphs = sorted(folder.glob("*.onnx"))  # export / concat: prefill + decode; in-place engines: one model.onnx
+    assert len(graphs) == (1 if stage in ("default", "onnx") else 2), graphs
+    refs = [_external_refs(g) for g in graphs]
     for graph_refs in refs:
         assert graph_refs, "graph holds no external weights"
         assert {loc for loc, _, _ in graph_refs.values()} == {"weights.bin"}
         assert all(off % ALIGN == 0 and off + n <= size for _, off, n in graph_refs.values())
-    for name in refs[0].keys() & refs[1].keys():  # the same tensor, the same bytes on disk
-        assert refs[0][name] == refs[1][name], name
+    for name in refs[0].keys() & refs[-1].keys():  # the same tensor, the same bytes on disk
+        assert refs[0][name] == refs[-1][name], name
     param_bytes = 4 * sum(p.numel() for p in hf.parameters())
     distinct = {(off, n) for r in refs for _, off, n in r.values()}
     assert size <= param_bytes + ALIGN * len(distinct), f"{size} bytes for {param_bytes} bytes of parameters"
     if stage == "export":
         assert size >= 0.9 * param_bytes
-    for f in ("prefill.onnx", "decode.onnx"):  # the graphs themselves hold no weights
-        assert (folder / f).stat().st_size < 0.25 * param_bytes
+    for g in graphs:  # the graphs themselves hold no weights
+        assert g.stat().st_size < 0.25 * param_bytes
