@@ -55,20 +55,23 @@ def test_overload_answers_429_with_retry_after(start_server: ServerFactory) -> N
     config = ServeConfig(model_name=MODEL, max_running=1, max_queue=1, threads=1, retry_after_s=2)
     server = start_server(config, setup=slow(0.01))
 
-    async def one(client: httpx.AsyncClient) -> tuple[int, str | None]:
+    async def one(client: httpx.AsyncClient) -> tuple[int, str | None, str]:
         async with client.stream("POST", "/v1/completions", json={**LONG, "max_tokens": 60}) as r:
-            async for _ in r.aiter_lines():
-                pass
-            return r.status_code, r.headers.get("retry-after")
+            body = (await r.aread()).decode()
+            return r.status_code, r.headers.get("retry-after"), body
 
-    async def run() -> list[tuple[int, str | None]]:
+    async def run() -> list[tuple[int, str | None, str]]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             return await asyncio.gather(*(one(client) for _ in range(4)))
 
     results = asyncio.run(run())
-    statuses = sorted(s for s, _ in results)
+    statuses = sorted(s for s, _, _ in results)
     assert statuses.count(200) >= 1 and statuses.count(429) >= 1, statuses
-    assert all(ra == "2" for s, ra in results if s == 429)
+    for status, retry_after, body in results:
+        if status == 429:  # refused at once, with the OpenAI error body
+            assert retry_after == "2" and json.loads(body)["error"]["code"] == "overloaded", body
+        else:  # admitted: streamed to the end
+            assert body.rstrip().endswith("data: [DONE]"), body[-200:]
     server.wait_idle()
 
 
@@ -123,9 +126,8 @@ def test_engine_error_fails_only_that_request(start_server: ServerFactory, exc: 
     client = server.client()
     with pytest.raises(openai.InternalServerError):
         client.completions.create(model=MODEL, prompt=[5, MARKER, 5], max_tokens=5)
-    with pytest.raises(openai.APIError):  # streaming: an error event after the 200
-        for _ in client.completions.create(model=MODEL, prompt=[5, MARKER, 5], max_tokens=5, stream=True):
-            pass
+    with pytest.raises(openai.APIError):  # streaming: an error event after the 200, raised while reading
+        list(client.completions.create(model=MODEL, prompt=[5, MARKER, 5], max_tokens=5, stream=True))
     other["thread"].join(30)
     if exc == "EngineError":  # the loop retries a failed batch row by row: the other request is untouched
         assert other["done"] and other["finish"] == "length" and other["usage"]["completion_tokens"] == 100

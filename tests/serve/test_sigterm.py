@@ -14,8 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-
 
 def _llmc() -> list[str]:
     exe = Path(sys.executable).parent / "llmc"
