@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from llmc.cli.common import Threads
 from llmc.errors import InputError
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         prompt_len: Annotated[int, typer.Option(help="Prompt tokens.")] = 128,
         new_tokens: Annotated[int, typer.Option(help="Generated tokens (EOS ignored).")] = 128,
         contexts: Annotated[str, typer.Option(help="Extra batch-1 prompt lengths, e.g. 128,512,2048.")] = "",
-        threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
+        threads: Threads = 0,
         repeat: Annotated[int, typer.Option(help="Timed runs per configuration (the median is reported).")] = 3,
         bandwidth_gbs: Annotated[float, typer.Option(help="Memory bandwidth of this machine.")] = 35.0,
         compare_torch: Annotated[bool, typer.Option("--compare-torch", help="Also run transformers.")] = False,

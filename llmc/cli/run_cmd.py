@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from llmc.cli.common import ChatTemplate, KVBudgetMB, Threads
 from llmc.errors import InputError
 from llmc.runtime.request import SamplingParams
 
@@ -25,7 +26,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         prompt: Annotated[str | None, typer.Argument(help="Prompt; without it, an interactive chat.")] = None,
         raw: Annotated[bool, typer.Option("--raw", help="Do not apply the chat template.")] = False,
         system: Annotated[str | None, typer.Option(help="System prompt (chat template).")] = None,
-        chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file.")] = None,
+        chat_template: ChatTemplate = None,
         max_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate [default: 256, or what the "
                                                         "context leaves].")] = None,
         temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
@@ -35,8 +36,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
         repetition_penalty: Annotated[float, typer.Option(help="> 0; 1 = off.")] = 1.0,
         seed: Annotated[int | None, typer.Option(help="Same seed, same output.")] = None,
         stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
-        threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
-        kv_budget_mb: Annotated[int, typer.Option(help="Memory for the KV cache.")] = 1024,
+        threads: Threads = 0,
+        kv_budget_mb: KVBudgetMB = 1024,
         input_file: Annotated[Path | None, typer.Option("--input", help="JSONL of prompts: an offline batch "
                                                         "(lines {\"prompt\"} or {\"messages\"}, sampling fields).")] = None,
         output_file: Annotated[Path | None, typer.Option("--output", help="JSONL of results, in input order "

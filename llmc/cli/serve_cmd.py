@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from llmc.cli.common import ChatTemplate, KVBudgetMB, Threads
+
 
 def register(app: typer.Typer, wrap: Any) -> None:
     @app.command("serve")
@@ -17,10 +19,10 @@ def register(app: typer.Typer, wrap: Any) -> None:
         port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
         max_running: Annotated[int, typer.Option(help="Sequences decoding together (KV slots).")] = 8,
         max_queue: Annotated[int, typer.Option(help="Sequences waiting beyond those; past it: 429.")] = 64,
-        kv_budget_mb: Annotated[int, typer.Option(help="Memory for the KV cache.")] = 1024,
+        kv_budget_mb: KVBudgetMB = 1024,
         max_step_tokens: Annotated[int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")] = 512,
-        threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
-        chat_template: Annotated[Path | None, typer.Option(help="Jinja chat template file.")] = None,
+        threads: Threads = 0,
+        chat_template: ChatTemplate = None,
         shutdown_timeout: Annotated[float, typer.Option(help="Seconds to drain requests on SIGTERM.")] = 30.0,
         served_model_name: Annotated[str | None, typer.Option(help="Name clients pass as `model`.")] = None,
         log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",

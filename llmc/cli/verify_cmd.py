@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
+from llmc.cli.common import Threads
+
 
 def register(app: typer.Typer, wrap: Any) -> None:
     @app.command("verify")
@@ -16,7 +18,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         min_top1: Annotated[float, typer.Option(help="Fail below this top-1 agreement with the export (0-1).")] = 0.9,
         max_kl: Annotated[float | None, typer.Option(help="Fail above this mean KL divergence.")] = None,
         steps: Annotated[int, typer.Option(help="Greedy tokens per prompt of the prompt set.")] = 32,
-        threads: Annotated[int, typer.Option(help="Threads (0 = physical cores).")] = 0,
+        threads: Threads = 0,
     ) -> None:
         """Golden check, then top-1 agreement / KL / greedy match against the export over a fixed prompt set."""
         from llmc.engines.base import EngineOptions

@@ -102,8 +102,9 @@ class OrtInplaceEngine(OrtEngineBase):
         if np.any(start + 1 > kv.max_len):
             raise LimitError(f"a KV slot in rows {first}..{stop - 1} is full ({kv.max_len} tokens)")
         binding, step = self._decode_binding(kv, first, stop)
+        rows = np.array(slots) - first
         ids = np.zeros(stop - first, np.int64)
-        ids[np.array(slots) - first] = [t[0] for t in tokens]
+        ids[rows] = [t[0] for t in tokens]
         now = {"input_ids": ids[:, None], "position_ids": start[:, None], "seqlens_k": start,  # cached + 1 new - 1
                "total_sequence_length": start.max() + 1}
         for name, array in step.items():
@@ -114,11 +115,11 @@ class OrtInplaceEngine(OrtEngineBase):
         except Exception as e:
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
         kv.lengths[slots] += 1
-        return step["logits"][np.array(slots) - first, 0, :]  # a copy: the buffer is the next step's output
+        return step["logits"][rows, 0, :]  # a copy: the buffer is the next step's output
 
     def _decode_binding(self, kv: HostKVCache, first: int, stop: int) -> tuple[object, dict[str, np.ndarray]]:
         """The one-token decode binding for rows first..stop-1 with its inputs and logits bound once, to arrays
-        that each step fills in place: a step binds nothing and allocates nothing."""
+        that each step fills in place: a step binds nothing."""
         key = (id(kv), first, stop)
         if key not in self._steps:
             batch = stop - first
