@@ -4,7 +4,6 @@ against the memory-bandwidth limit of the machine (and, optionally, transformers
 from __future__ import annotations
 
 import resource
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,7 +77,10 @@ def measure(loop: EngineLoop, prompts: list[list[int]], new_tokens: int) -> dict
             "itl_ms_p90": float(np.percentile(itl, 90)), "itl_ms_p99": float(np.percentile(itl, 99))}
 
 
-def run_bench(cfg: BenchConfig, on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Measure every configuration `cfg.repeat` times, the repeats interleaved (configuration 1, 2, ..., 1, 2, ...)
+    so that a drift of the machine's speed during the run reaches every configuration alike and the ratios between
+    them (batch 8 vs 1, context 2048 vs 128) stay fair; each configuration reports its median run."""
     cfg.check()
     runs = cfg.runs()
     max_batch = max(b for b, _, _ in runs)
@@ -89,17 +91,37 @@ def run_bench(cfg: BenchConfig, on_result: Callable[[dict[str, Any]], None] | No
     if loop.max_len < longest:
         raise InputError(f"the longest run needs {longest} positions, the engine allows {loop.max_len}")
     weights = weight_bytes_per_step(cfg.engine_dir, llm.engine.manifest)
+    prompts = {run: synthetic_prompts(llm, run[0], run[1]) for run in runs}
+    for run in runs:
+        measure(loop, prompts[run], 2)  # warm-up at this shape: the runtime's first-run allocations are not timed
+    timings: dict[tuple[int, int, int], list[dict[str, float]]] = {run: [] for run in runs}
+    for _ in range(cfg.repeat):
+        for run in runs:
+            timings[run].append(measure(loop, prompts[run], run[2]))
+            if on_progress:
+                on_progress()
     results = []
-    for batch, prompt_len, new_tokens in runs:
-        prompts = synthetic_prompts(llm, batch, prompt_len)
-        measure(loop, prompts, 2)  # warm-up at this shape: the runtime's first-run allocations are not timed
-        runs_t = sorted((measure(loop, prompts, new_tokens) for _ in range(cfg.repeat)), key=lambda t: t["tpot_ms"])
+    for run in runs:
+        batch, prompt_len, new_tokens = run
+        runs_t = sorted(timings[run], key=lambda t: t["tpot_ms"])
         timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"], "tpot_ms_worst": runs_t[-1]["tpot_ms"]}
-        result = _report(llm, cfg, batch, prompt_len, new_tokens, timing, weights)
-        results.append(result)
-        if on_result:
-            on_result(result)
+        results.append(_report(llm, cfg, batch, prompt_len, new_tokens, timing, weights))
+    add_ratios(results, cfg.prompt_len)
     return results
+
+
+def add_ratios(results: list[dict[str, Any]], prompt_len: int) -> None:
+    """The ratios the targets are stated in, within this run: each batch's aggregate decode speed against batch 1
+    (`aggregate_vs_batch1`) and each batch-1 context's decode speed against the base prompt length
+    (`decode_vs_base_context`)."""
+    base = next((r for r in results if r["batch"] == 1 and r["prompt_len"] == prompt_len), None)
+    if base is None:
+        return
+    for r in results:
+        if r["prompt_len"] == prompt_len:
+            r["aggregate_vs_batch1"] = round(r["decode_tok_s_aggregate"] / base["decode_tok_s_aggregate"], 3)
+        if r["batch"] == 1:
+            r["decode_vs_base_context"] = round(r["decode_tok_s_per_seq"] / base["decode_tok_s_per_seq"], 3)
 
 
 def _report(llm: LLM, cfg: BenchConfig, batch: int, prompt_len: int, new_tokens: int, t: dict[str, float],
@@ -131,8 +153,12 @@ def summary_line(r: dict[str, Any]) -> str:
     return (f"{r['precision']:>12} b={r['batch']:<3} p={r['prompt_len']:<5} ttft {r['ttft_ms']:8.1f} ms  "
             f"decode {r['decode_tok_s_per_seq']:7.1f} ({low:.1f}-{high:.1f}) tok/s/seq "
             f"{r['decode_tok_s_aggregate']:8.1f} agg  "
-            f"{r['fraction_of_limit']:.0%} of {r['bandwidth_limit_tok_s_per_seq']:.0f} limit")
+            f"{r['fraction_of_limit']:.0%} of {r['bandwidth_limit_tok_s_per_seq']:.0f} limit" + _ratio_note(r))
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
+def _ratio_note(r: dict[str, Any]) -> str:
+    if r["batch"] > 1 and "aggregate_vs_batch1" in r:
+        return f"  {r['aggregate_vs_batch1']:.2f}x batch 1"
+    if r["batch"] == 1 and r.get("decode_vs_base_context", 1.0) != 1.0:
+        return f"  {r['decode_vs_base_context']:.2f}x of the base context"
+    return ""

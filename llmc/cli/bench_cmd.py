@@ -69,13 +69,8 @@ def _bench_engine(cfg: BenchConfig, compare_torch: bool, as_json: bool, plot: Pa
     cfg.check()
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("benchmarking", total=len(cfg.runs()))
-
-        def report(r: dict[str, Any]) -> None:
-            bar.advance(task)
-            console.print(summary_line(r))
-
-        results = run_bench(cfg, on_result=report)
+        task = bar.add_task("benchmarking", total=len(cfg.runs()) * cfg.repeat)
+        results = run_bench(cfg, on_progress=lambda: bar.advance(task))
     if compare_torch:
         _add_torch(results, load_engine(cfg.engine_dir).export_dir, cfg.engine_dir, cfg.threads, console)
     for r in results:

@@ -9,6 +9,7 @@ import pytest
 from conftest import Built
 from typer.testing import CliRunner
 
+from llmc.bench import engine_bench
 from llmc.cli.main import app
 from llmc.engines.ort_build import BuildConfig, build_ort
 from llmc.export.exporter import ExportConfig, export
@@ -39,7 +40,32 @@ def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Pa
         assert BENCH_FIELDS <= r.keys()
         assert r["decode_tok_s_aggregate"] == pytest.approx(r["decode_tok_s_per_seq"] * r["batch"], rel=0.01)
         assert (r["kv_bytes_copied_per_step"] == 0) == (layout == "default")
+    base, batch2, ctx = rows
+    assert base["aggregate_vs_batch1"] == 1.0 and base["decode_vs_base_context"] == 1.0
+    assert batch2["aggregate_vs_batch1"] == pytest.approx(
+        batch2["decode_tok_s_aggregate"] / base["decode_tok_s_aggregate"], rel=0.01)
+    assert ctx["decode_vs_base_context"] == pytest.approx(
+        ctx["decode_tok_s_per_seq"] / base["decode_tok_s_per_seq"], rel=0.01)
+    assert "decode_vs_base_context" not in batch2 and "aggregate_vs_batch1" not in ctx
     assert plot.stat().st_size > 1000
+
+
+def test_bench_interleaves_the_repeats(tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every configuration is warmed up, then the timed repeats go round the configurations in turn, so a drift in
+    the machine's speed reaches each alike."""
+    order: list[tuple[int, int, int]] = []
+    real = engine_bench.measure
+
+    def recording(loop: object, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+        order.append((len(prompts), len(prompts[0]), new_tokens))
+        return real(loop, prompts, new_tokens)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_bench, "measure", recording)
+    cfg = engine_bench.BenchConfig(tiny_llama.engine_dir, (1, 2), 16, 8, (32,), repeat=2)
+    results = engine_bench.run_bench(cfg)
+    timed = [(1, 16, 8), (2, 16, 8), (1, 32, 8)]
+    assert order == [(b, p, 2) for b, p, _ in timed] + timed + timed
+    assert [(r["batch"], r["prompt_len"]) for r in results] == [(b, p) for b, p, _ in timed]
 
 
 def test_bench_rejects_bad_values(tiny_llama: Built) -> None:
