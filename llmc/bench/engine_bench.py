@@ -92,19 +92,22 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None) -
         raise InputError(f"the longest run needs {longest} positions, the engine allows {loop.max_len}")
     weights = weight_bytes_per_step(cfg.engine_dir, llm.engine.manifest)
     prompts = {run: synthetic_prompts(llm, run[0], run[1]) for run in runs}
-    for run in runs:
-        measure(loop, prompts[run], 2)  # warm-up at this shape: the runtime's first-run allocations are not timed
     timings: dict[tuple[int, int, int], list[dict[str, float]]] = {run: [] for run in runs}
-    for _ in range(cfg.repeat):
+    for first_round in [True] + [False] * (cfg.repeat - 1):
         for run in runs:
+            if first_round:  # warm-up at this shape: the runtime's first-run allocations are not timed
+                measure(loop, prompts[run], 2)
             timings[run].append(measure(loop, prompts[run], run[2]))
+            if first_round:  # the process's peak so far, the configurations' first runs in their order
+                timings[run][0]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             if on_progress:
                 on_progress()
     results = []
     for run in runs:
         batch, prompt_len, new_tokens = run
         runs_t = sorted(timings[run], key=lambda t: t["tpot_ms"])
-        timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"], "tpot_ms_worst": runs_t[-1]["tpot_ms"]}
+        timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"], "tpot_ms_worst": runs_t[-1]["tpot_ms"],
+                  "peak_rss_mb": timings[run][0]["peak_rss_mb"]}
         results.append(_report(llm, cfg, batch, prompt_len, new_tokens, timing, weights))
     add_ratios(results, cfg.prompt_len)
     return results
@@ -144,7 +147,7 @@ def _report(llm: LLM, cfg: BenchConfig, batch: int, prompt_len: int, new_tokens:
         "bandwidth_limit_tok_s_per_seq": round(limit_steps, 1), "fraction_of_limit": round(steps_per_s / limit_steps, 3),
         "weight_bytes_per_step": weights, "kv_bytes_copied_per_step": kv_bytes_copied_per_step(m, batch, context,
                                                                                                 per_token),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": round(t["peak_rss_mb"], 1),
     }
 
 
