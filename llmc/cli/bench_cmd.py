@@ -75,6 +75,8 @@ def _bench_engine(cfg: BenchConfig, compare_torch: bool, as_json: bool, plot: Pa
         _add_torch(results, load_engine(cfg.engine_dir).export_dir, cfg.engine_dir, cfg.threads, console)
     for r in results:
         typer.echo(json.dumps(r) if as_json else summary_line(r) + _torch_note(r))
+    if results and not as_json:
+        typer.echo(_bandwidth_note(results[0]["read_bandwidth_gbs"], cfg.bandwidth_gbs, results[0]["threads"]))
     if plot is not None:
         from llmc.bench.plot import plot as draw
 
@@ -103,3 +105,9 @@ def _torch_note(r: dict[str, Any]) -> str:
     if "speedup_vs_torch" not in r:
         return ""
     return f"  | transformers {r['torch_decode_tok_s_per_seq']} tok/s/seq: {r['speedup_vs_torch']}x"
+
+
+def _bandwidth_note(measured: list[float | None], assumed: float, threads: int) -> str:
+    figures = " and ".join("n/a" if gbs is None else f"{gbs:.1f}" for gbs in measured)
+    return (f"limits use {assumed:g} GB/s (--bandwidth-gbs); this machine read {figures} GB/s at the start and the "
+            f"end of the run (ONNX Runtime ReduceSum over 256 MiB, {threads} threads)")

@@ -9,14 +9,14 @@ import pytest
 from conftest import Built
 from typer.testing import CliRunner
 
-from llmc.bench import engine_bench
+from llmc.bench import bandwidth, engine_bench
 from llmc.cli.main import app
 from llmc.engines.ort_build import BuildConfig, build_ort
 from llmc.export.exporter import ExportConfig, export
 
 BENCH_FIELDS = {"backend", "precision", "batch", "prompt_len", "new_tokens", "ttft_ms", "prefill_tok_s",
                 "decode_tok_s_per_seq", "decode_tok_s_aggregate", "peak_rss_mb", "fraction_of_limit",
-                "bandwidth_limit_tok_s_per_seq", "kv_bytes_copied_per_step", "itl_ms_p99"}
+                "bandwidth_limit_tok_s_per_seq", "kv_bytes_copied_per_step", "itl_ms_p99", "read_bandwidth_gbs"}
 
 
 def test_fp16_export_builds_and_matches_its_golden(tiny_llama: Built, tmp_path: Path) -> None:
@@ -47,6 +47,8 @@ def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Pa
     assert ctx["decode_vs_base_context"] == pytest.approx(
         ctx["decode_tok_s_per_seq"] / base["decode_tok_s_per_seq"], rel=0.01)
     assert "decode_vs_base_context" not in batch2 and "aggregate_vs_batch1" not in ctx
+    start, end = base["read_bandwidth_gbs"]  # measured in child processes at the start and end of the run
+    assert start > 0.5 and end > 0.5
     assert plot.stat().st_size > 1000
 
 
@@ -73,3 +75,17 @@ def test_bench_rejects_bad_values(tiny_llama: Built) -> None:
     assert result.exit_code == 1 and "--batch-sizes must be >= 1" in result.stderr
     result = CliRunner().invoke(app, ["bench", str(tiny_llama.engine_dir), "--batch-sizes", "a,b"])
     assert result.exit_code == 1 and "comma-separated integers" in result.stderr
+
+
+def test_bandwidth_probe_measures_in_a_child_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert bandwidth.measure_read_gbs(1, mib=16, repeats=2) > 0.5
+    assert (bandwidth.probe(1) or 0) > 0.5
+    monkeypatch.setattr(bandwidth.sys, "executable", "/nonexistent/python")
+    assert bandwidth.probe(1) is None  # the bench goes on without the figure
+
+
+def test_bench_text_output_names_the_bandwidth(tiny_llama: Built) -> None:
+    result = CliRunner().invoke(app, ["bench", str(tiny_llama.engine_dir), "--batch-sizes", "1",
+                                      "--prompt-len", "8", "--new-tokens", "4", "--repeat", "1"])
+    assert result.exit_code == 0, result.output
+    assert "limits use 35 GB/s" in result.stdout and "GB/s at the start and the end of the run" in result.stdout
