@@ -93,7 +93,9 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None) -
         raise InputError(f"the longest run needs {longest} positions, the engine allows {loop.max_len}")
     weights = weight_bytes_per_step(cfg.engine_dir, llm.engine.manifest)
     prompts = {run: synthetic_prompts(llm, run[0], run[1]) for run in runs}
-    bandwidth = [probe_bandwidth(llm.engine.threads)]
+    # the host's read bandwidth (what a CPU engine's step is bound by), at the start and the end of the run
+    on_cpu = llm.engine.manifest.backend == "ort"
+    bandwidth = [probe_bandwidth(llm.engine.threads)] if on_cpu else []
     timings: dict[tuple[int, int, int], list[dict[str, float]]] = {run: [] for run in runs}
     for first_round in [True] + [False] * (cfg.repeat - 1):
         for run in runs:
@@ -104,15 +106,16 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None) -
                 timings[run][0]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             if on_progress:
                 on_progress()
-    bandwidth.append(probe_bandwidth(llm.engine.threads))
+    if on_cpu:
+        bandwidth.append(probe_bandwidth(llm.engine.threads))
     results = []
     for run in runs:
         batch, prompt_len, new_tokens = run
         runs_t = sorted(timings[run], key=lambda t: t["tpot_ms"])
         timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"], "tpot_ms_worst": runs_t[-1]["tpot_ms"],
                   "peak_rss_mb": timings[run][0]["peak_rss_mb"]}
-        results.append({**_report(llm, cfg, batch, prompt_len, new_tokens, timing, weights),
-                        "read_bandwidth_gbs": bandwidth})  # the machine at the start and the end of the run
+        result = _report(llm, cfg, batch, prompt_len, new_tokens, timing, weights)
+        results.append({**result, "read_bandwidth_gbs": bandwidth} if on_cpu else result)
     add_ratios(results, cfg.prompt_len)
     return results
 

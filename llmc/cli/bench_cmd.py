@@ -75,7 +75,7 @@ def _bench_engine(cfg: BenchConfig, compare_torch: bool, as_json: bool, plot: Pa
         _add_torch(results, load_engine(cfg.engine_dir).export_dir, cfg.engine_dir, cfg.threads, console)
     for r in results:
         typer.echo(json.dumps(r) if as_json else summary_line(r) + _torch_note(r))
-    if results and not as_json:
+    if results and not as_json and "read_bandwidth_gbs" in results[0]:
         typer.echo(_bandwidth_note(results[0]["read_bandwidth_gbs"], cfg.bandwidth_gbs, results[0]["threads"]))
     if plot is not None:
         from llmc.bench.plot import plot as draw

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -89,3 +90,22 @@ def test_bench_text_output_names_the_bandwidth(tiny_llama: Built) -> None:
                                       "--prompt-len", "8", "--new-tokens", "4", "--repeat", "1"])
     assert result.exit_code == 0, result.output
     assert "limits use 35 GB/s" in result.stdout and "GB/s at the start and the end of the run" in result.stdout
+
+
+def test_bench_probes_the_host_bandwidth_only_for_cpu_engines(tiny_llama: Built,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU engine's step is not bound by the host's memory: no probe, no field (an ort engine relabelled)."""
+    real_llm = engine_bench.LLM
+
+    def relabelled(*args: object, **kwargs: object) -> object:
+        llm = real_llm(*args, **kwargs)  # type: ignore[arg-type]
+        llm.engine.manifest = dataclasses.replace(llm.engine.manifest, backend="trt")
+        return llm
+
+    def no_probe(threads: int) -> float:
+        raise AssertionError("probed the host bandwidth for a GPU engine")
+
+    monkeypatch.setattr(engine_bench, "LLM", relabelled)
+    monkeypatch.setattr(engine_bench, "probe_bandwidth", no_probe)
+    rows = engine_bench.run_bench(engine_bench.BenchConfig(tiny_llama.engine_dir, (1,), 8, 4, repeat=1))
+    assert rows[0]["backend"] == "trt" and "read_bandwidth_gbs" not in rows[0]
