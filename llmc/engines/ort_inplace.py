@@ -92,12 +92,12 @@ class OrtInplaceEngine(OrtEngineBase):
 
     def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
         assert isinstance(kv, HostKVCache)
-        kv.check_room(slots, [len(t) for t in tokens])
         if any(len(t) != 1 for t in tokens):  # prompt chunks: GQA wants equal new lengths, so one run per row
+            kv.check_room(slots, [len(t) for t in tokens])
             return np.concatenate([self._extend(s, t, kv) for s, t in zip(slots, tokens)])
         first, stop = min(slots), max(slots) + 1
         # Rows of the range that are not in this step (mid-prompt) run a harmless dummy token: it is written at
-        # their current length, which their next real token overwrites.
+        # their current length, which their next real token overwrites. One check covers every row of the range.
         start = kv.lengths[first:stop]
         if np.any(start + 1 > kv.max_len):
             raise LimitError(f"a KV slot in rows {first}..{stop - 1} is full ({kv.max_len} tokens)")

@@ -16,6 +16,7 @@ from conftest import ARCHS, LAYOUTS, Built
 from llmc import LLM, SamplingParams
 from llmc.engines.base import Engine
 from llmc.engines.registry import load_engine_dir
+from llmc.errors import LimitError
 from llmc.manifest import load_export
 from llmc.onnx_store import ALIGN
 from llmc.runtime.generator import EngineLoop, LoopConfig
@@ -119,6 +120,16 @@ def test_decode_chunk_equals_full_prefill(engine: Engine, hf: Any) -> None:
     assert _max_diff(chunked, hf_logits[39]) <= TOL
     for pos in (40, 41):
         assert _max_diff(engine.decode([0], [seq[pos:pos + 1]], kv)[0], hf_logits[pos]) <= TOL, pos
+
+
+def test_decode_into_a_full_slot_is_refused_and_changes_nothing(engine: Engine) -> None:
+    kv = engine.new_kv_cache(2, 16)
+    engine.prefill([0, 1], [_ids(1, 16), _ids(2, 5)], kv)
+    for tokens in ([[7], [7]], [[7, 8], [9]]):  # one-token step, and a step with a prompt chunk
+        with pytest.raises(LimitError, match="16"):
+            engine.decode([0, 1], tokens, kv)
+        assert kv.lengths[:2].tolist() == [16, 5]
+    assert engine.decode([1], [[7]], kv).shape == (1, engine.vocab_size) and int(kv.lengths[1]) == 6
 
 
 @pytest.mark.parametrize(("arch", "layout"), [(a, lay) for a in ARCHS for lay in LAYOUTS])
