@@ -11,10 +11,13 @@ from typing import Any
 import pytest
 from tiny_models import make_model
 
+from llmc.engines.kernels import compiler
+
 ARCHS = ("llama", "llama3", "mistral", "qwen2", "gpt2")
 # Engines the engine-level tests run on: the default build (in place, GroupQueryAttention), the export's own graphs
-# (KV layout "concat") and the in-place build with standard ONNX Attention + TensorScatter.
-LAYOUTS = ("default", "concat", "onnx")
+# (KV layout "concat"), the in-place build with standard ONNX Attention + TensorScatter, and the in-place build with
+# llmc's own attention operator (compiled here; only where a C compiler is found).
+LAYOUTS = ("default", "concat", "onnx") + (("llmc",) if compiler() is not None else ())
 
 
 @dataclass(frozen=True)
@@ -27,10 +30,12 @@ class Built:
     engine_dir: Path  # `llmc build` with its defaults
     concat_engine_dir: Path | None = None  # the export's own graphs (KV layout "concat"), tiny models only
     onnx_engine_dir: Path | None = None  # in place with Attention-24 + TensorScatter, tiny models only
+    llmc_engine_dir: Path | None = None  # in place with llmc's attention operator, tiny models only
 
     def engine(self, layout: str) -> Path:
-        """The engine folder for "default", "concat" or "onnx"."""
-        path = {"default": self.engine_dir, "concat": self.concat_engine_dir, "onnx": self.onnx_engine_dir}[layout]
+        """The engine folder for "default", "concat", "onnx" or "llmc"."""
+        path = {"default": self.engine_dir, "concat": self.concat_engine_dir, "onnx": self.onnx_engine_dir,
+                "llmc": self.llmc_engine_dir}[layout]
         assert path is not None, f"no {layout} engine for {self.name}"
         return path
 
@@ -60,7 +65,11 @@ def tiny_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Bu
             concat, onnx_attention = root / "engine-concat", root / "engine-onnx"
             build_ort(BuildConfig(export_dir, concat, kv_layout="concat"))
             build_ort(BuildConfig(export_dir, onnx_attention, attention="onnx"))
-            cache[arch] = Built(arch, hf_dir, export_dir, engine_dir, concat, onnx_attention)
+            llmc_attention = None
+            if "llmc" in LAYOUTS:
+                llmc_attention = root / "engine-llmc"
+                build_ort(BuildConfig(export_dir, llmc_attention, attention="llmc"))
+            cache[arch] = Built(arch, hf_dir, export_dir, engine_dir, concat, onnx_attention, llmc_attention)
         return cache[arch]
 
     return get

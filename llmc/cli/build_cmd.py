@@ -22,8 +22,12 @@ def register(app: typer.Typer, wrap: Any) -> None:
         kv_layout: Annotated[str, typer.Option(help="inplace (one past/present buffer) or concat (export graphs).")]
         = "inplace",
         attention: Annotated[str | None, typer.Option(
-            help="Attention lowering. ort: gqa (GroupQueryAttention, default) or onnx (Attention + TensorScatter); "
+            help="Attention lowering. ort: gqa (GroupQueryAttention, default), llmc (llmc's own operator, compiled "
+                 "with the machine's C compiler: reads the cache once per KV head, takes --kv-dtype float16) or onnx "
+                 "(Attention + TensorScatter); "
                  "trt: plugin (llmc::attention, default) or native (TensorRT >= 10.15 layers).")] = None,
+        kv_dtype: Annotated[str, typer.Option(help="ort --attention llmc: the KV cache's dtype, float32 or "
+                                                   "float16 (half the bytes a step reads).")] = "",
         block_size: Annotated[int, typer.Option(help="--quant: weights per scale along the input axis.")] = 32,
         accuracy_level: Annotated[int, typer.Option(help="--quant: MatMulNBits compute (4 = int8 activations, "
                                                          "0 = fp32).")] = 4,
@@ -45,7 +49,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
 
         cfg = BuildConfig(export_dir, out, backend.value, quant.value, threads, force, kv_layout=kv_layout,
                           attention=attention or "gqa", block_size=block_size, accuracy_level=accuracy_level,
-                          quant_scheme=quant_scheme)
+                          quant_scheme=quant_scheme, kv_dtype=kv_dtype)
         if backend is Backend.trt:
             from llmc.engines.trt_build import trt_config_from
             from llmc.engines.trt_profiles import TrtLimits
@@ -59,7 +63,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
                 max_seq_len=pick(max_seq_len, 2048), max_num_tokens=max_num_tokens)
             manifest = build(trt_config_from(cfg, limits, precision, attention or "plugin"), ConsoleSteps(8))
         else:
-            manifest = build(cfg, ConsoleSteps(5))
+            manifest = build(cfg, ConsoleSteps(6 if cfg.attention == "llmc" and kv_layout == "inplace" else 5))
         parity = manifest.settings.get("parity", {})
         typer.echo(f"built {manifest.backend} engine ({manifest.precision}) in {out}; golden check: top-1 "
                    f"{parity.get('top1_agreement', float('nan')):.0%}, max |logit diff| "

@@ -19,7 +19,7 @@ def default_threads() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-def make_session(path: Path, spec: GraphSpec, threads: int) -> object:
+def make_session(path: Path, spec: GraphSpec, threads: int, custom_ops: bool = False) -> object:
     try:
         import onnxruntime as ort
     except ImportError:  # pragma: no cover - onnxruntime is a runtime dependency
@@ -34,6 +34,10 @@ def make_session(path: Path, spec: GraphSpec, threads: int) -> object:
     so.add_session_config_entry("session.force_spinning_stop", "1")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.log_severity_level = 3
+    if custom_ops:  # the engine folder's own operator library (llmc attention)
+        from llmc.engines.kernels import register
+
+        register(so, path.parent)
     try:
         session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's own exception types: report one line
@@ -60,10 +64,12 @@ class OrtEngineBase(Engine):
         self.directory = Path(directory)
         verify_files(self.directory, manifest.files)
         self.threads = options.threads or int(manifest.settings.get("threads", 0)) or default_threads()
-        self._prefill = make_session(self.directory / manifest.prefill.file, manifest.prefill, self.threads)
+        custom_ops = bool(manifest.settings.get("custom_ops"))
+        self._prefill = make_session(self.directory / manifest.prefill.file, manifest.prefill, self.threads,
+                                     custom_ops)
         # one graph for both (in-place engines): one session, so the weights are prepacked and held once
         self._decode = self._prefill if manifest.decode == manifest.prefill else make_session(
-            self.directory / manifest.decode.file, manifest.decode, self.threads)
+            self.directory / manifest.decode.file, manifest.decode, self.threads, custom_ops)
         self._past_names = manifest.kv.names("past")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 
 from llmc.engines.base import EngineOptions
+from llmc.engines.kernels import LIBRARY, compile_library, register
 from llmc.engines.ort import OrtEngine, default_threads
 from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
 from llmc.errors import EngineError, InputError
@@ -32,6 +33,7 @@ from llmc.progress import Progress, Quiet
 RUNTIME_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                  "golden.npz")
 ENGINE_WEIGHTS = "weights.bin"
+ATTENTIONS = ("gqa", "llmc", "onnx")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ class BuildConfig:
     threads: int = 0
     force: bool = False
     kv_layout: str = "inplace"  # inplace (one shared past/present buffer) | concat (the export's own graphs)
-    attention: str = "gqa"  # inplace lowering: gqa (GroupQueryAttention) | onnx (Attention-24 + TensorScatter)
+    attention: str = "gqa"  # inplace lowering: gqa (GroupQueryAttention) | llmc (llmc's operator) | onnx
+    kv_dtype: str = ""  # the KV cache's dtype: "" = the export's; "float16" (llmc attention, fp32 exports)
     block_size: int = 32
     accuracy_level: int = 4
     quant_scheme: str = "auto"
@@ -76,8 +79,12 @@ def export_engine(export: ExportManifest, export_dir: Path, threads: int = 0) ->
 def check_build_config(cfg: BuildConfig) -> None:
     if cfg.quant not in ("none", "int8", "int4"):
         raise InputError(f"--quant must be none, int8 or int4, got {cfg.quant!r}")
-    if cfg.attention not in ("gqa", "onnx"):
-        raise InputError(f"--attention must be gqa or onnx, got {cfg.attention!r}")
+    if cfg.attention not in ATTENTIONS:
+        raise InputError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
+    if cfg.kv_dtype not in ("", "float32", "float16"):
+        raise InputError(f"--kv-dtype must be float32 or float16, got {cfg.kv_dtype!r}")
+    if cfg.kv_dtype == "float16" and cfg.attention != "llmc":
+        raise InputError(f"--kv-dtype float16 needs --attention llmc (got --attention {cfg.attention})")
     if cfg.kv_layout not in ("inplace", "concat"):
         raise InputError(f"--kv-layout must be inplace or concat, got {cfg.kv_layout!r}")
     if cfg.quant != "none" and cfg.kv_layout == "concat":
@@ -112,6 +119,13 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     scratch = work / "scratch"
     scratch.mkdir()
     src_dir, kv, graphs = export_dir, export.kv, (export.prefill, export.decode)
+    custom_ops = cfg.kv_layout == "inplace" and cfg.attention == "llmc"
+    if custom_ops:
+        if export.dtype != "float32":
+            raise InputError(f"--attention llmc computes in float32 and the export is {export.dtype}; "
+                             "use --attention gqa")
+        progress.step("compiling the llmc attention operator")
+        compile_library(work)
     if cfg.kv_layout == "inplace":
         progress.step(f"lowering attention to {cfg.attention} with an in-place KV cache (weights: {cfg.quant})")
         ckpt = load_checkpoint(export_dir, export)
@@ -121,12 +135,12 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         src_dir = scratch / "lowered"
         src_dir.mkdir()
         kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention,
-                                            fuse_norms=True, one_graph=True)
+                                            fuse_norms=True, one_graph=True, kv_dtype=cfg.kv_dtype or None)
         graphs = (lowered[0], lowered[1])
     progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
     graph_files = list(dict.fromkeys(g.file for g in graphs))  # in-place engines: one graph for both
     for file in graph_files:
-        _optimize(src_dir / file, scratch / file, threads)
+        _optimize(src_dir / file, scratch / file, threads, work if custom_ops else None)
     progress.step("storing the optimized weights once")
     _share_weights(scratch, work, graph_files)
     shutil.rmtree(scratch)
@@ -134,9 +148,11 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         if (export_dir / name).is_file():
             shutil.copy2(export_dir / name, work / name)
     files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
-    settings = {"threads": threads, "optimization": "extended", "quant": cfg.quant, "kv_layout": kv.layout,
+    settings: dict[str, object] = {"threads": threads, "optimization": "extended", "quant": cfg.quant, "kv_layout": kv.layout,
                 "attention": cfg.attention if kv.layout == "inplace" else "decomposed",
                 "block_size": cfg.block_size, "accuracy_level": cfg.accuracy_level, "onnxruntime": ort.__version__}
+    if custom_ops:
+        settings["custom_ops"] = LIBRARY
     precision = export.dtype if cfg.quant == "none" else f"{cfg.quant}-{export.dtype}"
     manifest = engine_manifest(export, export_dir, "ort", precision, settings, files, graphs, kv)
     progress.step("checking the engine against the golden outputs")
@@ -150,10 +166,12 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     return manifest
 
 
-def _optimize(src: Path, dst: Path, threads: int) -> None:
+def _optimize(src: Path, dst: Path, threads: int, custom_ops_dir: Path | None) -> None:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if custom_ops_dir is not None:
+        register(so, custom_ops_dir)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.optimized_model_filepath = str(dst)
     so.intra_op_num_threads = threads

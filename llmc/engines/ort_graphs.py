@@ -12,7 +12,7 @@ import onnx
 
 from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
-from llmc.graph.decoder import MS, GraphOptions, build_graph
+from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
 from llmc.graph.quant import QuantSpec, quantize_weights
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, make_model, to_numpy
@@ -44,14 +44,15 @@ ONNX_ATTENTION_OPSET = 24  # Attention with GQA + TensorScatter
 
 
 def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, quant: QuantSpec | None,
-                         attention: str = "gqa", fuse_norms: bool = False,
-                         one_graph: bool = False) -> tuple[KVSpec, GraphSpec, GraphSpec]:
+                         attention: str = "gqa", fuse_norms: bool = False, one_graph: bool = False,
+                         kv_dtype: str | None = None) -> tuple[KVSpec, GraphSpec, GraphSpec]:
     """Write prefill.onnx + decode.onnx (or, `one_graph`, model.onnx for both), one weights.bin, for the in-place
     KV layout into `out`.
 
-    `fuse_norms` uses ONNX Runtime's Skip*LayerNormalization contrib ops (ONNX Runtime engines only).
+    `fuse_norms` uses ONNX Runtime's Skip*LayerNormalization contrib ops (ONNX Runtime engines only). `kv_dtype`:
+    the cache's dtype when it differs from the graph's (an fp16 cache under fp32 compute: "llmc" attention only).
     """
-    kv = io_names.kv_spec(ckpt.spec, dtype, layout="inplace")
+    kv = io_names.kv_spec(ckpt.spec, kv_dtype or dtype, layout="inplace")
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
     if attention == "onnx":
         opset = max(opset, ONNX_ATTENTION_OPSET)
@@ -60,8 +61,9 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
         for name, array in ckpt.weights.items():
             weights.add(name, array)
         for spec in dict.fromkeys((prefill, decode)):
-            graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions(attention, quant, fuse_norms))
-            onnx.save(make_model(graph, weights, used, opset, {MS: 1}), str(out / spec.file))
+            graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions(attention, quant, fuse_norms, kv.dtype))
+            domains = {MS: 1, LLMC_DOMAIN: 1} if attention == "llmc" else {MS: 1}
+            onnx.save(make_model(graph, weights, used, opset, domains), str(out / spec.file))
     finally:
         weights.close()
     return kv, prefill, decode

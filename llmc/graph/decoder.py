@@ -4,7 +4,9 @@ No tracing of transformers' modeling code (and its cache classes): every node is
 the same across transformers versions and the parity tests decide whether they are right.
 Three attention lowerings share everything else: "decomposed" (standard ONNX ops, concat KV: the portable export),
 "gqa" (ONNX Runtime's GroupQueryAttention over one [B, Hkv, max_len, D] buffer bound as past and present: the KV
-cache is written in place) and "onnx" (opset-24 TensorScatter writes the new K/V into that buffer in place and the
+cache is written in place), "llmc" (the same contract as "gqa", computed by llmc's own ONNX Runtime operator
+`ai.llmc.CachedAttention`, which reads each cached key and value once for all query heads of its KV head and takes
+an fp16 cache) and "onnx" (opset-24 TensorScatter writes the new K/V into that buffer in place and the
 standard Attention op reads it: in place with standard ops only, what TensorRT >= 10.15 parses). Linear layers become MatMulNBits when their weights were quantized.
 Shapes in comments: B batch, S new tokens, P past length, T = P + S, H/Hkv heads, G = H // Hkv, D head dim.
 """
@@ -25,13 +27,15 @@ from llmc.graph.quant import BLOCKSUM_SCALES, BLOCKSUMS, OFFSETS, QWEIGHT, SCALE
 from llmc.manifest import GraphSpec, ModelSpec
 
 MS = "com.microsoft"
+LLMC_DOMAIN = "ai.llmc"
 
 
 @dataclass(frozen=True)
 class GraphOptions:
-    attention: str = "decomposed"  # "decomposed" | "gqa" | "onnx" (Attention-24 + TensorScatter, in place)
+    attention: str = "decomposed"  # "decomposed" | "gqa" | "llmc" | "onnx" (Attention-24 + TensorScatter, in place)
     quant: QuantSpec | None = None
     fuse_norms: bool = False  # residual Add + norm as ONNX Runtime's Skip*LayerNormalization (not for TensorRT)
+    kv_dtype: str = ""  # "llmc" attention: the cache's dtype when it is not the graph's ("float16")
 
 
 @dataclass
@@ -58,7 +62,8 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
     if m.positions == "learned":
         x = b.op("Add", x, b.op("Gather", b.weight("pos_embed.weight"), io.POSITION_IDS))
     lowerings: dict[str, type[_DecomposedAttention | _GroupQueryAttention]] = {
-        "decomposed": _DecomposedAttention, "gqa": _GroupQueryAttention, "onnx": _OnnxAttention}
+        "decomposed": _DecomposedAttention, "gqa": _GroupQueryAttention, "llmc": _CachedAttention,
+        "onnx": _OnnxAttention}
     attend = lowerings[opts.attention](c)
     if not opts.fuse_norms:  # standard ops only: residual Add, then the norm
         for i in range(m.num_layers):
@@ -301,6 +306,24 @@ class _GroupQueryAttention:
         last_col = b.op("Sub", b.op("Squeeze", b.dim(io.INPUT_IDS, 1)), b.const(np.array(1, np.int64)))
         last = b.unsqueeze(b.op("Min", b.cast(io.SEQLENS_K, "int64"), last_col), 1)  # [B, 1]
         return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)
+
+
+class _CachedAttention(_GroupQueryAttention):
+    """ai.llmc.CachedAttention (llmc/engines/kernels): GroupQueryAttention's inputs, outputs and semantics, without
+    its unused key/value inputs; the cache may be fp16 while Q/K/V stay fp32."""
+
+    def __call__(self, i: int, qkv: str) -> str:
+        b, m = self.c.b, self.c.m
+        rope = self.rope or ()
+        past = (io.PAST_KEY.format(i=i), io.PAST_VALUE.format(i=i))
+        present = [io.PRESENT_KEY.format(i=i), io.PRESENT_VALUE.format(i=i)]
+        op = "CachedAttentionF16Cache" if self.c.opts.kv_dtype == "float16" else "CachedAttention"
+        out = b._name(op) + "_out"
+        b.nodes.append(helper.make_node(
+            op, [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope], [out, *present],
+            name=out.removesuffix("_out"), domain=LLMC_DOMAIN, num_heads=m.num_heads, kv_num_heads=m.num_kv_heads,
+            scale=1.0 / math.sqrt(m.head_dim)))
+        return out
 
 
 class _OnnxAttention(_DecomposedAttention):

@@ -73,7 +73,7 @@ def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[Tensor
     inputs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
     if model.positions == "learned" or attention == "onnx":
         inputs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
-    if attention == "gqa":
+    if attention in ("gqa", "llmc"):
         inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]
     return inputs + _kv(kv, "past", MAX_SEQ)
 

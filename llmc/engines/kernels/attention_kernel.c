@@ -1,0 +1,405 @@
+/* Grouped-query attention over an in-place KV cache (see attention_kernel.h for the contract).
+ *
+ * Why it exists: ONNX Runtime's CPU GroupQueryAttention runs one small SGEMM per (row, query head) and packs that
+ * head's K and V for each, so every KV head is read G times and packed as often. Here one work unit reads each
+ * cached key and value once for all G query heads of its KV head (scores, online softmax, weighted sum), and a
+ * long decode row is split along its keys so both cores stream it (the partial results are merged at the end).
+ * An fp16 cache halves the bytes read; keys and values are widened to fp32 as they are loaded, and all arithmetic
+ * is fp32.
+ *
+ * Two code paths: AVX-512 (chosen at run time when the CPU has it) and portable C.
+ */
+#include "attention_kernel.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY) /* the portable C alone elsewhere */
+#define LLMC_X86 1
+#include <immintrin.h>
+#endif
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 128      /* keys scored, softmaxed and summed at a time (the scores stay in L1) */
+#define SPLIT_KEYS 256 /* a one-token row with more cached keys than this is split into units of about this many */
+#define MAX_SPLIT 16
+#define MAX_GD 8192
+#define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */ /* G * D: the per-unit query and accumulator rows live on the stack */
+
+typedef struct {
+  const llmc_attention_args* a;
+  int G, W, nsplit, split_len, avx512;
+  float* part; /* nsplit > 1: per (b, i, head, split) m, l, acc[D] */
+  size_t units;
+  size_t next; /* the next unit to claim (atomic) */
+} job;
+
+static inline int past_of(const llmc_attention_args* a, int b) {
+  return a->first_prompt ? 0 : a->seqlens[b] + 1 - a->S;
+}
+static inline int new_of(const llmc_attention_args* a, int b) {
+  return a->first_prompt ? a->seqlens[b] + 1 : a->S;
+}
+
+/* ---------------------------------------------------------------- portable C */
+
+static inline float load1(const void* p, size_t i, int f16) {
+  return f16 ? (float)((const _Float16*)p)[i] : ((const float*)p)[i];
+}
+
+static inline float flushed_exp(float x) { return x < -80.f ? 0.f : expf(x); } /* see exp512 */
+
+static void rotate(const float* x, float* y, const float* cos, const float* sin, int pos, int D, float mul) {
+  if (!cos) {
+    for (int d = 0; d < D; d++) y[d] = x[d] * mul;
+    return;
+  }
+  int half = D / 2;
+  const float* c = cos + (size_t)pos * half;
+  const float* s = sin + (size_t)pos * half;
+  for (int d = 0; d < half; d++) {
+    float x1 = x[d], x2 = x[d + half];
+    y[d] = (x1 * c[d] - x2 * s[d]) * mul;
+    y[d + half] = (x2 * c[d] + x1 * s[d]) * mul;
+  }
+}
+
+/* Keys [t0, t1) of one KV head for G query heads q[G][D]: online softmax; m[G], l[G], acc[G][D] out. */
+static void attend_generic(const float* q, const void* K, const void* V, int f16, int G, int D, int t0, int t1,
+                           float* m, float* l, float* acc) {
+  float s[CHUNK * 64];
+  for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
+  memset(acc, 0, sizeof(float) * G * D);
+  for (int c0 = t0; c0 < t1; c0 += CHUNK) {
+    int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
+    for (int t = 0; t < n; t++)
+      for (int g = 0; g < G; g++) {
+        float dot = 0.f;
+        for (int d = 0; d < D; d++) dot += q[g * D + d] * load1(K, (size_t)(c0 + t) * D + d, f16);
+        s[g * CHUNK + t] = dot;
+      }
+    for (int g = 0; g < G; g++) {
+      float mx = m[g];
+      for (int t = 0; t < n; t++) mx = s[g * CHUNK + t] > mx ? s[g * CHUNK + t] : mx;
+      float corr = flushed_exp(m[g] - mx), sum = 0.f;
+      for (int t = 0; t < n; t++) sum += (s[g * CHUNK + t] = flushed_exp(s[g * CHUNK + t] - mx));
+      l[g] = l[g] * corr + sum;
+      m[g] = mx;
+      for (int d = 0; d < D; d++) acc[g * D + d] *= corr;
+    }
+    for (int t = 0; t < n; t++)
+      for (int g = 0; g < G; g++) {
+        float p = s[g * CHUNK + t];
+        for (int d = 0; d < D; d++) acc[g * D + d] += p * load1(V, (size_t)(c0 + t) * D + d, f16);
+      }
+  }
+}
+
+/* ---------------------------------------------------------------- AVX-512 */
+#ifdef LLMC_X86
+
+#define AVX512 __attribute__((target("avx512f")))
+
+AVX512 static inline __m512 load16(const void* p, size_t i, int f16) {
+  if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)p + i)));
+  return _mm512_loadu_ps((const float*)p + i);
+}
+
+/* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial, 2^n by scalef), flushed to 0
+ * below e^-80: a weight that small changes nothing, and as a denormal it would make every product it enters slow. */
+AVX512 static inline __m512 exp512(__m512 x) {
+  __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-80.f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
+}
+
+/* One core keeps too few cache misses in flight to stream the cache at the memory's speed: keys are prefetched
+ * this many rows ahead, and a chunk's first values while its last keys are scored (the hardware prefetcher takes
+ * the value stream from there; prefetching it in the value loop as well measured slower). On 2 cores over 30
+ * layers: ~15 % less time. A prefetch past the buffer's end is harmless (it never faults). */
+#define PREFETCH_ROWS 32
+static inline void prefetch_row(const void* base, size_t at, int D, int f16) {
+  const char* p = (const char*)base + at * (f16 ? 2 : 4);
+  for (int b = 0; b < D * (f16 ? 2 : 4); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
+/* acc[g][:] += sum over the chunk's n keys of p[g][t] * V[c0 + t][:], one 16-wide column block of V at a time so
+ * the G accumulators of that block stay in registers (G is a constant in each expansion). */
+AVX512 static inline __attribute__((always_inline)) void sum_values(const float* p, const void* V, int f16, int D,
+                                                                     int c0, int n, float* acc, const int G) {
+  for (int j = 0; j < D; j += 16) {
+    __m512 a[8];
+    for (int g = 0; g < G; g++) a[g] = _mm512_loadu_ps(acc + g * D + j);
+    for (int t = 0; t < n; t++) {
+      __m512 vv = load16(V, (size_t)(c0 + t) * D + j, f16);
+      for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * CHUNK + t]), vv, a[g]);
+    }
+    for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + j, a[g]);
+  }
+}
+
+AVX512 static void attend_avx512(const float* q, const void* K, const void* V, int f16, int G, int D, int t0, int t1,
+                                 float* m, float* l, float* acc) {
+  float s[CHUNK * 64] __attribute__((aligned(64)));
+  int nv = D / 16;
+  for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
+  memset(acc, 0, sizeof(float) * G * D);
+  for (int c0 = t0; c0 < t1; c0 += CHUNK) {
+    int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
+    for (int t = 0; t < n; t++) {
+      size_t row = (size_t)(c0 + t) * D;
+      prefetch_row(K, row + (size_t)PREFETCH_ROWS * D, D, f16);
+      if (t + PREFETCH_ROWS >= n) prefetch_row(V, (size_t)(c0 + t + PREFETCH_ROWS - n) * D, D, f16);
+      if (nv == 4) { /* D = 64: the key row in 4 registers, reused by every query head */
+        __m512 k0 = load16(K, row, f16), k1 = load16(K, row + 16, f16), k2 = load16(K, row + 32, f16),
+               k3 = load16(K, row + 48, f16);
+        for (int g = 0; g < G; g++) {
+          const float* qg = q + g * 64;
+          __m512 x = _mm512_mul_ps(_mm512_loadu_ps(qg), k0);
+          x = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16), k1, x);
+          x = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 32), k2, x);
+          x = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 48), k3, x);
+          s[g * CHUNK + t] = _mm512_reduce_add_ps(x);
+        }
+      } else {
+        for (int g = 0; g < G; g++) {
+          __m512 x = _mm512_setzero_ps();
+          for (int j = 0; j < nv; j++)
+            x = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + 16 * j), load16(K, row + 16 * j, f16), x);
+          s[g * CHUNK + t] = _mm512_reduce_add_ps(x);
+        }
+      }
+    }
+    for (int g = 0; g < G; g++) {
+      float* sg = s + g * CHUNK;
+      __m512 vmax = _mm512_set1_ps(m[g]);
+      int t = 0;
+      for (; t + 16 <= n; t += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sg + t));
+      __mmask16 tail = (__mmask16)((1u << (n - t)) - 1);
+      if (tail) vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, sg + t));
+      float mx = _mm512_reduce_max_ps(vmax);
+      __m512 vm = _mm512_set1_ps(mx), vsum = _mm512_setzero_ps();
+      for (t = 0; t + 16 <= n; t += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sg + t), vm));
+        _mm512_storeu_ps(sg + t, e);
+        vsum = _mm512_add_ps(vsum, e);
+      }
+      if (tail) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sg + t), vm));
+        _mm512_mask_storeu_ps(sg + t, tail, e);
+        vsum = _mm512_mask_add_ps(vsum, tail, vsum, e);
+      }
+      float corr = flushed_exp(m[g] - mx);
+      l[g] = l[g] * corr + _mm512_reduce_add_ps(vsum);
+      m[g] = mx;
+      if (corr != 1.f) {
+        __m512 vc = _mm512_set1_ps(corr);
+        for (int j = 0; j < nv; j++)
+          _mm512_storeu_ps(acc + g * D + 16 * j, _mm512_mul_ps(vc, _mm512_loadu_ps(acc + g * D + 16 * j)));
+      }
+    }
+    switch (G) { /* the accumulators in registers for the usual group sizes */
+      case 1: sum_values(s, V, f16, D, c0, n, acc, 1); break;
+      case 2: sum_values(s, V, f16, D, c0, n, acc, 2); break;
+      case 3: sum_values(s, V, f16, D, c0, n, acc, 3); break;
+      case 4: sum_values(s, V, f16, D, c0, n, acc, 4); break;
+      case 5: sum_values(s, V, f16, D, c0, n, acc, 5); break;
+      case 6: sum_values(s, V, f16, D, c0, n, acc, 6); break;
+      case 7: sum_values(s, V, f16, D, c0, n, acc, 7); break;
+      case 8: sum_values(s, V, f16, D, c0, n, acc, 8); break;
+      default:
+        for (int t = 0; t < n; t++) {
+          size_t row = (size_t)(c0 + t) * D;
+          for (int j = 0; j < nv; j++) {
+            __m512 vv = load16(V, row + 16 * j, f16);
+            for (int g = 0; g < G; g++) {
+              float* a = acc + g * D + 16 * j;
+              _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(s[g * CHUNK + t]), vv, _mm512_loadu_ps(a)));
+            }
+          }
+        }
+    }
+  }
+}
+
+#endif /* LLMC_X86 */
+
+/* ---------------------------------------------------------------- the op */
+
+static void store_row(void* dst, size_t at, const float* x, int D, int f16) {
+  if (f16) {
+    _Float16* h = (_Float16*)dst + at;
+    for (int d = 0; d < D; d++) h[d] = (_Float16)x[d];
+  } else {
+    memcpy((float*)dst + at, x, sizeof(float) * D);
+  }
+}
+
+/* New K (rotated) and V of every valid token into the cache; zeros for the padded query rows' output. */
+static void write_new(const job* j) {
+  const llmc_attention_args* a = j->a;
+  int D = a->D;
+  float tmp[1024];
+  for (int b = 0; b < a->B; b++) {
+    int past = past_of(a, b), n = new_of(a, b);
+    for (int i = 0; i < a->S; i++) {
+      const float* src = a->qkv + ((size_t)b * a->S + i) * j->W;
+      if (i >= n) {
+        memset(a->out + ((size_t)b * a->S + i) * a->H * D, 0, sizeof(float) * a->H * D);
+        continue;
+      }
+      for (int h = 0; h < a->Hkv; h++) {
+        size_t at = (((size_t)b * a->Hkv + h) * a->L + past + i) * D;
+        rotate(src + (size_t)(a->H + h) * D, tmp, a->cos, a->sin, past + i, D, 1.f);
+        store_row(a->k, at, tmp, D, a->kv_f16);
+        store_row(a->v, at, src + (size_t)(a->H + a->Hkv + h) * D, D, a->kv_f16);
+      }
+    }
+  }
+}
+
+/* Unit u: (row b, query position i, KV head h, key split sp). Query positions are visited in zigzag order
+ * (0, S-1, 1, S-2, ...) so a contiguous range of units carries short and long causal rows alike. */
+static void run_unit(void* data, size_t u) {
+  const job* j = (const job*)data;
+  const llmc_attention_args* a = j->a;
+  int D = a->D, G = j->G;
+  int sp = (int)(u % j->nsplit);
+  size_t r = u / j->nsplit;
+  int h = (int)(r % a->Hkv);
+  r /= a->Hkv;
+  int z = (int)(r % a->S), b = (int)(r / a->S);
+  int i = (z & 1) ? a->S - 1 - z / 2 : z / 2;
+  if (i >= new_of(a, b)) return;
+  int past = past_of(a, b), keys = past + i + 1;
+  int t0 = sp * j->split_len, t1 = t0 + j->split_len < keys ? t0 + j->split_len : keys;
+  float q[MAX_GD], acc[MAX_GD], m[64], l[64];
+  const float* src = a->qkv + ((size_t)b * a->S + i) * j->W;
+  for (int g = 0; g < G; g++) rotate(src + (size_t)(h * G + g) * D, q + g * D, a->cos, a->sin, past + i, D, a->scale);
+  size_t head_off = (((size_t)b * a->Hkv + h) * a->L) * D;
+  const void* K = a->kv_f16 ? (const void*)((const _Float16*)a->k + head_off) : (const void*)((const float*)a->k + head_off);
+  const void* V = a->kv_f16 ? (const void*)((const _Float16*)a->v + head_off) : (const void*)((const float*)a->v + head_off);
+  if (t0 >= t1) {
+    for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
+    memset(acc, 0, sizeof(float) * G * D);
+#ifdef LLMC_X86
+  } else if (j->avx512) {
+    attend_avx512(q, K, V, a->kv_f16, G, D, t0, t1, m, l, acc);
+#endif
+  } else {
+    attend_generic(q, K, V, a->kv_f16, G, D, t0, t1, m, l, acc);
+  }
+  for (int g = 0; g < G; g++) {
+    int head = h * G + g;
+    size_t cell = ((size_t)b * a->S + i) * a->H + head;
+    if (j->nsplit == 1) {
+      float inv = 1.f / l[g];
+      for (int d = 0; d < D; d++) a->out[cell * D + d] = acc[g * D + d] * inv;
+    } else {
+      float* p = j->part + (cell * j->nsplit + sp) * (D + 2);
+      p[0] = m[g], p[1] = l[g];
+      memcpy(p + 2, acc + g * D, sizeof(float) * D);
+    }
+  }
+}
+
+static void merge_splits(const job* j) {
+  const llmc_attention_args* a = j->a;
+  int D = a->D;
+  for (int b = 0; b < a->B; b++)
+    for (int i = 0; i < new_of(a, b); i++)
+      for (int head = 0; head < a->H; head++) {
+        size_t cell = ((size_t)b * a->S + i) * a->H + head;
+        const float* p = j->part + cell * j->nsplit * (D + 2);
+        float mx = -INFINITY, total = 0.f;
+        for (int sp = 0; sp < j->nsplit; sp++) mx = p[sp * (D + 2)] > mx ? p[sp * (D + 2)] : mx;
+        float* o = a->out + cell * D;
+        memset(o, 0, sizeof(float) * D);
+        for (int sp = 0; sp < j->nsplit; sp++) {
+          const float* ps = p + sp * (D + 2);
+          if (ps[1] == 0.f) continue;
+          float w = flushed_exp(ps[0] - mx);
+          total += ps[1] * w;
+          for (int d = 0; d < D; d++) o[d] += ps[2 + d] * w;
+        }
+        float inv = 1.f / total;
+        for (int d = 0; d < D; d++) o[d] *= inv;
+      }
+}
+
+/* A pool task: claims units until none are left, so the cores stay busy whatever the units cost and however the
+ * pool splits the tasks (measured: one pool task per unit left a core idle part of the time). */
+static void run_units(void* data, size_t task) {
+  job* j = (job*)data;
+  (void)task;
+  for (size_t u; (u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->units;) run_unit(j, u);
+}
+
+int llmc_attention_uses_avx512(void) {
+  const char* generic = getenv("LLMC_ATTENTION_GENERIC");
+  if (generic && *generic && *generic != '0') return 0;
+#ifdef LLMC_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return 0;
+#endif
+}
+
+static _Thread_local char err_buf[256];
+
+const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
+  if (a->H % a->Hkv) return "num_heads must be a multiple of kv_num_heads";
+  if (a->D > 1024 || a->D % 2) {
+    snprintf(err_buf, sizeof err_buf, "head size %d: must be even and at most 1024", a->D);
+    return err_buf;
+  }
+  if ((a->H / a->Hkv) * a->D > MAX_GD || a->H / a->Hkv > 64) {
+    snprintf(err_buf, sizeof err_buf, "query heads per KV head x head size = %d: at most %d", (a->H / a->Hkv) * a->D,
+             MAX_GD);
+    return err_buf;
+  }
+  int max_keys = 0;
+  for (int b = 0; b < a->B; b++) {
+    int past = past_of(a, b), n = new_of(a, b);
+    if (past < 0 || n < 1 || n > a->S) {
+      snprintf(err_buf, sizeof err_buf, "seqlens_k[%d] = %d does not fit %d new tokens", b, a->seqlens[b], a->S);
+      return err_buf;
+    }
+    if (past + n > a->L || (a->cos && past + n > a->max_pos)) {
+      snprintf(err_buf, sizeof err_buf, "row %d needs %d positions: the cache holds %d, the rotary table %d", b,
+               past + n, a->L, a->max_pos);
+      return err_buf;
+    }
+    max_keys = past + n > max_keys ? past + n : max_keys;
+  }
+  job j = {a, a->H / a->Hkv, (a->H + 2 * a->Hkv) * a->D, 1, max_keys, 0, NULL, 0, 0};
+  j.avx512 = a->D % 16 == 0 && llmc_attention_uses_avx512();
+  if (a->S == 1 && max_keys > SPLIT_KEYS) {
+    j.nsplit = (max_keys + SPLIT_KEYS - 1) / SPLIT_KEYS;
+    if (j.nsplit > MAX_SPLIT) j.nsplit = MAX_SPLIT;
+    j.split_len = ((max_keys + j.nsplit - 1) / j.nsplit + 15) / 16 * 16;
+    j.part = (float*)malloc(sizeof(float) * (size_t)a->B * a->H * j.nsplit * (a->D + 2));
+    if (!j.part) return "out of memory for the split attention's partial results";
+  }
+  write_new(&j);
+  j.units = (size_t)a->B * a->S * a->Hkv * j.nsplit;
+  if (parallel)
+    parallel(parallel_ctx, run_units, j.units < POOL_TASKS ? j.units : POOL_TASKS, &j);
+  else
+    run_units(&j, 0);
+  if (j.nsplit > 1) merge_splits(&j);
+  free(j.part);
+  return NULL;
+}

@@ -1,0 +1,39 @@
+/* Grouped-query attention over an in-place KV cache: the computation, independent of ONNX Runtime.
+ *
+ * Inputs follow com.microsoft.GroupQueryAttention as llmc's graphs use it:
+ *   qkv   [B, S, (H + 2 Hkv) D] fp32: packed Q, K, V of the new tokens
+ *   k, v  [B, Hkv, L, D] fp32 or fp16: the cache, the new K (rotated) and V are written at their positions
+ *   seqlens[b] = tokens of row b after this step - 1
+ *   first prompt (total_sequence_length == S): row b has seqlens[b] + 1 new tokens (right-padded), no past;
+ *   otherwise row b has S new tokens after seqlens[b] + 1 - S cached ones.
+ *   cos, sin [max_pos, D/2] (rotary, rotate-half form) or NULL
+ *   out   [B, S, H D] fp32; padded query rows get zeros.
+ */
+#ifndef LLMC_ATTENTION_KERNEL_H
+#define LLMC_ATTENTION_KERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+  int B, S, H, Hkv, D, L, first_prompt, kv_f16, max_pos;
+  const float* qkv;
+  void* k;
+  void* v;
+  const int32_t* seqlens;
+  const float* cos;
+  const float* sin;
+  float scale;
+  float* out;
+} llmc_attention_args;
+
+typedef void (*llmc_parallel_fn)(void* ctx, void (*fn)(void*, size_t), size_t total, void* data);
+
+/* Returns NULL on success, else a message naming the value and its limit. `parallel` runs fn(data, i) for
+ * i in [0, total) (ONNX Runtime's intra-op pool); NULL runs them in this thread. */
+const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parallel, void* parallel_ctx);
+
+/* 1 when the AVX-512 path is used (the CPU has it and LLMC_ATTENTION_GENERIC is unset). */
+int llmc_attention_uses_avx512(void);
+
+#endif

@@ -1,0 +1,248 @@
+"""llmc's attention operator (ai.llmc.CachedAttention) against a float64 numpy reference, through ONNX Runtime.
+
+One-node graphs run the compiled library as an engine does: in place (IOBinding, present bound to the past's memory)
+and through plain `run` (ONNX Runtime allocates the present: the past is copied into it first); both the AVX-512
+and the portable path (LLMC_ATTENTION_GENERIC=1), fp32 and fp16 caches, prompts (right-padded, causal), one-token
+decode rows long enough to be split across the pool's threads, prompt chunks after a past, and no rotary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import Built
+from onnx import TensorProto, helper
+
+from llmc.engines.kernels import LIBRARY, compile_library, compiler
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler to build the operator library")
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("kernel")
+    compile_library(out)
+    return out / LIBRARY
+
+
+def _graph(path: Path, H: int, Hkv: int, f16: bool, rope: bool) -> Path:
+    kv_type = TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["B", "S", "W"]),
+              helper.make_tensor_value_info("past_key", kv_type, ["B", Hkv, "L", "D"]),
+              helper.make_tensor_value_info("past_value", kv_type, ["B", Hkv, "L", "D"]),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    if rope:
+        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["P", "R"]) for n in ("cos", "sin")]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", "S", "HD"]),
+               helper.make_tensor_value_info("present_key", kv_type, ["B", Hkv, "L", "D"]),
+               helper.make_tensor_value_info("present_value", kv_type, ["B", Hkv, "L", "D"])]
+    node = helper.make_node("CachedAttentionF16Cache" if f16 else "CachedAttention", [i.name for i in inputs],
+                            [o.name for o in outputs], domain="ai.llmc", num_heads=H, kv_num_heads=Hkv, scale=0.3)
+    model = helper.make_model(helper.make_graph([node], "attn", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+def _session(library: Path, graph: Path, threads: int = 2) -> object:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(library))
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+
+
+def _rotate(x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    c, s = cos[pos], sin[pos]
+    return np.concatenate([x[:half] * c - x[half:] * s, x[half:] * c + x[:half] * s])
+
+
+def _reference(qkv: np.ndarray, k: np.ndarray, v: np.ndarray, past: list[int], new: list[int], H: int, Hkv: int,
+               cos: np.ndarray | None, sin: np.ndarray | None) -> tuple[np.ndarray, ...]:
+    B, S, _ = qkv.shape
+    D, G = k.shape[-1], H // Hkv
+    k, v = k.astype(np.float64), v.astype(np.float64)
+    out = np.zeros((B, S, H * D))
+
+    def head(b: int, i: int, n: int) -> np.ndarray:
+        return qkv[b, i, n * D:(n + 1) * D].astype(np.float64)
+
+    def rot(x: np.ndarray, pos: int) -> np.ndarray:
+        return _rotate(x, pos, cos, sin) if cos is not None and sin is not None else x
+
+    for b in range(B):
+        for i in range(new[b]):
+            for h in range(Hkv):
+                k[b, h, past[b] + i] = rot(head(b, i, H + h), past[b] + i)
+                v[b, h, past[b] + i] = head(b, i, H + Hkv + h)
+        for i in range(new[b]):
+            t = past[b] + i + 1
+            for n in range(H):
+                scores = k[b, n // G, :t] @ rot(head(b, i, n), past[b] + i) * 0.3
+                w = np.exp(scores - scores.max())
+                out[b, i, n * D:(n + 1) * D] = (w / w.sum()) @ v[b, n // G, :t]
+    return out, k, v
+
+
+CASES = {  # name: (B, S, H, Hkv, D, L, past per row, new per row, first prompt)
+    "prompt-right-padded": (2, 7, 6, 2, 32, 16, [0, 0], [7, 3], True),
+    "decode-split-rows": (3, 1, 6, 2, 64, 1100, [1099, 5, 600], [1, 1, 1], False),
+    "chunk-after-past": (1, 5, 4, 1, 16, 40, [17], [5], False),
+    "odd-head-size": (2, 3, 3, 3, 10, 12, [2, 4], [3, 3], False),
+}
+
+
+def _inputs(case: tuple, f16: bool, rope: bool, seed: int = 0) -> tuple[dict[str, np.ndarray], tuple]:
+    B, S, H, Hkv, D, L, past, new, first = case
+    rng = np.random.default_rng(seed)
+    kv_dtype = np.float16 if f16 else np.float32
+    feeds = {"qkv": rng.standard_normal((B, S, (H + 2 * Hkv) * D)).astype(np.float32),
+             "past_key": rng.standard_normal((B, Hkv, L, D)).astype(kv_dtype),
+             "past_value": rng.standard_normal((B, Hkv, L, D)).astype(kv_dtype),
+             "seqlens_k": np.array([p + n - 1 for p, n in zip(past, new)], np.int32),
+             "total_sequence_length": np.array(S if first else max(p + n for p, n in zip(past, new)), np.int32)}
+    if rope:
+        freqs = np.outer(np.arange(L + 3), 1.0 / 10000 ** (np.arange(0, D, 2) / D))
+        feeds["cos"], feeds["sin"] = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    expected = _reference(feeds["qkv"], feeds["past_key"], feeds["past_value"], past, new, H, Hkv,
+                          feeds.get("cos"), feeds.get("sin"))
+    return feeds, expected
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
+@pytest.mark.parametrize("f16", [False, True], ids=["fp32-cache", "fp16-cache"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+                                    f16: bool, generic: bool) -> None:
+    import onnxruntime as ort
+
+    monkeypatch.setenv("LLMC_ATTENTION_GENERIC", "1" if generic else "0")
+    case = CASES[name]
+    rope = name != "odd-head-size"
+    feeds, (out, k, v) = _inputs(case, f16, rope)
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], f16, rope))
+    binding = session.io_binding()  # type: ignore[attr-defined]
+    binding.bind_output("out")  # first: copy_outputs_to_cpu lists the outputs in the order they were bound
+    caches = {}
+    for name_in, array in feeds.items():
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        binding.bind_ortvalue_input(name_in, value)
+        if name_in.startswith("past_"):
+            caches[name_in] = value
+            binding.bind_ortvalue_output(name_in.replace("past_", "present_"), value)
+    session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+    got = binding.copy_outputs_to_cpu()[0]
+    tol = 3e-3 if f16 else 2e-5  # an fp16 cache rounds K and V to 11 bits
+    np.testing.assert_allclose(got, out, atol=tol, rtol=0)
+    # the cache was updated where it lives: the new K/V at their positions, every other position untouched
+    np.testing.assert_allclose(feeds["past_key"].astype(np.float64), k, atol=tol, rtol=0)
+    np.testing.assert_allclose(feeds["past_value"].astype(np.float64), v, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_plain_run_copies_the_past_into_the_present(library: Path, tmp_path: Path, threads: int) -> None:
+    case = CASES["decode-split-rows"]
+    feeds, (out, k, v) = _inputs(case, False, True, seed=1)
+    before = {n: feeds[n].copy() for n in ("past_key", "past_value")}
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], False, True), threads)
+    got, present_k, present_v = session.run(None, feeds)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(got, out, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(present_k, k, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(present_v, v, atol=2e-5, rtol=0)
+    for name, array in before.items():  # inputs are not written when the outputs are ONNX Runtime's own
+        np.testing.assert_array_equal(feeds[name], array)
+
+
+def test_a_row_past_the_cache_is_refused_with_the_limit(library: Path, tmp_path: Path) -> None:
+    case = CASES["chunk-after-past"]
+    feeds, _ = _inputs(case, False, True)
+    feeds["seqlens_k"] = np.array([44], np.int32)  # 45 positions in a 40-position cache
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], False, True))
+    with pytest.raises(Exception, match="row 0 needs 45 positions: the cache holds 40"):
+        session.run(None, feeds)  # type: ignore[attr-defined]
+
+
+def test_a_missing_library_is_one_line(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    from llmc.engines.kernels import register
+    from llmc.errors import EngineError
+
+    with pytest.raises(EngineError, match=f"{LIBRARY} is missing"):
+        register(ort.SessionOptions(), tmp_path)
+
+
+# --- engines built with --attention llmc (tiny llama); the parity tests run the fp32-cache build as layout "llmc"
+
+
+def test_fp16_cache_engine_matches_the_fp32_cache_engine(tiny_llama: Built, tmp_path: Path) -> None:
+    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.registry import load_engine_dir
+
+    manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e16", attention="llmc", kv_dtype="float16"))
+    assert manifest.kv.dtype == "float16" and manifest.settings["custom_ops"] == LIBRARY
+    assert manifest.settings["parity"]["top1_agreement"] == 1.0
+    assert LIBRARY in manifest.files  # hashed like every other file of the engine
+    engines = [load_engine_dir(tiny_llama.engine("llmc")), load_engine_dir(tmp_path / "e16")]
+    assert engines[1].kv_bytes_per_token() * 2 == engines[0].kv_bytes_per_token()
+    prompts = [[5, 9, 11, 3, 7, 2], [4, 8]]
+    logits = []
+    for engine in engines:
+        kv = engine.new_kv_cache(2, 64)
+        steps = [engine.prefill([0, 1], prompts, kv)]
+        for t in range(6):
+            steps.append(engine.decode([0, 1], [[3 + t], [20 - t]], kv))
+        logits.append(np.stack(steps))
+    scale = np.abs(logits[0]).max()
+    assert np.abs(logits[1] - logits[0]).max() < 2e-2 * scale
+    assert (logits[1].argmax(-1) == logits[0].argmax(-1)).all()
+
+
+def test_int4_engine_with_the_llmc_operator_generates(tiny_llama: Built, tmp_path: Path) -> None:
+    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.runtime.llm import LLM
+    from llmc.runtime.request import SamplingParams
+
+    build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "q4", quant="int4", attention="llmc", kv_dtype="float16"))
+    out = LLM(tmp_path / "q4").generate(["hello there"], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 6
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"kv_dtype": "float16"}, "--kv-dtype float16 needs --attention llmc"),
+    ({"attention": "flash"}, "--attention must be one of gqa, llmc, onnx, got 'flash'"),
+    ({"attention": "llmc", "kv_dtype": "int8"}, "--kv-dtype must be float32 or float16, got 'int8'"),
+])
+def test_bad_attention_settings_are_refused(tiny_llama: Built, tmp_path: Path, changes: dict, message: str) -> None:
+    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", **changes))
+
+
+def test_a_build_whose_compiler_fails_says_so_and_leaves_nothing(tiny_llama: Built, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.errors import EngineError
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(EngineError, match="could not run the C compiler .*no-such-cc"):
+        build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", attention="llmc"))
+    assert not (tmp_path / "e").exists()  # nothing half-built is left behind
+
+
+def test_no_compiler_at_all_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmc.errors import InputError
+
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr("llmc.engines.kernels.shutil.which", lambda name: None)
+    with pytest.raises(InputError, match="none was found .*--attention gqa needs none"):
+        compile_library(tmp_path)
