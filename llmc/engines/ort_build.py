@@ -120,6 +120,9 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     scratch.mkdir()
     src_dir, kv, graphs = export_dir, export.kv, (export.prefill, export.decode)
     custom_ops = cfg.kv_layout == "inplace" and cfg.attention == "llmc"
+    if cfg.kv_dtype not in ("", export.dtype) and not custom_ops:
+        raise InputError(f"--kv-dtype {cfg.kv_dtype} differs from the export's {export.dtype}: only "
+                         "--attention llmc (in place) takes another cache dtype")
     if custom_ops:
         if export.dtype != "float32":
             raise InputError(f"--attention llmc computes in float32 and the export is {export.dtype}; "

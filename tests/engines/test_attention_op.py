@@ -219,6 +219,7 @@ def test_int4_engine_with_the_llmc_operator_generates(tiny_llama: Built, tmp_pat
     ({"kv_dtype": "float16"}, "--kv-dtype float16 needs --attention llmc"),
     ({"attention": "flash"}, "--attention must be one of gqa, llmc, onnx, got 'flash'"),
     ({"attention": "llmc", "kv_dtype": "int8"}, "--kv-dtype must be float32 or float16, got 'int8'"),
+    ({"attention": "llmc", "kv_dtype": "float16", "kv_layout": "concat"}, "only --attention llmc \\(in place\\)"),
 ])
 def test_bad_attention_settings_are_refused(tiny_llama: Built, tmp_path: Path, changes: dict, message: str) -> None:
     from llmc.engines.ort_build import BuildConfig, build_ort
