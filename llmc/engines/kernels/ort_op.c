@@ -227,7 +227,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
     return fail(api, ERR_INVALID_ARGUMENT, msg);
   }
   if ((rank[IN_COS] < 0) != (rank[IN_SIN] < 0) ||
-      (rank[IN_COS] >= 0 && (rank[IN_COS] != 2 || dims[IN_COS][1] != D / 2 ||
+      (rank[IN_COS] >= 0 && (rank[IN_COS] != 2 || rank[IN_SIN] != 2 || dims[IN_COS][1] != D / 2 ||
                              memcmp(dims[IN_COS], dims[IN_SIN], 2 * sizeof(int64_t)))))
     return fail(api, ERR_INVALID_ARGUMENT, "CachedAttention: cos_cache and sin_cache must both be [max_pos, D/2]");
 
