@@ -17,7 +17,7 @@ BENCH_ARGS ?= --compare-torch --plot $(OUT)/bench.png
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: help install demo export build run verify test lint bench serve clean
+.PHONY: help install compiler demo export build run verify test lint bench serve clean
 
 help:
 	@echo "make demo                 install, export + build the default model, answer a chat prompt"
@@ -51,7 +51,14 @@ run: install
 verify: install
 	$(BIN)/llmc verify $(ENGINE_DIR)
 
-test: install
+# The llmc attention operator (`llmc build --attention llmc`, and its tests) is compiled with the machine's C compiler.
+compiler:
+	@command -v "$${CC:-cc}" >/dev/null || command -v gcc >/dev/null || { \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -q gcc >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q gcc >/dev/null; }; \
+	  else echo "make: a C compiler is needed (the llmc attention operator and its tests): install gcc" >&2; exit 1; fi; }
+
+test: install compiler
 	$(BIN)/ruff check llmc tests
 	$(BIN)/mypy llmc
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -16,9 +16,8 @@ import pytest
 from conftest import Built
 from onnx import TensorProto, helper
 
-from llmc.engines.kernels import LIBRARY, compile_library, compiler
-
-pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler to build the operator library")
+from llmc.engines.kernels import LIBRARY, compile_library
+from llmc.engines.trt_plugin import attention_reference
 
 
 @pytest.fixture(scope="module")
@@ -58,36 +57,29 @@ def _session(library: Path, graph: Path, threads: int = 2) -> object:
     return ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
 
 
-def _rotate(x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+def _rotate(x: np.ndarray, pos: np.ndarray, cos: np.ndarray | None, sin: np.ndarray | None) -> np.ndarray:
+    """Rotate-half RoPE of x [..., n, D] at positions pos [n] (GroupQueryAttention's non-interleaved form)."""
+    if cos is None or sin is None:
+        return x
     half = x.shape[-1] // 2
     c, s = cos[pos], sin[pos]
-    return np.concatenate([x[:half] * c - x[half:] * s, x[half:] * c + x[:half] * s])
+    return np.concatenate([x[..., :half] * c - x[..., half:] * s, x[..., half:] * c + x[..., :half] * s], -1)
 
 
 def _reference(qkv: np.ndarray, k: np.ndarray, v: np.ndarray, past: list[int], new: list[int], H: int, Hkv: int,
                cos: np.ndarray | None, sin: np.ndarray | None) -> tuple[np.ndarray, ...]:
+    """Each row's valid tokens, rotated here, through the project's attention reference (the TensorRT plugin's:
+    writes at positions, causal over the written cache); padded query rows give zeros and write nothing."""
     B, S, _ = qkv.shape
-    D, G = k.shape[-1], H // Hkv
-    k, v = k.astype(np.float64), v.astype(np.float64)
-    out = np.zeros((B, S, H * D))
-
-    def head(b: int, i: int, n: int) -> np.ndarray:
-        return qkv[b, i, n * D:(n + 1) * D].astype(np.float64)
-
-    def rot(x: np.ndarray, pos: int) -> np.ndarray:
-        return _rotate(x, pos, cos, sin) if cos is not None and sin is not None else x
-
+    D = k.shape[-1]
+    out, k, v = np.zeros((B, S, H * D)), k.astype(np.float64), v.astype(np.float64)
     for b in range(B):
-        for i in range(new[b]):
-            for h in range(Hkv):
-                k[b, h, past[b] + i] = rot(head(b, i, H + h), past[b] + i)
-                v[b, h, past[b] + i] = head(b, i, H + Hkv + h)
-        for i in range(new[b]):
-            t = past[b] + i + 1
-            for n in range(H):
-                scores = k[b, n // G, :t] @ rot(head(b, i, n), past[b] + i) * 0.3
-                w = np.exp(scores - scores.max())
-                out[b, i, n * D:(n + 1) * D] = (w / w.sum()) @ v[b, n // G, :t]
+        n, pos = new[b], past[b] + np.arange(new[b])
+        heads = qkv[b, :n].astype(np.float64).reshape(n, H + 2 * Hkv, D).transpose(1, 0, 2)  # [heads, n, D]
+        q, k_new = _rotate(heads[:H], pos, cos, sin), _rotate(heads[H:H + Hkv], pos, cos, sin)
+        attn, k[b:b + 1], v[b:b + 1] = attention_reference(q[None], k_new[None], heads[None, H + Hkv:], k[b:b + 1],
+                                                           v[b:b + 1], pos[None], 0.3)
+        out[b, :n] = attn[0].transpose(1, 0, 2).reshape(n, H * D)
     return out, k, v
 
 

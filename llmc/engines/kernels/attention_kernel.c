@@ -23,8 +23,8 @@
 #define CHUNK 128      /* keys scored, softmaxed and summed at a time (the scores stay in L1) */
 #define SPLIT_KEYS 256 /* a one-token row with more cached keys than this is split into units of about this many */
 #define MAX_SPLIT 16
-#define MAX_GD 8192
-#define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */ /* G * D: the per-unit query and accumulator rows live on the stack */
+#define MAX_GD 8192    /* G * D: the per-unit query and accumulator rows live on the stack */
+#define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */
 
 typedef struct {
   const llmc_attention_args* a;
