@@ -56,7 +56,7 @@ compiler:
 	@command -v "$${CC:-cc}" >/dev/null || command -v gcc >/dev/null || { \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	    apt-get install -y -q gcc >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q gcc >/dev/null; }; \
-	  else echo "make: a C compiler is needed (the llmc attention operator and its tests): install gcc" >&2; exit 1; fi; }
+	  else echo "make: a C compiler is needed (llmc's own operators and their tests): install gcc" >&2; exit 1; fi; }
 
 test: install compiler
 	$(BIN)/ruff check llmc tests

@@ -49,6 +49,16 @@ def _export_and_build(ref: str, root: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def llmc_ops(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llmc's operator library (llmc/engines/kernels), compiled once for the session."""
+    from llmc.engines.kernels import LIBRARY, compile_library
+
+    out = tmp_path_factory.mktemp("kernels")
+    compile_library(out)
+    return out / LIBRARY
+
+
+@pytest.fixture(scope="session")
 def tiny_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
     """tiny_factory(arch) -> Built, made on first use and cached for the session."""
     from llmc.engines.ort_build import BuildConfig, build_ort

@@ -10,7 +10,8 @@ from llmc.manifest import EngineManifest
 
 # Measured on the development machine (2 cores): ~35 GB/s memory bandwidth. Override with --bandwidth-gbs.
 DEFAULT_BANDWIDTH_GBS = 35.0
-WEIGHT_OPS = {"MatMul", "MatMulNBits", "Gemm", "FusedMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"}
+WEIGHT_OPS = {"MatMul", "MatMulNBits", "Gemm", "FusedMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+              "MatMulQ4"}  # the last: llmc's own 4-bit operator (ai.llmc)
 
 
 def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:

@@ -34,6 +34,10 @@ def register(app: typer.Typer, wrap: Any) -> None:
         quant_scheme: Annotated[str, typer.Option(
             help="--quant: auto (folded, or symmetric where exact), folded, minmax (exact fp32 offsets), "
                  "symmetric (no offsets).")] = "auto",
+        matmul: Annotated[str, typer.Option(
+            help="--quant int4: the 4-bit kernel. ort (ONNX Runtime's MatMulNBits, default) or llmc (llmc's own "
+                 "operator, compiled with the machine's C compiler: GGUF Q4_1's scale + min blocks exactly, the "
+                 "SwiGLU gate in the same node, AVX-512 VNNI).")] = "ort",
         precision: Annotated[str, typer.Option(help="trt: engine precision.")] = "fp16",
         max_batch_size: Annotated[int | None, typer.Option(help="trt: most sequences per run.")] = None,
         max_input_len: Annotated[int | None, typer.Option(help="trt: most prompt tokens per row in a prefill.")]
@@ -49,7 +53,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
 
         cfg = BuildConfig(export_dir, out, backend.value, quant.value, threads, force, kv_layout=kv_layout,
                           attention=attention or "gqa", block_size=block_size, accuracy_level=accuracy_level,
-                          quant_scheme=quant_scheme, kv_dtype=kv_dtype)
+                          quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul)
         if backend is Backend.trt:
             from llmc.engines.trt_build import trt_config_from
             from llmc.engines.trt_profiles import TrtLimits
@@ -63,7 +67,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
                 max_seq_len=pick(max_seq_len, 2048), max_num_tokens=max_num_tokens)
             manifest = build(trt_config_from(cfg, limits, precision, attention or "plugin"), ConsoleSteps(8))
         else:
-            manifest = build(cfg, ConsoleSteps(6 if cfg.attention == "llmc" and kv_layout == "inplace" else 5))
+            manifest = build(cfg, ConsoleSteps(6 if cfg.uses_llmc_ops() else 5))
         parity = manifest.settings.get("parity", {})
         typer.echo(f"built {manifest.backend} engine ({manifest.precision}) in {out}; golden check: top-1 "
                    f"{parity.get('top1_agreement', float('nan')):.0%}, max |logit diff| "

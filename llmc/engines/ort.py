@@ -19,7 +19,8 @@ def default_threads() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-def make_session(path: Path, spec: GraphSpec, threads: int, custom_ops: bool = False) -> object:
+def make_session(path: Path, spec: GraphSpec, threads: int, custom_ops: str = "") -> object:
+    """One ONNX Runtime session; `custom_ops`: the engine folder's operator library to register (its file name)."""
     try:
         import onnxruntime as ort
     except ImportError:  # pragma: no cover - onnxruntime is a runtime dependency
@@ -34,10 +35,10 @@ def make_session(path: Path, spec: GraphSpec, threads: int, custom_ops: bool = F
     so.add_session_config_entry("session.force_spinning_stop", "1")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.log_severity_level = 3
-    if custom_ops:  # the engine folder's own operator library (llmc attention)
+    if custom_ops:  # the engine folder's own operator library (llmc's operators)
         from llmc.engines.kernels import register
 
-        register(so, path.parent)
+        register(so, path.parent, custom_ops, threads)
     try:
         session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's own exception types: report one line
@@ -64,7 +65,7 @@ class OrtEngineBase(Engine):
         self.directory = Path(directory)
         verify_files(self.directory, manifest.files)
         self.threads = options.threads or int(manifest.settings.get("threads", 0)) or default_threads()
-        custom_ops = bool(manifest.settings.get("custom_ops"))
+        custom_ops = str(manifest.settings.get("custom_ops") or "")
         self._prefill = make_session(self.directory / manifest.prefill.file, manifest.prefill, self.threads,
                                      custom_ops)
         # one graph for both (in-place engines): one session, so the weights are prepacked and held once

@@ -14,7 +14,7 @@ from llmc.engines.ort import OrtEngine, default_threads
 from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
 from llmc.errors import EngineError, InputError
 from llmc.golden import Golden
-from llmc.graph.quant import SCHEMES, QuantSpec
+from llmc.graph.quant import KERNELS, SCHEMES, TILE_BLOCK, QuantSpec
 from llmc.manifest import (
     EngineManifest,
     ExportManifest,
@@ -50,12 +50,17 @@ class BuildConfig:
     block_size: int = 32
     accuracy_level: int = 4
     quant_scheme: str = "auto"
+    matmul: str = "ort"  # --quant int4: ort (MatMulNBits) | llmc (llmc's MatMulQ4)
 
     def quant_spec(self) -> QuantSpec | None:
         if self.quant == "none":
             return None
         return QuantSpec(bits=int(self.quant.removeprefix("int")), block_size=self.block_size,
-                         accuracy_level=self.accuracy_level, scheme=self.quant_scheme)
+                         accuracy_level=self.accuracy_level, scheme=self.quant_scheme, kernel=self.matmul)
+
+    def uses_llmc_ops(self) -> bool:
+        """Whether the engine's graphs hold llmc's own operators (compiled into the engine folder)."""
+        return self.kv_layout == "inplace" and (self.attention == "llmc" or self.matmul == "llmc")
 
 
 def engine_manifest(export: ExportManifest, export_dir: Path, backend: str, precision: str,
@@ -93,6 +98,12 @@ def check_build_config(cfg: BuildConfig) -> None:
         raise InputError(f"--block-size must be one of 16, 32, 64, 128, 256, got {cfg.block_size}")
     if cfg.quant_scheme not in SCHEMES:
         raise InputError(f"--quant-scheme must be one of {', '.join(SCHEMES)}, got {cfg.quant_scheme!r}")
+    if cfg.matmul not in KERNELS:
+        raise InputError(f"--matmul must be one of {', '.join(KERNELS)}, got {cfg.matmul!r}")
+    if cfg.matmul == "llmc" and cfg.quant != "int4":
+        raise InputError(f"--matmul llmc is a 4-bit kernel: it needs --quant int4 (got --quant {cfg.quant})")
+    if cfg.matmul == "llmc" and cfg.block_size != TILE_BLOCK:
+        raise InputError(f"--matmul llmc works in blocks of {TILE_BLOCK}, got --block-size {cfg.block_size}")
     if cfg.accuracy_level not in (0, 1, 2, 3, 4):
         raise InputError(f"--accuracy-level must be in [0, 4], got {cfg.accuracy_level}")
     if cfg.threads < 0:
@@ -119,16 +130,17 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     scratch = work / "scratch"
     scratch.mkdir()
     src_dir, kv, graphs = export_dir, export.kv, (export.prefill, export.decode)
-    custom_ops = cfg.kv_layout == "inplace" and cfg.attention == "llmc"
-    if cfg.kv_dtype not in ("", export.dtype) and not custom_ops:
+    custom_ops = cfg.uses_llmc_ops()
+    if cfg.kv_dtype not in ("", export.dtype) and not (cfg.kv_layout == "inplace" and cfg.attention == "llmc"):
         raise InputError(f"--kv-dtype {cfg.kv_dtype} differs from the export's {export.dtype}: only "
                          "--attention llmc (in place) takes another cache dtype")
     if custom_ops:
+        wanted_by = "--attention llmc" if cfg.attention == "llmc" else "--matmul llmc"
         if export.dtype != "float32":
-            raise InputError(f"--attention llmc computes in float32 and the export is {export.dtype}; "
-                             "use --attention gqa")
-        progress.step("compiling the llmc attention operator")
-        compile_library(work)
+            raise InputError(f"{wanted_by} computes in float32 and the export is {export.dtype}; "
+                             "leave it out for this export")
+        progress.step("compiling llmc's operators")
+        compile_library(work, wanted_by)
     if cfg.kv_layout == "inplace":
         progress.step(f"lowering attention to {cfg.attention} with an in-place KV cache (weights: {cfg.quant})")
         ckpt = load_checkpoint(export_dir, export)
@@ -153,7 +165,8 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
     settings: dict[str, object] = {"threads": threads, "optimization": "extended", "quant": cfg.quant, "kv_layout": kv.layout,
                 "attention": cfg.attention if kv.layout == "inplace" else "decomposed",
-                "block_size": cfg.block_size, "accuracy_level": cfg.accuracy_level, "onnxruntime": ort.__version__}
+                "block_size": cfg.block_size, "accuracy_level": cfg.accuracy_level, "matmul": cfg.matmul,
+                "onnxruntime": ort.__version__}
     if custom_ops:
         settings["custom_ops"] = LIBRARY
     precision = export.dtype if cfg.quant == "none" else f"{cfg.quant}-{export.dtype}"

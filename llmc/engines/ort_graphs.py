@@ -32,12 +32,14 @@ def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
 
 
 def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
-    """Linear layers and the LM head as MatMulNBits weights; the embedding stays for the Gather."""
+    """Linear layers and the LM head as MatMulNBits weights (4-bit layers: MatMulQ4 tiles with quant.kernel "llmc",
+    a SwiGLU gate/up in its gated form); the embedding stays for the Gather."""
     names = [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES)]
+    gated = tuple(n for n in names if n.endswith(".gate_up.weight")) if ckpt.spec.activation == "silu" else ()
     weights = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in ckpt.weights.items()}
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
-    return Checkpoint(ckpt.spec, quantize_weights(weights, names, quant, head="lm_head.weight"))
+    return Checkpoint(ckpt.spec, quantize_weights(weights, names, quant, head="lm_head.weight", gated=gated))
 
 
 ONNX_ATTENTION_OPSET = 24  # Attention with GQA + TensorScatter
@@ -62,7 +64,8 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
             weights.add(name, array)
         for spec in dict.fromkeys((prefill, decode)):
             graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions(attention, quant, fuse_norms, kv.dtype))
-            domains = {MS: 1, LLMC_DOMAIN: 1} if attention == "llmc" else {MS: 1}
+            llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
+            domains = {MS: 1, LLMC_DOMAIN: 1} if llmc_ops else {MS: 1}
             onnx.save(make_model(graph, weights, used, opset, domains), str(out / spec.file))
     finally:
         weights.close()

@@ -7,7 +7,9 @@ Three attention lowerings share everything else: "decomposed" (standard ONNX ops
 cache is written in place), "llmc" (the same contract as "gqa", computed by llmc's own ONNX Runtime operator
 `ai.llmc.CachedAttention`, which reads each cached key and value once for all query heads of its KV head and takes
 an fp16 cache) and "onnx" (opset-24 TensorScatter writes the new K/V into that buffer in place and the
-standard Attention op reads it: in place with standard ops only, what TensorRT >= 10.15 parses). Linear layers become MatMulNBits when their weights were quantized.
+standard Attention op reads it: in place with standard ops only, what TensorRT >= 10.15 parses). Linear layers become
+MatMulNBits when their weights were quantized, or llmc's own ai.llmc.MatMulQ4 when they were packed for it (the
+SwiGLU MLP's gate and up projections then one node with the gate applied).
 Shapes in comments: B batch, S new tokens, P past length, T = P + S, H/Hkv heads, G = H // Hkv, D head dim.
 """
 
@@ -23,7 +25,17 @@ from onnx import helper
 from llmc.graph import io_names as io
 from llmc.graph.builder import DTYPES, NP_DTYPES, GraphBuilder
 from llmc.graph.checkpoint import INV_FREQ, Checkpoint
-from llmc.graph.quant import BLOCKSUM_SCALES, BLOCKSUMS, OFFSETS, QWEIGHT, SCALES, QuantSpec, bits_of
+from llmc.graph.quant import (
+    BLOCKSUM_SCALES,
+    BLOCKSUMS,
+    OFFSETS,
+    Q4TILES,
+    Q4TILES_GATED,
+    QWEIGHT,
+    SCALES,
+    QuantSpec,
+    bits_of,
+)
 from llmc.manifest import GraphSpec, ModelSpec
 
 MS = "com.microsoft"
@@ -95,6 +107,8 @@ def _value_info(t: object) -> onnx.ValueInfoProto:
 def _linear(c: _Ctx, x: str, name: str) -> str:
     """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits when quantized weights are present."""
     b, w = c.b, f"{name}.weight"
+    if c.has(w + Q4TILES):
+        return _matmul_q4(c, x, name, gated=False)
     if c.has(w + QWEIGHT):
         q = c.opts.quant
         assert q is not None, f"{w} is quantized but no QuantSpec was given"
@@ -111,6 +125,24 @@ def _linear(c: _Ctx, x: str, name: str) -> str:
     else:
         y = b.op("MatMul", x, b.weight(w))
     return b.op("Add", y, b.weight(f"{name}.bias")) if c.has(f"{name}.bias") else y
+
+
+def _out_width(m: ModelSpec, name: str) -> int:
+    """A linear layer's output width (its packed tiles are padded to 32 columns)."""
+    kind = name.rsplit(".", 1)[-1]
+    widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * m.intermediate_size,
+              "fc": m.intermediate_size, "lm_head": m.vocab_size}
+    return widths.get(kind, m.hidden_size)  # o, down, proj
+
+
+def _matmul_q4(c: _Ctx, x: str, name: str, gated: bool) -> str:
+    """ai.llmc.MatMulQ4 over the packed 4-bit tiles, the bias inside; gated: silu(x @ gate) * (x @ up)."""
+    b, w = c.b, f"{name}.weight" + (Q4TILES_GATED if gated else Q4TILES)
+    _, blocks, _ = c.ckpt.weights[w].shape
+    bias = f"{name}.bias"
+    n = _out_width(c.m, name)
+    return b.op("MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,
+                K=blocks * 32, N=n, gated=int(gated))
 
 
 def _matmul_nbits(c: _Ctx, x: str, qname: str, sname: str, qweight: np.ndarray, bits: int) -> str:
@@ -166,6 +198,8 @@ def _activation(c: _Ctx, x: str) -> str:
 def _mlp(c: _Ctx, p: str, h: str) -> str:
     if c.m.family == "gpt2":
         return _linear(c, _activation(c, _linear(c, h, f"{p}.fc")), f"{p}.proj")
+    if c.has(f"{p}.gate_up.weight" + Q4TILES_GATED):  # one node: silu(h @ gate) * (h @ up)
+        return _linear(c, _matmul_q4(c, h, f"{p}.gate_up", gated=True), f"{p}.down")
     gate, up = c.b.split(_linear(c, h, f"{p}.gate_up"), [c.m.intermediate_size] * 2)
     return _linear(c, c.b.op("Mul", _activation(c, gate), up), f"{p}.down")
 

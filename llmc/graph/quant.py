@@ -12,6 +12,11 @@ That reproduces GGUF Q4_1 weights (block 32, scale + min along K). Two ways to a
   value plus its remainder (two symmetric 4-bit rows per offset: about 8-bit precision; one 8-bit row when the
   layer is 8-bit). 3 nodes per linear layer, no fp32 weights: the fast form of the exact weights.
 
+A third form is llmc's own (`QuantSpec.kernel == "llmc"`, 4-bit layers only): the scale + min blocks as they are
+(fp16 scale and min per block of 32, GGUF Q4_1's own numbers), packed in the tiles the ai.llmc.MatMulQ4 operator
+reads (llmc/engines/kernels/matmul_q4.h): one node per linear layer, the min exact, and the SwiGLU MLP's gate and
+up projections in one node with the gate applied (`gated`: their tiles alternate).
+
 Layout for W [K, N] used as x @ W: qweight [N, K' / block, block * bits / 8] uint8 (4-bit: two values a byte, low
 nibble first), scales [N * K' / block] fp32 (K' = K, or K + the offset rows when folded), offsets [blocks, N] fp32.
 """
@@ -26,7 +31,10 @@ from llmc.errors import InputError
 
 QWEIGHT, SCALES, OFFSETS = ".qweight", ".scales", ".offsets"
 BLOCKSUMS, BLOCKSUM_SCALES = ".blocksums", ".blocksum_scales"  # folded: the 0/1 matrix giving the block sums
+Q4TILES, Q4TILES_GATED = ".q4tiles", ".q4tiles_gated"  # llmc's MatMulQ4 layout (gated: SwiGLU gate/up tiles)
 SCHEMES = ("auto", "folded", "minmax", "symmetric")
+KERNELS = ("ort", "llmc")
+TILE, TILE_BLOCK = 16, 32  # MatMulQ4: 16 columns per tile, blocks of 32 along K
 
 
 @dataclass(frozen=True)
@@ -37,15 +45,22 @@ class QuantSpec:
     accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fastest on CPU), 0 = fp32 compute
     scheme: str = "auto"  # "symmetric" (no offsets, fastest, lossy), "minmax" / "folded" (scale + min, see above);
     # "auto": symmetric where that reproduces a weight exactly (e.g. GGUF Q8_0), else folded
+    kernel: str = "ort"  # 4-bit layers: "ort" (MatMulNBits, `scheme`) | "llmc" (ai.llmc.MatMulQ4, scale + min)
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8) or self.head_bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits} / head {self.head_bits}")
         if self.scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {self.scheme!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
 
     def for_bits(self, bits: int) -> QuantSpec:
-        return QuantSpec(bits, self.block_size, self.head_bits, self.accuracy_level, self.scheme)
+        return QuantSpec(bits, self.block_size, self.head_bits, self.accuracy_level, self.scheme, self.kernel)
+
+    def q4_tiles(self, bits: int) -> bool:
+        """Whether a layer of `bits` bits goes to llmc's MatMulQ4."""
+        return self.kernel == "llmc" and bits == 4
 
 
 def _pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -132,8 +147,59 @@ def quantize(w_kn: np.ndarray, spec: QuantSpec, name: str = "weight") -> dict[st
             BLOCKSUMS: e_q, BLOCKSUM_SCALES: e_s}
 
 
-def dequantize(parts: dict[str, np.ndarray], spec: QuantSpec) -> np.ndarray:
-    """What the graph computes with: -> W [K, N] fp32."""
+def _gate_up_tiles(w: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """Columns [gate | up] -> alternating 16-column tiles (gate tile i, up tile i, ...), or back."""
+    k, n = w.shape
+    shape = (k, n // 2 // TILE, 2, TILE) if inverse else (k, 2, n // 2 // TILE, TILE)
+    return np.ascontiguousarray(w.reshape(shape).transpose(0, 2, 1, 3).reshape(k, n))
+
+
+def pack_q4_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -> np.ndarray:
+    """W [K, N] -> MatMulQ4's packed tiles [ceil(N / 32), K / 32, 640] uint8 (pairs of 16-column tiles side by side,
+    per block of 32 along K; matmul_q4.h): q in 0..15 with w = scale * q + min, scale and min fp16 (min = the
+    block's minimum: GGUF Q4_1's numbers come back as they were). `gated`: W = [gate | up] of a SwiGLU MLP, its
+    tiles interleaved."""
+    k, n = w_kn.shape
+    if k % TILE_BLOCK:
+        raise InputError(f"{name}: input size {k} is not a multiple of the 4-bit kernel's block of {TILE_BLOCK}")
+    if gated and n % (2 * TILE):
+        raise InputError(f"{name}: gate/up width {n} is not a multiple of {2 * TILE}")
+    w = _gate_up_tiles(np.asarray(w_kn, np.float32)) if gated else np.asarray(w_kn, np.float32)
+    blocks, n_pad = k // TILE_BLOCK, -(-n // (2 * TILE)) * 2 * TILE
+    tiles = n_pad // TILE
+    wb = np.zeros((blocks, TILE_BLOCK, n_pad), np.float32)
+    wb[..., :n] = w.reshape(blocks, TILE_BLOCK, n)
+    lo = wb.min(axis=1).astype(np.float16)  # [blocks, N]
+    scales = ((wb.max(axis=1) - lo.astype(np.float32)) / 15).astype(np.float16)
+    scales[scales == 0] = 1.0
+    q = np.clip(np.rint((wb - lo.astype(np.float32)[:, None]) / scales.astype(np.float32)[:, None]), 0, 15)
+    q6 = q.astype(np.uint8).reshape(blocks, 4, 2, 4, tiles, TILE)  # k = 32 b + 8 c + 4 h + i
+    nibbles = (q6[:, :, 0] | (q6[:, :, 1] << 4)).transpose(3, 0, 1, 4, 2).reshape(tiles, blocks, 256)
+    per_tile = [a.reshape(blocks, tiles, TILE).transpose(1, 0, 2).copy().view(np.uint8) for a in (scales, lo)]
+    packed = np.concatenate([nibbles, *per_tile], axis=2)  # [tiles, blocks, 320]
+    return np.ascontiguousarray(packed.reshape(tiles // 2, 2, blocks, -1).transpose(0, 2, 1, 3)
+                                .reshape(tiles // 2, blocks, -1))
+
+
+def unpack_q4_tiles(packed: np.ndarray, n: int, gated: bool = False) -> np.ndarray:
+    """MatMulQ4's packed tiles -> the W [K, N] fp32 they hold."""
+    pairs, blocks, _ = packed.shape
+    tiles = 2 * pairs
+    per_tile = packed.reshape(pairs, blocks, 2, -1).transpose(0, 2, 1, 3).reshape(tiles, blocks, -1)
+    nib = per_tile[..., :256].reshape(tiles, blocks, 4, TILE, 4)  # [t, b, c, j, i]
+    q = np.stack([nib & 0xF, nib >> 4], axis=3)  # [t, b, c, h, j, i]
+    q = q.transpose(1, 2, 3, 5, 0, 4).reshape(blocks, TILE_BLOCK, tiles * TILE).astype(np.float32)
+    scales, mins = (per_tile[..., off:off + 2 * TILE].copy().view(np.float16).astype(np.float32)
+                    .transpose(1, 0, 2).reshape(blocks, 1, tiles * TILE) for off in (256, 256 + 2 * TILE))
+    w = (q * scales + mins).reshape(blocks * TILE_BLOCK, tiles * TILE)[:, :n]
+    return _gate_up_tiles(w, inverse=True) if gated else w
+
+
+def dequantize(parts: dict[str, np.ndarray], spec: QuantSpec, n: int = 0) -> np.ndarray:
+    """What the graph computes with: -> W [K, N] fp32 (`n`: N, for the MatMulQ4 tiles, padded to 32 columns)."""
+    for suffix, gated in ((Q4TILES, False), (Q4TILES_GATED, True)):
+        if suffix in parts:
+            return unpack_q4_tiles(parts[suffix], n or parts[suffix].shape[0] * 2 * TILE, gated)
     qweight, scales = parts[QWEIGHT], parts[SCALES]
     n, blocks, _ = qweight.shape
     w = _symmetric_value(_unpack(qweight, spec.bits), scales.reshape(n, blocks), spec.bits)
@@ -154,11 +220,16 @@ def bits_of(qweight: np.ndarray, block_size: int) -> int:
 
 
 def quantize_weights(weights: dict[str, np.ndarray], names: list[str], spec: QuantSpec,
-                     head: str | None = None) -> dict[str, np.ndarray]:
-    """Replace each named [K, N] weight by its quantized parts (`head` at spec.head_bits); others stay."""
+                     head: str | None = None, gated: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Replace each named [K, N] weight by its quantized parts (`head` at spec.head_bits); others stay. `gated`:
+    the SwiGLU gate/up weights, packed for MatMulQ4's gated form when it takes them."""
     out = {k: v for k, v in weights.items() if k not in names and k != head}
     for name in names + ([head] if head else []):
         bits = spec.head_bits if name == head else spec.bits
+        if spec.q4_tiles(bits):
+            out[name + (Q4TILES_GATED if name in gated else Q4TILES)] = pack_q4_tiles(
+                weights[name], name in gated, name)
+            continue
         for suffix, array in quantize(weights[name], spec.for_bits(bits), name).items():
             out[name + suffix] = array
     return out

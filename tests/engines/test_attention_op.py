@@ -2,7 +2,7 @@
 
 One-node graphs run the compiled library as an engine does: in place (IOBinding, present bound to the past's memory)
 and through plain `run` (ONNX Runtime allocates the present: the past is copied into it first); both the AVX-512
-and the portable path (LLMC_ATTENTION_GENERIC=1), fp32 and fp16 caches, prompts (right-padded, causal), one-token
+and the portable path (LLMC_KERNELS_GENERIC=1), fp32 and fp16 caches, prompts (right-padded, causal), one-token
 decode rows long enough to be split across the pool's threads, prompt chunks after a past, and no rotary.
 """
 
@@ -21,10 +21,8 @@ from llmc.engines.trt_plugin import attention_reference
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("kernel")
-    compile_library(out)
-    return out / LIBRARY
+def library(llmc_ops: Path) -> Path:
+    return llmc_ops
 
 
 def _graph(path: Path, H: int, Hkv: int, f16: bool, rope: bool) -> Path:
@@ -115,7 +113,7 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
                                     f16: bool, generic: bool) -> None:
     import onnxruntime as ort
 
-    monkeypatch.setenv("LLMC_ATTENTION_GENERIC", "1" if generic else "0")
+    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
     case = CASES[name]
     rope = name != "odd-head-size"
     feeds, (out, k, v) = _inputs(case, f16, rope)
@@ -237,5 +235,5 @@ def test_no_compiler_at_all_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr("llmc.engines.kernels.shutil.which", lambda name: None)
-    with pytest.raises(InputError, match="none was found .*--attention gqa needs none"):
+    with pytest.raises(InputError, match="none was found .*the default build needs none"):
         compile_library(tmp_path)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import Built
+from quant_grids import q4_1_like, q8_0_like
 from typer.testing import CliRunner
 
 from llmc import LLM, SamplingParams
@@ -31,19 +32,11 @@ RNG = np.random.default_rng(0)
 
 
 def _q4_1_like(k: int, n: int) -> np.ndarray:
-    """Weights on a GGUF Q4_1 grid: per block of 32 along K, w = d * q + m with q in 0..15."""
-    d = RNG.random((k // 32, n)).astype(np.float32) * 0.1 + 0.01
-    m = RNG.standard_normal((k // 32, n)).astype(np.float32) * 0.3
-    q = RNG.integers(0, 16, (k // 32, 32, n))
-    q[:, 0, :], q[:, 1, :] = 0, 15  # every block uses its whole range, as Q4_1's quantizer makes it
-    return (q * d[:, None, :] + m[:, None, :]).reshape(k, n).astype(np.float32)
+    return q4_1_like(RNG, k, n)
 
 
 def _q8_0_like(k: int, n: int) -> np.ndarray:
-    d = RNG.random((k // 32, n)).astype(np.float32) * 0.01 + 0.001
-    q = RNG.integers(-127, 128, (k // 32, 32, n))
-    q[:, 0, :] = 127
-    return (q * d[:, None, :]).reshape(k, n).astype(np.float32)
+    return q8_0_like(RNG, k, n)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

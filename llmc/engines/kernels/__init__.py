@@ -1,10 +1,11 @@
-"""llmc's own ONNX Runtime CPU operator, `ai.llmc.CachedAttention` (see attention_kernel.c for why).
+"""llmc's own ONNX Runtime CPU operators: `ai.llmc.CachedAttention` (attention_kernel.c) and `ai.llmc.MatMulQ4`
+(matmul_q4.c; each file says why it exists).
 
-`llmc build --attention llmc` compiles it with the machine's C compiler into the engine folder
-(`libllmc_attention.so`, hashed in the manifest like every other file); an engine registers it with each ONNX Runtime
-session it opens, so a deployment needs the library file, not a compiler. The library talks to ONNX Runtime only
-through the versioned C API table it is handed at registration (no link against ONNX Runtime), and picks its
-AVX-512 or portable path at run time from the CPU it runs on.
+`llmc build --attention llmc` or `--quant int4 --matmul llmc` compiles them with the machine's C compiler into the
+engine folder (`libllmc_ops.so`, hashed in the manifest like every other file); an engine registers the library with
+each ONNX Runtime session it opens, so a deployment needs the file, not a compiler. The library talks to ONNX Runtime
+only through the versioned C API table it is handed at registration (no link against ONNX Runtime), and picks its
+AVX-512 or portable path at run time from the CPU it runs on (LLMC_KERNELS_GENERIC=1 forces the portable one).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 
 from llmc.errors import EngineError, InputError
 
-LIBRARY = "libllmc_attention.so"
-SOURCES = ("attention_kernel.c", "ort_op.c")
+LIBRARY = "libllmc_ops.so"
+SOURCES = ("attention_kernel.c", "matmul_q4.c", "ort_op.c")
 FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fno-math-errno", "-fvisibility=hidden", "-Wall")
 HERE = Path(__file__).parent
 
@@ -30,12 +31,13 @@ def compiler() -> str | None:
     return next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
 
 
-def compile_library(out_dir: Path) -> Path:
-    """Compile the operator library into out_dir; a one-line error when there is no compiler or it fails."""
+def compile_library(out_dir: Path, wanted_by: str = "--attention llmc") -> Path:
+    """Compile the operator library into out_dir; a one-line error when there is no compiler or it fails.
+    `wanted_by`: the option that needs it, for the error."""
     cc = compiler()
     if cc is None:
-        raise InputError("--attention llmc compiles its operator with a C compiler and none was found "
-                         "(set CC, or install gcc); --attention gqa needs none")
+        raise InputError(f"{wanted_by} compiles llmc's operators with a C compiler and none was found "
+                         "(set CC, or install gcc); the default build needs none")
     out = Path(out_dir) / LIBRARY
     cmd = [cc, *FLAGS, "-o", str(out), *(str(HERE / s) for s in SOURCES), "-lm"]
     try:
@@ -44,13 +46,17 @@ def compile_library(out_dir: Path) -> Path:
         raise EngineError(f"could not run the C compiler {cc}: {e}") from e
     if done.returncode != 0:
         errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or ["?"]
-        raise EngineError(f"compiling the llmc attention operator with {cc} failed: {errors[0].strip()}")
+        raise EngineError(f"compiling llmc's operators with {cc} failed: {errors[0].strip()}")
     return out
 
 
-def register(session_options: object, directory: Path) -> None:
-    """Register the engine folder's operator library with an ONNX Runtime SessionOptions."""
-    path = Path(directory) / LIBRARY
+def register(session_options: object, directory: Path, library: str = LIBRARY, threads: int = 0) -> None:
+    """Register the engine folder's operator library (`library`: its file name, as the manifest records it; engines
+    of earlier versions name theirs libllmc_attention.so) with an ONNX Runtime SessionOptions. `threads`: the
+    session's intra-op threads, which the 4-bit kernel splits its weights among (one contiguous part each)."""
+    path = Path(directory) / library
+    if threads > 0:
+        session_options.add_session_config_entry("llmc.threads", str(threads))  # type: ignore[attr-defined]
     if not path.is_file():
-        raise EngineError(f"{path} is missing: the engine's graphs use the llmc attention operator it holds")
+        raise EngineError(f"{path} is missing: the engine's graphs use the llmc operators it holds")
     session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]

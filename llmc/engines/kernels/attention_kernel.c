@@ -347,7 +347,7 @@ static void run_units(void* data, size_t task) {
 }
 
 int llmc_attention_uses_avx512(void) {
-  const char* generic = getenv("LLMC_ATTENTION_GENERIC");
+  const char* generic = getenv("LLMC_KERNELS_GENERIC");
   if (generic && *generic && *generic != '0') return 0;
 #ifdef LLMC_X86
   __builtin_cpu_init();

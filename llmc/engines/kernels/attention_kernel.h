@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "parallel.h"
+
 typedef struct {
   int B, S, H, Hkv, D, L, first_prompt, kv_f16, max_pos;
   const float* qkv;
@@ -27,13 +29,11 @@ typedef struct {
   float* out;
 } llmc_attention_args;
 
-typedef void (*llmc_parallel_fn)(void* ctx, void (*fn)(void*, size_t), size_t total, void* data);
-
 /* Returns NULL on success, else a message naming the value and its limit. `parallel` runs fn(data, i) for
  * i in [0, total) (ONNX Runtime's intra-op pool); NULL runs them in this thread. */
 const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parallel, void* parallel_ctx);
 
-/* 1 when the AVX-512 path is used (the CPU has it and LLMC_ATTENTION_GENERIC is unset). */
+/* 1 when the AVX-512 path is used (the CPU has it and LLMC_KERNELS_GENERIC is unset). */
 int llmc_attention_uses_avx512(void);
 
 #endif

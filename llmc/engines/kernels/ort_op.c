@@ -1,10 +1,14 @@
-/* ai.llmc.CachedAttention / CachedAttentionF16Cache as an ONNX Runtime custom operator (CPU).
+/* llmc's ONNX Runtime custom operators (CPU), domain ai.llmc:
  *
+ * CachedAttention / CachedAttentionF16Cache (attention_kernel.h):
  * Inputs: qkv [B, S, (H + 2 Hkv) D] fp32, past_key, past_value [B, Hkv, L, D] (fp32, or fp16 for the F16Cache op),
  * seqlens_k [B] int32, total_sequence_length [] int32, cos_cache, sin_cache [max_pos, D/2] fp32 (optional, both or
  * neither). Outputs: output [B, S, H D] fp32, present_key, present_value [B, Hkv, L, D]: bind them to the same
  * memory as the past inputs and nothing is copied; otherwise the past is copied into them first.
  * Attributes: num_heads, kv_num_heads (int), scale (float).
+ *
+ * MatMulQ4 (matmul_q4.h): A [..., K] fp32, B uint8 [ceil(N / 32), K / 32, 640] (the packed 4-bit tiles), bias [N]
+ * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated.
  *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "attention_kernel.h"
+#include "matmul_q4.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define ORT_API_VERSION_USED 17
@@ -30,7 +35,7 @@ typedef struct OrtCustomOpDomain OrtCustomOpDomain;
 typedef struct OrtShapeInferContext OrtShapeInferContext;
 typedef void OrtApi; /* used only through the slots below */
 
-enum { T_UNDEFINED = 0, T_FLOAT = 1, T_INT32 = 6, T_FLOAT16 = 10 };
+enum { T_UNDEFINED = 0, T_FLOAT = 1, T_UINT8 = 2, T_INT32 = 6, T_FLOAT16 = 10 };
 enum { IO_REQUIRED = 0, IO_OPTIONAL = 1 };
 enum { ERR_FAIL = 1, ERR_INVALID_ARGUMENT = 2 };
 
@@ -56,6 +61,7 @@ enum {
   API_KernelContext_GetOutput = 91,
   API_ReleaseStatus = 93,
   API_ReleaseTensorTypeAndShapeInfo = 99,
+  API_GetSessionConfigEntry = 238,
   API_KernelContext_ParallelFor = 274,
 };
 #define SLOT(api, name) (((void* const*)(api))[API_##name])
@@ -74,6 +80,8 @@ typedef OrtStatus* (*GetAttributeInt64_t)(const OrtKernelInfo* info, const char*
 typedef OrtStatus* (*GetInput_t)(const OrtKernelContext* ctx, size_t index, const OrtValue** out);
 typedef OrtStatus* (*GetOutput_t)(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t n, OrtValue** out);
 typedef void (*ReleaseStatus_t)(OrtStatus* status);
+typedef OrtStatus* (*GetSessionConfigEntry_t)(const OrtSessionOptions* options, const char* key, char* value,
+                                              size_t* size);
 typedef void (*ReleaseShape_t)(OrtShape* info);
 typedef OrtStatus* (*ParallelFor_t)(const OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t total,
                                     size_t num_batch, void* data);
@@ -108,8 +116,9 @@ typedef struct OrtCustomOp {
 typedef struct {
   OrtCustomOp base;
   const char* name;
-  int kv_type;
-} AttentionOp;
+  int kv_type; /* attention: the cache's element type */
+  int threads; /* the session's intra-op threads (its "llmc.threads" config entry), 0 when not given */
+} LlmcOp;
 
 typedef struct {
   const OrtApi* api;
@@ -121,16 +130,16 @@ typedef struct {
 enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, N_INPUTS };
 enum { OUT_ATTN, OUT_PRESENT_K, OUT_PRESENT_V, N_OUTPUTS };
 
-static const char* op_name(const OrtCustomOp* op) { return ((const AttentionOp*)op)->name; }
+static const char* op_name(const OrtCustomOp* op) { return ((const LlmcOp*)op)->name; }
 static const char* op_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
 static size_t op_input_count(const OrtCustomOp* op) { (void)op; return N_INPUTS; }
 static size_t op_output_count(const OrtCustomOp* op) { (void)op; return N_OUTPUTS; }
 static int op_input_type(const OrtCustomOp* op, size_t i) {
-  if (i == IN_PAST_K || i == IN_PAST_V) return ((const AttentionOp*)op)->kv_type;
+  if (i == IN_PAST_K || i == IN_PAST_V) return ((const LlmcOp*)op)->kv_type;
   return i == IN_SEQLENS || i == IN_TOTAL ? T_INT32 : T_FLOAT;
 }
 static int op_output_type(const OrtCustomOp* op, size_t i) {
-  return i == OUT_ATTN ? T_FLOAT : ((const AttentionOp*)op)->kv_type;
+  return i == OUT_ATTN ? T_FLOAT : ((const LlmcOp*)op)->kv_type;
 }
 static int op_input_characteristic(const OrtCustomOp* op, size_t i) {
   (void)op;
@@ -155,7 +164,7 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
   if (!k) return fail(api, ERR_FAIL, "CachedAttention: out of memory");
   k->api = api;
-  k->kv_f16 = ((const AttentionOp*)op)->kv_type == T_FLOAT16;
+  k->kv_f16 = ((const LlmcOp*)op)->kv_type == T_FLOAT16;
   OrtStatus* s = ((GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64))(info, "num_heads", &k->num_heads);
   if (!s) s = ((GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64))(info, "kv_num_heads", &k->kv_num_heads);
   if (!s) s = ((GetAttributeFloat_t)SLOT(api, KernelInfoGetAttribute_float))(info, "scale", &k->scale);
@@ -179,12 +188,24 @@ static OrtStatus* tensor(const OrtApi* api, const OrtValue* v, void** data, int6
   size_t n = 0;
   CHECK(((GetTensorTypeAndShape_t)SLOT(api, GetTensorTypeAndShape))(v, &info));
   OrtStatus* s = ((GetDimensionsCount_t)SLOT(api, GetDimensionsCount))(info, &n);
-  if (!s && n > 4) s = fail(api, ERR_INVALID_ARGUMENT, "CachedAttention: an input has more than 4 dimensions");
+  if (!s && n > 4) s = fail(api, ERR_INVALID_ARGUMENT, "llmc operator: an input has more than 4 dimensions");
   if (!s) s = ((GetDimensions_t)SLOT(api, GetDimensions))(info, dims, n);
   ((ReleaseShape_t)SLOT(api, ReleaseTensorTypeAndShapeInfo))(info);
   if (s) return s;
   *rank = (int)n;
   return ((GetTensorMutableData_t)SLOT(api, GetTensorMutableData))((OrtValue*)v, data);
+}
+
+/* The node's first n inputs: data, dims (up to 4) and rank (-1 for an absent optional input). */
+static OrtStatus* inputs(const OrtApi* api, const OrtKernelContext* ctx, int n, void** data, int64_t (*dims)[4],
+                         int* rank) {
+  GetInput_t get_input = (GetInput_t)SLOT(api, KernelContext_GetInput);
+  for (int i = 0; i < n; i++) {
+    const OrtValue* v = NULL;
+    CHECK(get_input(ctx, (size_t)i, &v));
+    CHECK(tensor(api, v, &data[i], dims[i], &rank[i]));
+  }
+  return NULL;
 }
 
 typedef struct {
@@ -201,15 +222,10 @@ static void run_parallel(void* pool_, void (*fn)(void*, size_t), size_t total, v
 static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* k = (const Kernel*)kernel;
   const OrtApi* api = k->api;
-  GetInput_t get_input = (GetInput_t)SLOT(api, KernelContext_GetInput);
   void* data[N_INPUTS] = {0};
   int64_t dims[N_INPUTS][4];
   int rank[N_INPUTS];
-  for (int i = 0; i < N_INPUTS; i++) {
-    const OrtValue* v = NULL;
-    CHECK(get_input(ctx, (size_t)i, &v));
-    CHECK(tensor(api, v, &data[i], dims[i], &rank[i]));
-  }
+  CHECK(inputs(api, ctx, N_INPUTS, data, dims, rank));
   char msg[256];
   int H = (int)k->num_heads, Hkv = (int)k->kv_num_heads;
   if (rank[IN_QKV] != 3 || rank[IN_PAST_K] != 4 || rank[IN_PAST_V] != 4 || rank[IN_SEQLENS] != 1 ||
@@ -261,8 +277,85 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   return NULL;
 }
 
-static AttentionOp make_op(const char* name, int kv_type) {
-  AttentionOp op;
+
+/* ---------------------------------------------------------------- MatMulQ4 */
+
+typedef struct {
+  const OrtApi* api;
+  int64_t K, N, gated;
+  int threads;
+} MatMulKernel;
+
+enum { MM_A, MM_B, MM_BIAS, MM_INPUTS };
+
+static size_t mm_input_count(const OrtCustomOp* op) { (void)op; return MM_INPUTS; }
+static size_t mm_output_count(const OrtCustomOp* op) { (void)op; return 1; }
+static int mm_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i == MM_B ? T_UINT8 : T_FLOAT; }
+static int mm_output_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return T_FLOAT; }
+static int mm_input_characteristic(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == MM_BIAS ? IO_OPTIONAL : IO_REQUIRED;
+}
+
+static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
+  MatMulKernel* k = (MatMulKernel*)calloc(1, sizeof(MatMulKernel));
+  if (!k) return fail(api, ERR_FAIL, "MatMulQ4: out of memory");
+  k->api = api;
+  k->threads = ((const LlmcOp*)op)->threads;
+  GetAttributeInt64_t get = (GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64);
+  OrtStatus* s = get(info, "K", &k->K);
+  if (!s) s = get(info, "N", &k->N);
+  if (!s) s = get(info, "gated", &k->gated);
+  if (!s && (k->K <= 0 || k->K % LLMC_Q4_BLOCK || k->N <= 0 || (k->gated && k->N % (2 * LLMC_Q4_TILE))))
+    s = fail(api, ERR_INVALID_ARGUMENT, "MatMulQ4: K must be a positive multiple of 32, N positive (gated: a "
+                                        "multiple of 32)");
+  if (s) {
+    free(k);
+    return s;
+  }
+  *out = k;
+  return NULL;
+}
+
+static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
+  const MatMulKernel* k = (const MatMulKernel*)kernel;
+  const OrtApi* api = k->api;
+  void* data[MM_INPUTS] = {0};
+  int64_t dims[MM_INPUTS][4];
+  int rank[MM_INPUTS];
+  CHECK(inputs(api, ctx, MM_INPUTS, data, dims, rank));
+  char msg[256];
+  int64_t pairs = (k->N + 2 * LLMC_Q4_TILE - 1) / (2 * LLMC_Q4_TILE), blocks = k->K / LLMC_Q4_BLOCK;
+  if (rank[MM_A] < 1 || dims[MM_A][rank[MM_A] - 1] != k->K || rank[MM_B] != 3 || dims[MM_B][0] != pairs ||
+      dims[MM_B][1] != blocks || dims[MM_B][2] != LLMC_Q4_PAIR_BYTES ||
+      (rank[MM_BIAS] >= 0 && (rank[MM_BIAS] != 1 || dims[MM_BIAS][0] != k->N))) {
+    snprintf(msg, sizeof msg, "MatMulQ4: expected A [..., %lld], B [%lld, %lld, %d], bias [%lld] for K %lld, N %lld",
+             (long long)k->K, (long long)pairs, (long long)blocks, LLMC_Q4_PAIR_BYTES, (long long)k->N,
+             (long long)k->K, (long long)k->N);
+    return fail(api, ERR_INVALID_ARGUMENT, msg);
+  }
+  int64_t out_dims[4], M = 1;
+  for (int i = 0; i < rank[MM_A] - 1; i++) out_dims[i] = dims[MM_A][i], M *= dims[MM_A][i];
+  out_dims[rank[MM_A] - 1] = k->gated ? k->N / 2 : k->N;
+  OrtValue* out = NULL;
+  void* out_data = NULL;
+  CHECK(((GetOutput_t)SLOT(api, KernelContext_GetOutput))(ctx, 0, out_dims, (size_t)rank[MM_A], &out));
+  CHECK(((GetTensorMutableData_t)SLOT(api, GetTensorMutableData))(out, &out_data));
+  llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],
+                    .w = (const uint8_t*)data[MM_B], .bias = (const float*)data[MM_BIAS], .y = (float*)out_data,
+                    .threads = k->threads};
+  Pool pool = {api, ctx, NULL};
+  const char* err = llmc_q4_matmul(&a, run_parallel, &pool);
+  if (pool.status) return pool.status;
+  if (err) {
+    snprintf(msg, sizeof msg, "MatMulQ4: %s", err);
+    return fail(api, ERR_INVALID_ARGUMENT, msg);
+  }
+  return NULL;
+}
+
+static LlmcOp make_op(const char* name, int kv_type) {
+  LlmcOp op;
   memset(&op, 0, sizeof op);
   op.base.version = ORT_API_VERSION_USED;
   op.base.GetName = op_name;
@@ -284,21 +377,52 @@ static AttentionOp make_op(const char* name, int kv_type) {
   return op;
 }
 
-static AttentionOp ops[2];
+static LlmcOp make_matmul_op(void) {
+  LlmcOp op = make_op("MatMulQ4", T_UNDEFINED);
+  op.base.GetInputType = mm_input_type;
+  op.base.GetInputTypeCount = mm_input_count;
+  op.base.GetOutputType = mm_output_type;
+  op.base.GetOutputTypeCount = mm_output_count;
+  op.base.GetInputCharacteristic = mm_input_characteristic;
+  op.base.CreateKernelV2 = mm_create_kernel;
+  op.base.KernelComputeV2 = mm_compute;
+  return op;
+}
+
+#define N_OPS 3
+#define MAX_THREADS 256
+static LlmcOp op_sets[MAX_THREADS + 1][N_OPS]; /* one set per thread count: ONNX Runtime keeps pointers to them */
+
+/* The session's "llmc.threads" entry (llmc's engines set it to the session's intra-op threads), else 0. */
+static int session_threads(const OrtApi* api, const OrtSessionOptions* options) {
+  char value[16];
+  size_t size = sizeof value;
+  OrtStatus* s = ((GetSessionConfigEntry_t)SLOT(api, GetSessionConfigEntry))(options, "llmc.threads", value, &size);
+  if (s) {
+    ((ReleaseStatus_t)SLOT(api, ReleaseStatus))(s);
+    return 0;
+  }
+  int n = atoi(value);
+  return n > 0 && n <= MAX_THREADS ? n : 0;
+}
 
 EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(ORT_API_VERSION_USED);
   if (!api) { /* older than 1.17: say so through the first API version's CreateStatus */
     const OrtApi* v1 = base->GetApi(1);
-    return v1 ? fail(v1, ERR_FAIL, "the llmc attention operator needs ONNX Runtime >= 1.17") : NULL;
+    return v1 ? fail(v1, ERR_FAIL, "llmc's operators need ONNX Runtime >= 1.17") : NULL;
   }
+  int threads = session_threads(api, options);
+  LlmcOp* ops = op_sets[threads];
   if (!ops[0].name) {
     ops[0] = make_op("CachedAttention", T_FLOAT);
     ops[1] = make_op("CachedAttentionF16Cache", T_FLOAT16);
+    ops[2] = make_matmul_op();
+    for (int i = 0; i < N_OPS; i++) ops[i].threads = threads;
   }
   /* One domain object per registration: ONNX Runtime keeps a pointer to it in the session options. */
   OrtCustomOpDomain* d = NULL;
   CHECK(((CreateCustomOpDomain_t)SLOT(api, CreateCustomOpDomain))("ai.llmc", &d));
-  for (int i = 0; i < 2; i++) CHECK(((CustomOpDomain_Add_t)SLOT(api, CustomOpDomain_Add))(d, &ops[i].base));
+  for (int i = 0; i < N_OPS; i++) CHECK(((CustomOpDomain_Add_t)SLOT(api, CustomOpDomain_Add))(d, &ops[i].base));
   return ((AddCustomOpDomain_t)SLOT(api, AddCustomOpDomain))(options, d);
 }

@@ -1,0 +1,286 @@
+/* 4-bit weight matrix product (see matmul_q4.h for the contract and the packed layout).
+ *
+ * Why it exists: ONNX Runtime's MatMulNBits has no per-block minimum (GGUF Q4_1's "scale + min"), so llmc's int4
+ * graphs had to add it with extra nodes, and its int8-activation kernel unpacks the 4-bit weights once per row of
+ * x (batch 8 costs ~6.5x batch 1). Here the layout is made for the instruction that does the work (AVX-512 VNNI
+ * vpdpbusd: 16 columns x 4 consecutive k per register): each 64-byte load of nibbles becomes two such registers
+ * with one shift and two ANDs, and each is used for up to 8 rows of x before the next is loaded; the min costs one
+ * FMA per block with the exact fp32 block sums of x. The SwiGLU gate (silu(gate) * up) is applied to the tile pair
+ * as it is stored.
+ *
+ * Two code paths: AVX-512 VNNI (chosen at run time when the CPU has it) and portable C.
+ */
+#include "matmul_q4.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
+#define LLMC_X86 1
+#include <immintrin.h>
+#endif
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define UNIT_TILES 2  /* columns per work unit: a pair of tiles (gated: one gate tile and its up tile) */
+#define ROWS 8        /* rows of x per pass over a unit's weights */
+#define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */
+#define UNIT_COLS (UNIT_TILES * LLMC_Q4_TILE)
+#define PREFETCH_BLOCKS 4 /* blocks ahead of the loads (further measured no faster) */
+
+typedef struct {
+  const llmc_q4_args* a;
+  int64_t units, blocks; /* units = tile pairs */
+  const int8_t* xq;    /* [M, K] */
+  const float* xscale; /* [M, blocks] */
+  const float* xsum;   /* [M, blocks] */
+  const float* xmid;   /* [M, blocks]: 8 (xsum - xscale sum(xq)), see quantize_rows */
+  int vnni;
+  int64_t parts; /* contiguous parts, one per thread (0: units are claimed) */
+  size_t next;   /* the next unit to claim (atomic) */
+} job;
+
+/* Tile t's block b in the packed weights. */
+static inline const uint8_t* tile_block(const uint8_t* w, int64_t blocks, int64_t t, int64_t b) {
+  return w + ((t / 2 * blocks + b) * 2 + t % 2) * LLMC_Q4_TILE_BYTES;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* x [M, K] -> xq int8 per block of 32 (xscale = max |x| / 127), the exact block sums xsum, and xmid.
+ *
+ * Why xmid: the dot products run on q in 0..15, but the error of the int8 activations should meet the weights
+ * centred, q - 8 (as in MatMulNBits: half the error, a quarter of the KL), so with x ~ xscale xq:
+ *   sum_k (scale q + min) x = scale sum (q - 8) x + (min + 8 scale) xsum
+ *                           ~ scale (xscale q.xq - 8 xscale sum(xq) + 8 xsum) + min xsum
+ *                           = scale (xscale q.xq + xmid) + min xsum,   xmid = 8 (xsum - xscale sum(xq)). */
+static void quantize_rows(const llmc_q4_args* a, int8_t* xq, float* xscale, float* xsum, float* xmid) {
+  int64_t blocks = a->K / LLMC_Q4_BLOCK;
+  for (int64_t m = 0; m < a->M; m++)
+    for (int64_t b = 0; b < blocks; b++) {
+      const float* x = a->x + m * a->K + b * LLMC_Q4_BLOCK;
+      int8_t* q = xq + m * a->K + b * LLMC_Q4_BLOCK;
+      float amax = 0.f, sum = 0.f;
+      for (int i = 0; i < LLMC_Q4_BLOCK; i++) {
+        float v = fabsf(x[i]);
+        amax = v > amax ? v : amax;
+        sum += x[i];
+      }
+      float inv = amax > 0.f ? 127.f / amax : 0.f;
+      int32_t qsum = 0;
+      for (int i = 0; i < LLMC_Q4_BLOCK; i++) qsum += q[i] = (int8_t)lrintf(x[i] * inv);
+      xscale[m * blocks + b] = amax / 127.f;
+      xsum[m * blocks + b] = sum;
+      xmid[m * blocks + b] = 8.f * (sum - amax / 127.f * (float)qsum);
+    }
+}
+
+/* ---------------------------------------------------------------- the epilogue, both paths */
+
+static inline float silu(float v) { return v / (1.f + expf(-v)); }
+
+/* Rows m0 .. m0 + rows of one unit, computed into buf [rows][UNIT_COLS]: add the bias, gate, store. */
+static void store_unit(const job* j, int64_t u, int64_t m0, int rows, const float* buf) {
+  const llmc_q4_args* a = j->a;
+  int64_t n0 = u * UNIT_COLS;
+  if (a->gated) { /* unit u = gate tile 2u, up tile 2u + 1 -> 16 outputs at 16 u */
+    int64_t half = a->N / 2, g0 = u * LLMC_Q4_TILE;
+    for (int m = 0; m < rows; m++)
+      for (int c = 0; c < LLMC_Q4_TILE; c++) {
+        float g = buf[m * UNIT_COLS + c], up = buf[m * UNIT_COLS + LLMC_Q4_TILE + c];
+        if (a->bias) g += a->bias[g0 + c], up += a->bias[half + g0 + c];
+        a->y[(m0 + m) * half + g0 + c] = silu(g) * up;
+      }
+    return;
+  }
+  int64_t cols = a->N - n0 < UNIT_COLS ? a->N - n0 : UNIT_COLS;
+  for (int m = 0; m < rows; m++) {
+    float* y = a->y + (m0 + m) * a->N + n0;
+    for (int c = 0; c < cols; c++) y[c] = buf[m * UNIT_COLS + c] + (a->bias ? a->bias[n0 + c] : 0.f);
+  }
+}
+
+/* ---------------------------------------------------------------- portable C */
+
+static inline float half_to_float(const uint8_t* p) {
+  _Float16 f;
+  memcpy(&f, p, 2);
+  return (float)f;
+}
+
+static void unit_generic(const job* j, int64_t u) {
+  const llmc_q4_args* a = j->a;
+  int64_t blocks = j->blocks;
+  float buf[ROWS * UNIT_COLS];
+  for (int64_t m0 = 0; m0 < a->M; m0 += ROWS) {
+    int rows = a->M - m0 < ROWS ? (int)(a->M - m0) : ROWS;
+    memset(buf, 0, sizeof buf);
+    for (int t = 0; t < UNIT_TILES; t++)
+      for (int m = 0; m < rows; m++) {
+        float* acc = buf + m * UNIT_COLS + t * LLMC_Q4_TILE;
+        for (int64_t b = 0; b < blocks; b++) {
+          const uint8_t* p = tile_block(a->w, blocks, u * UNIT_TILES + t, b);
+          const int8_t* xq = j->xq + (m0 + m) * a->K + b * LLMC_Q4_BLOCK;
+          int64_t mb = (m0 + m) * blocks + b;
+          float xs = j->xscale[mb], xsum = j->xsum[mb], xmid = j->xmid[mb];
+          for (int c = 0; c < LLMC_Q4_TILE; c++) {
+            int32_t dot = 0;
+            for (int chunk = 0; chunk < 4; chunk++)
+              for (int i = 0; i < 4; i++) {
+                uint8_t byte = p[chunk * 64 + c * 4 + i];
+                dot += (byte & 15) * xq[8 * chunk + i] + (byte >> 4) * xq[8 * chunk + 4 + i];
+              }
+            acc[c] += half_to_float(p + 256 + 2 * c) * (xs * (float)dot + xmid) + half_to_float(p + 288 + 2 * c) * xsum;
+          }
+        }
+      }
+    store_unit(j, u, m0, rows, buf);
+  }
+}
+
+/* ---------------------------------------------------------------- AVX-512 VNNI */
+
+#ifdef LLMC_X86
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
+
+static inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+/* RM rows (from m0) x NT tiles (from t0) over all blocks, into buf [RM][UNIT_COLS] at tile offset `slot`. Every
+ * register of nibbles is used by the RM rows; NT > 1 gives the one-row case independent accumulation chains. */
+static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j, int64_t m0, int64_t t0, int slot,
+                                                                     float* buf, const int RM, const int NT) {
+  const int64_t blocks = j->blocks, K = j->a->K;
+  const int8_t* xq = j->xq + m0 * K;
+  const float* xscale = j->xscale + m0 * blocks;
+  const float* xsum = j->xsum + m0 * blocks;
+  const float* xmid = j->xmid + m0 * blocks;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[RM][NT];
+  for (int m = 0; m < RM; m++)
+    for (int t = 0; t < NT; t++) acc[m][t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; b++) {
+    __m512i dot[RM][NT];
+    for (int m = 0; m < RM; m++)
+      for (int t = 0; t < NT; t++) dot[m][t] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++)
+      for (int t = 0; t < NT; t++) {
+        const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + c * 64;
+        _mm_prefetch((const char*)p + PREFETCH_BLOCKS * LLMC_Q4_PAIR_BYTES, _MM_HINT_T0);
+        __m512i raw = _mm512_loadu_si512(p);
+        __m512i lo = _mm512_and_si512(raw, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        for (int m = 0; m < RM; m++) {
+          const int8_t* r = xq + m * K + b * LLMC_Q4_BLOCK + 8 * c;
+          dot[m][t] = _mm512_dpbusd_epi32(dot[m][t], lo, _mm512_set1_epi32(load4(r)));
+          dot[m][t] = _mm512_dpbusd_epi32(dot[m][t], hi, _mm512_set1_epi32(load4(r + 4)));
+        }
+      }
+    for (int t = 0; t < NT; t++) {
+      const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + 256;
+      __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+      __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
+      for (int m = 0; m < RM; m++) {
+        __m512 d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][t]), _mm512_set1_ps(xscale[m * blocks + b]),
+                                   _mm512_set1_ps(xmid[m * blocks + b]));
+        acc[m][t] = _mm512_fmadd_ps(d, scale, acc[m][t]);
+        acc[m][t] = _mm512_fmadd_ps(min, _mm512_set1_ps(xsum[m * blocks + b]), acc[m][t]);
+      }
+    }
+  }
+  for (int m = 0; m < RM; m++)
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(buf + m * UNIT_COLS + (slot + t) * LLMC_Q4_TILE, acc[m][t]);
+}
+
+static TARGET void unit_vnni(const job* j, int64_t u) {
+  int64_t t0 = u * UNIT_TILES, M = j->a->M;
+  float buf[ROWS * UNIT_COLS];
+  for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+    int rows = M - m0 < ROWS ? (int)(M - m0) : ROWS, m = 0;
+    if (rows == 8) { /* 8 rows, one tile at a time: 16 accumulators */
+      tiles_vnni(j, m0, t0, 0, buf, 8, 1);
+      tiles_vnni(j, m0, t0 + 1, 1, buf, 8, 1);
+      m = 8;
+    }
+    for (; rows - m >= 4; m += 4) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 4, 2);
+    for (; rows - m >= 2; m += 2) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 2, 2);
+    for (; m < rows; m++) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 1, 2);
+    store_unit(j, u, m0, rows, buf);
+  }
+}
+
+static int cpu_vnni(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
+int llmc_q4_uses_vnni(void) {
+#ifdef LLMC_X86
+  const char* generic = getenv("LLMC_KERNELS_GENERIC");
+  return cpu_vnni() && !(generic && *generic && *generic != '0');
+#else
+  return 0;
+#endif
+}
+
+static void run_unit(const job* j, int64_t u) {
+#ifdef LLMC_X86
+  if (j->vnni) {
+    unit_vnni(j, u);
+    return;
+  }
+#endif
+  unit_generic(j, u);
+}
+
+/* Task i of `parts` streams one contiguous part of W (as the hardware prefetchers like it: measured 10-15 % more
+ * bandwidth at one row than units claimed one at a time, which interleave the threads' reads). */
+static void run_part(void* data, size_t task) {
+  job* j = (job*)data;
+  int64_t per = (j->units + j->parts - 1) / j->parts;
+  for (int64_t u = (int64_t)task * per; u < ((int64_t)task + 1) * per && u < j->units; u++) run_unit(j, u);
+}
+
+/* Without the thread count: tasks claim units until none are left. */
+static void run_units(void* data, size_t task) {
+  (void)task;
+  job* j = (job*)data;
+  for (;;) {
+    int64_t u = (int64_t)__atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+    if (u >= j->units) return;
+    run_unit(j, u);
+  }
+}
+
+const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
+  static _Thread_local char msg[160];
+  if (a->K <= 0 || a->K % LLMC_Q4_BLOCK || a->N <= 0 || (a->gated && a->N % (2 * LLMC_Q4_TILE))) {
+    snprintf(msg, sizeof msg, "K %lld must be a positive multiple of %d and N %lld positive%s", (long long)a->K,
+             LLMC_Q4_BLOCK, (long long)a->N, a->gated ? " and a multiple of 32 (gated)" : "");
+    return msg;
+  }
+  if (a->M <= 0) return NULL;
+  int64_t blocks = a->K / LLMC_Q4_BLOCK;
+  void* scratch = malloc((size_t)(a->M * a->K) + sizeof(float) * 3 * (size_t)(a->M * blocks));
+  if (!scratch) return "out of memory for the quantized activations";
+  float* xscale = (float*)scratch;
+  float* xsum = xscale + a->M * blocks;
+  float* xmid = xsum + a->M * blocks;
+  int8_t* xq = (int8_t*)(xmid + a->M * blocks);
+  quantize_rows(a, xq, xscale, xsum, xmid);
+  job j = {a, (a->N + UNIT_COLS - 1) / UNIT_COLS, blocks, xq, xscale, xsum, xmid, llmc_q4_uses_vnni(), 0, 0};
+  if (!parallel || j.units < 2) {
+    for (int64_t u = 0; u < j.units; u++) run_unit(&j, u);
+  } else if (a->threads > 0) {
+    j.parts = a->threads < j.units ? a->threads : j.units;
+    parallel(parallel_ctx, run_part, (size_t)j.parts, &j);
+  } else {
+    parallel(parallel_ctx, run_units, j.units < POOL_TASKS ? (size_t)j.units : POOL_TASKS, &j);
+  }
+  free(scratch);
+  return NULL;
+}

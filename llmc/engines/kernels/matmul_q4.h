@@ -1,0 +1,45 @@
+/* 4-bit weight x fp32 activation matrix product, weights in "scale + min" blocks (GGUF Q4_1's form).
+ *
+ * W [K, N] (used as y = x @ W) in blocks of 32 along K: w[k, n] = scale[b, n] * q[k, n] + min[b, n], q in 0..15,
+ * scale and min fp16. Packed offline (llmc/graph/quant.py, pack_q4_tiles) in tiles of 16 columns, two tiles side by
+ * side (so the two a work unit reads are one stream): uint8 [ceil(N / 32), K / 32, 640]; tile t, block b at byte
+ * ((t / 2 * blocks + b) * 2 + t % 2) * 320:
+ *   4 chunks of 64 bytes; chunk c, byte 4 j + i (column 16 t + j, i = 0..3):
+ *     low nibble q[32 b + 8 c + i, 16 t + j], high nibble q[32 b + 8 c + 4 + i, 16 t + j]
+ *   then 16 fp16 scales and 16 fp16 mins (columns 16 t .. 16 t + 15).
+ * x is quantized per row and block to int8 (scale = max |x| / 127) and its exact fp32 block sums carry the min:
+ *   y[m, n] = sum_b scale[b, n] * xscale[m, b] * (q . xq)[m, b, n] + min[b, n] * xsum[m, b]  (+ bias[n]).
+ *
+ * gated (SwiGLU): W holds the gate and up projections as alternating tiles (gate tile i at 2 i, its up tile at
+ * 2 i + 1) and y [M, N / 2] = silu(x @ gate) * (x @ up): the MLP's first half in one pass.
+ */
+#ifndef LLMC_MATMUL_Q4_H
+#define LLMC_MATMUL_Q4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "parallel.h"
+
+#define LLMC_Q4_BLOCK 32
+#define LLMC_Q4_TILE 16
+#define LLMC_Q4_TILE_BYTES 320 /* one tile's block: 256 bytes of nibbles, 16 fp16 scales, 16 fp16 mins */
+#define LLMC_Q4_PAIR_BYTES (2 * LLMC_Q4_TILE_BYTES)
+
+typedef struct {
+  int64_t M, K, N;   /* x [M, K]; W [K, N]; K a multiple of 32; gated: N a multiple of 32 */
+  int gated;
+  const float* x;
+  const uint8_t* w;  /* packed: ceil(N / 32) pairs of tiles */
+  const float* bias; /* [N] or NULL (gated: [N], gate then up) */
+  float* y;          /* [M, N], gated [M, N / 2] */
+  int threads;       /* the pool's threads: each streams one contiguous part of W; 0 = unknown: units claimed */
+} llmc_q4_args;
+
+/* Returns NULL on success, else a message naming the value and its limit. */
+const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, void* parallel_ctx);
+
+/* 1 when the AVX-512 VNNI path is used (the CPU has it and LLMC_KERNELS_GENERIC is unset). */
+int llmc_q4_uses_vnni(void);
+
+#endif

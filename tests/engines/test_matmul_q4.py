@@ -1,0 +1,219 @@
+"""llmc's 4-bit operator (ai.llmc.MatMulQ4): the packed layout, the operator against a numpy reference through
+ONNX Runtime (AVX-512 VNNI and portable paths, 1 to 13 rows, padded widths, bias, the SwiGLU gate, with and without
+the session's thread count), and `llmc build --quant int4 --matmul llmc` engines end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import Built
+from onnx import TensorProto, helper, numpy_helper
+from quant_grids import q4_1_like
+
+from llmc import LLM, SamplingParams
+from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.engines.registry import load_engine_dir
+from llmc.errors import InputError
+from llmc.graph.quant import (
+    Q4TILES,
+    Q4TILES_GATED,
+    QuantSpec,
+    pack_q4_tiles,
+    quantize_weights,
+    unpack_q4_tiles,
+)
+from llmc.runtime.verify import compare_engines
+
+RNG = np.random.default_rng(7)
+
+
+def _q4_1_like(k: int, n: int) -> np.ndarray:
+    return q4_1_like(RNG, k, n, fp16=True)
+
+
+@pytest.mark.parametrize(("k", "n", "gated"), [(64, 24, False), (96, 40, False), (64, 64, True), (576, 192, True)])
+def test_packing_keeps_a_q4_1_grid_exactly(k: int, n: int, gated: bool) -> None:
+    w = _q4_1_like(k, n)
+    packed = pack_q4_tiles(w, gated)
+    assert packed.shape == (-(-n // 32), k // 32, 640) and packed.dtype == np.uint8
+    np.testing.assert_array_equal(unpack_q4_tiles(packed, n, gated), w)
+
+
+def test_packing_random_weights_is_bounded_by_the_grid() -> None:
+    w = RNG.standard_normal((96, 40)).astype(np.float32)
+    err = np.abs(unpack_q4_tiles(pack_q4_tiles(w), 40) - w)
+    step = (w.reshape(3, 32, 40).max(axis=1) - w.reshape(3, 32, 40).min(axis=1)) / 15
+    assert np.all(err.reshape(3, 32, 40) <= step[:, None, :] * 0.51 + 1e-3)  # half a step (+ fp16 scale rounding)
+
+
+def test_gated_tiles_alternate_gate_and_up() -> None:
+    w = _q4_1_like(32, 64)  # gate = columns 0..31, up = 32..63
+    plain, gated = pack_q4_tiles(w), pack_q4_tiles(w, gated=True)
+    # pair 0 of the gated form = gate tile 0 and up tile 0 = the plain form's tiles 0 and 2
+    np.testing.assert_array_equal(gated[0, :, :320], plain[0, :, :320])
+    np.testing.assert_array_equal(gated[0, :, 320:], plain[1, :, :320])
+
+
+def test_pack_refuses_sizes_off_the_block() -> None:
+    with pytest.raises(InputError, match="input size 40 is not a multiple of the 4-bit kernel's block of 32"):
+        pack_q4_tiles(np.zeros((40, 32), np.float32), name="layers.0.o.weight")
+    with pytest.raises(InputError, match="gate/up width 48 is not a multiple of 32"):
+        pack_q4_tiles(np.zeros((32, 48), np.float32), gated=True)
+
+
+def test_quantize_weights_packs_only_the_4_bit_layers() -> None:
+    weights = {"a.weight": _q4_1_like(64, 32), "b.gate_up.weight": _q4_1_like(64, 64), "head": _q4_1_like(64, 40)}
+    out = quantize_weights(weights, ["a.weight", "b.gate_up.weight"], QuantSpec(4, kernel="llmc"), head="head",
+                           gated=("b.gate_up.weight",))
+    assert {"a.weight" + Q4TILES, "b.gate_up.weight" + Q4TILES_GATED} <= set(out)
+    assert "head.qweight" in out  # the 8-bit head stays MatMulNBits
+
+
+def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gated: bool) -> np.ndarray:
+    """What the operator computes, in float64: x quantized to int8 per block of 32 (scale max|x| / 127), met by the
+    weights centred on their grid's middle (scale * (q - 8)), and the block's min + 8 * scale times the exact sums
+    of x (matmul_q4.c, quantize_rows)."""
+    k, n = w.shape
+    blocks = w.reshape(k // 32, 32, n).astype(np.float64)
+    lo = blocks.min(axis=1, keepdims=True)
+    step = (blocks.max(axis=1, keepdims=True) - lo) / 15
+    mid = lo + 8 * step  # the grid's middle: w = mid + step * (q - 8)
+    xb = x.reshape(*x.shape[:-1], k // 32, 32)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)  # float32 here, as in the kernel, so ties round alike
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    xq = np.rint(xb * inv).astype(np.float64) * (amax / np.float32(127)).astype(np.float64)  # int8, back in float
+    xb = xb.astype(np.float64)
+    y = np.einsum("...bi,bin->...n", xq, blocks - mid) + np.einsum("...b,bn->...n", xb.sum(axis=-1), mid[:, 0])
+    if bias is not None:
+        y = y + bias
+    if gated:
+        gate, up = np.split(y, 2, axis=-1)
+        y = gate / (1 + np.exp(-gate)) * up
+    return y
+
+
+def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, gated: bool,
+             threads: int, tell_threads: bool) -> object:
+    import onnxruntime as ort
+
+    inputs = ["x", "w"] + (["bias"] if bias is not None else [])
+    node = helper.make_node("MatMulQ4", inputs, ["y"], domain="ai.llmc", K=k, N=n, gated=int(gated))
+    inits = [numpy_helper.from_array(packed, "w")] + ([numpy_helper.from_array(bias, "bias")] if bias is not None
+                                                      else [])
+    graph = helper.make_graph([node], "q4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", "K"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    if tell_threads:
+        so.add_session_config_entry("llmc.threads", str(threads))
+    so.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+CASES = [  # k, n, batch, new tokens, gated, bias
+    (64, 40, 1, 1, False, False),  # width padded to the tile pair, one row
+    (576, 960, 1, 1, False, True),  # SmolLM2's qkv, decode
+    (1536, 576, 8, 1, False, False),  # its down projection, batch 8: the 8-row kernel
+    (576, 3072, 2, 7, True, False),  # its gate/up, a prompt: 14 rows = 8 + 4 + 2
+    (96, 64, 13, 1, True, True),  # 13 rows = 8 + 4 + 1, gated with a bias
+    (128, 100, 3, 2, False, True),  # 6 rows = 4 + 2, ragged width
+]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize(("threads", "tell"), [(2, True), (2, False), (1, True), (3, True)])
+@pytest.mark.parametrize(("k", "n", "batch", "seq", "gated", "with_bias"), CASES)
+def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, generic: bool,
+                                        threads: int, tell: bool, k: int, n: int, batch: int, seq: int,
+                                        gated: bool, with_bias: bool) -> None:
+    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
+    w = _q4_1_like(k, n)
+    bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
+    x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
+    x[0, 0, :32] = 0.0  # an all-zero block: scale 0
+    y = _session(llmc_ops, k, n, pack_q4_tiles(w, gated), bias, gated, threads, tell).run(None, {"x": x})[0]
+    expected = _reference(x, w, bias, gated)
+    assert y.shape == expected.shape == (batch, seq, n // 2 if gated else n)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    # and the int8 activations cost ~1 % against the exact product (a broken layout would cost ~100 %)
+    exact = x.astype(np.float64) @ w + (bias if bias is not None else 0)
+    if not gated:
+        assert np.abs(y - exact).max() < 0.05 * np.abs(exact).max()
+
+
+def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
+    w = _q4_1_like(64, 32)
+    session = _session(llmc_ops, 64, 32, pack_q4_tiles(w), None, False, 2, True)
+    with pytest.raises(Exception, match=r"MatMulQ4: expected A \[\.\.\., 64\], B \[1, 2, 640\]"):
+        session.run(None, {"x": np.zeros((1, 1, 32), np.float32)})
+
+
+# -- engines ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def q4_engines(tiny_factory: object, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ...]]:
+    """Per architecture: int4 with llmc's kernel; int4 with MatMulNBits' exact form and fp32 activations; the same
+    with MatMulNBits' int8 activations (what llmc's kernel does too)."""
+    root = tmp_path_factory.mktemp("q4")
+    out = {}
+    for arch in ("llama", "qwen2", "gpt2"):  # SwiGLU gated; q/k/v bias; GELU (plain MatMulQ4 for fc)
+        built: Built = tiny_factory(arch)  # type: ignore[operator]
+        mine, exact, ort_int8 = root / f"{arch}-llmc", root / f"{arch}-exact", root / f"{arch}-ort"
+        build_ort(BuildConfig(built.export_dir, mine, quant="int4", matmul="llmc"))
+        build_ort(BuildConfig(built.export_dir, exact, quant="int4", quant_scheme="minmax", accuracy_level=0))
+        build_ort(BuildConfig(built.export_dir, ort_int8, quant="int4", quant_scheme="minmax", accuracy_level=4))
+        out[arch] = (mine, exact, ort_int8)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_engine_computes_what_the_exact_int4_form_computes(arch: str, q4_engines: dict[str, tuple[Path, ...]]
+                                                            ) -> None:
+    mine, exact, ort_int8 = q4_engines[arch]
+    graph = onnx.load(str(mine / "model.onnx"), load_external_data=False).graph
+    ops = [n.op_type for n in graph.node]
+    layers = 2
+    assert ops.count("MatMulQ4") == 4 * layers  # qkv, o, gate/up (gated) or fc, down or proj
+    head = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert head and all(n.input[1].startswith("lm_head.weight") for n in head)  # only the 8-bit head
+    if arch != "gpt2":
+        assert "Sigmoid" not in ops  # the SwiGLU gate is inside the node
+    manifest = json.loads((mine / "engine.json").read_text())
+    assert manifest["settings"]["matmul"] == "llmc" and manifest["settings"]["custom_ops"] in manifest["files"]
+    prompts = [[1, 5, 9, 13, 2], [3, 3, 7]]
+    reference = load_engine_dir(exact)
+    report = compare_engines(reference, load_engine_dir(mine), prompts, steps=6)
+    baseline = compare_engines(reference, load_engine_dir(ort_int8), prompts, steps=6)
+    # the same weights (up to fp16 scales), so what is left is the int8 activations: no worse than ONNX Runtime's
+    # (measured: llama KL 2.5e-3 vs 1.4e-2, qwen2 1.2e-2 vs 0.73, gpt2 8.8e-5 vs 3.0e-5 on these random models)
+    assert report["mean_kl"] <= min(max(1.5 * baseline["mean_kl"], 1e-3), 0.05), (report, baseline)
+    assert report["top1_agreement"] >= 0.8, (report, baseline)
+
+
+def test_engine_generates_in_a_batch_as_alone(q4_engines: dict[str, tuple[Path, ...]]) -> None:
+    llm = LLM(q4_engines["llama"][0])
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = ["The capital of France is", "Hello", "1 2 3 4 5 6 7 8 9"]
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    alone = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    assert together == alone and all(len(t) == 8 for t in together)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"matmul": "llmc"}, "--matmul llmc is a 4-bit kernel: it needs --quant int4"),
+    ({"matmul": "llmc", "quant": "int8"}, "needs --quant int4 .got --quant int8"),
+    ({"matmul": "llmc", "quant": "int4", "block_size": 64}, "works in blocks of 32, got --block-size 64"),
+    ({"matmul": "fast", "quant": "int4"}, "--matmul must be one of ort, llmc, got 'fast'"),
+])
+def test_build_refuses_matmul_llmc_where_it_does_not_apply(tiny_llama: Built, tmp_path: Path, kwargs: dict[str, object],
+                                                           message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", **kwargs))  # type: ignore[arg-type]
+    assert not (tmp_path / "e").exists()

@@ -1,0 +1,25 @@
+"""Weights on GGUF's quantization grids, for the quantization tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def q4_1_like(rng: np.random.Generator, k: int, n: int, fp16: bool = False) -> np.ndarray:
+    """GGUF Q4_1's grid: per block of 32 along K, w = d * q + m with q in 0..15 using its whole range (as Q4_1's
+    quantizer makes it); `fp16`: d and m fp16 values, as the GGUF stores them."""
+    d = rng.random((k // 32, n)).astype(np.float32) * 0.1 + 0.01
+    m = rng.standard_normal((k // 32, n)).astype(np.float32) * 0.3
+    if fp16:
+        d, m = d.astype(np.float16).astype(np.float32), m.astype(np.float16).astype(np.float32)
+    q = rng.integers(0, 16, (k // 32, 32, n))
+    q[:, 0, :], q[:, 1, :] = 0, 15
+    return (q * d[:, None, :] + m[:, None, :]).reshape(k, n).astype(np.float32)
+
+
+def q8_0_like(rng: np.random.Generator, k: int, n: int) -> np.ndarray:
+    """GGUF Q8_0's grid: per block of 32 along K, w = d * q with q in -127..127."""
+    d = rng.random((k // 32, n)).astype(np.float32) * 0.01 + 0.001
+    q = rng.integers(-127, 128, (k // 32, 32, n))
+    q[:, 0, :] = 127
+    return (q * d[:, None, :]).reshape(k, n).astype(np.float32)
