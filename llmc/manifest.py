@@ -70,12 +70,16 @@ class ModelSpec:
     tie_embeddings: bool = False
 
 
+KV_INT8_GROUP = 32  # an "int8" KV row: one fp16 scale per this many values (llmc/engines/kernels/attention_kernel.h)
+
+
 @dataclass(frozen=True)
 class KVSpec:
     """KV cache layout. "concat": past [B, Hkv, P, D] in, present [B, Hkv, P+S, D] out (Optimum style).
 
     A later layout ("inplace": one [B, Hkv, max_len, D] buffer bound as past and present) is a different value
-    here, not a different CLI.
+    here, not a different CLI. dtype "int8" (llmc's attention operator only): rows of D int8 and an fp16 scale per
+    group of 32, [B, Hkv, L, D + 2 ceil(D / 32)] (`row_width`).
     """
 
     layout: str
@@ -87,6 +91,19 @@ class KVSpec:
     past_value: str
     present_key: str
     present_value: str
+
+    @property
+    def row_width(self) -> int:
+        """Elements of one cached (head, position) row: head_dim, or for "int8" head_dim int8 values followed by
+        one fp16 scale (2 bytes) per group of KV_INT8_GROUP of them (x = scale * q), as llmc's attention operator
+        keeps them."""
+        if self.dtype != "int8":
+            return self.head_dim
+        return self.head_dim + 2 * -(-self.head_dim // KV_INT8_GROUP)
+
+    @property
+    def itemsize(self) -> int:
+        return {"float16": 2, "int8": 1}.get(self.dtype, 4)
 
     def names(self, kind: str) -> list[str]:
         """All per-layer names of one kind: "past" or "present", keys and values interleaved by layer."""

@@ -23,11 +23,12 @@ def register(app: typer.Typer, wrap: Any) -> None:
         = "inplace",
         attention: Annotated[str | None, typer.Option(
             help="Attention lowering. ort: gqa (GroupQueryAttention, default), llmc (llmc's own operator, compiled "
-                 "with the machine's C compiler: reads the cache once per KV head, takes --kv-dtype float16) or onnx "
+                 "with the machine's C compiler: reads the cache once per KV head, takes --kv-dtype float16|int8) or onnx "
                  "(Attention + TensorScatter); "
                  "trt: plugin (llmc::attention, default) or native (TensorRT >= 10.15 layers).")] = None,
-        kv_dtype: Annotated[str, typer.Option(help="ort --attention llmc: the KV cache's dtype, float32 or "
-                                                   "float16 (half the bytes a step reads).")] = "",
+        kv_dtype: Annotated[str, typer.Option(help="ort --attention llmc: the KV cache's dtype, float32, float16 "
+                                                   "(half the bytes a step reads) or int8 (each row with its "
+                                                   "scale: ~0.27 of them).")] = "",
         block_size: Annotated[int, typer.Option(help="--quant: weights per scale along the input axis.")] = 32,
         accuracy_level: Annotated[int, typer.Option(help="--quant: MatMulNBits compute (4 = int8 activations, "
                                                          "0 = fp32).")] = 4,

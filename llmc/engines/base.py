@@ -76,8 +76,7 @@ class Engine(ABC):
 
     def kv_bytes_per_token(self) -> int:
         kv = self.manifest.kv
-        itemsize = 2 if kv.dtype == "float16" else 4
-        return 2 * kv.num_layers * kv.num_kv_heads * kv.head_dim * itemsize
+        return 2 * kv.num_layers * kv.num_kv_heads * kv.row_width * kv.itemsize
 
     @abstractmethod
     def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:

@@ -13,9 +13,9 @@ class HostKVCache(KVCache):
 
     def __init__(self, spec: KVSpec, num_slots: int, max_len: int) -> None:
         super().__init__(num_slots, max_len)
-        dtype = np.float16 if spec.dtype == "float16" else np.float32
-        shape = (num_slots, spec.num_kv_heads, max_len, spec.head_dim)
-        # keys[l], values[l]: [slots, Hkv, max_len, D]
+        dtype = {"float16": np.float16, "int8": np.int8}.get(spec.dtype, np.float32)
+        shape = (num_slots, spec.num_kv_heads, max_len, spec.row_width)
+        # keys[l], values[l]: [slots, Hkv, max_len, D] (int8: D + 4, each row's scale after its values)
         self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
         self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
 

@@ -46,7 +46,7 @@ class BuildConfig:
     force: bool = False
     kv_layout: str = "inplace"  # inplace (one shared past/present buffer) | concat (the export's own graphs)
     attention: str = "gqa"  # inplace lowering: gqa (GroupQueryAttention) | llmc (llmc's operator) | onnx
-    kv_dtype: str = ""  # the KV cache's dtype: "" = the export's; "float16" (llmc attention, fp32 exports)
+    kv_dtype: str = ""  # the KV cache's dtype: "" = the export's; "float16" or "int8" (llmc attention, fp32 exports)
     block_size: int = 32
     accuracy_level: int = 4
     quant_scheme: str = "auto"
@@ -86,10 +86,10 @@ def check_build_config(cfg: BuildConfig) -> None:
         raise InputError(f"--quant must be none, int8 or int4, got {cfg.quant!r}")
     if cfg.attention not in ATTENTIONS:
         raise InputError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
-    if cfg.kv_dtype not in ("", "float32", "float16"):
-        raise InputError(f"--kv-dtype must be float32 or float16, got {cfg.kv_dtype!r}")
-    if cfg.kv_dtype == "float16" and cfg.attention != "llmc":
-        raise InputError(f"--kv-dtype float16 needs --attention llmc (got --attention {cfg.attention})")
+    if cfg.kv_dtype not in ("", "float32", "float16", "int8"):
+        raise InputError(f"--kv-dtype must be float32, float16 or int8, got {cfg.kv_dtype!r}")
+    if cfg.kv_dtype in ("float16", "int8") and cfg.attention != "llmc":
+        raise InputError(f"--kv-dtype {cfg.kv_dtype} needs --attention llmc (got --attention {cfg.attention})")
     if cfg.kv_layout not in ("inplace", "concat"):
         raise InputError(f"--kv-layout must be inplace or concat, got {cfg.kv_layout!r}")
     if cfg.quant != "none" and cfg.kv_layout == "concat":

@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64,
-          "int32": TensorProto.INT32, "bool": TensorProto.BOOL}
+          "int32": TensorProto.INT32, "bool": TensorProto.BOOL, "int8": TensorProto.INT8}
 NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 

@@ -47,7 +47,7 @@ class GraphOptions:
     attention: str = "decomposed"  # "decomposed" | "gqa" | "llmc" | "onnx" (Attention-24 + TensorScatter, in place)
     quant: QuantSpec | None = None
     fuse_norms: bool = False  # residual Add + norm as ONNX Runtime's Skip*LayerNormalization (not for TensorRT)
-    kv_dtype: str = ""  # "llmc" attention: the cache's dtype when it is not the graph's ("float16")
+    kv_dtype: str = ""  # "llmc" attention: the cache's dtype when it is not the graph's ("float16", "int8")
 
 
 @dataclass
@@ -344,14 +344,15 @@ class _GroupQueryAttention:
 
 class _CachedAttention(_GroupQueryAttention):
     """ai.llmc.CachedAttention (llmc/engines/kernels): GroupQueryAttention's inputs, outputs and semantics, without
-    its unused key/value inputs; the cache may be fp16 while Q/K/V stay fp32."""
+    its unused key/value inputs; the cache may be fp16, or int8 rows with their scale, while Q/K/V stay fp32."""
 
     def __call__(self, i: int, qkv: str) -> str:
         b, m = self.c.b, self.c.m
         rope = self.rope or ()
         past = (io.PAST_KEY.format(i=i), io.PAST_VALUE.format(i=i))
         present = [io.PRESENT_KEY.format(i=i), io.PRESENT_VALUE.format(i=i)]
-        op = "CachedAttentionF16Cache" if self.c.opts.kv_dtype == "float16" else "CachedAttention"
+        op = {"float16": "CachedAttentionF16Cache", "int8": "CachedAttentionI8Cache"}.get(self.c.opts.kv_dtype,
+                                                                                          "CachedAttention")
         out = b._name(op) + "_out"
         b.nodes.append(helper.make_node(
             op, [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope], [out, *present],

@@ -45,7 +45,7 @@ def _token_inputs(mask_len: str) -> list[TensorSpec]:
 
 
 def _kv(kv: KVSpec, kind: str, length: str) -> list[TensorSpec]:
-    shape = (BATCH, kv.num_kv_heads, length, kv.head_dim)
+    shape = (BATCH, kv.num_kv_heads, length, kv.row_width)
     return [TensorSpec(n, kv.dtype, shape) for n in kv.names(kind)]
 
 

@@ -25,8 +25,12 @@ def library(llmc_ops: Path) -> Path:
     return llmc_ops
 
 
-def _graph(path: Path, H: int, Hkv: int, f16: bool, rope: bool) -> Path:
-    kv_type = TensorProto.FLOAT16 if f16 else TensorProto.FLOAT
+CACHES = {"fp32": (TensorProto.FLOAT, "CachedAttention"), "fp16": (TensorProto.FLOAT16, "CachedAttentionF16Cache"),
+          "int8": (TensorProto.INT8, "CachedAttentionI8Cache")}
+
+
+def _graph(path: Path, H: int, Hkv: int, cache: str, rope: bool) -> Path:
+    kv_type, op = CACHES[cache]
     inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["B", "S", "W"]),
               helper.make_tensor_value_info("past_key", kv_type, ["B", Hkv, "L", "D"]),
               helper.make_tensor_value_info("past_value", kv_type, ["B", Hkv, "L", "D"]),
@@ -37,7 +41,7 @@ def _graph(path: Path, H: int, Hkv: int, f16: bool, rope: bool) -> Path:
     outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", "S", "HD"]),
                helper.make_tensor_value_info("present_key", kv_type, ["B", Hkv, "L", "D"]),
                helper.make_tensor_value_info("present_value", kv_type, ["B", Hkv, "L", "D"])]
-    node = helper.make_node("CachedAttentionF16Cache" if f16 else "CachedAttention", [i.name for i in inputs],
+    node = helper.make_node(op, [i.name for i in inputs],
                             [o.name for o in outputs], domain="ai.llmc", num_heads=H, kv_num_heads=Hkv, scale=0.3)
     model = helper.make_model(helper.make_graph([node], "attn", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
@@ -89,35 +93,60 @@ CASES = {  # name: (B, S, H, Hkv, D, L, past per row, new per row, first prompt)
 }
 
 
-def _inputs(case: tuple, f16: bool, rope: bool, seed: int = 0) -> tuple[dict[str, np.ndarray], tuple]:
+GROUP = 32  # int8 cache: values per fp16 scale
+
+
+def _quantize_rows(x: np.ndarray) -> np.ndarray:
+    """[..., D] float -> the int8 cache's rows [..., D + 2 ceil(D / 32)]: D int8, then an fp16 scale per 32."""
+    groups = [x[..., i:i + GROUP] for i in range(0, x.shape[-1], GROUP)]
+    scales = np.stack([np.abs(g).max(axis=-1) / 127 for g in groups], axis=-1).astype(np.float16)
+    inv = np.where(scales > 0, 1 / np.where(scales > 0, scales, 1).astype(np.float32), 0)
+    q = np.concatenate([np.clip(np.rint(g * inv[..., i:i + 1]), -127, 127) for i, g in enumerate(groups)], -1)
+    return np.concatenate([q.astype(np.int8), scales.view(np.int8)], axis=-1)
+
+
+def _cache_values(buf: np.ndarray) -> np.ndarray:
+    """A cache buffer's values in float64 (int8 rows: each group's q times its scale)."""
+    if buf.dtype != np.int8:
+        return buf.astype(np.float64)
+    n = buf.shape[-1]
+    d = next(d for d in range(n, 0, -1) if d + 2 * -(-d // GROUP) == n)
+    scales = np.ascontiguousarray(buf[..., d:]).view(np.float16).astype(np.float64)
+    return buf[..., :d].astype(np.float64) * np.repeat(scales, GROUP, axis=-1)[..., :d]
+
+
+def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0) -> tuple[dict[str, np.ndarray], tuple]:
     B, S, H, Hkv, D, L, past, new, first = case
     rng = np.random.default_rng(seed)
-    kv_dtype = np.float16 if f16 else np.float32
+    def past_cache() -> np.ndarray:
+        x = rng.standard_normal((B, Hkv, L, D))
+        return _quantize_rows(x.astype(np.float32)) if cache == "int8" else x.astype(
+            np.float16 if cache == "fp16" else np.float32)
+
     feeds = {"qkv": rng.standard_normal((B, S, (H + 2 * Hkv) * D)).astype(np.float32),
-             "past_key": rng.standard_normal((B, Hkv, L, D)).astype(kv_dtype),
-             "past_value": rng.standard_normal((B, Hkv, L, D)).astype(kv_dtype),
+             "past_key": past_cache(), "past_value": past_cache(),
              "seqlens_k": np.array([p + n - 1 for p, n in zip(past, new)], np.int32),
              "total_sequence_length": np.array(S if first else max(p + n for p, n in zip(past, new)), np.int32)}
     if rope:
         freqs = np.outer(np.arange(L + 3), 1.0 / 10000 ** (np.arange(0, D, 2) / D))
         feeds["cos"], feeds["sin"] = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
-    expected = _reference(feeds["qkv"], feeds["past_key"], feeds["past_value"], past, new, H, Hkv,
-                          feeds.get("cos"), feeds.get("sin"))
+    expected = _reference(feeds["qkv"], _cache_values(feeds["past_key"]), _cache_values(feeds["past_value"]), past,
+                          new, H, Hkv, feeds.get("cos"), feeds.get("sin"))
     return feeds, expected
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
-@pytest.mark.parametrize("f16", [False, True], ids=["fp32-cache", "fp16-cache"])
+@pytest.mark.parametrize("cache", list(CACHES))
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str,
-                                    f16: bool, generic: bool) -> None:
+                                    cache: str, generic: bool) -> None:
     import onnxruntime as ort
 
     monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
     case = CASES[name]
     rope = name != "odd-head-size"
-    feeds, (out, k, v) = _inputs(case, f16, rope)
-    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], f16, rope))
+    feeds, (out, k, v) = _inputs(case, cache, rope)
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], cache, rope))
     binding = session.io_binding()  # type: ignore[attr-defined]
     binding.bind_output("out")  # first: copy_outputs_to_cpu lists the outputs in the order they were bound
     caches = {}
@@ -129,19 +158,20 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
             binding.bind_ortvalue_output(name_in.replace("past_", "present_"), value)
     session.run_with_iobinding(binding)  # type: ignore[attr-defined]
     got = binding.copy_outputs_to_cpu()[0]
-    tol = 3e-3 if f16 else 2e-5  # an fp16 cache rounds K and V to 11 bits
+    # an fp16 cache rounds the new K and V to 11 bits, an int8 one to half a step of max |row| / 127
+    tol = {"fp32": 2e-5, "fp16": 3e-3, "int8": 2.5e-2}[cache]
     np.testing.assert_allclose(got, out, atol=tol, rtol=0)
     # the cache was updated where it lives: the new K/V at their positions, every other position untouched
-    np.testing.assert_allclose(feeds["past_key"].astype(np.float64), k, atol=tol, rtol=0)
-    np.testing.assert_allclose(feeds["past_value"].astype(np.float64), v, atol=tol, rtol=0)
+    np.testing.assert_allclose(_cache_values(feeds["past_key"]), k, atol=tol, rtol=0)
+    np.testing.assert_allclose(_cache_values(feeds["past_value"]), v, atol=tol, rtol=0)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_plain_run_copies_the_past_into_the_present(library: Path, tmp_path: Path, threads: int) -> None:
     case = CASES["decode-split-rows"]
-    feeds, (out, k, v) = _inputs(case, False, True, seed=1)
+    feeds, (out, k, v) = _inputs(case, "fp32", True, seed=1)
     before = {n: feeds[n].copy() for n in ("past_key", "past_value")}
-    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], False, True), threads)
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], "fp32", True), threads)
     got, present_k, present_v = session.run(None, feeds)  # type: ignore[attr-defined]
     np.testing.assert_allclose(got, out, atol=2e-5, rtol=0)
     np.testing.assert_allclose(present_k, k, atol=2e-5, rtol=0)
@@ -152,9 +182,9 @@ def test_plain_run_copies_the_past_into_the_present(library: Path, tmp_path: Pat
 
 def test_a_row_past_the_cache_is_refused_with_the_limit(library: Path, tmp_path: Path) -> None:
     case = CASES["chunk-after-past"]
-    feeds, _ = _inputs(case, False, True)
+    feeds, _ = _inputs(case, "fp32", True)
     feeds["seqlens_k"] = np.array([44], np.int32)  # 45 positions in a 40-position cache
-    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], False, True))
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], "fp32", True))
     with pytest.raises(Exception, match="row 0 needs 45 positions: the cache holds 40"):
         session.run(None, feeds)  # type: ignore[attr-defined]
 
@@ -172,16 +202,19 @@ def test_a_missing_library_is_one_line(tmp_path: Path) -> None:
 # --- engines built with --attention llmc (tiny llama); the parity tests run the fp32-cache build as layout "llmc"
 
 
-def test_fp16_cache_engine_matches_the_fp32_cache_engine(tiny_llama: Built, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kv_dtype", "row_bytes", "tol"), [("float16", 2 * 16, 2e-2), ("int8", 16 + 2, 5e-2)])
+def test_smaller_cache_engine_matches_the_fp32_cache_engine(tiny_llama: Built, tmp_path: Path, kv_dtype: str,
+                                                           row_bytes: int, tol: float) -> None:
     from llmc.engines.ort_build import BuildConfig, build_ort
     from llmc.engines.registry import load_engine_dir
 
-    manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e16", attention="llmc", kv_dtype="float16"))
-    assert manifest.kv.dtype == "float16" and manifest.settings["custom_ops"] == LIBRARY
+    manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", attention="llmc", kv_dtype=kv_dtype))
+    assert manifest.kv.dtype == kv_dtype and manifest.settings["custom_ops"] == LIBRARY
     assert manifest.settings["parity"]["top1_agreement"] == 1.0
     assert LIBRARY in manifest.files  # hashed like every other file of the engine
-    engines = [load_engine_dir(tiny_llama.engine("llmc")), load_engine_dir(tmp_path / "e16")]
-    assert engines[1].kv_bytes_per_token() * 2 == engines[0].kv_bytes_per_token()
+    engines = [load_engine_dir(tiny_llama.engine("llmc")), load_engine_dir(tmp_path / "e")]
+    # tiny llama: head size 16; a row is 16 fp32 = 64 bytes, 16 fp16, or 16 int8 + one fp16 scale
+    assert engines[1].kv_bytes_per_token() * 64 == engines[0].kv_bytes_per_token() * row_bytes
     prompts = [[5, 9, 11, 3, 7, 2], [4, 8]]
     logits = []
     for engine in engines:
@@ -191,7 +224,7 @@ def test_fp16_cache_engine_matches_the_fp32_cache_engine(tiny_llama: Built, tmp_
             steps.append(engine.decode([0, 1], [[3 + t], [20 - t]], kv))
         logits.append(np.stack(steps))
     scale = np.abs(logits[0]).max()
-    assert np.abs(logits[1] - logits[0]).max() < 2e-2 * scale
+    assert np.abs(logits[1] - logits[0]).max() < tol * scale
     assert (logits[1].argmax(-1) == logits[0].argmax(-1)).all()
 
 
@@ -208,7 +241,8 @@ def test_int4_engine_with_the_llmc_operator_generates(tiny_llama: Built, tmp_pat
 @pytest.mark.parametrize(("changes", "message"), [
     ({"kv_dtype": "float16"}, "--kv-dtype float16 needs --attention llmc"),
     ({"attention": "flash"}, "--attention must be one of gqa, llmc, onnx, got 'flash'"),
-    ({"attention": "llmc", "kv_dtype": "int8"}, "--kv-dtype must be float32 or float16, got 'int8'"),
+    ({"kv_dtype": "int8"}, "--kv-dtype int8 needs --attention llmc"),
+    ({"attention": "llmc", "kv_dtype": "int4"}, "--kv-dtype must be float32, float16 or int8, got 'int4'"),
     ({"attention": "llmc", "kv_dtype": "float16", "kv_layout": "concat"}, "only --attention llmc \\(in place\\)"),
 ])
 def test_bad_attention_settings_are_refused(tiny_llama: Built, tmp_path: Path, changes: dict, message: str) -> None:

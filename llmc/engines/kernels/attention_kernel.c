@@ -43,8 +43,21 @@ static inline int new_of(const llmc_attention_args* a, int b) {
 
 /* ---------------------------------------------------------------- portable C */
 
-static inline float load1(const void* p, size_t i, int f16) {
-  return f16 ? (float)((const _Float16*)p)[i] : ((const float*)p)[i];
+/* A cache row: D fp32, D fp16, or D int8 followed by one fp16 scale per group of LLMC_KV_I8_GROUP values
+ * (x = scale * q, scale = max |x| / 127 over the group). */
+static inline int groups(int D) { return (D + LLMC_KV_I8_GROUP - 1) / LLMC_KV_I8_GROUP; }
+static inline size_t row_bytes(int kind, int D) {
+  return kind == LLMC_KV_F32 ? 4 * (size_t)D : kind == LLMC_KV_F16 ? 2 * (size_t)D : (size_t)(D + 2 * groups(D));
+}
+static inline float group_scale(const char* row, int D, int d) {
+  _Float16 s;
+  memcpy(&s, row + D + 2 * (d / LLMC_KV_I8_GROUP), 2);
+  return (float)s;
+}
+static inline float load1(const char* row, int d, int kind, int D) {
+  if (kind == LLMC_KV_F16) return (float)((const _Float16*)row)[d];
+  if (kind == LLMC_KV_I8) return (float)((const int8_t*)row)[d] * group_scale(row, D, d);
+  return ((const float*)row)[d];
 }
 
 static inline float flushed_exp(float x) { return x < -80.f ? 0.f : expf(x); } /* see exp512 */
@@ -65,8 +78,9 @@ static void rotate(const float* x, float* y, const float* cos, const float* sin,
 }
 
 /* Keys [t0, t1) of one KV head for G query heads q[G][D]: online softmax; m[G], l[G], acc[G][D] out. */
-static void attend_generic(const float* q, const void* K, const void* V, int f16, int G, int D, int t0, int t1,
+static void attend_generic(const float* q, const char* K, const char* V, int kind, int G, int D, int t0, int t1,
                            float* m, float* l, float* acc) {
+  size_t rb = row_bytes(kind, D);
   float s[CHUNK * 64];
   for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
   memset(acc, 0, sizeof(float) * G * D);
@@ -74,8 +88,9 @@ static void attend_generic(const float* q, const void* K, const void* V, int f16
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
     for (int t = 0; t < n; t++)
       for (int g = 0; g < G; g++) {
+        const char* row = K + (size_t)(c0 + t) * rb;
         float dot = 0.f;
-        for (int d = 0; d < D; d++) dot += q[g * D + d] * load1(K, (size_t)(c0 + t) * D + d, f16);
+        for (int d = 0; d < D; d++) dot += q[g * D + d] * load1(row, d, kind, D);
         s[g * CHUNK + t] = dot;
       }
     for (int g = 0; g < G; g++) {
@@ -89,8 +104,9 @@ static void attend_generic(const float* q, const void* K, const void* V, int f16
     }
     for (int t = 0; t < n; t++)
       for (int g = 0; g < G; g++) {
+        const char* row = V + (size_t)(c0 + t) * rb;
         float p = s[g * CHUNK + t];
-        for (int d = 0; d < D; d++) acc[g * D + d] += p * load1(V, (size_t)(c0 + t) * D + d, f16);
+        for (int d = 0; d < D; d++) acc[g * D + d] += p * load1(row, d, kind, D);
       }
   }
 }
@@ -98,11 +114,22 @@ static void attend_generic(const float* q, const void* K, const void* V, int f16
 /* ---------------------------------------------------------------- AVX-512 */
 #ifdef LLMC_X86
 
-#define AVX512 __attribute__((target("avx512f")))
+#define AVX512 __attribute__((target("avx512f,f16c")))
 
-AVX512 static inline __m512 load16(const void* p, size_t i, int f16) {
-  if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)p + i)));
-  return _mm512_loadu_ps((const float*)p + i);
+/* group_scale with the F16C conversion (the portable one is a library call per scale). */
+AVX512 static inline float group_scale_f16c(const char* row, int D, int d) {
+  unsigned short h;
+  memcpy(&h, row + D + 2 * (d / LLMC_KV_I8_GROUP), 2);
+  return _cvtsh_ss(h);
+}
+
+/* Elements j .. j + 15 of a cache row (D values), as fp32. */
+AVX512 static inline __m512 load16(const char* row, int j, int kind, int D) {
+  if (kind == LLMC_KV_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(row + 2 * j)));
+  if (kind == LLMC_KV_I8)
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + j)))),
+                         _mm512_set1_ps(group_scale_f16c(row, D, j)));
+  return _mm512_loadu_ps((const float*)row + j);
 }
 
 /* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial, 2^n by scalef), flushed to 0
@@ -129,41 +156,42 @@ AVX512 static inline __m512 exp512(__m512 x) {
  * the value stream from there; prefetching it in the value loop as well measured slower). On 2 cores over 30
  * layers: ~15 % less time. A prefetch past the buffer's end is harmless (it never faults). */
 #define PREFETCH_ROWS 32
-static inline void prefetch_row(const void* base, size_t at, int D, int f16) {
-  const char* p = (const char*)base + at * (f16 ? 2 : 4);
-  for (int b = 0; b < D * (f16 ? 2 : 4); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+static inline void prefetch_row(const char* row, size_t bytes) {
+  for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
 }
 
 /* acc[g][:] += sum over the chunk's n keys of p[g][t] * V[c0 + t][:], one 16-wide column block of V at a time so
  * the G accumulators of that block stay in registers (G is a constant in each expansion). */
-AVX512 static inline __attribute__((always_inline)) void sum_values(const float* p, const void* V, int f16, int D,
+AVX512 static inline __attribute__((always_inline)) void sum_values(const float* p, const char* V, int kind, int D,
                                                                      int c0, int n, float* acc, const int G) {
+  size_t rb = row_bytes(kind, D);
   for (int j = 0; j < D; j += 16) {
     __m512 a[8];
     for (int g = 0; g < G; g++) a[g] = _mm512_loadu_ps(acc + g * D + j);
     for (int t = 0; t < n; t++) {
-      __m512 vv = load16(V, (size_t)(c0 + t) * D + j, f16);
+      __m512 vv = load16(V + (size_t)(c0 + t) * rb, j, kind, D);
       for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * CHUNK + t]), vv, a[g]);
     }
     for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + j, a[g]);
   }
 }
 
-AVX512 static void attend_avx512(const float* q, const void* K, const void* V, int f16, int G, int D, int t0, int t1,
+AVX512 static void attend_avx512(const float* q, const char* K, const char* V, int kind, int G, int D, int t0, int t1,
                                  float* m, float* l, float* acc) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
   int nv = D / 16;
+  size_t rb = row_bytes(kind, D);
   for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
   memset(acc, 0, sizeof(float) * G * D);
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
     for (int t = 0; t < n; t++) {
-      size_t row = (size_t)(c0 + t) * D;
-      prefetch_row(K, row + (size_t)PREFETCH_ROWS * D, D, f16);
-      if (t + PREFETCH_ROWS >= n) prefetch_row(V, (size_t)(c0 + t + PREFETCH_ROWS - n) * D, D, f16);
+      const char* row = K + (size_t)(c0 + t) * rb;
+      prefetch_row(row + PREFETCH_ROWS * rb, rb);
+      if (t + PREFETCH_ROWS >= n) prefetch_row(V + (size_t)(c0 + t + PREFETCH_ROWS - n) * rb, rb);
       if (nv == 4) { /* D = 64: the key row in 4 registers, reused by every query head */
-        __m512 k0 = load16(K, row, f16), k1 = load16(K, row + 16, f16), k2 = load16(K, row + 32, f16),
-               k3 = load16(K, row + 48, f16);
+        __m512 k0 = load16(row, 0, kind, D), k1 = load16(row, 16, kind, D), k2 = load16(row, 32, kind, D),
+               k3 = load16(row, 48, kind, D);
         for (int g = 0; g < G; g++) {
           const float* qg = q + g * 64;
           __m512 x = _mm512_mul_ps(_mm512_loadu_ps(qg), k0);
@@ -176,7 +204,7 @@ AVX512 static void attend_avx512(const float* q, const void* K, const void* V, i
         for (int g = 0; g < G; g++) {
           __m512 x = _mm512_setzero_ps();
           for (int j = 0; j < nv; j++)
-            x = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + 16 * j), load16(K, row + 16 * j, f16), x);
+            x = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + 16 * j), load16(row, 16 * j, kind, D), x);
           s[g * CHUNK + t] = _mm512_reduce_add_ps(x);
         }
       }
@@ -210,19 +238,19 @@ AVX512 static void attend_avx512(const float* q, const void* K, const void* V, i
       }
     }
     switch (G) { /* the accumulators in registers for the usual group sizes */
-      case 1: sum_values(s, V, f16, D, c0, n, acc, 1); break;
-      case 2: sum_values(s, V, f16, D, c0, n, acc, 2); break;
-      case 3: sum_values(s, V, f16, D, c0, n, acc, 3); break;
-      case 4: sum_values(s, V, f16, D, c0, n, acc, 4); break;
-      case 5: sum_values(s, V, f16, D, c0, n, acc, 5); break;
-      case 6: sum_values(s, V, f16, D, c0, n, acc, 6); break;
-      case 7: sum_values(s, V, f16, D, c0, n, acc, 7); break;
-      case 8: sum_values(s, V, f16, D, c0, n, acc, 8); break;
+      case 1: sum_values(s, V, kind, D, c0, n, acc, 1); break;
+      case 2: sum_values(s, V, kind, D, c0, n, acc, 2); break;
+      case 3: sum_values(s, V, kind, D, c0, n, acc, 3); break;
+      case 4: sum_values(s, V, kind, D, c0, n, acc, 4); break;
+      case 5: sum_values(s, V, kind, D, c0, n, acc, 5); break;
+      case 6: sum_values(s, V, kind, D, c0, n, acc, 6); break;
+      case 7: sum_values(s, V, kind, D, c0, n, acc, 7); break;
+      case 8: sum_values(s, V, kind, D, c0, n, acc, 8); break;
       default:
         for (int t = 0; t < n; t++) {
-          size_t row = (size_t)(c0 + t) * D;
+          const char* row = V + (size_t)(c0 + t) * rb;
           for (int j = 0; j < nv; j++) {
-            __m512 vv = load16(V, row + 16 * j, f16);
+            __m512 vv = load16(row, 16 * j, kind, D);
             for (int g = 0; g < G; g++) {
               float* a = acc + g * D + 16 * j;
               _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(s[g * CHUNK + t]), vv, _mm512_loadu_ps(a)));
@@ -237,12 +265,25 @@ AVX512 static void attend_avx512(const float* q, const void* K, const void* V, i
 
 /* ---------------------------------------------------------------- the op */
 
-static void store_row(void* dst, size_t at, const float* x, int D, int f16) {
-  if (f16) {
-    _Float16* h = (_Float16*)dst + at;
+static void store_row(char* row, const float* x, int D, int kind) {
+  if (kind == LLMC_KV_F16) {
+    _Float16* h = (_Float16*)row;
     for (int d = 0; d < D; d++) h[d] = (_Float16)x[d];
+  } else if (kind == LLMC_KV_I8) {
+    for (int d0 = 0; d0 < D; d0 += LLMC_KV_I8_GROUP) {
+      int d1 = d0 + LLMC_KV_I8_GROUP < D ? d0 + LLMC_KV_I8_GROUP : D;
+      float amax = 0.f;
+      for (int d = d0; d < d1; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+      _Float16 scale = (_Float16)(amax / 127.f);
+      float inv = (float)scale > 0.f ? 1.f / (float)scale : 0.f; /* the stored scale: q * scale ~ x */
+      for (int d = d0; d < d1; d++) {
+        long v = lrintf(x[d] * inv);
+        ((int8_t*)row)[d] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+      }
+      memcpy(row + D + 2 * (d0 / LLMC_KV_I8_GROUP), &scale, 2);
+    }
   } else {
-    memcpy((float*)dst + at, x, sizeof(float) * D);
+    memcpy(row, x, sizeof(float) * D);
   }
 }
 
@@ -260,10 +301,10 @@ static void write_new(const job* j) {
         continue;
       }
       for (int h = 0; h < a->Hkv; h++) {
-        size_t at = (((size_t)b * a->Hkv + h) * a->L + past + i) * D;
+        size_t at = (((size_t)b * a->Hkv + h) * a->L + past + i) * row_bytes(a->kv_kind, D);
         rotate(src + (size_t)(a->H + h) * D, tmp, a->cos, a->sin, past + i, D, 1.f);
-        store_row(a->k, at, tmp, D, a->kv_f16);
-        store_row(a->v, at, src + (size_t)(a->H + a->Hkv + h) * D, D, a->kv_f16);
+        store_row((char*)a->k + at, tmp, D, a->kv_kind);
+        store_row((char*)a->v + at, src + (size_t)(a->H + a->Hkv + h) * D, D, a->kv_kind);
       }
     }
   }
@@ -287,18 +328,18 @@ static void run_unit(void* data, size_t u) {
   float q[MAX_GD], acc[MAX_GD], m[64], l[64];
   const float* src = a->qkv + ((size_t)b * a->S + i) * j->W;
   for (int g = 0; g < G; g++) rotate(src + (size_t)(h * G + g) * D, q + g * D, a->cos, a->sin, past + i, D, a->scale);
-  size_t head_off = (((size_t)b * a->Hkv + h) * a->L) * D;
-  const void* K = a->kv_f16 ? (const void*)((const _Float16*)a->k + head_off) : (const void*)((const float*)a->k + head_off);
-  const void* V = a->kv_f16 ? (const void*)((const _Float16*)a->v + head_off) : (const void*)((const float*)a->v + head_off);
+  size_t head_off = (((size_t)b * a->Hkv + h) * a->L) * row_bytes(a->kv_kind, D);
+  const char* K = (const char*)a->k + head_off;
+  const char* V = (const char*)a->v + head_off;
   if (t0 >= t1) {
     for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
     memset(acc, 0, sizeof(float) * G * D);
 #ifdef LLMC_X86
   } else if (j->avx512) {
-    attend_avx512(q, K, V, a->kv_f16, G, D, t0, t1, m, l, acc);
+    attend_avx512(q, K, V, a->kv_kind, G, D, t0, t1, m, l, acc);
 #endif
   } else {
-    attend_generic(q, K, V, a->kv_f16, G, D, t0, t1, m, l, acc);
+    attend_generic(q, K, V, a->kv_kind, G, D, t0, t1, m, l, acc);
   }
   for (int g = 0; g < G; g++) {
     int head = h * G + g;

@@ -2,7 +2,9 @@
  *
  * Inputs follow com.microsoft.GroupQueryAttention as llmc's graphs use it:
  *   qkv   [B, S, (H + 2 Hkv) D] fp32: packed Q, K, V of the new tokens
- *   k, v  [B, Hkv, L, D] fp32 or fp16: the cache, the new K (rotated) and V are written at their positions
+ *   k, v  [B, Hkv, L, D] fp32 or fp16, or [B, Hkv, L, D + 2 ceil(D / 32)] int8: each row D int8, then one fp16
+ *         scale per group of 32 of them (x = scale * q, scale = max |x| / 127 over the group); the new K (rotated)
+ *         and V are written at their positions
  *   seqlens[b] = tokens of row b after this step - 1
  *   first prompt (total_sequence_length == S): row b has seqlens[b] + 1 new tokens (right-padded), no past;
  *   otherwise row b has S new tokens after seqlens[b] + 1 - S cached ones.
@@ -17,8 +19,13 @@
 
 #include "parallel.h"
 
+enum { LLMC_KV_F32 = 0, LLMC_KV_F16 = 1, LLMC_KV_I8 = 2 };
+#ifndef LLMC_KV_I8_GROUP
+#define LLMC_KV_I8_GROUP 32 /* int8 cache: values per fp16 scale (a multiple of 16) */
+#endif
+
 typedef struct {
-  int B, S, H, Hkv, D, L, first_prompt, kv_f16, max_pos;
+  int B, S, H, Hkv, D, L, first_prompt, kv_kind, max_pos; /* kv_kind: LLMC_KV_* */
   const float* qkv;
   void* k;
   void* v;

@@ -1,7 +1,8 @@
 /* llmc's ONNX Runtime custom operators (CPU), domain ai.llmc:
  *
- * CachedAttention / CachedAttentionF16Cache (attention_kernel.h):
- * Inputs: qkv [B, S, (H + 2 Hkv) D] fp32, past_key, past_value [B, Hkv, L, D] (fp32, or fp16 for the F16Cache op),
+ * CachedAttention / CachedAttentionF16Cache / CachedAttentionI8Cache (attention_kernel.h):
+ * Inputs: qkv [B, S, (H + 2 Hkv) D] fp32, past_key, past_value [B, Hkv, L, D] (fp32, or fp16 for the F16Cache op;
+ * int8 [B, Hkv, L, D + 2 ceil(D / 32)] for the I8Cache op: each row D int8 and an fp16 scale per 32 of them),
  * seqlens_k [B] int32, total_sequence_length [] int32, cos_cache, sin_cache [max_pos, D/2] fp32 (optional, both or
  * neither). Outputs: output [B, S, H D] fp32, present_key, present_value [B, Hkv, L, D]: bind them to the same
  * memory as the past inputs and nothing is copied; otherwise the past is copied into them first.
@@ -35,7 +36,7 @@ typedef struct OrtCustomOpDomain OrtCustomOpDomain;
 typedef struct OrtShapeInferContext OrtShapeInferContext;
 typedef void OrtApi; /* used only through the slots below */
 
-enum { T_UNDEFINED = 0, T_FLOAT = 1, T_UINT8 = 2, T_INT32 = 6, T_FLOAT16 = 10 };
+enum { T_UNDEFINED = 0, T_FLOAT = 1, T_UINT8 = 2, T_INT8 = 3, T_INT32 = 6, T_FLOAT16 = 10 };
 enum { IO_REQUIRED = 0, IO_OPTIONAL = 1 };
 enum { ERR_FAIL = 1, ERR_INVALID_ARGUMENT = 2 };
 
@@ -124,7 +125,7 @@ typedef struct {
   const OrtApi* api;
   int64_t num_heads, kv_num_heads;
   float scale;
-  int kv_f16;
+  int kv_kind; /* LLMC_KV_* */
 } Kernel;
 
 enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, N_INPUTS };
@@ -164,7 +165,8 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
   if (!k) return fail(api, ERR_FAIL, "CachedAttention: out of memory");
   k->api = api;
-  k->kv_f16 = ((const LlmcOp*)op)->kv_type == T_FLOAT16;
+  int kv_type = ((const LlmcOp*)op)->kv_type;
+  k->kv_kind = kv_type == T_FLOAT16 ? LLMC_KV_F16 : kv_type == T_INT8 ? LLMC_KV_I8 : LLMC_KV_F32;
   OrtStatus* s = ((GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64))(info, "num_heads", &k->num_heads);
   if (!s) s = ((GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64))(info, "kv_num_heads", &k->kv_num_heads);
   if (!s) s = ((GetAttributeFloat_t)SLOT(api, KernelInfoGetAttribute_float))(info, "scale", &k->scale);
@@ -232,7 +234,10 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       rank[IN_TOTAL] > 1 || rank[IN_TOTAL] < 0)
     return fail(api, ERR_INVALID_ARGUMENT, "CachedAttention: expected qkv [B, S, W], past [B, Hkv, L, D], "
                                            "seqlens_k [B], total_sequence_length []");
-  int64_t B = dims[IN_QKV][0], S = dims[IN_QKV][1], W = dims[IN_QKV][2], D = dims[IN_PAST_K][3];
+  int64_t B = dims[IN_QKV][0], S = dims[IN_QKV][1], W = dims[IN_QKV][2];
+  int64_t D = dims[IN_PAST_K][3]; /* int8 rows: D values, then 2 bytes of scale per group of LLMC_KV_I8_GROUP */
+  if (k->kv_kind == LLMC_KV_I8) /* the D with D + 2 ceil(D / group) = the row's width (it grows with D) */
+    while (D > 0 && D + 2 * ((D + LLMC_KV_I8_GROUP - 1) / LLMC_KV_I8_GROUP) > dims[IN_PAST_K][3]) D--;
   int64_t L = dims[IN_PAST_K][2];
   if (memcmp(dims[IN_PAST_K], dims[IN_PAST_V], sizeof(dims[0])) || dims[IN_PAST_K][0] != B ||
       dims[IN_PAST_K][1] != Hkv || W != (H + 2 * Hkv) * D || dims[IN_SEQLENS][0] != B) {
@@ -254,7 +259,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   GetTensorMutableData_t mutable_data = (GetTensorMutableData_t)SLOT(api, GetTensorMutableData);
   CHECK(get_output(ctx, OUT_ATTN, out_dims, 3, &out));
   CHECK(mutable_data(out, &out_data));
-  size_t cache_bytes = (size_t)(B * Hkv * L * D) * (k->kv_f16 ? 2 : 4);
+  size_t cache_bytes = (size_t)(B * Hkv * L) * (size_t)dims[IN_PAST_K][3] * (k->kv_kind == LLMC_KV_F32 ? 4 : k->kv_kind == LLMC_KV_F16 ? 2 : 1);
   for (int i = 0; i < 2; i++) {
     CHECK(get_output(ctx, OUT_PRESENT_K + i, dims[IN_PAST_K], 4, &present[i]));
     CHECK(mutable_data(present[i], &present_data[i]));
@@ -262,7 +267,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   }
   llmc_attention_args a = {
       .B = (int)B, .S = (int)S, .H = H, .Hkv = Hkv, .D = (int)D, .L = (int)L,
-      .first_prompt = *(const int32_t*)data[IN_TOTAL] == S, .kv_f16 = k->kv_f16,
+      .first_prompt = *(const int32_t*)data[IN_TOTAL] == S, .kv_kind = k->kv_kind,
       .max_pos = rank[IN_COS] >= 0 ? (int)dims[IN_COS][0] : 0,
       .qkv = (const float*)data[IN_QKV], .k = present_data[0], .v = present_data[1],
       .seqlens = (const int32_t*)data[IN_SEQLENS], .cos = (const float*)data[IN_COS],
@@ -389,7 +394,7 @@ static LlmcOp make_matmul_op(void) {
   return op;
 }
 
-#define N_OPS 3
+#define N_OPS 4
 #define MAX_THREADS 256
 static LlmcOp op_sets[MAX_THREADS + 1][N_OPS]; /* one set per thread count: ONNX Runtime keeps pointers to them */
 
@@ -417,6 +422,7 @@ EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase
   if (!ops[0].name) {
     ops[0] = make_op("CachedAttention", T_FLOAT);
     ops[1] = make_op("CachedAttentionF16Cache", T_FLOAT16);
+    ops[3] = make_op("CachedAttentionI8Cache", T_INT8);
     ops[2] = make_matmul_op();
     for (int i = 0; i < N_OPS; i++) ops[i].threads = threads;
   }
