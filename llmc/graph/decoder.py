@@ -207,7 +207,7 @@ def _mlp(c: _Ctx, p: str, h: str) -> str:
 def _lm_head(c: _Ctx, x: str) -> None:
     """logits = x @ W^T with W [V, Hd] (the embedding when tied: stored once, read transposed by Gemm)."""
     b, m = c.b, c.m
-    if c.has("lm_head.weight" + QWEIGHT):
+    if c.has("lm_head.weight" + QWEIGHT) or c.has("lm_head.weight" + Q4TILES):
         logits = _linear(c, x, "lm_head")
     else:
         w = b.weight("embed.weight" if m.tie_embeddings else "lm_head.weight")

@@ -217,3 +217,17 @@ def test_build_refuses_matmul_llmc_where_it_does_not_apply(tiny_llama: Built, tm
     with pytest.raises(InputError, match=message):
         build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", **kwargs))  # type: ignore[arg-type]
     assert not (tmp_path / "e").exists()
+
+
+def test_a_4_bit_head_goes_to_the_operator_too(tiny_llama: Built, tmp_path: Path) -> None:
+    from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
+    from llmc.manifest import load_export
+
+    export = load_export(tiny_llama.export_dir)
+    spec = QuantSpec(4, head_bits=4, kernel="llmc")
+    ckpt = quantized(load_checkpoint(tiny_llama.export_dir, export), spec)
+    _, graph, _ = write_inplace_graphs(ckpt, tmp_path, export.dtype, export.opset, spec, fuse_norms=True,
+                                       one_graph=True)
+    ops = [n.op_type for n in onnx.load(str(tmp_path / graph.file), load_external_data=False).graph.node]
+    assert ops.count("MatMulQ4") == 4 * 2 + 1  # not the fp32 embedding through a Gemm
+    assert "Gemm" not in ops and "MatMulNBits" not in ops
