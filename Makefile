@@ -13,6 +13,7 @@ QUANT ?= none
 DTYPE ?= float32
 PROMPT ?= What is the capital of France?
 PYTEST_ARGS ?=
+BUILD_ARGS ?=
 BENCH_ARGS ?= --compare-torch --plot $(OUT)/bench.png
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -23,6 +24,7 @@ help:
 	@echo "make demo                 install, export + build the default model, answer a chat prompt"
 	@echo "make test                 install and run the test suite"
 	@echo "make export MODEL=... OUT=...   make build BACKEND=ort QUANT=none   make run PROMPT=..."
+	@echo "make build QUANT=int4 BUILD_ARGS='--matmul llmc --attention llmc --kv-dtype float16'   (the fast build)"
 
 $(BIN)/llmc: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -43,7 +45,7 @@ export: install
 	$(BIN)/llmc export $(MODEL) -o $(EXPORT_DIR) --dtype $(DTYPE) --force
 
 build: install
-	$(BIN)/llmc build $(EXPORT_DIR) --backend $(BACKEND) --quant $(QUANT) -o $(ENGINE_DIR) --force
+	$(BIN)/llmc build $(EXPORT_DIR) --backend $(BACKEND) --quant $(QUANT) -o $(ENGINE_DIR) --force $(BUILD_ARGS)
 
 run: install
 	$(BIN)/llmc run $(ENGINE_DIR) "$(PROMPT)"
@@ -51,7 +53,8 @@ run: install
 verify: install
 	$(BIN)/llmc verify $(ENGINE_DIR)
 
-# The llmc attention operator (`llmc build --attention llmc`, and its tests) is compiled with the machine's C compiler.
+# llmc's operators (`llmc build --attention llmc` / `--matmul llmc`, and their tests) are compiled with the machine's
+# C compiler.
 compiler:
 	@command -v "$${CC:-cc}" >/dev/null || command -v gcc >/dev/null || { \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
