@@ -38,7 +38,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         matmul: Annotated[str, typer.Option(
             help="--quant int4: the 4-bit kernel. ort (ONNX Runtime's MatMulNBits, default) or llmc (llmc's own "
                  "operator, compiled with the machine's C compiler: GGUF Q4_1's scale + min blocks exactly, the "
-                 "SwiGLU gate in the same node, AVX-512 VNNI).")] = "ort",
+                 "SwiGLU gate in the same node; AVX-512 VNNI or AVX2).")] = "ort",
         precision: Annotated[str, typer.Option(help="trt: engine precision.")] = "fp16",
         max_batch_size: Annotated[int | None, typer.Option(help="trt: most sequences per run.")] = None,
         max_input_len: Annotated[int | None, typer.Option(help="trt: most prompt tokens per row in a prefill.")]

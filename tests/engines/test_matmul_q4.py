@@ -1,6 +1,6 @@
 """llmc's 4-bit operator (ai.llmc.MatMulQ4): the packed layout, the operator against a numpy reference through
-ONNX Runtime (AVX-512 VNNI and portable paths, 1 to 13 rows, padded widths, bias, the SwiGLU gate, with and without
-the session's thread count), and `llmc build --quant int4 --matmul llmc` engines end to end."""
+ONNX Runtime (AVX-512 VNNI, AVX2 and portable paths, 1 to 14 rows, padded widths, bias, the SwiGLU gate, with and
+without the session's thread count), and `llmc build --quant int4 --matmul llmc` engines end to end."""
 
 from __future__ import annotations
 
@@ -126,13 +126,17 @@ CASES = [  # k, n, batch, new tokens, gated, bias
 ]
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["native", "portable"])
+PATHS = {"native": {}, "avx2": {"LLMC_KERNELS_AVX2": "1"}, "portable": {"LLMC_KERNELS_GENERIC": "1"}}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize(("threads", "tell"), [(2, True), (2, False), (1, True), (3, True)])
 @pytest.mark.parametrize(("k", "n", "batch", "seq", "gated", "with_bias"), CASES)
-def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, generic: bool,
+def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str,
                                         threads: int, tell: bool, k: int, n: int, batch: int, seq: int,
                                         gated: bool, with_bias: bool) -> None:
-    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
+    for name, value in PATHS[path].items():  # (the native path is the best this CPU has)
+        monkeypatch.setenv(name, value)
     w = _q4_1_like(k, n)
     bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
     x = RNG.standard_normal((batch, seq, k)).astype(np.float32)

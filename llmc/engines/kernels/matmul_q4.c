@@ -8,7 +8,8 @@
  * FMA per block with the exact fp32 block sums of x. The SwiGLU gate (silu(gate) * up) is applied to the tile pair
  * as it is stored.
  *
- * Two code paths: AVX-512 VNNI (chosen at run time when the CPU has it) and portable C.
+ * Three code paths, chosen at run time from the CPU: AVX-512 VNNI, AVX2 (vpmaddubsw pairs summed in 16 bits over a
+ * block, then widened once: no overflow, 8 x 2 x 15 x 127 < 2^15) and portable C.
  */
 #include "matmul_q4.h"
 
@@ -36,7 +37,7 @@ typedef struct {
   const float* xscale; /* [M, blocks] */
   const float* xsum;   /* [M, blocks] */
   const float* xmid;   /* [M, blocks]: 8 (xsum - xscale sum(xq)), see quantize_rows */
-  int vnni;
+  int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE */
   int64_t parts; /* contiguous parts, one per thread (0: units are claimed) */
   size_t next;   /* the next unit to claim (atomic) */
 } job;
@@ -208,26 +209,104 @@ static TARGET void unit_vnni(const job* j, int64_t u) {
   }
 }
 
-static int cpu_vnni(void) {
+/* ---------------------------------------------------------------- AVX2 */
+
+#define TARGET2 __attribute__((target("avx2,fma,f16c")))
+
+/* RM rows x NT tiles (RM * NT <= 2: 16 registers), as tiles_vnni: each tile is two registers of 8 columns. */
+static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* j, int64_t m0, int64_t t0,
+                                                                      float* buf, const int RM, const int NT) {
+  const int64_t blocks = j->blocks, K = j->a->K;
+  const int8_t* xq = j->xq + m0 * K;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[RM][NT][2];
+  for (int m = 0; m < RM; m++)
+    for (int t = 0; t < NT; t++) acc[m][t][0] = acc[m][t][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; b++) {
+    __m256i dot[RM][NT][2]; /* 16-bit sums of (column, k pair) over the block */
+    for (int m = 0; m < RM; m++)
+      for (int t = 0; t < NT; t++) dot[m][t][0] = dot[m][t][1] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++)
+      for (int t = 0; t < NT; t++) {
+        const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + c * 64;
+        _mm_prefetch((const char*)p + PREFETCH_BLOCKS * LLMC_Q4_PAIR_BYTES, _MM_HINT_T0);
+        for (int h = 0; h < 2; h++) {
+          __m256i raw = _mm256_loadu_si256((const __m256i*)(p + 32 * h));
+          __m256i lo = _mm256_and_si256(raw, low4);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+          for (int m = 0; m < RM; m++) {
+            const int8_t* r = xq + m * K + b * LLMC_Q4_BLOCK + 8 * c;
+            __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(r))),
+                                         _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(r + 4))));
+            dot[m][t][h] = _mm256_add_epi16(dot[m][t][h], s);
+          }
+        }
+      }
+    for (int t = 0; t < NT; t++) {
+      const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + 256;
+      for (int h = 0; h < 2; h++) {
+        __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
+        __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
+        for (int m = 0; m < RM; m++) {
+          int64_t mb = (m0 + m) * blocks + b;
+          __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[m][t][h], ones)),
+                                     _mm256_set1_ps(j->xscale[mb]), _mm256_set1_ps(j->xmid[mb]));
+          acc[m][t][h] = _mm256_fmadd_ps(d, scale, acc[m][t][h]);
+          acc[m][t][h] = _mm256_fmadd_ps(min, _mm256_set1_ps(j->xsum[mb]), acc[m][t][h]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < RM; m++)
+    for (int t = 0; t < NT; t++)
+      for (int h = 0; h < 2; h++) _mm256_storeu_ps(buf + m * UNIT_COLS + t * LLMC_Q4_TILE + 8 * h, acc[m][t][h]);
+}
+
+static TARGET2 void unit_avx2(const job* j, int64_t u) {
+  int64_t t0 = u * UNIT_TILES, M = j->a->M;
+  float buf[ROWS * UNIT_COLS];
+  for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+    int rows = M - m0 < ROWS ? (int)(M - m0) : ROWS, m = 0;
+    for (; rows - m >= 2; m += 2) {
+      tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 2, 1);
+      tiles_avx2(j, m0 + m, t0 + 1, buf + m * UNIT_COLS + LLMC_Q4_TILE, 2, 1);
+    }
+    if (m < rows) tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 1, 2);
+    store_unit(j, u, m0, rows, buf);
+  }
+}
+
+static int cpu_path(void) {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+    return LLMC_Q4_VNNI;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return LLMC_Q4_AVX2;
+  return LLMC_Q4_PORTABLE;
 }
 #endif
 
-int llmc_q4_uses_vnni(void) {
+int llmc_q4_path(void) {
 #ifdef LLMC_X86
   const char* generic = getenv("LLMC_KERNELS_GENERIC");
-  return cpu_vnni() && !(generic && *generic && *generic != '0');
+  const char* avx2 = getenv("LLMC_KERNELS_AVX2");
+  int path = cpu_path();
+  if (generic && *generic && *generic != '0') return LLMC_Q4_PORTABLE;
+  if (avx2 && *avx2 && *avx2 != '0' && path == LLMC_Q4_VNNI) return LLMC_Q4_AVX2;
+  return path;
 #else
-  return 0;
+  return LLMC_Q4_PORTABLE;
 #endif
 }
 
 static void run_unit(const job* j, int64_t u) {
 #ifdef LLMC_X86
-  if (j->vnni) {
+  if (j->path == LLMC_Q4_VNNI) {
     unit_vnni(j, u);
+    return;
+  }
+  if (j->path == LLMC_Q4_AVX2) {
+    unit_avx2(j, u);
     return;
   }
 #endif
@@ -269,7 +348,7 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   float* xmid = xsum + a->M * blocks;
   int8_t* xq = (int8_t*)(xmid + a->M * blocks);
   quantize_rows(a, xq, xscale, xsum, xmid);
-  job j = {a, (a->N + UNIT_COLS - 1) / UNIT_COLS, blocks, xq, xscale, xsum, xmid, llmc_q4_uses_vnni(), 0, 0};
+  job j = {a, (a->N + UNIT_COLS - 1) / UNIT_COLS, blocks, xq, xscale, xsum, xmid, llmc_q4_path(), 0, 0};
   if (!parallel || j.units < 2) {
     for (int64_t u = 0; u < j.units; u++) run_unit(&j, u);
   } else if (a->threads > 0) {

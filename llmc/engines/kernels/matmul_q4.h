@@ -39,7 +39,10 @@ typedef struct {
 /* Returns NULL on success, else a message naming the value and its limit. */
 const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, void* parallel_ctx);
 
-/* 1 when the AVX-512 VNNI path is used (the CPU has it and LLMC_KERNELS_GENERIC is unset). */
-int llmc_q4_uses_vnni(void);
+enum { LLMC_Q4_PORTABLE = 0, LLMC_Q4_AVX2 = 1, LLMC_Q4_VNNI = 2 };
+
+/* The path this CPU takes: AVX-512 VNNI, else AVX2 + FMA, else portable C. LLMC_KERNELS_GENERIC=1 forces the
+ * portable path, LLMC_KERNELS_AVX2=1 the AVX2 one on a VNNI CPU (tests run every path on one machine). */
+int llmc_q4_path(void);
 
 #endif
