@@ -77,7 +77,7 @@ static void quantize_rows(const llmc_q4_args* a, int8_t* xq, float* xscale, floa
     }
 }
 
-/* ---------------------------------------------------------------- the epilogue, both paths */
+/* ---------------------------------------------------------------- the epilogue, every path */
 
 static inline float silu(float v) { return v / (1.f + expf(-v)); }
 

@@ -259,7 +259,8 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   GetTensorMutableData_t mutable_data = (GetTensorMutableData_t)SLOT(api, GetTensorMutableData);
   CHECK(get_output(ctx, OUT_ATTN, out_dims, 3, &out));
   CHECK(mutable_data(out, &out_data));
-  size_t cache_bytes = (size_t)(B * Hkv * L) * (size_t)dims[IN_PAST_K][3] * (k->kv_kind == LLMC_KV_F32 ? 4 : k->kv_kind == LLMC_KV_F16 ? 2 : 1);
+  size_t item = k->kv_kind == LLMC_KV_F32 ? 4 : k->kv_kind == LLMC_KV_F16 ? 2 : 1;
+  size_t cache_bytes = (size_t)(B * Hkv * L) * (size_t)dims[IN_PAST_K][3] * item;
   for (int i = 0; i < 2; i++) {
     CHECK(get_output(ctx, OUT_PRESENT_K + i, dims[IN_PAST_K], 4, &present[i]));
     CHECK(mutable_data(present[i], &present_data[i]));
