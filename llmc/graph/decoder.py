@@ -6,7 +6,7 @@ Three attention lowerings share everything else: "decomposed" (standard ONNX ops
 "gqa" (ONNX Runtime's GroupQueryAttention over one [B, Hkv, max_len, D] buffer bound as past and present: the KV
 cache is written in place), "llmc" (the same contract as "gqa", computed by llmc's own ONNX Runtime operator
 `ai.llmc.CachedAttention`, which reads each cached key and value once for all query heads of its KV head and takes
-an fp16 cache) and "onnx" (opset-24 TensorScatter writes the new K/V into that buffer in place and the
+an fp16 or int8 cache) and "onnx" (opset-24 TensorScatter writes the new K/V into that buffer in place and the
 standard Attention op reads it: in place with standard ops only, what TensorRT >= 10.15 parses). Linear layers become
 MatMulNBits when their weights were quantized, or llmc's own ai.llmc.MatMulQ4 when they were packed for it (the
 SwiGLU MLP's gate and up projections then one node with the gate applied).
@@ -33,6 +33,7 @@ from llmc.graph.quant import (
     Q4TILES_GATED,
     QWEIGHT,
     SCALES,
+    TILE_BLOCK,
     QuantSpec,
     bits_of,
 )
@@ -142,7 +143,7 @@ def _matmul_q4(c: _Ctx, x: str, name: str, gated: bool) -> str:
     bias = f"{name}.bias"
     n = _out_width(c.m, name)
     return b.op("MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,
-                K=blocks * 32, N=n, gated=int(gated))
+                K=blocks * TILE_BLOCK, N=n, gated=int(gated))
 
 
 def _matmul_nbits(c: _Ctx, x: str, qname: str, sname: str, qweight: np.ndarray, bits: int) -> str:

@@ -195,11 +195,8 @@ def unpack_q4_tiles(packed: np.ndarray, n: int, gated: bool = False) -> np.ndarr
     return _gate_up_tiles(w, inverse=True) if gated else w
 
 
-def dequantize(parts: dict[str, np.ndarray], spec: QuantSpec, n: int = 0) -> np.ndarray:
-    """What the graph computes with: -> W [K, N] fp32 (`n`: N, for the MatMulQ4 tiles, padded to 32 columns)."""
-    for suffix, gated in ((Q4TILES, False), (Q4TILES_GATED, True)):
-        if suffix in parts:
-            return unpack_q4_tiles(parts[suffix], n or parts[suffix].shape[0] * 2 * TILE, gated)
+def dequantize(parts: dict[str, np.ndarray], spec: QuantSpec) -> np.ndarray:
+    """What the graph computes with (MatMulNBits' parts; MatMulQ4's tiles: unpack_q4_tiles): -> W [K, N] fp32."""
     qweight, scales = parts[QWEIGHT], parts[SCALES]
     n, blocks, _ = qweight.shape
     w = _symmetric_value(_unpack(qweight, spec.bits), scales.reshape(n, blocks), spec.bits)

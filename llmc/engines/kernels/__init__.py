@@ -5,7 +5,8 @@
 engine folder (`libllmc_ops.so`, hashed in the manifest like every other file); an engine registers the library with
 each ONNX Runtime session it opens, so a deployment needs the file, not a compiler. The library talks to ONNX Runtime
 only through the versioned C API table it is handed at registration (no link against ONNX Runtime), and picks its
-AVX-512 or portable path at run time from the CPU it runs on (LLMC_KERNELS_GENERIC=1 forces the portable one).
+code path at run time from the CPU it runs on: AVX-512 (VNNI for MatMulQ4), AVX2 (MatMulQ4) or portable C
+(LLMC_KERNELS_GENERIC=1 forces the portable one, LLMC_KERNELS_AVX2=1 MatMulQ4's AVX2 one).
 """
 
 from __future__ import annotations
