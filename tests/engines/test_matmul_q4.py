@@ -97,7 +97,8 @@ def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gated: boo
 
 
 def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, gated: bool,
-             threads: int, tell_threads: bool) -> object:
+             threads: int, told: int | None) -> object:
+    """A one-node session; `told` is the thread count the library is given (llmc.threads), None for none."""
     import onnxruntime as ort
 
     inputs = ["x", "w"] + (["bias"] if bias is not None else [])
@@ -110,8 +111,8 @@ def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray
     model.ir_version = 10
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    if tell_threads:
-        so.add_session_config_entry("llmc.threads", str(threads))
+    if told is not None:
+        so.add_session_config_entry("llmc.threads", str(told))
     so.register_custom_ops_library(str(library))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
@@ -130,10 +131,12 @@ PATHS = {"native": {}, "avx2": {"LLMC_KERNELS_AVX2": "1"}, "portable": {"LLMC_KE
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize(("threads", "tell"), [(2, True), (2, False), (1, True), (3, True)])
+# (2, 8): more parts than threads, so most units are done by a thread that has finished its own part, from the
+# others' ends
+@pytest.mark.parametrize(("threads", "told"), [(2, 2), (2, None), (1, 1), (3, 3), (2, 8)])
 @pytest.mark.parametrize(("k", "n", "batch", "seq", "gated", "with_bias"), CASES)
 def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str,
-                                        threads: int, tell: bool, k: int, n: int, batch: int, seq: int,
+                                        threads: int, told: int | None, k: int, n: int, batch: int, seq: int,
                                         gated: bool, with_bias: bool) -> None:
     for name, value in PATHS[path].items():  # (the native path is the best this CPU has)
         monkeypatch.setenv(name, value)
@@ -141,7 +144,7 @@ def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.Monk
     bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
     x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
     x[0, 0, :32] = 0.0  # an all-zero block: scale 0
-    y = _session(llmc_ops, k, n, pack_q4_tiles(w, gated), bias, gated, threads, tell).run(None, {"x": x})[0]
+    y = _session(llmc_ops, k, n, pack_q4_tiles(w, gated), bias, gated, threads, told).run(None, {"x": x})[0]
     expected = _reference(x, w, bias, gated)
     assert y.shape == expected.shape == (batch, seq, n // 2 if gated else n)
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
@@ -153,7 +156,7 @@ def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.Monk
 
 def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
     w = _q4_1_like(64, 32)
-    session = _session(llmc_ops, 64, 32, pack_q4_tiles(w), None, False, 2, True)
+    session = _session(llmc_ops, 64, 32, pack_q4_tiles(w), None, False, 2, 2)
     with pytest.raises(Exception, match=r"MatMulQ4: expected A \[\.\.\., 64\], B \[1, 2, 640\]"):
         session.run(None, {"x": np.zeros((1, 1, 32), np.float32)})
 
