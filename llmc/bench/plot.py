@@ -22,6 +22,7 @@ def plot(results: list[dict[str, Any]], path: Path, prompt_len: int) -> None:
     by_batch.plot(xs, [r["decode_tok_s_aggregate"] for r in batch_runs], "o-", label="llmc (aggregate)")
     by_batch.plot(xs, [r["bandwidth_limit_tok_s_per_seq"] * r["batch"] for r in batch_runs], "k--",
                   label="bandwidth limit")
+    _measured_line(by_batch, xs, batch_runs, per_batch=True)
     if any("torch_decode_tok_s_per_seq" in r for r in batch_runs):
         by_batch.plot(xs, [r.get("torch_decode_tok_s_per_seq", 0) * r["batch"] for r in batch_runs], "s-",
                       label="transformers (aggregate)")
@@ -30,6 +31,7 @@ def plot(results: list[dict[str, Any]], path: Path, prompt_len: int) -> None:
     cx = [r["prompt_len"] for r in ctx_runs]
     by_ctx.plot(cx, [r["decode_tok_s_per_seq"] for r in ctx_runs], "o-", label="llmc (batch 1)")
     by_ctx.plot(cx, [r["bandwidth_limit_tok_s_per_seq"] for r in ctx_runs], "k--", label="bandwidth limit")
+    _measured_line(by_ctx, cx, ctx_runs, per_batch=False)
     by_ctx.set(xlabel="context (tokens)", ylabel="decode tokens/s", title="decode speed vs context", xscale="log")
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
@@ -45,3 +47,11 @@ def plot(results: list[dict[str, Any]], path: Path, prompt_len: int) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _measured_line(ax: Any, xs: list[int], runs: list[dict[str, Any]], per_batch: bool) -> None:
+    """The limit at the read bandwidth this run measured (CPU engines), dotted under the stated one."""
+    if runs and all("measured_limit_tok_s_per_seq" in r for r in runs):
+        gbs = [g for g in runs[0]["read_bandwidth_gbs"] if g]
+        ax.plot(xs, [r["measured_limit_tok_s_per_seq"] * (r["batch"] if per_batch else 1) for r in runs], "k:",
+                label=f"limit at the {sum(gbs) / len(gbs):.0f} GB/s measured")

@@ -50,6 +50,11 @@ def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Pa
     assert "decode_vs_base_context" not in batch2 and "aggregate_vs_batch1" not in ctx
     start, end = base["read_bandwidth_gbs"]  # measured in child processes at the start and end of the run
     assert start > 0.5 and end > 0.5
+    for r in rows:  # the limit again at what this run measured: the same bytes per step at (start + end) / 2
+        assert r["measured_limit_tok_s_per_seq"] == pytest.approx(
+            r["bandwidth_limit_tok_s_per_seq"] * (start + end) / 2 / 35.0, rel=0.01)
+        assert r["fraction_of_measured_limit"] == pytest.approx(
+            r["decode_tok_s_per_seq"] / r["measured_limit_tok_s_per_seq"], abs=1e-3)  # (rounded to 3 places)
     assert plot.stat().st_size > 1000
 
 
