@@ -268,7 +268,7 @@ AVX512 static void attend_avx512(const float* q, const char* K, const char* V, i
 
 #ifdef LLMC_X86
 /* x -> fp16 with F16C, rounding to nearest even as the portable conversion does (that one is a library call per
- * value: ~30 % of an int4 prefill's attention time with an fp16 cache). */
+ * value, 1.5 M of them for a 128-token prompt into SmolLM2's cache: the int4 engine's TTFT went 114 -> 100 ms). */
 __attribute__((target("avx,f16c"))) static void to_f16_f16c(char* row, const float* x, int D) {
   int d = 0;
   for (; d + 8 <= D; d += 8)

@@ -38,7 +38,7 @@ typedef struct {
   const float* xsum;   /* [M, blocks] */
   const float* xmid;   /* [M, blocks]: 8 (xsum - xscale sum(xq)), see quantize_rows */
   int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE */
-  int64_t parts; /* contiguous parts, one per thread (0: units are claimed) */
+  int64_t parts; /* contiguous parts, one per thread (0: units are claimed, or all run in this thread) */
   size_t next;   /* the next unit to claim (atomic) */
   struct part* part; /* [parts] */
 } job;
@@ -365,7 +365,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   if (a->M <= 0) return NULL;
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
   int64_t units = (a->N + UNIT_COLS - 1) / UNIT_COLS;
-  int64_t parts = parallel && a->threads > 1 && units >= 2 ? (a->threads < units ? a->threads : units) : 0;
+  int64_t parts = parallel && a->threads > 1 && units >= 2 && units <= (int64_t)UINT32_MAX /* part.range */
+                      ? (a->threads < units ? a->threads : units) : 0;
   part* part_of = NULL;
   if (parts && posix_memalign((void**)&part_of, sizeof(part), sizeof(part) * (size_t)parts))
     return "out of memory for the work split";
