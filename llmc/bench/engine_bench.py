@@ -43,6 +43,8 @@ class BenchConfig:
             raise InputError(f"--repeat must be >= 1, got {self.repeat}")
         if any(c < 1 for c in self.contexts):
             raise InputError(f"--contexts must be >= 1, got {list(self.contexts)}")
+        if not self.bandwidth_gbs > 0:
+            raise InputError(f"--bandwidth-gbs must be > 0, got {self.bandwidth_gbs:g}")
 
     def runs(self) -> list[tuple[int, int, int]]:
         """(batch, prompt_len, new_tokens) of every measured configuration."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc.errors import LimitError
+from llmc.errors import InputError, LimitError
 from llmc.manifest import EngineManifest
 
 
@@ -23,6 +23,10 @@ class EngineOptions:
 
     threads: int = 0  # 0: the engine's recorded default (physical cores)
     kv_budget_mb: int = 1024  # memory for the KV cache; slots x max_len are sized from it
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise InputError(f"--threads must be >= 0 (0 = physical cores), got {self.threads}")
 
 
 class KVCache(ABC):

@@ -106,6 +106,10 @@ def test_run_bad_sampling_values(engine_dir: Path, flags: tuple[str, str], field
     _assert_user_error(_cli("run", engine_dir, "hi", *flags), field, flags[1])
 
 
+def test_run_negative_threads(engine_dir: Path) -> None:
+    _assert_user_error(_cli("run", engine_dir, "hi", "--threads", "-1"), "--threads", "-1")
+
+
 def test_run_prompt_longer_than_context(engine_dir: Path) -> None:
     prompt = "Once upon a time there was a tiny language model. " * 60
     line = _assert_user_error(_cli("run", engine_dir, prompt, "--raw", "--max-tokens", "5"), "256")
