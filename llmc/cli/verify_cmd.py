@@ -32,6 +32,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
 
         if not 0.0 <= min_top1 <= 1.0:
             raise InputError(f"--min-top1 must be in [0, 1], got {min_top1}")
+        if max_kl is not None and not max_kl >= 0.0:
+            raise InputError(f"--max-kl must be >= 0 (a KL divergence is), got {max_kl}")
         if steps < 1:
             raise InputError(f"--steps must be >= 1, got {steps}")
         engine = load_engine_dir(engine_dir, EngineOptions(threads=threads))

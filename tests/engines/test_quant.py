@@ -145,6 +145,9 @@ def test_verify_passes_and_fails_on_the_threshold(quant_engines: dict[str, Path]
     strict = runner.invoke(app, ["verify", str(quant_engines["int4"]), "--min-top1", "1", "--steps", "4"])
     assert strict.exit_code == 1 or "top-1 agreement 100.0%" in strict.output
     assert strict.exit_code == 0 or "below --min-top1 100.0%" in strict.stderr
+    for flag, value, message in (("--max-kl", "-1", "--max-kl must be >= 0"), ("--min-top1", "1.5", "[0, 1]")):
+        bad = runner.invoke(app, ["verify", str(quant_engines["int4"]), flag, value])
+        assert bad.exit_code == 1 and message in bad.stderr and value in bad.stderr
 
 
 def test_quant_needs_the_inplace_layout(tiny_llama: Built, tmp_path: Path) -> None:
