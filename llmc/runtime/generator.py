@@ -132,8 +132,8 @@ class EngineLoop:
             if not seq.prompt_done:
                 seq.prefilled += len(toks)
         ready = [i for i, s in enumerate(seqs) if s.prompt_done]
-        if ready:
-            self._sample(logits[ready], [seqs[i] for i in ready])
+        if ready:  # (every row, the usual case: the logits as they are, no copy of [B, vocab])
+            self._sample(logits if len(ready) == len(seqs) else logits[ready], [seqs[i] for i in ready])
         return [seqs[i] for i in ready]
 
     def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
