@@ -6,9 +6,10 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from llmc.errors import InputError
 from llmc.runtime.generator import EngineLoop, LoopConfig
 from llmc.runtime.llm import LLM, LLMConfig
 from llmc.runtime.request import SamplingParams
+
+if TYPE_CHECKING:
+    from llmc.bench.torch_ref import TorchPeer
 
 FILLER = ("The history of the city goes back many centuries, with markets, bridges, libraries and gardens that "
           "travellers described in letters, songs and careful maps. ")
@@ -80,15 +84,31 @@ def measure(loop: EngineLoop, prompts: list[list[int]], new_tokens: int) -> dict
             "itl_ms_p90": float(np.percentile(itl, 90)), "itl_ms_p99": float(np.percentile(itl, 99))}
 
 
-def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None,
+              compare_torch: bool = False) -> list[dict[str, Any]]:
     """Measure every configuration `cfg.repeat` times, the repeats interleaved (configuration 1, 2, ..., 1, 2, ...)
     so that a drift of the machine's speed during the run reaches every configuration alike and the ratios between
-    them (batch 8 vs 1, context 2048 vs 128) stay fair; each configuration reports its median run."""
+    them (batch 8 vs 1, context 2048 vs 128) stay fair; each configuration reports its median run. With
+    `compare_torch`, transformers runs each configuration's prompts right after each of the engine's runs of it
+    (in a child process), and the ratio is between the two medians."""
     cfg.check()
+    with ExitStack() as stack:
+        llm = LLM(cfg.engine_dir, LLMConfig(threads=cfg.threads, max_batch=1))
+        peer = None
+        if compare_torch:
+            from llmc.bench.torch_ref import TorchPeer
+            from llmc.manifest import load_export
+
+            peer = stack.enter_context(TorchPeer(load_export(llm.engine.manifest.export_dir).source,
+                                                 llm.engine.threads))
+        return _run_bench(cfg, llm, peer, on_progress)
+
+
+def _run_bench(cfg: BenchConfig, llm: LLM, peer: TorchPeer | None,
+               on_progress: Callable[[], None] | None) -> list[dict[str, Any]]:
     runs = cfg.runs()
     max_batch = max(b for b, _, _ in runs)
     longest = max(p + n for _, p, n in runs)
-    llm = LLM(cfg.engine_dir, LLMConfig(threads=cfg.threads, max_batch=1))
     budget = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8) // 2**20 + 1
     loop = EngineLoop(llm.engine, llm.tokenizer, LoopConfig(max_batch, budget, max_batch * longest + max_batch))
     if loop.max_len < longest:
@@ -99,6 +119,7 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None) -
     on_cpu = llm.engine.manifest.backend == "ort"
     bandwidth = [probe_bandwidth(llm.engine.threads)] if on_cpu else []
     timings: dict[tuple[int, int, int], list[dict[str, float]]] = {run: [] for run in runs}
+    peer_timings: dict[tuple[int, int, int], list[dict[str, float]]] = {run: [] for run in runs}
     for first_round in [True] + [False] * (cfg.repeat - 1):
         for run in runs:
             if first_round:  # warm-up at this shape: the runtime's first-run allocations are not timed
@@ -106,6 +127,8 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None) -
             timings[run].append(measure(loop, prompts[run], run[2]))
             if first_round:  # the process's peak so far, the configurations' first runs in their order
                 timings[run][0]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            if peer is not None:
+                peer_timings[run].append(peer.measure(prompts[run], run[2]))
             if on_progress:
                 on_progress()
     if on_cpu:
@@ -117,9 +140,22 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None) -
         timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"], "tpot_ms_worst": runs_t[-1]["tpot_ms"],
                   "peak_rss_mb": timings[run][0]["peak_rss_mb"]}
         result = _report(llm, cfg, batch, prompt_len, new_tokens, timing, weights)
+        if peer is not None:
+            result.update(against_peer(result, peer_timings[run]))
         results.append({**result, **against_measured(result, bandwidth, cfg.bandwidth_gbs)} if on_cpu else result)
     add_ratios(results, cfg.prompt_len)
     return results
+
+
+def against_peer(result: dict[str, Any], runs: list[dict[str, float]]) -> dict[str, Any]:
+    """transformers' median run of this configuration (by decode speed), its range, and the engine's ratios."""
+    speeds = sorted(r["torch_decode_tok_s_per_seq"] for r in runs)
+    median = sorted(runs, key=lambda r: r["torch_decode_tok_s_per_seq"])[len(runs) // 2]
+    return {"torch_ttft_ms": round(median["torch_ttft_ms"], 2),
+            "torch_decode_tok_s_per_seq": round(median["torch_decode_tok_s_per_seq"], 1),
+            "torch_decode_tok_s_per_seq_range": [round(speeds[0], 1), round(speeds[-1], 1)],
+            "speedup_vs_torch": round(result["decode_tok_s_per_seq"] / median["torch_decode_tok_s_per_seq"], 2),
+            "ttft_speedup_vs_torch": round(median["torch_ttft_ms"] / result["ttft_ms"], 2)}
 
 
 def against_measured(result: dict[str, Any], bandwidth: list[float | None], assumed_gbs: float) -> dict[str, Any]:

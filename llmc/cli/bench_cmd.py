@@ -64,15 +64,13 @@ def _bench_engine(cfg: BenchConfig, compare_torch: bool, as_json: bool, plot: Pa
     from rich.progress import Progress
 
     from llmc.bench.engine_bench import run_bench, summary_line
-    from llmc.manifest import load_engine
 
     cfg.check()
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("benchmarking", total=len(cfg.runs()) * cfg.repeat)
-        results = run_bench(cfg, on_progress=lambda: bar.advance(task))
-    if compare_torch:
-        _add_torch(results, load_engine(cfg.engine_dir).export_dir, cfg.engine_dir, cfg.threads, console)
+        what = "benchmarking (and transformers after each run)" if compare_torch else "benchmarking"
+        task = bar.add_task(what, total=len(cfg.runs()) * cfg.repeat)
+        results = run_bench(cfg, on_progress=lambda: bar.advance(task), compare_torch=compare_torch)
     for r in results:
         typer.echo(json.dumps(r) if as_json else summary_line(r) + _torch_note(r))
     if results and not as_json and "read_bandwidth_gbs" in results[0]:
@@ -82,23 +80,6 @@ def _bench_engine(cfg: BenchConfig, compare_torch: bool, as_json: bool, plot: Pa
 
         draw(results, plot, cfg.prompt_len)
         console.print(f"plot written to {plot}")
-
-
-def _add_torch(results: list[dict[str, Any]], export_dir: str, engine_dir: Path, threads: int, console: Any) -> None:
-    from llmc.bench.engine_bench import synthetic_prompts
-    from llmc.bench.torch_ref import torch_decode
-    from llmc.manifest import load_export
-    from llmc.runtime.llm import LLM, LLMConfig
-
-    source = load_export(export_dir).source
-    llm = LLM(engine_dir, LLMConfig(threads=threads, max_batch=1))
-    for r in results:
-        console.print(f"transformers: batch {r['batch']}, prompt {r['prompt_len']} ...")
-        prompts = synthetic_prompts(llm, r["batch"], r["prompt_len"])
-        ref = torch_decode(source, prompts, r["new_tokens"], r["threads"])
-        r.update(ref)
-        r["speedup_vs_torch"] = round(r["decode_tok_s_per_seq"] / ref["torch_decode_tok_s_per_seq"], 2)
-        r["ttft_speedup_vs_torch"] = round(ref["torch_ttft_ms"] / r["ttft_ms"], 2)
 
 
 def _torch_note(r: dict[str, Any]) -> str:

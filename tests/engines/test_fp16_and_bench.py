@@ -119,3 +119,66 @@ def test_bench_probes_the_host_bandwidth_only_for_cpu_engines(tiny_llama: Built,
     monkeypatch.setattr(engine_bench, "probe_bandwidth", no_probe)
     rows = engine_bench.run_bench(engine_bench.BenchConfig(tiny_llama.engine_dir, (1,), 8, 4, repeat=1))
     assert rows[0]["backend"] == "trt" and "read_bandwidth_gbs" not in rows[0]
+
+
+def test_bench_compares_with_transformers_run_after_each_engine_run(tiny_llama: Built) -> None:
+    result = CliRunner().invoke(app, ["bench", str(tiny_llama.engine_dir), "--batch-sizes", "1,2", "--prompt-len",
+                                      "8", "--new-tokens", "4", "--repeat", "2", "--compare-torch", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2
+    for r in rows:
+        low, high = r["torch_decode_tok_s_per_seq_range"]
+        assert 0 < low <= r["torch_decode_tok_s_per_seq"] <= high and r["torch_ttft_ms"] > 0
+        assert r["speedup_vs_torch"] == pytest.approx(r["decode_tok_s_per_seq"] / r["torch_decode_tok_s_per_seq"],
+                                                      rel=0.02)
+        assert r["ttft_speedup_vs_torch"] == pytest.approx(r["torch_ttft_ms"] / r["ttft_ms"], rel=0.02)
+
+
+def test_bench_alternates_the_engine_and_transformers(tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each engine run of a configuration is followed by transformers on the same prompts, and the peer's child
+    process is closed at the end."""
+    from llmc.bench import torch_ref
+
+    order: list[tuple[str, int, int]] = []
+    real = engine_bench.measure
+
+    def engine(loop: object, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+        order.append(("engine", len(prompts), new_tokens))
+        return real(loop, prompts, new_tokens)  # type: ignore[arg-type]
+
+    speeds = iter([6.0, 20.0, 8.0, 30.0])  # batch 1, batch 2, batch 1, batch 2
+
+    class FakePeer:
+        closed = False
+
+        def __init__(self, source: str, threads: int) -> None:
+            assert source == str(tiny_llama.hf_dir) and threads >= 1
+
+        def measure(self, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+            order.append(("torch", len(prompts), new_tokens))
+            return {"torch_ttft_ms": 10.0, "torch_decode_tok_s_per_seq": next(speeds)}
+
+        def __enter__(self) -> FakePeer:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            FakePeer.closed = True
+
+    monkeypatch.setattr(engine_bench, "measure", engine)
+    monkeypatch.setattr(torch_ref, "TorchPeer", FakePeer)
+    rows = engine_bench.run_bench(engine_bench.BenchConfig(tiny_llama.engine_dir, (1, 2), 8, 4, repeat=2),
+                                  compare_torch=True)
+    timed = [x for x in order if x[2] == 4]  # (the engine's warm-up runs are 2 tokens)
+    assert timed == [("engine", 1, 4), ("torch", 1, 4), ("engine", 2, 4), ("torch", 2, 4)] * 2
+    assert FakePeer.closed
+    assert [r["torch_decode_tok_s_per_seq_range"] for r in rows] == [[6.0, 8.0], [20.0, 30.0]]
+    assert [r["torch_decode_tok_s_per_seq"] for r in rows] == [8.0, 30.0]  # the median run (upper of two)
+
+
+def test_transformers_peer_names_a_source_it_cannot_load(tmp_path: Path) -> None:
+    from llmc.bench.torch_ref import TorchPeer
+    from llmc.errors import InputError
+
+    with pytest.raises(InputError, match=r"--compare-torch could not load .*nothing"):
+        TorchPeer(str(tmp_path / "nothing"), 1)
