@@ -31,6 +31,8 @@ def plot(results: list[dict[str, Any]], path: Path, prompt_len: int) -> None:
     cx = [r["prompt_len"] for r in ctx_runs]
     by_ctx.plot(cx, [r["decode_tok_s_per_seq"] for r in ctx_runs], "o-", label="llmc (batch 1)")
     by_ctx.plot(cx, [r["bandwidth_limit_tok_s_per_seq"] for r in ctx_runs], "k--", label="bandwidth limit")
+    if any("torch_decode_tok_s_per_seq" in r for r in ctx_runs):
+        by_ctx.plot(cx, [r.get("torch_decode_tok_s_per_seq", 0) for r in ctx_runs], "s-", label="transformers")
     _measured_line(by_ctx, cx, ctx_runs, per_batch=False)
     by_ctx.set(xlabel="context (tokens)", ylabel="decode tokens/s", title="decode speed vs context", xscale="log")
     from matplotlib.ticker import NullFormatter, ScalarFormatter
