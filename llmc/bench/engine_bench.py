@@ -149,11 +149,11 @@ def _run_bench(cfg: BenchConfig, llm: LLM, peer: TorchPeer | None,
 
 def against_peer(result: dict[str, Any], runs: list[dict[str, float]]) -> dict[str, Any]:
     """transformers' median run of this configuration (by decode speed), its range, and the engine's ratios."""
-    speeds = sorted(r["torch_decode_tok_s_per_seq"] for r in runs)
-    median = sorted(runs, key=lambda r: r["torch_decode_tok_s_per_seq"])[len(runs) // 2]
+    speeds = sorted(runs, key=lambda r: r["torch_decode_tok_s_per_seq"])
+    median = speeds[len(speeds) // 2]
     return {"torch_ttft_ms": round(median["torch_ttft_ms"], 2),
             "torch_decode_tok_s_per_seq": round(median["torch_decode_tok_s_per_seq"], 1),
-            "torch_decode_tok_s_per_seq_range": [round(speeds[0], 1), round(speeds[-1], 1)],
+            "torch_decode_tok_s_per_seq_range": [round(speeds[i]["torch_decode_tok_s_per_seq"], 1) for i in (0, -1)],
             "speedup_vs_torch": round(result["decode_tok_s_per_seq"] / median["torch_decode_tok_s_per_seq"], 2),
             "ttft_speedup_vs_torch": round(median["torch_ttft_ms"] / result["ttft_ms"], 2)}
 

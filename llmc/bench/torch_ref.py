@@ -35,6 +35,10 @@ def torch_decode(torch: Any, model: Any, prompts: list[list[int]], new_tokens: i
     return {"torch_ttft_ms": ttft * 1e3, "torch_decode_tok_s_per_seq": (new_tokens - 1) / decode}
 
 
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e).strip() else repr(e)
+
+
 def _serve(conn: Connection, source: str, threads: int) -> None:
     """The child: load the model, say so, then answer ("measure", prompts, new_tokens) until ("stop",)."""
     try:
@@ -48,7 +52,7 @@ def _serve(conn: Connection, source: str, threads: int) -> None:
         torch.set_num_threads(threads)
         model = sources.load(sources.resolve(source)).model
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
-        conn.send((False, f"--compare-torch could not load {source}: {str(e).splitlines()[0] if str(e) else e!r}"))
+        conn.send((False, f"--compare-torch could not load {source}: {_first_line(e)}"))
         return
     conn.send((True, None))
     while True:
@@ -61,7 +65,7 @@ def _serve(conn: Connection, source: str, threads: int) -> None:
         try:
             conn.send((True, torch_decode(torch, model, msg[1], msg[2])))
         except Exception as e:  # noqa: BLE001
-            conn.send((False, f"transformers failed: {str(e).splitlines()[0] if str(e) else e!r}"))
+            conn.send((False, f"transformers failed: {_first_line(e)}"))
 
 
 class TorchPeer:

@@ -221,6 +221,15 @@ static void run_parallel(void* pool_, void (*fn)(void*, size_t), size_t total, v
   pool->status = ((ParallelFor_t)SLOT(pool->api, KernelContext_ParallelFor))(pool->ctx, fn, total, 0, data);
 }
 
+/* A kernel's outcome as the op's status: the thread pool's error, else the kernel's message (named by op). */
+static OrtStatus* outcome(const Pool* pool, const char* op, const char* err) {
+  char msg[256];
+  if (pool->status) return pool->status;
+  if (!err) return NULL;
+  snprintf(msg, sizeof msg, "%s: %s", op, err);
+  return fail(pool->api, ERR_INVALID_ARGUMENT, msg);
+}
+
 static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* k = (const Kernel*)kernel;
   const OrtApi* api = k->api;
@@ -275,12 +284,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .sin = (const float*)data[IN_SIN], .scale = k->scale, .out = (float*)out_data};
   Pool pool = {api, ctx, NULL};
   const char* err = llmc_attention(&a, run_parallel, &pool);
-  if (pool.status) return pool.status;
-  if (err) {
-    snprintf(msg, sizeof msg, "CachedAttention: %s", err);
-    return fail(api, ERR_INVALID_ARGUMENT, msg);
-  }
-  return NULL;
+  return outcome(&pool, "CachedAttention", err);
 }
 
 
@@ -352,12 +356,7 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
                     .threads = k->threads};
   Pool pool = {api, ctx, NULL};
   const char* err = llmc_q4_matmul(&a, run_parallel, &pool);
-  if (pool.status) return pool.status;
-  if (err) {
-    snprintf(msg, sizeof msg, "MatMulQ4: %s", err);
-    return fail(api, ERR_INVALID_ARGUMENT, msg);
-  }
-  return NULL;
+  return outcome(&pool, "MatMulQ4", err);
 }
 
 static LlmcOp make_op(const char* name, int kv_type) {
