@@ -8,7 +8,11 @@ class LlmcError(Exception):
 
 
 class InputError(LlmcError):
-    """A bad argument, path, or request field."""
+    """A bad argument, path, or request field; `param` names the request field at fault, when there is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class UnsupportedModelError(LlmcError):

@@ -26,6 +26,15 @@ def register(app: typer.Typer, wrap: Any) -> None:
         shutdown_timeout: Annotated[float, typer.Option(help="Seconds to drain requests on SIGTERM.")] = 30.0,
         served_model_name: Annotated[str | None, typer.Option(help="Name clients pass as `model`.")] = None,
         log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+        api_key: Annotated[str | None, typer.Option(
+            envvar="LLMC_API_KEY", show_envvar=True,
+            help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise).")] = None,
+        protect_metrics: Annotated[bool, typer.Option(help="Put /metrics behind the API key too.")] = False,
+        allowed_origins: Annotated[str, typer.Option(
+            help="CORS: comma-separated origins allowed to call the API from a browser ('*' for any); "
+                 "off when empty.")] = "",
+        max_request_bytes: Annotated[int, typer.Option(help="Largest request body; larger ones get 413.")]
+        = 2 * 2**20,
     ) -> None:
         """Serve an engine over HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
         from llmc.pipeline import ensure_engine
@@ -33,12 +42,15 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.serve.app import ServeConfig
         from llmc.serve.server import run_server
 
-        _check_flags(max_running, max_queue, port, shutdown_timeout)
+        _check_flags(max_running, max_queue, port, shutdown_timeout, max_request_bytes, api_key)
         engine_dir = ensure_engine(model, ConsoleSteps(8, prefix="setup "))
         config = ServeConfig(model_name=served_model_name or _default_name(model, engine_dir), host=host,
                              port=port, max_running=max_running, max_queue=max_queue, kv_budget_mb=kv_budget_mb,
                              threads=threads, chat_template=str(chat_template) if chat_template else None,
-                             shutdown_timeout=shutdown_timeout, max_step_tokens=max_step_tokens)
+                             shutdown_timeout=shutdown_timeout, max_step_tokens=max_step_tokens,
+                             api_key=api_key or None, protect_metrics=protect_metrics,
+                             allowed_origins=tuple(o.strip() for o in allowed_origins.split(",") if o.strip()),
+                             max_request_bytes=max_request_bytes)
         run_server(engine_dir, config, log_level=log_level)
 
     @app.command("serve-bench", hidden=True)
@@ -68,8 +80,14 @@ def register(app: typer.Typer, wrap: Any) -> None:
         typer.echo(format_report(asyncio.run(run_bench(cfg))))
 
 
-def _check_flags(max_running: int, max_queue: int, port: int, shutdown_timeout: float) -> None:
+def _check_flags(max_running: int, max_queue: int, port: int, shutdown_timeout: float, max_request_bytes: int,
+                 api_key: str | None) -> None:
     from llmc.errors import InputError
+
+    if max_request_bytes < 1024:
+        raise InputError(f"--max-request-bytes must be >= 1024, got {max_request_bytes}")
+    if api_key is not None and (not api_key.strip() or not api_key.isascii() or not api_key.isprintable()):
+        raise InputError("--api-key (or LLMC_API_KEY) must be printable ASCII and not empty")
 
     if max_running < 1:
         raise InputError(f"--max-running must be >= 1, got {max_running}")

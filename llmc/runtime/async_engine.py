@@ -145,7 +145,7 @@ class AsyncEngine:
         """
         self.loop.check_request(prompt_ids, params)  # reads only immutable engine facts: safe here
         if params.n > self.capacity:
-            raise InputError(f"n must be <= {self.capacity} (max running + max queue), got {params.n}")
+            raise InputError(f"n must be <= {self.capacity} (max running + max queue), got {params.n}", "n")
         with self._cond:
             if not self._thread.is_alive() and not self._stopping:
                 raise EngineError("the engine thread has stopped (see the server log); restart the server")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -16,6 +17,8 @@ from llmc.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan
 from llmc.runtime.sequence import Sequence
 from llmc.runtime.stopping import StopChecker
 from llmc.runtime.tokenizer import Tokenizer
+
+log = logging.getLogger("llmc.runtime")
 
 EngineCall = Callable[[list[int], list[list[int]], KVCache], np.ndarray]  # Engine.prefill or Engine.decode
 
@@ -64,17 +67,17 @@ class EngineLoop:
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         params.validate(self.engine.vocab_size)
         if not prompt_ids:
-            raise InputError("prompt is empty: at least 1 token is needed")
+            raise InputError("prompt is empty: at least 1 token is needed", "prompt")
         bad = [t for t in prompt_ids if not 0 <= t < self.engine.vocab_size]
         if bad:
-            raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.engine.vocab_size})")
+            raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.engine.vocab_size})",
+                             "prompt")
         if len(prompt_ids) > self.max_len:
             raise LimitError(f"prompt has {len(prompt_ids)} tokens, the context holds {self.max_len}")
         if len(prompt_ids) + params.max_tokens > self.max_len:
             raise LimitError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = "
-                f"{len(prompt_ids) + params.max_tokens} exceeds the context of {self.max_len} tokens"
-            )
+                f"{len(prompt_ids) + params.max_tokens} exceeds the context of {self.max_len} tokens", "max_tokens")
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
         self.check_request(prompt_ids, params)
@@ -108,7 +111,8 @@ class EngineLoop:
         return self._postprocess(plan, sampled)
 
     def _run(self, plan: StepPlan) -> list[Sequence]:
-        """Run the engine for the plan; sample for every sequence whose prompt is done. Returns those."""
+        """Run the engine for the plan; sample for every sequence whose prompt is done. Returns those that took a
+        token."""
         calls = [(self.engine.prefill, [(s, s.prompt_ids[:n]) for s, n in plan.prefill]),
                  (self.engine.decode, [(s, s.prompt_ids[s.prefilled:s.prefilled + n]) for s, n in plan.extend]),
                  (self.engine.decode, [(s, [s.output_ids[-1]]) for s in plan.decode])]
@@ -132,14 +136,27 @@ class EngineLoop:
             if not seq.prompt_done:
                 seq.prefilled += len(toks)
         ready = [i for i, s in enumerate(seqs) if s.prompt_done]
-        if ready:  # (every row, the usual case: the logits as they are, no copy of [B, vocab])
-            self._sample(logits if len(ready) == len(seqs) else logits[ready], [seqs[i] for i in ready])
-        return [seqs[i] for i in ready]
+        if not ready:
+            return []
+        # (every row, the usual case: the logits as they are, no copy of [B, vocab])
+        return self._sample(logits if len(ready) == len(seqs) else logits[ready], [seqs[i] for i in ready])
 
-    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> None:
+    def _sample(self, logits: np.ndarray, seqs: list[Sequence]) -> list[Sequence]:
+        """Sample, detokenize and check stops per row; returns the sequences that took a token. A row that
+        raises ends only its own sequence (with an error), as if it had been alone."""
         out = self.sampler.sample(logits, [s.sampling for s in seqs])
-        for seq, token, logprob in zip(seqs, out.token_ids.tolist(), out.logprobs):
-            seq.accept(int(token), logprob)
+        took = []
+        for i, (seq, token, logprob) in enumerate(zip(seqs, out.token_ids.tolist(), out.logprobs)):
+            if i in out.errors:
+                _fail(seq, "sampling", out.errors[i])
+                continue
+            try:
+                seq.accept(int(token), logprob)
+            except Exception as e:  # a detokenizer or stop-check fault stays in its sequence
+                _fail(seq, "detokenizing", e)
+                continue
+            took.append(seq)
+        return took
 
     def _postprocess(self, plan: StepPlan, sampled: list[Sequence]) -> list[SeqUpdate]:
         updates = [SeqUpdate(s.request_id, s.index, s.new_text, s.output_ids[-1:], s.finish_reason,
@@ -177,3 +194,9 @@ class EngineLoop:
         out = self.result(request_id)
         del self.requests[request_id]
         return out
+
+
+def _fail(seq: Sequence, stage: str, exc: Exception) -> None:
+    log.error("%s failed for %s; ending that request: %s: %s", stage, seq.seq_id, type(exc).__name__, exc,
+              exc_info=exc)
+    seq.finish(FinishReason.ERROR)

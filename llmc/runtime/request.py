@@ -10,6 +10,11 @@ from llmc.errors import InputError
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+MAX_STOP_TOKEN_IDS = 1024
+# A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by it would overflow.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+# repetition_penalty divides or multiplies float32 logits: outside this range they overflow or vanish.
+REPETITION_PENALTY_RANGE = (1e-2, 1e2)
 
 
 class FinishReason(str, Enum):
@@ -25,7 +30,8 @@ class FinishReason(str, Enum):
 class SamplingParams:
     """How to sample one request's tokens and when to stop.
 
-    `temperature == 0` means greedy; `top_k` 0 or -1 and `top_p == 1` and `min_p == 0` are "off".
+    `temperature` below `GREEDY_BELOW_TEMPERATURE` (0 included) means greedy; `top_k` 0 or -1 and `top_p == 1` and
+    `min_p == 0` are "off".
     Call `validate()` at the boundary (server or CLI); the sampler assumes valid values.
     """
 
@@ -47,7 +53,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:
@@ -62,55 +68,59 @@ class SamplingParams:
 
     def _validate_counts(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise InputError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+            raise InputError(f"max_tokens must be >= 1, got {self.max_tokens!r}", "max_tokens")
         if not _is_int(self.n) or self.n < 1:
-            raise InputError(f"n must be >= 1, got {self.n!r}")
+            raise InputError(f"n must be >= 1, got {self.n!r}", "n")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise InputError(f"min_tokens must be >= 0, got {self.min_tokens!r}")
+            raise InputError(f"min_tokens must be >= 0, got {self.min_tokens!r}", "min_tokens")
         if self.min_tokens > self.max_tokens:
             raise InputError(
-                f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} > max_tokens={self.max_tokens}"
-            )
+                f"min_tokens must be <= max_tokens, got min_tokens={self.min_tokens} > max_tokens={self.max_tokens}",
+                "min_tokens")
         if self.logprobs is not None and (
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
-            raise InputError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+            raise InputError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}", "logprobs")
         if self.seed is not None and not _is_int(self.seed):
-            raise InputError(f"seed must be an integer or null, got {self.seed!r}")
+            raise InputError(f"seed must be an integer or null, got {self.seed!r}", "seed")
 
     def _validate_sampling(self) -> None:
         t = self.temperature
-        if not _is_num(t) or not math.isfinite(t) or t < 0:
-            raise InputError(f"temperature must be >= 0 and finite, got {t!r}")
+        if not _is_finite(t) or t < 0:
+            raise InputError(f"temperature must be >= 0 and finite, got {t!r}", "temperature")
         if not _is_int(self.top_k) or self.top_k < -1:
-            raise InputError(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k!r}")
+            raise InputError(f"top_k must be -1, 0 (off) or >= 1, got {self.top_k!r}", "top_k")
         p = self.top_p
-        if not _is_num(p) or not math.isfinite(p) or not 0 < p <= 1:
-            raise InputError(f"top_p must be in (0, 1], got {p!r}")
+        if not _is_finite(p) or not 0 < p <= 1:
+            raise InputError(f"top_p must be in (0, 1], got {p!r}", "top_p")
         m = self.min_p
-        if not _is_num(m) or not math.isfinite(m) or not 0 <= m <= 1:
-            raise InputError(f"min_p must be in [0, 1], got {m!r}")
+        if not _is_finite(m) or not 0 <= m <= 1:
+            raise InputError(f"min_p must be in [0, 1], got {m!r}", "min_p")
 
     def _validate_penalties(self) -> None:
-        r = self.repetition_penalty
-        if not _is_num(r) or not math.isfinite(r) or r <= 0:
-            raise InputError(f"repetition_penalty must be > 0 and finite, got {r!r}")
+        r, (low, high) = self.repetition_penalty, REPETITION_PENALTY_RANGE
+        if not _is_finite(r) or not low <= r <= high:
+            raise InputError(f"repetition_penalty must be in [{low:g}, {high:g}] (1 = off), got {r!r}",
+                             "repetition_penalty")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            if not _is_num(v) or not math.isfinite(v) or not -2 <= v <= 2:
-                raise InputError(f"{name} must be in [-2, 2], got {v!r}")
+            if not _is_finite(v) or not -2 <= v <= 2:
+                raise InputError(f"{name} must be in [-2, 2], got {v!r}", name)
 
     def _validate_stops(self, vocab_size: int | None) -> None:
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InputError(f"too many stop_token_ids: {len(self.stop_token_ids)} > {MAX_STOP_TOKEN_IDS}",
+                             "stop_token_ids")
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise InputError(f"too many stop strings: {len(self.stop)} > {MAX_STOP_STRINGS}")
+            raise InputError(f"too many stop strings: {len(self.stop)} > {MAX_STOP_STRINGS}", "stop")
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise InputError(f"stop strings must be non-empty strings, got {s!r}")
+                raise InputError(f"stop strings must be non-empty strings, got {s!r}", "stop")
         for tid in self.stop_token_ids:
             if not _is_int(tid) or tid < 0:
-                raise InputError(f"stop_token_ids must be non-negative integers, got {tid!r}")
+                raise InputError(f"stop_token_ids must be non-negative integers, got {tid!r}", "stop_token_ids")
             if vocab_size is not None and tid >= vocab_size:
-                raise InputError(f"stop_token_ids contains {tid} >= vocab size {vocab_size}")
+                raise InputError(f"stop_token_ids contains {tid} >= vocab size {vocab_size}", "stop_token_ids")
 
 
 def _is_int(v: object) -> bool:
@@ -119,6 +129,16 @@ def _is_int(v: object) -> bool:
 
 def _is_num(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_finite(v: object) -> bool:
+    """A number a float carries (an int too large for a float is not)."""
+    if not _is_num(v):
+        return False
+    try:
+        return math.isfinite(v)  # type: ignore[arg-type]
+    except OverflowError:
+        return False
 
 
 @dataclass

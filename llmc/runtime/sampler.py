@@ -9,10 +9,11 @@ else temperature, top-k, top-p, min-p, and a draw from the row's own `numpy.rand
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from llmc.errors import EngineError
 from llmc.runtime.request import SamplingParams, TokenLogprob
 
 # top-p first looks for its cut-off among this many most likely tokens, so that the usual peaked
@@ -25,6 +26,9 @@ _NUCLEUS_BUCKETS = 256
 _NUCLEUS_RANGE = 32.0
 # Smallest block for the block-maximum prefilter; below it the reshape costs more than it saves.
 _MIN_BLOCK = 16
+# Temperatures above this act as this (all candidates nearly equally likely); a float32 inf would make -inf / inf NaN.
+_MAX_TEMPERATURE = 1e30
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class SequenceSamplingState:
@@ -77,10 +81,15 @@ class SequenceSamplingState:
 
 @dataclass
 class SamplerOutput:
-    """The chosen tokens `[B]` and, per row that asked for them (`params.logprobs` set), their logprobs."""
+    """The chosen tokens `[B]` and, per row that asked for them (`params.logprobs` set), their logprobs.
+
+    `errors` holds the rows that could not be sampled (row -> exception): their token is meaningless and their
+    state is unchanged; every other row is sampled as it would be alone.
+    """
 
     token_ids: np.ndarray
     logprobs: list[TokenLogprob | None]
+    errors: dict[int, Exception] = field(default_factory=dict)
 
 
 def apply_penalties(row: np.ndarray, state: SequenceSamplingState) -> None:
@@ -200,9 +209,26 @@ def draw(weights: np.ndarray, u: float) -> int:
     return start + i
 
 
+def finite_row(row: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """`row` with NaN as -inf and +inf as the largest float32, so that `row - row.max()` has no NaN.
+
+    A row with no finite value left (every token masked or penalised away) gives way to `fallback`, the row's
+    logits before masking and penalties; if those have none either, the engine produced no usable logits.
+    """
+    if np.isfinite(row.max()):
+        return row
+    row = np.nan_to_num(row, nan=-np.inf, posinf=_F32_MAX)
+    if np.isfinite(row.max()):
+        return row
+    if fallback is not row and np.isfinite(np.nan_to_num(fallback, nan=-np.inf, posinf=_F32_MAX).max()):
+        return finite_row(fallback, fallback)
+    raise EngineError("the engine's logits for this row hold no finite value")
+
+
 def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Draw one token id from a penalised float32 row of logits `[V]` with temperature > 0."""
-    x = (row - row.max()) / np.float32(params.temperature)  # shift first: tiny temperatures overflow
+    """Draw one token id from a penalised float32 row of logits `[V]` with a temperature that is not greedy."""
+    temperature = np.float32(min(params.temperature, _MAX_TEMPERATURE))
+    x = (row - row.max()) / temperature  # shift first: tiny temperatures overflow
     ids: np.ndarray | None = None  # candidate token ids; None while all of them are candidates
     if 0 < params.top_k < x.shape[0]:
         ids = top_k_positions(x, params.top_k)
@@ -236,26 +262,40 @@ class Sampler:
     """
 
     def sample(self, logits: np.ndarray, states: Sequence[SequenceSamplingState]) -> SamplerOutput:
-        """Choose a token for each row of `logits` `[B, V]` and record it in the row's state."""
+        """Choose a token for each row of `logits` `[B, V]` and record it in the row's state.
+
+        A row that raises is reported in the output's `errors` (its state untouched); the others go on.
+        """
         assert logits.ndim == 2 and logits.shape[0] == len(states), (logits.shape, len(states))
         logits = np.asarray(logits, dtype=np.float32)
+        errors: dict[int, Exception] = {}
         if all(s.params.greedy and not s.params.has_penalties and not s.blocks_now for s in states):
             token_ids = np.argmax(logits, axis=-1).astype(np.int64)  # [B], the common greedy path
         else:
-            token_ids = np.array([self._choose(logits[i], s) for i, s in enumerate(states)], dtype=np.int64)
+            token_ids = np.zeros(len(states), dtype=np.int64)
+            for i, s in enumerate(states):
+                try:
+                    token_ids[i] = self._choose(logits[i], s)
+                except Exception as e:  # one row's failure must not fail the batch
+                    errors[i] = e
         logprobs: list[TokenLogprob | None] = []
-        for row, state, token in zip(logits, states, token_ids.tolist(), strict=True):
+        for i, (row, state, token) in enumerate(zip(logits, states, token_ids.tolist(), strict=True)):
             n = state.params.logprobs
-            logprobs.append(None if n is None else token_logprobs(row, token, n))
-            state.append(token)
-        return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+            try:
+                logprobs.append(None if n is None or i in errors else token_logprobs(row, token, n))
+            except Exception as e:
+                errors[i] = e
+                logprobs.append(None)
+            if i not in errors:
+                state.append(token)
+        return SamplerOutput(token_ids=token_ids, logprobs=logprobs, errors=errors)
 
     @staticmethod
-    def _choose(row: np.ndarray, state: SequenceSamplingState) -> int:
-        params = state.params
+    def _choose(raw: np.ndarray, state: SequenceSamplingState) -> int:
+        params, row = state.params, raw
         if params.has_penalties or state.blocks_now:
-            row = row.copy()
+            row = raw.copy()
             apply_penalties(row, state)
         if params.greedy:
             return int(np.argmax(row))
-        return sample_row(row, params, state.rng)
+        return sample_row(finite_row(row, raw), params, state.rng)

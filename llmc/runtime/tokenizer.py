@@ -16,6 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from llmc.errors import InputError
 
 NO_TEMPLATE_MSG = "model has no chat template; pass one with --chat-template FILE or use --raw"
+_LONG_TEXT = 16_384  # characters: above this, encode without holding the GIL
 
 
 class Tokenizer:
@@ -25,8 +26,10 @@ class Tokenizer:
     BOS), so encode them with `add_special_tokens=False`, as transformers does.
     """
 
-    def __init__(self, tok: tokenizers.Tokenizer, config: dict[str, Any], chat_template: str | None) -> None:
+    def __init__(self, tok: tokenizers.Tokenizer, config: dict[str, Any], chat_template: str | None,
+                 chat_template_source: str = "the model's chat template") -> None:
         self._tok = tok
+        self.chat_template_source = chat_template_source  # where the template came from, for error messages
         self.bos_token = _token_text(config.get("bos_token"))
         self.eos_token = _token_text(config.get("eos_token"))
         self.bos_token_id = self._id_of(self.bos_token)
@@ -56,7 +59,8 @@ class Tokenizer:
         except Exception as e:  # the Rust side raises a bare Exception on bad JSON
             raise InputError(f"cannot load {tok_file}: {e}") from e
         config = _read_json(folder / "tokenizer_config.json")
-        return cls(tok, config, _find_chat_template(folder, config, chat_template_file))
+        template, source = _find_chat_template(folder, config, chat_template_file)
+        return cls(tok, config, template, source)
 
     @property
     def vocab_size(self) -> int:
@@ -65,8 +69,16 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special tokens are added as tokenizer.json's post-processor says,
-        with tokenizer_config's `add_bos_token` (when given) deciding about the BOS."""
-        ids: list[int] = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        with tokenizer_config's `add_bos_token` (when given) deciding about the BOS.
+
+        A long text goes through `encode_batch`, which releases the GIL (`encode` holds it for the whole call: a
+        5 MB text stalls every other thread for seconds)."""
+        _check_text(text)
+        if len(text) > _LONG_TEXT:
+            enc = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        else:
+            enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        ids: list[int] = enc.ids
         if not add_special_tokens or self._add_bos is None or self.bos_token_id is None:
             return ids
         if self._add_bos and ids[:1] != [self.bos_token_id]:
@@ -84,19 +96,23 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """Render `messages` with the chat template, as transformers' `apply_chat_template` does."""
         if not messages:
-            raise InputError("messages must not be empty")
+            raise InputError("messages must not be empty", "messages")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m:
-                raise InputError(f"messages[{i}] must be an object with a 'role', got {m!r}")
+                raise InputError(f"messages[{i}] must be an object with a 'role', got {m!r}", "messages")
+        template = self._compiled_template()
         try:
-            return self._compiled_template().render(
+            return template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
         except jinja2.TemplateError as e:
-            raise InputError(f"chat template failed: {e}") from e
+            raise InputError(f"chat template ({self.chat_template_source}) failed: {_one_line(e)}") from e
+        except Exception as e:  # the template's own code raised (OverflowError, TypeError, ...): still its fault
+            raise InputError(f"chat template ({self.chat_template_source}) raised while rendering: "
+                             f"{type(e).__name__}: {_one_line(e)}") from e
 
     def decode_stream(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> DecodeStream:
         return DecodeStream(self, prompt_ids=prompt_ids, skip_special_tokens=skip_special_tokens)
@@ -108,7 +124,8 @@ class Tokenizer:
             try:
                 self._template = _jinja_env().from_string(self.chat_template)
             except jinja2.TemplateSyntaxError as e:
-                raise InputError(f"chat template does not parse: {e.message} (line {e.lineno})") from e
+                raise InputError(f"chat template ({self.chat_template_source}) does not parse: {e.message} "
+                                 f"(line {e.lineno})") from e
         return self._template
 
     def _id_of(self, token: str | None) -> int | None:
@@ -179,19 +196,45 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _find_chat_template(folder: Path, config: dict[str, Any], override: str | Path | None) -> str | None:
+def _find_chat_template(folder: Path, config: dict[str, Any],
+                        override: str | Path | None) -> tuple[str | None, str]:
+    """The chat template and where it came from (a file, for error messages)."""
     if override is not None:
         path = Path(override)
         if not path.is_file():
             raise InputError(f"chat template file not found: {path}")
-        return path.read_text(encoding="utf-8")
+        return _read_text(path), str(path)
     if (folder / "chat_template.jinja").is_file():
-        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    template = _read_json(folder / "chat_template.json").get("chat_template") or config.get("chat_template")
+        return _read_text(folder / "chat_template.jinja"), str(folder / "chat_template.jinja")
+    from_json = _read_json(folder / "chat_template.json").get("chat_template")
+    template = from_json or config.get("chat_template")
+    source = folder / ("chat_template.json" if from_json else "tokenizer_config.json")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default", next(iter(named.values()), None))
-    return template if isinstance(template, str) and template else None
+    return (template if isinstance(template, str) and template else None), str(source)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {path}: {e}") from None
+
+
+def _check_text(text: str) -> None:
+    """Refuse a string that is not Unicode text (a lone surrogate, e.g. from undecodable bytes in argv)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"prompt holds a lone UTF-16 surrogate (U+{ord(text[e.start]):04X}) at character "
+                             f"{e.start}, which is not text", "prompt") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _raise_exception(message: str) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -18,6 +19,7 @@ from llmc.serve.chat import create_chat_completion
 from llmc.serve.completions import create_completion
 from llmc.serve.context import Served
 from llmc.serve.errors import install_error_handlers
+from llmc.serve.middleware import Guard, GuardConfig
 from llmc.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 
 
@@ -36,6 +38,14 @@ class ServeConfig:
     chat_template: str | None = None  # a Jinja file overriding the model's template
     shutdown_timeout: float = 30.0  # SIGTERM: seconds to drain in-flight requests
     retry_after_s: float = 1.0
+    api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/* when set
+    protect_metrics: bool = False  # /metrics behind the key too
+    allowed_origins: tuple[str, ...] = ()  # CORS: off unless origins are named ("*" for any)
+    max_request_bytes: int = 2 * 2**20  # larger bodies: 413 before they are read
+
+    def guard_config(self) -> GuardConfig:
+        return GuardConfig(api_key=self.api_key, protect_metrics=self.protect_metrics,
+                           max_request_bytes=self.max_request_bytes)
 
     def llm_config(self) -> LLMConfig:
         return LLMConfig(threads=self.threads, max_batch=self.max_running, kv_budget_mb=self.kv_budget_mb,
@@ -63,6 +73,11 @@ def create_app(source: LLM | str | Path, config: ServeConfig | None = None) -> F
     app.state.served = served
     app.state.engine = engine
     install_error_handlers(app)
+    app.add_middleware(Guard, config=config.guard_config())
+    if config.allowed_origins:  # outside the guard: a CORS preflight carries no API key
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["Authorization", "Content-Type"],
+                           expose_headers=["X-Request-Id"])
     _routes(app, served)
     return app
 
@@ -70,11 +85,11 @@ def create_app(source: LLM | str | Path, config: ServeConfig | None = None) -> F
 def _routes(app: FastAPI, served: Served) -> None:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
-        return await create_chat_completion(served, req, raw.receive)
+        return await create_chat_completion(served, req, raw)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, raw: Request) -> Response:
-        return await create_completion(served, req, raw.receive)
+        return await create_completion(served, req, raw)
 
     @app.get("/v1/models")
     async def models() -> ModelList:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Receive
+from starlette.requests import Request
 
 from llmc.runtime.request import FinishReason, TokenLogprob
-from llmc.serve.context import SSE_DONE, Served, sse, sse_error
-from llmc.serve.errors import ApiError
+from llmc.serve.context import Served
+from llmc.serve.errors import ApiError, request_id
 from llmc.serve.generation import Generation, SSEResponse, failure
 from llmc.serve.protocol import (
     AssistantMessage,
@@ -26,6 +27,7 @@ from llmc.serve.protocol import (
     TopLogprob,
     new_id,
 )
+from llmc.serve.sse import SSE_DONE, sse, sse_error
 
 
 def no_template_message(model: str) -> str:
@@ -50,29 +52,42 @@ def _check(served: Served, req: ChatCompletionRequest) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def _message_dict(m: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates expect it: content parts of type text are joined into one string."""
+def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates expect it: its text parts joined into one string. A part the model cannot
+    read (an image, audio, a file) is refused, never dropped: the answer would ignore it."""
     d = m.model_dump(exclude_none=True)
     if isinstance(m.content, list):
-        d["content"] = "".join(p.text or "" for p in m.content if p.type == "text")
+        for j, part in enumerate(m.content):
+            if part.type != "text":
+                raise ApiError(400, f"messages.{i}.content.{j} is a content part of type {part.type!r}: this model "
+                                    "reads text only (parts of type 'text')", param="messages")
+            if part.text is None:
+                raise ApiError(400, f"messages.{i}.content.{j} is a text part without 'text'", param="messages")
+        d["content"] = "".join(p.text or "" for p in m.content)
     d.setdefault("content", "")
     return d
 
 
-async def create_chat_completion(served: Served, req: ChatCompletionRequest, receive: Receive) -> Response:
-    top = _check(served, req)
-    text = served.tokenizer.apply_chat_template([_message_dict(m) for m in req.messages],
+def _prompt_ids(served: Served, req: ChatCompletionRequest) -> list[int]:
+    """The rendered and tokenized conversation (run in a worker thread: long messages take seconds)."""
+    text = served.tokenizer.apply_chat_template([_message_dict(i, m) for i, m in enumerate(req.messages)],
                                                 add_generation_prompt=True)
-    ids = served.prompt_ids(served.tokenizer.encode(text, add_special_tokens=False), req)
+    return served.prompt_ids(served.tokenizer.encode(text, add_special_tokens=False), req)
+
+
+async def create_chat_completion(served: Served, req: ChatCompletionRequest, raw: Request) -> Response:
+    top = _check(served, req)
+    ids = await anyio.to_thread.run_sync(_prompt_ids, served, req)
     max_tokens = next((m for m in (req.max_completion_tokens, req.max_tokens) if m is not None),
                       served.default_max_tokens([ids]))
     gen = served.start([ids], req.sampling_params(max_tokens, top))
     rid = new_id("chatcmpl")
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return SSEResponse(_stream(served, gen, rid, usage, top is not None), on_close=gen.close)
+        return SSEResponse(_stream(served, gen, rid, usage, top is not None), on_close=gen.close,
+                           request_id=request_id(raw))
     try:
-        results = await gen.collect(receive)
+        results = await gen.collect(raw.receive)
     finally:
         gen.close()
     choices = [ChatChoice(index=r.index, message=AssistantMessage(content=r.text),

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import anyio
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Receive
+from starlette.requests import Request
 
 from llmc.runtime.request import FinishReason, TokenLogprob
-from llmc.serve.context import SSE_DONE, Served, sse, sse_error
-from llmc.serve.errors import ApiError
+from llmc.serve.context import Served
+from llmc.serve.errors import ApiError, request_id
 from llmc.serve.generation import Generation, SSEResponse, failure
 from llmc.serve.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, new_id
+from llmc.serve.sse import SSE_DONE, sse, sse_error
 
 
 def _prompts(served: Served, req: CompletionRequest) -> list[list[int]]:
@@ -42,17 +44,18 @@ def _check(served: Served, req: CompletionRequest) -> None:
         raise ApiError(400, "suffix is not supported", param="suffix")
 
 
-async def create_completion(served: Served, req: CompletionRequest, receive: Receive) -> Response:
+async def create_completion(served: Served, req: CompletionRequest, raw: Request) -> Response:
     _check(served, req)
-    prompts = _prompts(served, req)
+    prompts = await anyio.to_thread.run_sync(_prompts, served, req)  # long texts tokenize for seconds
     max_tokens = req.max_tokens if req.max_tokens is not None else served.default_max_tokens(prompts)
     gen = served.start(prompts, req.sampling_params(max_tokens, req.logprobs))
     rid = new_id("cmpl")
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return SSEResponse(_stream(served, gen, rid, usage, req.logprobs is not None), on_close=gen.close)
+        return SSEResponse(_stream(served, gen, rid, usage, req.logprobs is not None), on_close=gen.close,
+                           request_id=request_id(raw))
     try:
-        results = await gen.collect(receive)
+        results = await gen.collect(raw.receive)
     finally:
         gen.close()
     choices = [CompletionChoice(index=r.index, text=r.text,

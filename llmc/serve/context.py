@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from functools import lru_cache
-
-from pydantic import BaseModel
 
 from llmc.runtime.async_engine import AsyncEngine
 from llmc.runtime.request import MAX_LOGPROBS, SamplingParams
 from llmc.runtime.tokenizer import Tokenizer
-from llmc.serve.errors import ApiError, error_body
+from llmc.serve.errors import ApiError
 from llmc.serve.generation import Generation
 from llmc.serve.metrics import ServerMetrics
 from llmc.serve.protocol import SamplingFields, Usage
@@ -59,23 +55,17 @@ class Served:
         return max(1, self.max_model_len - max(len(p) for p in prompts))
 
     def start(self, prompts: list[list[int]], params: SamplingParams) -> Generation:
+        """Queue the request's sequences. One that needs more sequences than the server can ever hold is a 400
+        (429 is for load: retrying would never help it)."""
+        needed, capacity = len(prompts) * params.n, self.engine.capacity
+        if needed > capacity:
+            what = f"{len(prompts)} prompts x n={params.n}" if len(prompts) > 1 else f"n={params.n}"
+            raise ApiError(400, f"the request needs {needed} sequences ({what}); this server holds at most "
+                                f"{capacity} (max running {self.engine.loop.config.max_running} + max queue "
+                                f"{self.engine.config.max_queue})", param="n" if len(prompts) == 1 else "prompt")
         return Generation(self.engine, prompts, params, self.metrics.tracker())
 
     @staticmethod
     def usage(gen: Generation) -> Usage:
         return Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
                      total_tokens=gen.prompt_tokens + gen.completion_tokens)
-
-
-def sse(obj: BaseModel | dict[str, object]) -> str:
-    body = obj.model_dump_json() if isinstance(obj, BaseModel) else json.dumps(obj)
-    return f"data: {body}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-async def sse_error(err: ApiError) -> AsyncIterator[str]:
-    """The error event a stream ends with when its request fails after the 200 went out (as vLLM does)."""
-    yield sse(error_body(err.status, err.message, err.param, err.code))
-    yield SSE_DONE

@@ -1,14 +1,14 @@
 """Every failure leaves the server as an OpenAI error body `{"error": {message, type, param, code}}`.
 
 400: a bad request (our `InputError`/`LimitError`, malformed JSON, wrong types: vLLM answers 400 for these too);
-404: unknown model; 429/503 with Retry-After: overloaded / shutting down; 500: the engine failed.
+401: no or a wrong API key; 404: unknown model; 413: a body over the limit; 429/503 with Retry-After: overloaded /
+shutting down; 500: the engine failed, or a fault (named by the request id in the server log).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,13 +17,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmc.errors import InputError
 from llmc.runtime.async_engine import OverloadedError, ShuttingDownError
-from llmc.serve.protocol import ErrorInfo, ErrorResponse
+from llmc.serve.protocol import ErrorInfo, ErrorResponse, NotText
 
 log = logging.getLogger("llmc.serve")
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error",
-          500: "server_error", 503: "service_unavailable"}
-_FIELD = re.compile(r"^([a-z_]+) ")
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
 
 
 class ApiError(Exception):
@@ -44,8 +43,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return ErrorResponse(error=info).model_dump()
 
 
-def to_api_error(exc: Exception) -> ApiError:
-    """Map a runtime error to its status; `param` is the field an `InputError` message starts with."""
+def to_api_error(exc: Exception, request_id: str | None = None) -> ApiError:
+    """Map a runtime error to its status; an `InputError` names its field (`param`)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ShuttingDownError):
@@ -53,14 +52,14 @@ def to_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, OverloadedError):
         return ApiError(429, str(exc), code="overloaded", retry_after=exc.retry_after)
     if isinstance(exc, InputError):
-        m = _FIELD.match(str(exc))
-        return ApiError(400, str(exc), param=m.group(1) if m else None)
-    log.error("internal error: %r", exc)
-    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}")
+        return ApiError(400, str(exc), param=exc.param)
+    log.error("request %s: internal error: %r", request_id, exc, exc_info=exc)
+    return ApiError(500, f"internal error: {type(exc).__name__} (request id {request_id}; see the server log)",
+                    code="internal_error")
 
 
-def error_response(exc: Exception) -> JSONResponse:
-    err = to_api_error(exc)
+def error_response(exc: Exception, request_id: str | None = None) -> JSONResponse:
+    err = to_api_error(exc, request_id)
     headers = {"Retry-After": str(max(1, math.ceil(err.retry_after)))} if err.retry_after is not None else None
     return JSONResponse(error_body(err.status, err.message, err.param, err.code), status_code=err.status,
                         headers=headers)
@@ -72,6 +71,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
+    cause = first.get("ctx", {}).get("error")
+    if isinstance(cause, NotText):
+        return str(cause), (cause.path[0] if cause.path else None)
     loc = [str(p) for p in first.get("loc", ())]
     if first.get("type") == "json_invalid":
         where = f" at character {loc[-1]}" if len(loc) > 1 else ""
@@ -88,13 +90,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(400, message, param), status_code=400)
 
     async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                            headers=exc.headers)
 
-    async def on_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    async def on_error(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, request_id(request))
 
     app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]
     app.add_exception_handler(ApiError, on_error)
     app.add_exception_handler(InputError, on_error)
     app.add_exception_handler(OverloadedError, on_error)
+
+
+def request_id(request: Request) -> str | None:
+    """The id the guard gave this request (`llmc.serve.middleware`)."""
+    return getattr(request.state, "request_id", None)

@@ -6,6 +6,7 @@ Choice `i * n + k` is completion k of prompt i, as OpenAI numbers the choices of
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,9 @@ from llmc.runtime.async_engine import AsyncEngine, RequestStream, StreamUpdate
 from llmc.runtime.request import FinishReason, SamplingParams, TokenLogprob
 from llmc.serve.errors import ApiError
 from llmc.serve.metrics import RequestTracker
+from llmc.serve.sse import sse_error
+
+log = logging.getLogger("llmc.serve")
 
 
 @dataclass
@@ -158,8 +162,8 @@ class SSEResponse(StreamingResponse):
     only at the next write. Watching always frees a long request's KV slot at once.
     """
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Any]) -> None:
-        super().__init__(content, media_type="text/event-stream",
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Any], request_id: str | None = None) -> None:
+        super().__init__(_guarded(content, request_id), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.on_close = on_close
 
@@ -183,3 +187,21 @@ class SSEResponse(StreamingResponse):
                 if aclose is not None:
                     await aclose()
             self.on_close()
+
+
+async def _guarded(content: AsyncIterator[str], request_id: str | None) -> AsyncIterator[str]:
+    """The stream's events; a fault after the 200 went out ends it with an error event (logged with the request
+    id), never with a cut connection and nothing said."""
+    try:
+        async for line in content:
+            yield line
+    except Exception as e:
+        log.exception("request %s: the stream failed", request_id)
+        err = ApiError(500, f"internal error: {type(e).__name__} (request id {request_id}; see the server log)",
+                       code="internal_error")
+        async for line in sse_error(err):
+            yield line
+    finally:
+        aclose = getattr(content, "aclose", None)
+        if aclose is not None:
+            await aclose()

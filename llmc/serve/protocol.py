@@ -10,13 +10,40 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmc.runtime.request import SamplingParams
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class NotText(ValueError):
+    """A string in the body that is not Unicode text (a lone UTF-16 surrogate such as "\\ud800")."""
+
+    def __init__(self, path: list[str], char: str) -> None:
+        self.path = path
+        where = ".".join(path) or "body"
+        super().__init__(f"{where} holds a lone UTF-16 surrogate (U+{ord(char):04X}), which is not text; "
+                         "send valid Unicode")
+
+
+def _check_text(value: Any, path: list[str]) -> None:
+    """Raise `NotText` for the first string (key or value, at any depth) that cannot be encoded as UTF-8."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise NotText(path, value[e.start]) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_text(k, path)
+            _check_text(v, [*path, str(k)])
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_text(v, [*path, str(i)])
 
 
 class StreamOptions(_Request):
@@ -47,6 +74,12 @@ class SamplingFields(_Request):
     min_tokens: int = 0
     stop_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        _check_text(data, [])
+        return data
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -253,3 +253,44 @@ def test_ort_concurrent_greedy_equals_alone(tiny_llama: Any) -> None:
     chunked = EngineLoop(llm.engine, llm.tokenizer, LoopConfig(max_running=4, max_step_tokens=8, min_chunk=4))
     assert tokens(run(chunked, list(zip(prompts, params)))) == tokens(alone)
     assert [len(t) for t in tokens(alone)] == [p.max_tokens for p in params]
+
+
+# -- one sequence's sampling or detokenizing fault ends only that sequence ----------------------------------------
+
+NAN_MARK = 61  # a prompt starting with this gets NaN logits from the engine below
+
+
+class _NaNEngine(FakeEngine):
+    def logits(self, history: list[int]) -> np.ndarray:
+        row = super().logits(history)
+        if history[0] == NAN_MARK:
+            row[:] = np.nan
+        return row
+
+
+class _BadDetok:
+    def step(self, token_id: int) -> str:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected")
+
+
+@pytest.mark.parametrize("fault", ["sampling", "detokenizing"])
+def test_a_row_that_fails_after_the_engine_ends_only_its_request(fault: str) -> None:
+    good = prompts_of([4, 9, 2])
+    sampled = SamplingParams(max_tokens=8, temperature=0.7, seed=3, ignore_eos=True)
+    loop = EngineLoop(_NaNEngine(), None, LoopConfig(max_running=4, kv_budget_mb=1))
+    bad = [NAN_MARK, 5, 6] if fault == "sampling" else [8, 9]
+    rids = [loop.add_request(p, sampled) for p in (good[0], bad, good[1], good[2])]
+    if fault == "detokenizing":
+        loop.requests[rids[1]][0].detok = _BadDetok()  # type: ignore[assignment]
+    finals: dict[str, list[FinishReason]] = {}
+    while loop.has_work:
+        for u in loop.step():
+            if u.finish_reason is not None:
+                finals.setdefault(u.request_id, []).append(u.finish_reason)
+        check_invariants(loop)
+    outs = [loop.pop(r) for r in rids]
+    assert outs[1].outputs[0].finish_reason is FinishReason.ERROR and finals[rids[1]] == [FinishReason.ERROR]
+    alone = [run(fake_loop(max_running=1), [(p, sampled)])[0] for p in good]
+    for out, ref, rid in zip([outs[0], *outs[2:]], alone, [rids[0], *rids[2:]]):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids and len(ref.outputs[0].token_ids) == 8
+        assert finals[rid] == [FinishReason.LENGTH]

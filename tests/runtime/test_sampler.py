@@ -239,3 +239,79 @@ def test_logprobs_raw_distribution(temperature: float) -> None:
     assert lp.logprob == pytest.approx(ref[lp.token_id], abs=1e-5)
     assert list(lp.top) == list(np.argsort(-ref)[:3])
     assert list(lp.top.values()) == pytest.approx(list(np.sort(ref)[::-1][:3]), abs=1e-5)
+
+
+# -- the whole float range: a 400 (InputError) or a token, never NaN, never another exception -------------------
+
+_ANY_FLOAT = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),
+    st.sampled_from([0.0, -0.0, 5e-324, 1e-50, 1e-40, 1e-5, 9.99e-6, 1e-3, 0.01, 100.0, 3.5e38, 1e308]),
+    st.integers(-(2**70), 2**70),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(temperature=_ANY_FLOAT, top_p=_ANY_FLOAT, min_p=_ANY_FLOAT, repetition_penalty=_ANY_FLOAT,
+       presence_penalty=_ANY_FLOAT, frequency_penalty=_ANY_FLOAT, top_k=st.integers(-3, 2**70),
+       seed=st.one_of(st.none(), st.integers(-(2**100), 2**100)), min_tokens=st.integers(0, 3),
+       logprobs=st.one_of(st.none(), st.integers(0, 20)), scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]))
+def test_every_sampling_value_is_refused_or_sampled(scale: float, **fields: object) -> None:
+    from llmc.errors import InputError
+
+    params = SamplingParams(max_tokens=4, stop_token_ids=[7], **fields)  # type: ignore[arg-type]
+    try:
+        params.validate(vocab_size=V)
+    except InputError as e:
+        assert e.param in fields, e  # the 400 names its field
+        return
+    logits = _logits(3, seed=1) * np.float32(scale)
+    logits[1, :10] = -np.inf  # masked tokens, as a grammar or an engine may leave them
+    states = [SequenceSamplingState(params, [1, 2, 3, 7], eos_ids=[5]) for _ in range(3)]
+    for _ in range(3):
+        out = Sampler().sample(logits, states)
+        assert not out.errors, out.errors
+        assert ((0 <= out.token_ids) & (out.token_ids < V)).all()
+        if params.greedy and not params.has_penalties and not states[0].blocks_now:
+            np.testing.assert_array_equal(out.token_ids, logits.argmax(axis=-1))
+        for lp in out.logprobs:
+            assert lp is None or np.isfinite(lp.logprob) or lp.logprob == -np.inf
+
+
+@pytest.mark.parametrize(("temperature", "greedy"), [(0.0, True), (1e-50, True), (9.9e-6, True), (1e-5, False)])
+def test_a_temperature_below_the_threshold_is_greedy(temperature: float, greedy: bool) -> None:
+    from llmc.runtime.request import GREEDY_BELOW_TEMPERATURE
+
+    assert GREEDY_BELOW_TEMPERATURE == 1e-5
+    params = SamplingParams(temperature=temperature)
+    assert params.greedy is greedy
+    logits = _logits(4, seed=2)
+    out = Sampler().sample(logits, _states([params] * 4))
+    np.testing.assert_array_equal(out.token_ids, logits.argmax(axis=-1))  # 1e-5 samples, but as sharply
+
+
+@pytest.mark.parametrize("value", [1e-40, 0.0099, 100.5, 1e30])
+def test_repetition_penalty_outside_what_float32_carries_is_refused(value: float) -> None:
+    from llmc.errors import InputError
+
+    with pytest.raises(InputError, match=r"repetition_penalty must be in \[0.01, 100\]") as e:
+        SamplingParams(repetition_penalty=value).validate()
+    assert e.value.param == "repetition_penalty"
+
+
+def test_a_row_that_cannot_be_sampled_fails_alone() -> None:
+    logits = _logits(3, seed=4)
+    logits[1] = np.nan  # an engine fault in one row
+    params = [SamplingParams(temperature=0.8, seed=s) for s in (1, 2, 3)]
+    states = _states(params)
+    out = Sampler().sample(logits, states)
+    assert set(out.errors) == {1} and "no finite value" in str(out.errors[1])
+    assert states[1].num_generated == 0 and states[0].num_generated == states[2].num_generated == 1
+    alone = [Sampler().sample(logits[i:i + 1], _states([params[i]])).token_ids[0] for i in (0, 2)]
+    assert [out.token_ids[0], out.token_ids[2]] == alone
+
+
+def test_a_row_with_every_token_masked_samples_its_unmasked_logits() -> None:
+    logits = _logits(1, v=8, seed=5)
+    params = SamplingParams(temperature=1.0, min_tokens=2, stop_token_ids=list(range(8)), seed=0)
+    out = Sampler().sample(logits, _states([params]))
+    assert not out.errors and 0 <= out.token_ids[0] < 8

@@ -187,7 +187,7 @@ def test_template_sources_and_precedence(tmp_path: Path) -> None:
 
 def test_bad_template_syntax(tmp_path: Path) -> None:
     tok = Tokenizer.from_dir(_model_dir(tmp_path, {"chat_template": "{% for m in messages %}"}))
-    with pytest.raises(InputError, match="chat template does not parse"):
+    with pytest.raises(InputError, match=r"chat template \(.*\) does not parse"):
         tok.apply_chat_template(MESSAGES)
 
 
@@ -211,3 +211,28 @@ def test_bos_follows_tokenizer_json_and_config(
     bos = _id(tok, "<s>")
     assert (ids[0] == bos) is expect_bos and ids.count(bos) == int(expect_bos)
     assert bos not in tok.encode("hello", add_special_tokens=False)
+
+
+@pytest.mark.parametrize(("template", "error"), [
+    ("{{ 'a' * 10**19 }}", "OverflowError"),
+    ("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}", "TypeError"),
+])
+def test_a_template_that_raises_at_render_is_one_line_naming_it(tmp_path: Path, template: str, error: str) -> None:
+    folder = _model_dir(tmp_path, {"chat_template": template})
+    with pytest.raises(InputError, match=rf"chat template \(.*tokenizer_config.json\) raised while rendering: "
+                                         rf"{error}") as e:
+        Tokenizer.from_dir(folder).apply_chat_template(MESSAGES)
+    assert "\n" not in str(e.value)
+
+
+def test_a_lone_surrogate_is_refused_naming_where(tmp_path: Path) -> None:
+    tok = Tokenizer.from_dir(_model_dir(tmp_path, {}))
+    with pytest.raises(InputError, match=r"lone UTF-16 surrogate \(U\+D800\) at character 2") as e:
+        tok.encode("ab\ud800c")
+    assert e.value.param == "prompt"
+
+
+def test_a_long_text_encodes_as_a_short_one_does(tmp_path: Path) -> None:
+    tok = Tokenizer.from_dir(_model_dir(tmp_path, {}))
+    text = "hello world. " * 3000  # past the length where encode_batch (no GIL) is used
+    assert tok.encode(text) == tok._tok.encode(text).ids

@@ -150,4 +150,5 @@ def test_chat_without_a_template_tells_the_operator_to_pass_one(start_server: Se
 
 def test_n_over_capacity_is_refused_not_queued_forever(start_server: ServerFactory) -> None:
     server = start_server(ServeConfig(model_name=MODEL, max_running=1, max_queue=1, threads=1))
-    assert_error(post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "n": 3}), 400, "n must be")
+    assert_error(post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "n": 3}), 400,
+                 "needs 3 sequences", "at most 2", param="n")

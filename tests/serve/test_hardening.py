@@ -1,0 +1,276 @@
+"""One bad request never hurts another: values the sampler cannot carry, text that is not text, faults after the
+engine step, large bodies, requests that can never fit, unreadable content parts, and the API key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from llmc.runtime.llm import LLM
+from llmc.serve.app import ServeConfig
+
+from .conftest import MODEL, Server, ServerFactory, slow_down
+from .test_bad_input import assert_error, post
+from .test_faults import LONG, _stream_in_thread
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def _beside(server: Server, poison: Any, tokens: int = 60) -> dict[str, Any]:
+    """Run `poison()` while a long stream runs; return the stream's result once it has ended."""
+    first = threading.Event()
+    other = _stream_in_thread(server, {**LONG, "max_tokens": tokens, "stream_options": {"include_usage": True}},
+                              first)
+    assert first.wait(10)
+    poison()
+    other["thread"].join(30)
+    return other
+
+
+def _full_length(result: dict[str, Any], tokens: int = 60) -> bool:
+    return bool(result["done"] and result["finish"] == "length" and result["usage"]["completion_tokens"] == tokens)
+
+
+# -- sampler numerics -------------------------------------------------------------------------------------------
+
+def test_a_tiny_temperature_is_greedy_and_hurts_no_one(start_server: ServerFactory) -> None:
+    server = start_server(setup=lambda llm: slow_down(llm, 0.01))
+    client = server.client()
+    got: list[Any] = []
+
+    def poison() -> None:
+        for t in (1e-50, 5e-324, 1e-6):
+            got.append(client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=t,
+                                                 extra_body={"ignore_eos": True}))
+
+    assert _full_length(_beside(server, poison))
+    greedy = client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert all(r.choices[0].text == greedy.choices[0].text for r in got)
+
+
+@pytest.mark.parametrize("value", [1e-40, 1e30])
+def test_a_repetition_penalty_float32_cannot_carry_is_400_naming_the_limit(start_server: ServerFactory,
+                                                                           value: float) -> None:
+    server = start_server(setup=lambda llm: slow_down(llm, 0.01))
+    answers: list[httpx.Response] = []
+
+    def poison() -> None:
+        for path, body in (("/v1/completions", {"prompt": "Hello"}), ("/v1/chat/completions", {"messages": CHAT})):
+            answers.append(post(server, path, {"model": MODEL, **body, "repetition_penalty": value}))
+
+    assert _full_length(_beside(server, poison))
+    for r in answers:
+        assert_error(r, 400, "repetition_penalty", "[0.01, 100]", param="repetition_penalty")
+
+
+# -- a fault after the engine step ends only its own request ------------------------------------------------------
+
+MARKER = 319  # a token id the other test prompts do not contain
+
+
+def _detok_fails_on_marker(llm: LLM) -> None:
+    slow_down(llm, 0.01)
+    decode = llm.tokenizer.decode
+
+    def failing(ids: Any, skip_special_tokens: bool = True) -> str:
+        if MARKER in ids:
+            raise ValueError("injected detokenizer fault")
+        return decode(ids, skip_special_tokens=skip_special_tokens)
+
+    llm.tokenizer.decode = failing  # type: ignore[method-assign]
+
+
+def test_a_detokenizer_fault_fails_only_its_request(start_server: ServerFactory) -> None:
+    server = start_server(setup=_detok_fails_on_marker)
+    assert MARKER not in server.llm.encode("Hello")
+    client = server.client()
+    errors: list[Exception] = []
+
+    def poison() -> None:
+        for stream in (False, True):
+            try:
+                r = client.completions.create(model=MODEL, prompt=[5, 6, MARKER], max_tokens=5, stream=stream)
+                list(r) if stream else None
+            except openai.APIError as e:
+                errors.append(e)
+
+    assert _full_length(_beside(server, poison))
+    assert len(errors) == 2 and isinstance(errors[0], openai.InternalServerError)
+    server.wait_idle()
+    assert server.metrics()['llmc_request_success_total{finished_reason="error"}'] == 2
+
+
+# -- text that is not text; exceptions that escape a route ------------------------------------------------------
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages"),
+    ("/v1/chat/completions", '{"messages": [{"role": "\\udfff", "content": "hi"}]}', "messages"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
+     "messages"),
+    ("/v1/completions", '{"prompt": "\\ud800"}', "prompt"),
+    ("/v1/completions", '{"prompt": ["ok", "x\\udbff"]}', "prompt"),
+    ("/v1/completions", '{"prompt": "hi", "stop": ["\\ud800"]}', "stop"),
+])
+def test_a_lone_surrogate_is_a_json_400_naming_the_field(server: Server, path: str, body: str, param: str) -> None:
+    r = post(server, path, body.encode())
+    err = assert_error(r, 400, "surrogate", param=param)
+    assert err["message"].startswith(param)
+
+
+def test_an_exception_that_escapes_a_route_is_a_json_500_with_the_request_id(
+        start_server: ServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*args: Any, **kwargs: Any) -> str:
+        raise RuntimeError("a bug")
+
+    server = start_server()
+    server.app.state.served.tokenizer.apply_chat_template = broken
+    with caplog.at_level(logging.ERROR, logger="llmc.serve"):
+        r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": CHAT})
+        assert_error(r, 500, "internal error", "RuntimeError")
+        rid = r.headers["x-request-id"]
+        assert rid in r.json()["error"]["message"]
+        mine = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": CHAT},
+                          headers={"X-Request-Id": "client-id-7"})
+        assert mine.status_code == 500 and mine.headers["x-request-id"] == "client-id-7"
+    assert rid in caplog.text and "client-id-7" in caplog.text and "a bug" in caplog.text
+    assert post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_fault_after_the_stream_started_ends_it_with_an_error_event(start_server: ServerFactory) -> None:
+    server = start_server()
+    served = server.app.state.served
+
+    def broken(token_id: int) -> str:
+        raise RuntimeError("logprob text bug")
+
+    served.token_text = broken
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "logprobs": 1, "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+    err = json.loads(lines[-2][6:])["error"]
+    assert err["code"] == "internal_error" and r.headers["x-request-id"] in err["message"]
+    server.wait_idle()
+
+
+# -- large bodies ------------------------------------------------------------------------------------------------
+
+def test_a_body_over_the_limit_is_413(start_server: ServerFactory) -> None:
+    server = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, max_request_bytes=4096))
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]})
+    assert_error(r, 413, "4096", "--max-request-bytes")
+
+    def chunks() -> Any:  # no Content-Length: counted as it is read
+        yield b'{"model": "tiny", "prompt": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}'
+
+    r = httpx.post(server.url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert_error(r, 413, "4096")
+    assert post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_health_stays_fast_while_large_requests_are_tokenized(start_server: ServerFactory) -> None:
+    server = start_server(ServeConfig(model_name=MODEL, max_running=4, threads=1))
+    big = "hello world, this is a long message. " * 50_000  # 1.85 MB: under the limit, over the context
+    latencies: list[float] = []
+    statuses: list[int] = []
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            async def large() -> None:
+                r = await client.post("/v1/chat/completions",
+                                      json={"model": MODEL, "messages": [{"role": "user", "content": big}]})
+                statuses.append(r.status_code)
+
+            async def health() -> None:
+                await asyncio.sleep(0.05)
+                while len(statuses) < 4:
+                    start = time.perf_counter()
+                    assert (await client.get("/health")).status_code == 200
+                    latencies.append(time.perf_counter() - start)
+                    await asyncio.sleep(0.01)
+
+            await asyncio.gather(*(large() for _ in range(4)), health())
+
+    asyncio.run(run())
+    assert statuses == [400] * 4  # too long for the context, found after tokenizing
+    latencies.sort()
+    assert len(latencies) >= 20, latencies
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    assert p99 < 0.1, f"/health p99 {p99 * 1000:.0f} ms over {len(latencies)} probes"
+
+
+# -- content the model cannot read; requests that can never fit ---------------------------------------------------
+
+@pytest.mark.parametrize("part", [
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+])
+def test_a_content_part_the_model_cannot_read_is_400_naming_its_type(server: Server, part: dict[str, Any]) -> None:
+    content = [{"type": "text", "text": "What is in this picture?"}, part]
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert_error(r, 400, "messages.0.content.1", repr(part["type"]), "text only", param="messages")
+
+
+def test_a_request_that_can_never_fit_is_400_not_429(server: Server) -> None:
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": ["Hi"] * 100, "max_tokens": 2})
+    assert_error(r, 400, "100 sequences", "100 prompts", "at most 20", "max running 4", "max queue 16",
+                 param="prompt")
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": ["Hi"] * 7, "n": 3, "max_tokens": 2})
+    assert_error(r, 400, "21 sequences", "7 prompts x n=3")
+    ok = post(server, "/v1/completions", {"model": MODEL, "prompt": ["Hi"] * 5, "n": 4, "max_tokens": 2})
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 20
+    server.wait_idle()
+
+
+# -- the API key, /metrics, CORS ------------------------------------------------------------------------------------
+
+KEY = "sk-llmc-test-0123456789"
+
+
+def test_the_api_key_is_required_on_v1_and_the_openai_client_works_with_it(start_server: ServerFactory) -> None:
+    server = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, api_key=KEY))
+    good = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    assert good.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).usage.completion_tokens >= 1
+    assert [m.id for m in good.models.list()] == [MODEL]
+    for wrong in ("unused", KEY[:-1], KEY + "x"):
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.url + "/v1", api_key=wrong, max_retries=0).models.list()
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "hi"})
+    err = assert_error(r, 401, "no API key", "Bearer")
+    assert err["code"] == "invalid_api_key" and r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/metrics").status_code == 200  # open unless asked
+
+
+def test_metrics_behind_the_key_when_asked(start_server: ServerFactory) -> None:
+    server = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, api_key=KEY,
+                                      protect_metrics=True))
+    assert httpx.get(server.url + "/metrics").status_code == 401
+    ok = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert ok.status_code == 200 and "llmc_num_requests_running" in ok.text
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_cors_is_off_unless_origins_are_named(server: Server, start_server: ServerFactory) -> None:
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    r = httpx.options(server.url + "/v1/chat/completions", headers=preflight)
+    assert "access-control-allow-origin" not in r.headers
+    cors = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, api_key=KEY,
+                                    allowed_origins=("https://app.example",)))
+    r = httpx.options(cors.url + "/v1/chat/completions", headers=preflight)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+    r = httpx.options(cors.url + "/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"})
+    assert r.headers.get("access-control-allow-origin") != "https://evil.example"
