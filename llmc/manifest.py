@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin, get_type_hints
+from types import UnionType
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from llmc.errors import ManifestError
 
@@ -169,18 +170,60 @@ class EngineManifest:
 T = TypeVar("T")
 
 
-def _build(tp: Any, value: Any) -> Any:
-    """Rebuild a (nested) dataclass value from JSON data, following the type hints."""
+def _build(tp: Any, value: Any, where: str) -> Any:
+    """Rebuild a (nested) dataclass value from JSON data, following the type hints and checking each value's type:
+    a manifest of the wrong shape is a `ManifestError` naming the field, never an AttributeError later."""
     if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ManifestError(f"{where or 'the manifest'} must be an object, got {_show(value)}")
         hints = get_type_hints(tp)
-        known = {f.name for f in fields(tp)}
-        return tp(**{k: _build(hints[k], v) for k, v in value.items() if k in known})  # type: ignore[operator]
-    origin = get_origin(tp)
-    if origin is tuple and value is not None:
-        args = get_args(tp)
-        inner = args[0]
-        return tuple(_build(inner, v) for v in value)
-    return value
+        for f in fields(tp):
+            if f.name not in value and f.default is MISSING and f.default_factory is MISSING:
+                raise ManifestError(f"{_join(where, f.name)} is missing")
+        return tp(**{f.name: _build(hints[f.name], value[f.name], _join(where, f.name))  # type: ignore[operator]
+                     for f in fields(tp) if f.name in value})
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        for option in args:
+            try:
+                return _build(option, value, where)
+            except ManifestError:
+                continue
+        raise ManifestError(f"{where} must be {' or '.join(_name(a) for a in args)}, got {_show(value)}")
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ManifestError(f"{where} must be a list, got {_show(value)}")
+        return tuple(_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ManifestError(f"{where} must be an object, got {_show(value)}")
+        return {k: _build(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is type(None):
+        if value is not None:
+            raise ManifestError(f"{where} must be null, got {_show(value)}")
+        return value
+    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}[tp](value)
+    if not ok:
+        raise ManifestError(f"{where} must be {_name(tp)}, got {_show(value)}")
+    return float(value) if tp is float else value
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _name(tp: Any) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            type(None): "null"}.get(tp, "an object" if is_dataclass(tp) else str(tp))
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, (dict, list)) else type(value).__name__.replace("dict", "an object")
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def sha256_file(path: Path) -> str:
@@ -202,9 +245,11 @@ def _load(cls: type[T], path: Path, fmt: str, version: int) -> T:
     if not path.is_file():
         raise ManifestError(f"no manifest at {path}: is this an llmc {fmt.split('-')[1]} directory?")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ManifestError(f"manifest {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"manifest {path} must hold a JSON object, got {_show(data)}")
     if data.get("format") != fmt:
         raise ManifestError(f"{path} has format {data.get('format')!r}, expected {fmt!r}")
     if data.get("format_version") != version:
@@ -213,9 +258,9 @@ def _load(cls: type[T], path: Path, fmt: str, version: int) -> T:
             "re-run the stage that wrote it"
         )
     try:
-        return _build(cls, data)  # type: ignore[no-any-return]
-    except TypeError as e:
-        raise ManifestError(f"manifest {path} is incomplete: {e}") from None
+        return _build(cls, data, "")  # type: ignore[no-any-return]
+    except ManifestError as e:
+        raise ManifestError(f"manifest {path}: {e}") from None
 
 
 def load_export(directory: Path | str) -> ExportManifest:

@@ -76,12 +76,32 @@ def read_external(proto: TensorProto, base_dir: Path) -> bytes:
 
 
 def to_numpy(proto: TensorProto, base_dir: Path) -> np.ndarray:
-    return numpy_helper.to_array(proto, base_dir=str(base_dir))
+    """An initializer's values (its external data read from `base_dir`); damaged data is a one-line error."""
+    try:
+        return numpy_helper.to_array(proto, base_dir=str(base_dir))
+    except Exception as e:  # onnx and numpy raise many types for short or missing data
+        where = next((x.value for x in proto.external_data if x.key == "location"), "the graph")
+        raise ManifestError(f"{Path(base_dir) / where}: cannot read tensor {proto.name!r} "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}); the "
+                            "file is damaged: write it again with the stage that made it") from None
+
+
+def load_graph(path: Path) -> onnx.ModelProto:
+    """An ONNX graph without its external data; a file that is not one (truncated, overwritten) is a one-line
+    error naming it, whatever its recorded checksum says."""
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except FileNotFoundError:
+        raise ManifestError(f"{path} is missing") from None
+    except Exception as e:  # protobuf's DecodeError and friends
+        detail = str(e).splitlines()[0] if str(e) else "no detail"
+        raise ManifestError(f"{path} is not a readable ONNX graph ({type(e).__name__}: {detail}); the file is "
+                            "damaged: write it again with the stage that made it") from None
 
 
 def check_external_paths(model_path: Path) -> None:
     """Refuse external data that points outside the model's folder (a path-traversal hole in ONNX)."""
-    model = onnx.load(str(model_path), load_external_data=False)
+    model = load_graph(model_path)
     root = model_path.parent.resolve()
     for init in model.graph.initializer:
         for entry in init.external_data:

@@ -6,6 +6,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -102,8 +103,35 @@ def test_missing_invalid_and_incomplete_manifests(tmp_path: Path, built: Built) 
     data = json.loads((built.export_dir / EXPORT_MANIFEST).read_text())
     del data["model"]
     (tmp_path / EXPORT_MANIFEST).write_text(json.dumps(data))
-    with pytest.raises(ManifestError, match="incomplete"):
+    with pytest.raises(ManifestError, match="llmc.json: model is missing"):
         load_export(tmp_path)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda d: [d], "must hold a JSON object, got list"),
+    (lambda d: {**d, "model": "oops"}, 'model must be an object, got "oops"'),
+    (lambda d: {**d, "model": {**d["model"], "hidden_size": "64"}}, 'model.hidden_size must be an integer, got "64"'),
+    (lambda d: {**d, "model": {**d["model"], "num_layers": True}}, "model.num_layers must be an integer, got true"),
+    (lambda d: {**d, "kv": {k: v for k, v in d["kv"].items() if k != "head_dim"}}, "kv.head_dim is missing"),
+    (lambda d: {**d, "prefill": {**d["prefill"], "inputs": {"a": 1}}}, "prefill.inputs must be a list"),
+    (lambda d: {**d, "prefill": {**d["prefill"], "inputs": [{"name": "x", "dtype": "int64", "shape": [1.5]}]}},
+     "prefill.inputs[0].shape[0] must be an integer or a string, got 1.5"),
+    (lambda d: {**d, "files": ["a"]}, "files must be an object"),
+    (lambda d: {**d, "generation": {**d["generation"], "eos_token_ids": 2}}, "generation.eos_token_ids must be a list"),
+    (lambda d: {**d, "settings": None}, "settings must be an object, got null"),
+])
+@pytest.mark.parametrize("which", ["export", "engine"])
+def test_a_manifest_of_the_wrong_shape_names_the_field(tmp_path: Path, built: Built, which: str, change: Any,
+                                                        words: str) -> None:
+    src, name, load = ((built.export_dir, EXPORT_MANIFEST, load_export) if which == "export"
+                       else (built.engine_dir, ENGINE_MANIFEST, load_engine))
+    data = json.loads((src / name).read_text())
+    if which == "export" and "settings" in words:
+        return  # an export manifest has no settings
+    (tmp_path / name).write_text(json.dumps(change(data)))
+    with pytest.raises(ManifestError) as e:
+        load(tmp_path)
+    assert words in str(e.value) and name in str(e.value) and "\n" not in str(e.value)
 
 
 def test_unknown_keys_are_ignored(tmp_path: Path, built: Built) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import onnx
 
 from llmc.manifest import EngineManifest
+from llmc.onnx_store import load_graph
 
 # Measured on the development machine (2 cores): ~35 GB/s memory bandwidth. Override with --bandwidth-gbs.
 DEFAULT_BANDWIDTH_GBS = 35.0
@@ -19,7 +20,7 @@ def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
 
     The embedding table is not counted unless a product reads it (a tied LM head does): a Gather reads B rows.
     """
-    model = onnx.load(str(Path(engine_dir) / manifest.decode.file), load_external_data=False)
+    model = load_graph(Path(engine_dir) / manifest.decode.file)
     sizes = {}
     for init in model.graph.initializer:
         n = 1

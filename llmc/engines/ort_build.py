@@ -25,7 +25,7 @@ from llmc.manifest import (
     sha256_file,
     verify_files,
 )
-from llmc.onnx_store import WeightFile, read_external
+from llmc.onnx_store import WeightFile, check_external_paths, read_external
 from llmc.outdir import atomic_dir, check_out_dir
 from llmc.progress import Progress, Quiet
 
@@ -118,6 +118,8 @@ def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManif
     export = load_export(export_dir)
     progress.step(f"checking export {export_dir} ({export.model_name}, {export.dtype})")
     verify_files(export_dir, export.files)
+    for spec in (export.prefill, export.decode):  # before ONNX Runtime or onnx follow any external-data path
+        check_external_paths(export_dir / spec.file)
     with atomic_dir(cfg.out_dir, export_dir, "export") as work:
         return _build_into(work, export_dir, export, cfg, progress)
 

@@ -15,7 +15,7 @@ from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
 from llmc.graph.quant import QuantSpec, quantize_weights
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
-from llmc.onnx_store import WeightFile, make_model, to_numpy
+from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
 
 LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight")
 
@@ -24,7 +24,8 @@ def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
     """Canonical weights by name, read back from the export's graphs (their initializers point into weights.bin)."""
     weights: dict[str, np.ndarray] = {}
     for spec in (export.prefill, export.decode):
-        model = onnx.load(str(export_dir / spec.file), load_external_data=False)
+        check_external_paths(export_dir / spec.file)  # also reads the graph: a damaged file is a clear error
+        model = load_graph(export_dir / spec.file)
         for init in model.graph.initializer:
             if init.data_location == onnx.TensorProto.EXTERNAL and init.name not in weights:
                 weights[init.name] = to_numpy(init, export_dir)

@@ -21,6 +21,7 @@ from onnx import helper
 from llmc.errors import LlmcError
 from llmc.graph import io_names as io
 from llmc.manifest import ModelSpec
+from llmc.onnx_store import load_graph
 
 PLUGIN_NAMESPACE = "llmc"
 PLUGIN_NAME = "attention"
@@ -132,7 +133,7 @@ def lower_graph(graph: onnx.GraphProto, model: ModelSpec, name: str) -> int:
 
 def lower_file(path: Path, model: ModelSpec, name: str) -> int:
     """Lower one graph file in place (its external weights stay where they are)."""
-    proto = onnx.load(str(path), load_external_data=False)
+    proto = load_graph(path)
     count = lower_graph(proto.graph, model, name)
     if not any(o.domain == PLUGIN_NAMESPACE for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(PLUGIN_NAMESPACE, 1))

@@ -19,6 +19,7 @@ from typing import Any
 
 from llmc.errors import InputError, UnsupportedModelError
 from llmc.export.arch import check_supported
+from llmc.export.config_check import check_config
 from llmc.manifest import sha256_file
 
 
@@ -101,9 +102,15 @@ def _hf_source(path: Path, allow_pickle: bool) -> ModelSource:
         raise UnsupportedModelError(
             f"{path} needs trust_remote_code (custom code in auto_map); llmc does not run a model's own code"
         )
+    if not isinstance(config, dict):
+        raise InputError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
     model_type = str(config.get("model_type", "?"))
     check_supported(model_type)
-    has_safetensors = any(path.glob("*.safetensors"))
+    check_config(config, str(config_path))
+    weight_files = sorted(path.glob("*.safetensors"))
+    for f in weight_files:
+        check_safetensors(f)
+    has_safetensors = bool(weight_files)
     pickles = [p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and "training_args" not in p.name]
     if not has_safetensors:
         if not pickles:
@@ -114,6 +121,38 @@ def _hf_source(path: Path, allow_pickle: bool) -> ModelSource:
                 "convert to safetensors or pass --allow-pickle"
             )
     return ModelSource(path.name, path, "hf", model_type, use_safetensors=has_safetensors)
+
+
+_SAFETENSORS_DTYPES = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16", "I32",
+                       "U32", "F32", "F64", "I64", "U64", "F4", "F6_E2M3", "F6_E3M2"}
+
+
+def check_safetensors(path: Path) -> None:
+    """Read a .safetensors file's header (8-byte length, JSON) and check it describes tensors inside the file:
+    a file that is not one is a one-line error naming it, before transformers reads it."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 2 <= n <= min(size - 8, 100 * 2**20):
+            raise InputError(f"{path} is not a safetensors file: its header length {n} does not fit the "
+                             f"file's {size} bytes")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path} is not a safetensors file: its header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{path} is not a safetensors file: its header is not a JSON object")
+    data = size - 8 - n
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = t.get("data_offsets") if isinstance(t, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2 or t.get("dtype") not in _SAFETENSORS_DTYPES
+                or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1] <= data):
+            raise InputError(f"{path} is damaged or not a safetensors file: tensor {name!r} has "
+                             f"{json.dumps(t)[:80]}, its data must lie in the file's {data} bytes")
 
 
 def _gguf_source(path: Path, name: str) -> ModelSource:

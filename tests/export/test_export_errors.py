@@ -258,3 +258,48 @@ def test_float16_export(tmp_path: Path, tiny_hf: Path) -> None:
     assert manifest.dtype == "float16" and manifest.kv.dtype == "float16"
     assert manifest.parity["top1_agreement"] >= 0.75
 
+
+
+# -- impossible dimensions and damaged weights, found before anything is loaded -----------------------------------
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"num_hidden_layers": -1}, ["num_hidden_layers must be a positive integer, got -1"]),
+    ({"num_attention_heads": 0}, ["num_attention_heads must be a positive integer, got 0"]),
+    ({"hidden_size": 66, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": None},
+     ["hidden_size (66) must be divisible by num_attention_heads (4)"]),
+    ({"num_key_value_heads": 3}, ["multiple of num_key_value_heads (3)"]),
+    ({"vocab_size": -5}, ["vocab_size must be a positive integer, got -5"]),
+    ({"hidden_size": 2**20, "intermediate_size": 2**22, "head_dim": None},
+     ["GiB in fp32", "more than this machine's"]),
+    ({"num_hidden_layers": "two"}, ["num_hidden_layers must be a positive integer, got 'two'"]),
+])
+def test_impossible_config_values_are_named_before_loading(tmp_path: Path, tiny_hf: Path,
+                                                            changes: dict[str, Any], words: list[str]) -> None:
+    folder = _copy_model(tiny_hf, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    with pytest.raises(InputError) as e:
+        _export(folder, tmp_path / "out")
+    assert "config.json" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+    _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out2"), "config.json", *words)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "short", "offsets"])
+def test_a_safetensors_file_that_is_not_one_is_named(tmp_path: Path, tiny_hf: Path, damage: str) -> None:
+    folder = _copy_model(tiny_hf, tmp_path / "m")
+    weights = next(folder.glob("*.safetensors"))
+    raw = weights.read_bytes()
+    if damage == "garbage":
+        weights.write_bytes(b"\x89PNG\r\n\x1a\n" + raw[8:200])
+    elif damage == "short":
+        weights.write_bytes(raw[: len(raw) // 2])
+    else:
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        name = next(k for k in header if k != "__metadata__")
+        header[name]["data_offsets"] = [0, 10**12]
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        weights.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), weights.name)

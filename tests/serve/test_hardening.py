@@ -77,16 +77,22 @@ def test_a_repetition_penalty_float32_cannot_carry_is_400_naming_the_limit(start
 MARKER = 319  # a token id the other test prompts do not contain
 
 
+class _FailingDetok:
+    def step(self, token_id: int) -> str:
+        raise ValueError("injected detokenizer fault")
+
+
 def _detok_fails_on_marker(llm: LLM) -> None:
+    """Sequences whose prompt holds MARKER get a detokenizer that raises on their first token."""
     slow_down(llm, 0.01)
-    decode = llm.tokenizer.decode
+    decode_stream = llm.tokenizer.decode_stream
 
-    def failing(ids: Any, skip_special_tokens: bool = True) -> str:
-        if MARKER in ids:
-            raise ValueError("injected detokenizer fault")
-        return decode(ids, skip_special_tokens=skip_special_tokens)
+    def failing(prompt_ids: Any = (), skip_special_tokens: bool = True) -> Any:
+        if MARKER in prompt_ids:
+            return _FailingDetok()
+        return decode_stream(prompt_ids, skip_special_tokens=skip_special_tokens)
 
-    llm.tokenizer.decode = failing  # type: ignore[method-assign]
+    llm.tokenizer.decode_stream = failing  # type: ignore[method-assign]
 
 
 def test_a_detokenizer_fault_fails_only_its_request(start_server: ServerFactory) -> None:

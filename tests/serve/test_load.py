@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from llmc.runtime.llm import LLM
@@ -62,5 +63,69 @@ def test_64_concurrent_streaming_chats(model: str, request: pytest.FixtureReques
         assert m["llmc_request_queue_time_seconds_count"] == CONCURRENT
         assert m["llmc_num_requests_running"] == 0 and m["llmc_num_requests_waiting"] == 0
         assert m["llmc_kv_cache_usage_perc"] == 0
+    finally:
+        server.stop()
+
+
+POISON_BODIES: list[Any] = [
+    b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": ',  # malformed JSON
+    b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800"}]}',  # not text
+    {"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1e-40},  # float32 cannot carry it
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    {"prompt": ["Hi"] * 100},  # can never fit
+    {"prompt": [5, 6, 319], "max_tokens": 8},  # the detokenizer fails on token 319 (injected): a 500 for it alone
+    {"messages": [{"role": "user", "content": "hi"}], "temperature": 1e-50, "max_tokens": 8},  # greedy, fine
+]
+
+
+def test_64_streams_with_cancellations_and_poison_requests(serve_engine_dir: Path) -> None:
+    """A quarter of the streams are cancelled after their first chunk and one request in ten is malformed or
+    poison: every well-formed request completes with its full length, and the server ends idle."""
+    from .test_hardening import _detok_fails_on_marker
+
+    config = ServeConfig(model_name="tiny", max_running=16, max_queue=64, threads=0)
+    llm = LLM(serve_engine_dir, config.llm_config())
+    _detok_fails_on_marker(llm)
+    server = Server(llm, config)
+    kinds = ["poison" if i % 10 == 0 else "cancel" if i % 4 == 1 else "full" for i in range(CONCURRENT)]
+
+    async def cancelled(client: Any, i: int) -> str:
+        stream = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"Request {i}"}], max_tokens=MAX_TOKENS,
+            stream=True, extra_body={"ignore_eos": True})
+        async for _ in stream:
+            break
+        await stream.close()
+        return "cancelled"
+
+    async def poison(http: Any, i: int) -> int:
+        body = POISON_BODIES[(i // 10) % len(POISON_BODIES)]
+        path = "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
+        r = await (http.post(path, content=body, headers={"content-type": "application/json"}) if isinstance(body, bytes)
+                   else http.post(path, json={"model": "tiny", **body}))
+        assert r.status_code < 500 or r.json()["error"]["code"] == "engine_error", r.text
+        return r.status_code
+
+    try:
+        async def run() -> list[Any]:
+            client = server.async_client(timeout=600)
+            async with httpx.AsyncClient(base_url=server.url, timeout=600) as http:
+                jobs = [_chat(client, "tiny", i) if k == "full" else cancelled(client, i) if k == "cancel"
+                        else poison(http, i) for i, k in enumerate(kinds)]
+                return await asyncio.gather(*jobs, return_exceptions=True)
+
+        results = asyncio.run(run())
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert not errors, errors[:3]
+        full = [r for r, k in zip(results, kinds) if k == "full"]
+        assert len(full) == 41 and all(tokens == MAX_TOKENS and finish == "length" for _, tokens, _, finish in full)
+        statuses = sorted(r for r, k in zip(results, kinds) if k == "poison")
+        assert statuses == [200, 400, 400, 400, 400, 400, 500], statuses
+        server.wait_idle(timeout=10)
+        m = server.metrics()
+        assert m["llmc_num_requests_running"] == 0 and m["llmc_num_requests_waiting"] == 0
+        assert m["llmc_kv_cache_usage_perc"] == 0
+        assert m['llmc_request_success_total{finished_reason="length"}'] == 41 + 1
+        assert httpx.get(server.url + "/health").status_code == 200
     finally:
         server.stop()
