@@ -68,12 +68,12 @@ class EngineLoop:
         params.validate(self.engine.vocab_size)
         if not prompt_ids:
             raise InputError("prompt is empty: at least 1 token is needed", "prompt")
+        if len(prompt_ids) > self.max_len:  # first: a huge prompt is refused without a pass over its ids
+            raise LimitError(f"prompt has {len(prompt_ids)} tokens, the context holds {self.max_len}", "prompt")
         bad = [t for t in prompt_ids if not 0 <= t < self.engine.vocab_size]
         if bad:
             raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.engine.vocab_size})",
                              "prompt")
-        if len(prompt_ids) > self.max_len:
-            raise LimitError(f"prompt has {len(prompt_ids)} tokens, the context holds {self.max_len}")
         if len(prompt_ids) + params.max_tokens > self.max_len:
             raise LimitError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = "

@@ -13,7 +13,7 @@ import tokenizers
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from llmc.errors import InputError
+from llmc.errors import InputError, LimitError
 
 NO_TEMPLATE_MSG = "model has no chat template; pass one with --chat-template FILE or use --raw"
 _LONG_TEXT = 16_384  # characters: above this, encode without holding the GIL
@@ -67,17 +67,21 @@ class Tokenizer:
         """Number of ids the tokenizer knows, added tokens included."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, limit: int | None = None) -> list[int]:
         """Token ids of `text`; special tokens are added as tokenizer.json's post-processor says,
-        with tokenizer_config's `add_bos_token` (when given) deciding about the BOS.
+        with tokenizer_config's `add_bos_token` (when given) deciding about the BOS. More than `limit` tokens is
+        a `LimitError` (raised before the ids of a huge text are turned into a list).
 
-        A long text goes through `encode_batch`, which releases the GIL (`encode` holds it for the whole call: a
-        5 MB text stalls every other thread for seconds)."""
+        A long text goes through `encode_batch_fast` (no offsets), which releases the GIL: `encode` holds it for
+        the whole call, and a 5 MB text would stall every other thread for seconds."""
         _check_text(text)
         if len(text) > _LONG_TEXT:
-            enc = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+            batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+            enc = batch([text], add_special_tokens=add_special_tokens)[0]
         else:
             enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        if limit is not None and len(enc) > limit + 1:  # (+1: a BOS the lines below may take off)
+            raise LimitError(f"prompt has {len(enc)} tokens, the context holds {limit}", "prompt")
         ids: list[int] = enc.ids
         if not add_special_tokens or self._add_bos is None or self.bos_token_id is None:
             return ids

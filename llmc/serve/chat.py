@@ -72,7 +72,7 @@ def _prompt_ids(served: Served, req: ChatCompletionRequest) -> list[int]:
     """The rendered and tokenized conversation (run in a worker thread: long messages take seconds)."""
     text = served.tokenizer.apply_chat_template([_message_dict(i, m) for i, m in enumerate(req.messages)],
                                                 add_generation_prompt=True)
-    return served.prompt_ids(served.tokenizer.encode(text, add_special_tokens=False), req)
+    return served.encode(text, req, add_special_tokens=False)
 
 
 async def create_chat_completion(served: Served, req: ChatCompletionRequest, raw: Request) -> Response:

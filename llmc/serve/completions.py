@@ -30,8 +30,7 @@ def _prompts(served: Served, req: CompletionRequest) -> list[list[int]]:
     for x in items:
         if not x:
             raise ApiError(400, "prompt must not be empty: at least 1 token is needed", param="prompt")
-        ids = served.tokenizer.encode(x, add_special_tokens=True) if isinstance(x, str) else list(x)
-        out.append(served.prompt_ids(ids, req))
+        out.append(served.encode(x, req, add_special_tokens=True) if isinstance(x, str) else served.prompt_ids(x, req))
     return out
 
 

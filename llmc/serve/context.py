@@ -45,6 +45,13 @@ class Served:
         if value is not None and not 0 <= value <= MAX_LOGPROBS:
             raise ApiError(400, f"{name} must be in [0, {MAX_LOGPROBS}], got {value}", param=name)
 
+    def encode(self, text: str, req: SamplingFields, add_special_tokens: bool) -> list[int]:
+        """A prompt's ids, its last `truncate_prompt_tokens` when asked (never truncated otherwise); one that cannot
+        fit the context is refused before its ids are listed."""
+        k = req.truncate_prompt_tokens
+        limit = self.max_model_len if k is None else None
+        return self.prompt_ids(self.tokenizer.encode(text, add_special_tokens=add_special_tokens, limit=limit), req)
+
     def prompt_ids(self, ids: list[int], req: SamplingFields) -> list[int]:
         """Keep the last `truncate_prompt_tokens` tokens when asked; never truncate otherwise."""
         k = req.truncate_prompt_tokens

@@ -3,11 +3,9 @@ engine step, large bodies, requests that can never fit, unreadable content parts
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -186,32 +184,47 @@ def test_a_body_over_the_limit_is_413(start_server: ServerFactory) -> None:
     assert post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
+_LARGE_REQUESTS_CLIENT = """
+import asyncio, json, sys, time
+import httpx
+
+url, n = sys.argv[1], int(sys.argv[2])
+big = "hello world, this is a long message. " * 50_000  # 1.85 MB: under the limit, over the context
+latencies, statuses = [], []
+
+async def main():
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        async def large():
+            r = await client.post("/v1/chat/completions",
+                                  json={"model": "tiny", "messages": [{"role": "user", "content": big}]})
+            statuses.append(r.status_code)
+
+        async def health():
+            await asyncio.sleep(0.05)
+            while len(statuses) < n:
+                start = time.perf_counter()
+                assert (await client.get("/health")).status_code == 200
+                latencies.append(time.perf_counter() - start)
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(*(large() for _ in range(n)), health())
+
+asyncio.run(main())
+print(json.dumps({"latencies": latencies, "statuses": statuses}))
+"""
+
+
 def test_health_stays_fast_while_large_requests_are_tokenized(start_server: ServerFactory) -> None:
+    """The client runs in its own process, as a real one does (in this one it would share the server's GIL)."""
+    import subprocess
+    import sys
+
     server = start_server(ServeConfig(model_name=MODEL, max_running=4, threads=1))
-    big = "hello world, this is a long message. " * 50_000  # 1.85 MB: under the limit, over the context
-    latencies: list[float] = []
-    statuses: list[int] = []
-
-    async def run() -> None:
-        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-            async def large() -> None:
-                r = await client.post("/v1/chat/completions",
-                                      json={"model": MODEL, "messages": [{"role": "user", "content": big}]})
-                statuses.append(r.status_code)
-
-            async def health() -> None:
-                await asyncio.sleep(0.05)
-                while len(statuses) < 4:
-                    start = time.perf_counter()
-                    assert (await client.get("/health")).status_code == 200
-                    latencies.append(time.perf_counter() - start)
-                    await asyncio.sleep(0.01)
-
-            await asyncio.gather(*(large() for _ in range(4)), health())
-
-    asyncio.run(run())
-    assert statuses == [400] * 4  # too long for the context, found after tokenizing
-    latencies.sort()
+    out = subprocess.run([sys.executable, "-c", _LARGE_REQUESTS_CLIENT, server.url, "4"], capture_output=True,
+                         text=True, timeout=300, check=True)
+    result = json.loads(out.stdout)
+    assert result["statuses"] == [400] * 4  # too long for the context, found after tokenizing
+    latencies = sorted(result["latencies"])
     assert len(latencies) >= 20, latencies
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     assert p99 < 0.1, f"/health p99 {p99 * 1000:.0f} ms over {len(latencies)} probes"
