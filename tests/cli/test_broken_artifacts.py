@@ -11,7 +11,9 @@ from typing import Any
 import onnx
 import pytest
 from conftest import Built
+from typer.testing import CliRunner
 
+from llmc.cli.main import app
 from llmc.manifest import ENGINE_MANIFEST, EXPORT_MANIFEST, sha256_file
 
 from .test_cli import _assert_user_error, _cli
@@ -113,3 +115,9 @@ def test_a_tiny_temperature_runs_greedy(tiny_llama: Built) -> None:
 def test_a_repetition_penalty_float32_cannot_carry(tiny_llama: Built) -> None:
     _assert_user_error(_cli("run", tiny_llama.engine_dir, "hi", "--repetition-penalty", "1e-40"),
                        "repetition_penalty", "[0.01, 100]", "1e-40")
+
+
+def test_serve_flags_out_of_range(tiny_llama: Built) -> None:
+    _assert_user_error(_cli("serve", tiny_llama.engine_dir, "--max-request-bytes", "10"), "--max-request-bytes", "10")
+    result = CliRunner().invoke(app, ["serve", str(tiny_llama.engine_dir)], env={"LLMC_API_KEY": " "})
+    _assert_user_error(result, "LLMC_API_KEY")

@@ -293,3 +293,11 @@ def test_cors_is_off_unless_origins_are_named(server: Server, start_server: Serv
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
     r = httpx.options(cors.url + "/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"})
     assert r.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+def test_a_chat_template_that_raises_is_a_400_naming_it(start_server: ServerFactory, tmp_path: Any) -> None:
+    template = tmp_path / "bad.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}")
+    server = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, chat_template=str(template)))
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": CHAT})
+    assert_error(r, 400, str(template), "TypeError")
