@@ -48,9 +48,13 @@ class GraphSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture facts the graphs were built from (and a backend may rebuild them from)."""
+    """Architecture facts the graphs were built from (and a backend may rebuild them from).
 
-    family: str  # "llama" (Llama/Mistral/Qwen2/SmolLM2) or "gpt2"
+    The fields after `tie_embeddings` switch on what the newer families add; their defaults are a plain Llama, so
+    manifests written before them still read.
+    """
+
+    family: str  # "llama" (every RoPE decoder: Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, ...) or "gpt2"
     hf_architecture: str
     hidden_size: int
     num_layers: int
@@ -69,6 +73,48 @@ class ModelSpec:
     rope_attention_scaling: float = 1.0
     qkv_bias: bool = False
     tie_embeddings: bool = False
+    # attention, per layer
+    layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" per layer; empty: all full
+    sliding_window: int = 0  # W: a sliding layer's query sees its last W positions (itself included)
+    rope_layers: tuple[bool, ...] = ()  # False: a layer without rotary (SmolLM3's NoPE layers); empty: all rotary
+    rotary_dim: int = 0  # leading dims of each head that are rotated (partial rotary, Phi-4-mini); 0: all
+    rope_local_attention_scaling: float = 1.0  # sliding layers' own rotary table (Gemma 3), when the export has one
+    rope_long_after: int = 0  # longrope: a row past this many positions uses the long-factor table (Phi-3 128k)
+    attention_scale: float = 0.0  # q.k multiplier; 0: 1 / sqrt(head_dim)
+    attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) (Gemma 2); 0: none
+    qk_norm: str = ""  # "head": RMSNorm over each head of q and k (Qwen3, Gemma 3); "full": over all of q / k (OLMo 2)
+    # the residual stream
+    norm_layout: str = "pre"  # "pre" | "sandwich": also after attention and MLP (Gemma) | "post": only after (OLMo 2)
+    embedding_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden); Granite: embedding_multiplier)
+    residual_scale: float = 1.0  # each block's output times this before the residual add (Granite)
+    final_softcap: float = 0.0  # logits -> c * tanh(logits / c) (Gemma 2)
+    logits_scale: float = 1.0  # logits times this (Granite: 1 / logits_scaling)
+    # mixture of experts: 0 experts is a dense MLP
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalize the top-k routing weights to sum to 1 (Mixtral always does)
+    moe_layers: tuple[bool, ...] = ()  # which layers are mixtures; empty: all of them (when num_experts > 0)
+
+    def window(self, layer: int) -> int:
+        """The layer's sliding window W (0: full attention)."""
+        types = self.layer_types
+        return self.sliding_window if types and types[layer] == "sliding_attention" else 0
+
+    def has_rope(self, layer: int) -> bool:
+        return self.positions == "rope" and (not self.rope_layers or self.rope_layers[layer])
+
+    def is_moe(self, layer: int) -> bool:
+        return self.num_experts > 0 and (not self.moe_layers or self.moe_layers[layer])
+
+    @property
+    def scale(self) -> float:
+        """The attention scores' multiplier."""
+        return self.attention_scale or self.head_dim ** -0.5
+
+    @property
+    def rotated_dims(self) -> int:
+        return self.rotary_dim or self.head_dim
 
 
 KV_INT8_GROUP = 32  # an "int8" KV row: one fp16 scale per this many values (llmc/engines/kernels/attention_kernel.h)

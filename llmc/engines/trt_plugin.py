@@ -5,7 +5,9 @@ Semantics (those of the TensorScatter x2 + Slice x2 + Attention subgraph it repl
   q [B, H, S, D], k_new / v_new [B, Hkv, S, D], past_key / past_value [B, Hkv, max_seq, D], position_ids [B, S].
   Row b writes its S new K/V at cache positions position_ids[b, 0] + 0..S-1 (right-padded rows: pads land past the
   row's length, where its next tokens overwrite them). Query s of row b sees key t iff t <= position_ids[b, s]
-  (pads carry position 0). Head h reads KV head h // (H // Hkv). Outputs: attn [B, H, S, D] and the updated caches.
+  (pads carry position 0) and, with a sliding window W > 0, t > position_ids[b, s] - W (the last W positions, as
+  transformers' sliding-window mask). Scores are q.k * scale, then, with softcap c > 0, c * tanh(score / c) (Gemma 2).
+  Head h reads KV head h // (H // Hkv). Outputs: attn [B, H, S, D] and the updated caches.
 
 No `from __future__ import annotations` here: tensorrt.plugin reads the decorated functions' annotations as types.
 Triton, torch, tensorrt and onnxruntime-extensions are imported only inside the functions that need them.
@@ -27,9 +29,10 @@ NUM_STAGES = 2
 
 
 def attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, past_key: np.ndarray,
-                        past_value: np.ndarray, position_ids: np.ndarray,
-                        scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(attn, present_key, present_value); present_* are updated copies of past_* (the op writes in place)."""
+                        past_value: np.ndarray, position_ids: np.ndarray, scale: float, window: int = 0,
+                        softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(attn, present_key, present_value); present_* are updated copies of past_* (the op writes in place).
+    `window` W > 0: each query sees its last W positions only; `softcap` c > 0: scores become c * tanh(s / c)."""
     batch, heads, seq, dim = q.shape
     kv_heads, max_seq = past_key.shape[1], past_key.shape[2]
     present_k, present_v = past_key.copy(), past_value.copy()
@@ -44,7 +47,12 @@ def attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, pas
     v = present_v[:, :, :total].astype(np.float32)
     q5 = q.astype(np.float32).reshape(batch, kv_heads, heads // kv_heads, seq, dim)  # [B, Hkv, G, S, D]
     scores = np.einsum("bkgsd,bktd->bkgst", q5, k) * np.float32(scale)
-    visible = np.arange(total)[None, None, :] <= position_ids[:, :, None]  # [B, S, T]
+    if softcap > 0:
+        scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
+    keys = np.arange(total)[None, None, :]
+    visible = keys <= position_ids[:, :, None]  # [B, S, T]
+    if window > 0:
+        visible &= keys > position_ids[:, :, None] - window
     scores = np.where(visible[:, None, None], scores, -np.inf)
     scores = scores - scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
