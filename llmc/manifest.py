@@ -88,7 +88,7 @@ class ModelSpec:
     embedding_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden); Granite: embedding_multiplier)
     residual_scale: float = 1.0  # each block's output times this before the residual add (Granite)
     final_softcap: float = 0.0  # logits -> c * tanh(logits / c) (Gemma 2)
-    logits_scale: float = 1.0  # logits times this (Granite: 1 / logits_scaling)
+    logits_scaling: float = 1.0  # logits divided by this (Granite)
     # mixture of experts: 0 experts is a dense MLP
     num_experts: int = 0
     experts_per_token: int = 0

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from tiny_models import make_model
 
-ARCHS = ("llama", "llama3", "mistral", "qwen2", "gpt2")
+ARCHS = ("llama", "llama3", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemma3_text", "phi3", "smollm3", "olmo2",
+         "granite", "mixtral", "qwen3_moe")
 # Engines the engine-level tests run on: the default build (in place, GroupQueryAttention), the export's own graphs
 # (KV layout "concat"), the in-place build with standard ONNX Attention + TensorScatter, and the in-place build with
 # llmc's own attention operator (compiled with the machine's C compiler: .ci/run makes sure there is one).

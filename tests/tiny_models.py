@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -33,8 +34,68 @@ def make_tokenizer(out: Path, vocab_size: int) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+def _qwen3(tf: Any, common: dict[str, Any]) -> Any:  # head_dim != hidden / heads, untied, windowed upper layer
+    return tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False,
+                                              use_sliding_window=True, sliding_window=8, max_window_layers=1))
+
+
+def _gemma2(tf: Any, common: dict[str, Any]) -> Any:  # sandwich norms, GeGLU, soft-caps, sliding / global layers
+    return tf.Gemma2ForCausalLM(tf.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+                                                attn_logit_softcapping=5.0, final_logit_softcapping=4.0,
+                                                hidden_activation="gelu_pytorch_tanh"))
+
+
+def _gemma3(tf: Any, common: dict[str, Any]) -> Any:  # + qk-norm, a local rotary base, linear scaling globally
+    rope = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    cfg = tf.Gemma3TextConfig(**{**common, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=24,
+                              sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              rope_parameters=rope)
+    return tf.Gemma3ForCausalLM(cfg)
+
+
+def _phi3(tf: Any, common: dict[str, Any]) -> Any:  # fused projections, partial rotary, longrope short/long factors
+    half = 8  # rotated dims / 2: head_dim 32 x 0.5 = 16 rotated
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [1.0 + 0.1 * i for i in range(half)], "long_factor": [2.0 + 0.5 * i for i in range(half)],
+            "original_max_position_embeddings": 64}
+    cfg = tf.Phi3Config(**{**common, "hidden_size": 128}, rope_parameters=rope, original_max_position_embeddings=64,
+                        sliding_window=None, tie_word_embeddings=False)
+    return tf.Phi3ForCausalLM(cfg)
+
+
+def _smollm3(tf: Any, common: dict[str, Any]) -> Any:  # a NoPE layer
+    return tf.SmolLM3ForCausalLM(tf.SmolLM3Config(**common, no_rope_layers=[1, 0], tie_word_embeddings=True))
+
+
+def _olmo2(tf: Any, common: dict[str, Any]) -> Any:  # norms after attention and MLP only, qk-norm over all of q / k
+    return tf.Olmo2ForCausalLM(tf.Olmo2Config(**common))
+
+
+def _granite(tf: Any, common: dict[str, Any]) -> Any:  # the four multipliers
+    return tf.GraniteForCausalLM(tf.GraniteConfig(**common, embedding_multiplier=3.0, residual_multiplier=0.5,
+                                                  attention_multiplier=0.2, logits_scaling=2.5,
+                                                  tie_word_embeddings=True))
+
+
+def _mixtral(tf: Any, common: dict[str, Any]) -> Any:  # 4 experts, 2 per token
+    return tf.MixtralForCausalLM(tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2,
+                                                  sliding_window=None))
+
+
+def _qwen3_moe(tf: Any, common: dict[str, Any]) -> Any:  # experts without renormalized weights; a dense layer
+    return tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                                    moe_intermediate_size=32, norm_topk_prob=False,
+                                                    decoder_sparse_step=1, mlp_only_layers=[1]))
+
+
+TINY_BUILDERS = {"qwen3": _qwen3, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi3": _phi3, "smollm3": _smollm3,
+                 "olmo2": _olmo2, "granite": _granite, "mixtral": _mixtral, "qwen3_moe": _qwen3_moe}
+
+
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:
-    """Save a tiny random `arch` model (llama, llama3, mistral, qwen2, gpt2) with a tokenizer into out."""
+    """Save a tiny random `arch` model (llama, llama3, mistral, qwen2, gpt2, and TINY_BUILDERS' families) with a
+    tokenizer into out."""
     import torch
     import transformers as tf
 
@@ -48,10 +109,12 @@ def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Pa
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False))
-    elif arch == "mistral":
-        model = tf.MistralForCausalLM(tf.MistralConfig(**common, sliding_window=None))
+    elif arch == "mistral":  # a window shorter than the longer test prompts, on every layer
+        model = tf.MistralForCausalLM(tf.MistralConfig(**common, sliding_window=16))
     elif arch == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, tie_word_embeddings=True))
+    elif arch in TINY_BUILDERS:
+        model = TINY_BUILDERS[arch](tf, common)
     elif arch == "gpt2":
         cfg = tf.GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                             bos_token_id=1, eos_token_id=2)

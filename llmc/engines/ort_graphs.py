@@ -13,6 +13,7 @@ import onnx
 from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
+from llmc.graph.moe import with_moe_weights
 from llmc.graph.quant import QuantSpec, quantize_weights
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
@@ -48,25 +49,28 @@ ONNX_ATTENTION_OPSET = 24  # Attention with GQA + TensorScatter
 
 def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, quant: QuantSpec | None,
                          attention: str = "gqa", fuse_norms: bool = False, one_graph: bool = False,
-                         kv_dtype: str | None = None) -> tuple[KVSpec, GraphSpec, GraphSpec]:
+                         kv_dtype: str | None = None, moe: str = "ort") -> tuple[KVSpec, GraphSpec, GraphSpec]:
     """Write prefill.onnx + decode.onnx (or, `one_graph`, model.onnx for both), one weights.bin, for the in-place
     KV layout into `out`.
 
     `fuse_norms` uses ONNX Runtime's Skip*LayerNormalization contrib ops (ONNX Runtime engines only). `kv_dtype`:
     the cache's dtype when it differs from the graph's (an fp16 cache under fp32 compute: "llmc" attention only).
+    `moe`: the mixture-of-experts lowering (llmc/graph/moe.py).
     """
+    ckpt = with_moe_weights(ckpt, moe)
     kv = io_names.kv_spec(ckpt.spec, kv_dtype or dtype, layout="inplace")
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
     if attention == "onnx":
         opset = max(opset, ONNX_ATTENTION_OPSET)
+    opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe)
+    graphs = {spec.file: (spec, *build_graph(ckpt, spec, dtype, opset, opts)) for spec in (prefill, decode)}
+    llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
+    domains = {MS: 1, LLMC_DOMAIN: 1} if llmc_ops else {MS: 1}
     weights = WeightFile(out / "weights.bin")
     try:
-        for name, array in ckpt.weights.items():
-            weights.add(name, array)
-        for spec in dict.fromkeys((prefill, decode)):
-            graph, used = build_graph(ckpt, spec, dtype, opset, GraphOptions(attention, quant, fuse_norms, kv.dtype))
-            llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
-            domains = {MS: 1, LLMC_DOMAIN: 1} if llmc_ops else {MS: 1}
+        for name in dict.fromkeys(n for _, _, used in graphs.values() for n in used):  # only what a graph reads
+            weights.add(name, ckpt.weights[name])
+        for spec, graph, used in graphs.values():
             onnx.save(make_model(graph, weights, used, opset, domains), str(out / spec.file))
     finally:
         weights.close()

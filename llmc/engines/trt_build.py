@@ -23,7 +23,7 @@ import numpy as np
 from llmc.engines.ort_build import RUNTIME_FILES, BuildConfig, engine_manifest
 from llmc.engines.trt_profiles import GRAPHS, Profile, TrtLimits, plan_profiles
 from llmc.errors import BackendUnavailableError, InputError, LlmcError
-from llmc.graph.checkpoint import INV_FREQ, Checkpoint
+from llmc.graph.checkpoint import ROPE_TABLES, Checkpoint
 from llmc.manifest import (
     EngineManifest,
     ExportManifest,
@@ -120,7 +120,7 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
 
 def fp16_checkpoint(ckpt: Checkpoint) -> Checkpoint:
     """Weights in fp16; the rotary frequencies stay fp32 (positions x frequencies needs the precision)."""
-    weights = {k: v if k == INV_FREQ or v.dtype.kind != "f" else v.astype(np.float16) for k, v in ckpt.weights.items()}
+    weights = {k: v if k in ROPE_TABLES or v.dtype.kind != "f" else v.astype(np.float16) for k, v in ckpt.weights.items()}
     return Checkpoint(ckpt.spec, weights)
 
 
@@ -234,7 +234,7 @@ def _write_graphs(scratch: Path, export: ExportManifest, cfg: TrtBuildConfig) ->
     from llmc.engines.trt_lower import lower_file
 
     ckpt = fp16_checkpoint(load_checkpoint(cfg.export_dir, export))
-    kv, prefill, decode = write_inplace_graphs(ckpt, scratch, "float16", export.opset, None, "onnx")
+    kv, prefill, decode = write_inplace_graphs(ckpt, scratch, "float16", export.opset, None, "onnx", moe="dense")
     if cfg.attention == "plugin":
         from llmc.engines.trt_plugin import register_trt_plugin
 

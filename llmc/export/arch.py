@@ -1,22 +1,29 @@
 """Architectures llmc exports: map a transformers model to a `ModelSpec` and canonical numpy weights.
 
-Canonical weights are laid out for the graph (MatMul weights as [in, out]; q/k/v and gate/up fused), so the graph
-builder never needs to know which checkpoint they came from.
+Canonical weights are laid out for the graph (MatMul weights as [in, out]; q/k/v and gate/up fused; norm weights as
+the graph multiplies by them, so Gemma's `1 + w` is folded in here), so the graph builder never needs to know which
+checkpoint they came from. Each family adds only what differs from a Llama (`_QUIRKS`); anything a supported family
+can be configured with that llmc does not implement is refused, naming the option.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from llmc.errors import UnsupportedModelError
-from llmc.graph.checkpoint import INV_FREQ, Checkpoint
+from llmc.graph.checkpoint import INV_FREQ, INV_FREQ_LOCAL, INV_FREQ_LONG, Checkpoint
 from llmc.manifest import ModelSpec
 
-LLAMA_FAMILY = {"llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2"}
-SUPPORTED = {**LLAMA_FAMILY, "gpt2": "GPT-2"}
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED = {
+    "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+    "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3, Phi-4-mini", "smollm3": "SmolLM3",
+    "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
+}
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+GEMMA = ("gemma2", "gemma3_text")
 
 
 def supported_list() -> str:
@@ -37,65 +44,220 @@ def from_transformers(model: Any) -> Checkpoint:
     state = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
     if config.model_type == "gpt2":
         return _gpt2(config, state)
-    return _llama(model, config, state)
+    return _decoder(model, config, state)
 
 
-def _llama(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in STATIC_ROPE_TYPES:
-        raise UnsupportedModelError(
-            f"rope_type {rope_type!r} depends on the sequence length; supported: {', '.join(STATIC_ROPE_TYPES)}"
-        )
-    rotary = model.model.rotary_emb
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    max_pos = int(config.max_position_embeddings)
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True) and window < max_pos:
-        max_pos = int(window)  # within the window, sliding attention is full attention
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    spec = ModelSpec(
-        family="llama",
-        hf_architecture=type(model).__name__,
-        hidden_size=config.hidden_size,
-        num_layers=config.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=config.intermediate_size,
-        vocab_size=config.vocab_size,
-        max_positions=max_pos,
-        norm="rms",
-        norm_eps=float(config.rms_norm_eps),
-        activation=_activation(config.hidden_act),
-        positions="rope",
-        rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
-        rope_type=rope_type,
-        rope_attention_scaling=float(rotary.attention_scaling),
-        qkv_bias="model.layers.0.self_attn.q_proj.bias" in sd,
-        tie_embeddings=tied,
-    )
-    if getattr(config, "mlp_bias", False) or "model.layers.0.self_attn.o_proj.bias" in sd:
-        raise UnsupportedModelError("o_proj / MLP biases are not supported for the Llama family")
-    w: dict[str, np.ndarray] = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
-    if not tied:
-        w["lm_head.weight"] = sd["lm_head.weight"]
-    for i in range(spec.num_layers):
-        p = f"model.layers.{i}."
-        qkv = [sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
-        w[f"layers.{i}.norm1.weight"] = sd[p + "input_layernorm.weight"]
-        w[f"layers.{i}.qkv.weight"] = np.concatenate(qkv, axis=0).T.copy()
-        if spec.qkv_bias:
-            w[f"layers.{i}.qkv.bias"] = np.concatenate([sd[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-        w[f"layers.{i}.o.weight"] = sd[p + "self_attn.o_proj.weight"].T.copy()
-        w[f"layers.{i}.norm2.weight"] = sd[p + "post_attention_layernorm.weight"]
-        gate_up = [sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]
-        w[f"layers.{i}.gate_up.weight"] = np.concatenate(gate_up, axis=0).T.copy()
-        w[f"layers.{i}.down.weight"] = sd[p + "mlp.down_proj.weight"].T.copy()
-    w[INV_FREQ] = rotary.inv_freq.detach().float().cpu().numpy()
+# -- the RoPE decoders ------------------------------------------------------------------------------------------
+
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    value = getattr(config, name, default)
+    return default if value is None else value
+
+
+def _refuse(option: str, value: Any, why: str = "llmc does not implement it") -> None:
+    raise UnsupportedModelError(f"config option {option} = {value!r} is not supported: {why}")
+
+
+def _common_checks(config: Any, sd: dict[str, np.ndarray]) -> None:
+    if _get(config, "mlp_bias", False) or "model.layers.0.self_attn.o_proj.bias" in sd:
+        _refuse("mlp_bias / attention_bias (o_proj)", True, "biases outside q/k/v are not implemented")
+    if _get(config, "use_bidirectional_attention", False):
+        _refuse("use_bidirectional_attention", True, "llmc builds causal decoders")
+
+
+def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
+    mt = config.model_type
+    _common_checks(config, sd)
+    layers = int(config.num_hidden_layers)
+    heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
+    head_dim = int(_get(config, "head_dim", config.hidden_size // heads))
+    tied = bool(_get(config, "tie_word_embeddings", False))
+    rope, rope_weights = _rope(model, config, head_dim)
+    fields: dict[str, Any] = dict(
+        family="llama", hf_architecture=type(model).__name__, hidden_size=int(config.hidden_size), num_layers=layers,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=int(config.intermediate_size),
+        vocab_size=int(config.vocab_size), max_positions=int(config.max_position_embeddings), norm="rms",
+        norm_eps=float(_get(config, "rms_norm_eps", 1e-6)),
+        activation=_activation(_get(config, "hidden_activation", None) or _get(config, "hidden_act", "silu")),
+        positions="rope", qkv_bias=_qkv_bias(sd), tie_embeddings=tied, **rope, **_windows(model, config))
+    fields.update(_QUIRKS.get(mt, lambda c: {})(config))
+    spec = ModelSpec(**fields)
+    w = _decoder_weights(spec, sd, fold_norm_offset=mt in GEMMA)
+    w.update(rope_weights)
     return Checkpoint(spec, w)
 
+
+def _qkv_bias(sd: dict[str, np.ndarray]) -> bool:
+    return "model.layers.0.self_attn.q_proj.bias" in sd or "model.layers.0.self_attn.qkv_proj.bias" in sd
+
+
+def _windows(model: Any, config: Any) -> dict[str, Any]:
+    """Each layer's attention as transformers masks it: sliding (window W) or full. Models whose attention modules
+    carry their own `sliding_window` say it per layer; Mistral, Phi-3 and Mixtral apply config.sliding_window to
+    every layer."""
+    per_layer = []
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        w = attn.sliding_window if hasattr(attn, "sliding_window") else _get(config, "sliding_window", None)
+        per_layer.append(int(w) if w else 0)
+    windows = {w for w in per_layer if w}
+    if not windows:
+        return {}
+    if len(windows) > 1:
+        _refuse("sliding_window", sorted(windows), "one window size per model")
+    (window,) = windows
+    if window >= int(config.max_position_embeddings):
+        return {}  # never reached: full attention
+    types = tuple("sliding_attention" if w else "full_attention" for w in per_layer)
+    return {"layer_types": types, "sliding_window": window}
+
+
+def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The rotary tables (inverse frequencies) and their spec fields, read from transformers' own rotary module."""
+    rotary = model.model.rotary_emb
+    params = _get(config, "rope_parameters", None) or _get(config, "rope_scaling", None) or {}
+    if model.config.model_type == "gemma3_text":
+        return _gemma3_rope(rotary, params)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in STATIC_ROPE_TYPES:
+        _refuse("rope_type", rope_type, f"it depends on the sequence length; supported: {', '.join(STATIC_ROPE_TYPES)}")
+    inv_freq = rotary.original_inv_freq if hasattr(rotary, "original_inv_freq") else rotary.inv_freq
+    fields: dict[str, Any] = {"rope_theta": float(params.get("rope_theta", _get(config, "rope_theta", 10000.0))),
+                              "rope_type": rope_type, "rope_attention_scaling": float(rotary.attention_scaling)}
+    weights = {INV_FREQ: _np(inv_freq)}
+    rotated = 2 * weights[INV_FREQ].shape[0]
+    if rotated != head_dim:
+        fields["rotary_dim"] = rotated
+    if rope_type == "longrope":
+        orig = int(params.get("original_max_position_embeddings") or _get(config, "original_max_position_embeddings"))
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        long_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](config, inv_freq.device, seq_len=orig + 1)
+        weights[INV_FREQ_LONG] = _np(long_freq)
+        fields["rope_long_after"] = orig
+    return fields, weights
+
+
+def _gemma3_rope(rotary: Any, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Gemma 3: full layers use the global table (possibly linear-scaled), sliding layers their own local one."""
+    fields: dict[str, Any] = {}
+    weights: dict[str, np.ndarray] = {}
+    for layer_type, name in (("full_attention", INV_FREQ), ("sliding_attention", INV_FREQ_LOCAL)):
+        if not hasattr(rotary, f"{layer_type}_inv_freq"):
+            continue
+        p = params.get(layer_type) or {}
+        rope_type = p.get("rope_type", "default")
+        if rope_type not in ("default", "linear"):
+            _refuse(f"rope_parameters[{layer_type!r}].rope_type", rope_type, "Gemma 3 supports default and linear")
+        weights[name] = _np(getattr(rotary, f"{layer_type}_original_inv_freq"))
+        scaling = float(getattr(rotary, f"{layer_type}_attention_scaling"))
+        if layer_type == "full_attention":
+            fields.update(rope_theta=float(p.get("rope_theta", 10000.0)), rope_type=rope_type,
+                          rope_attention_scaling=scaling)
+        else:
+            fields["rope_local_attention_scaling"] = scaling
+    if INV_FREQ not in weights:  # every layer slides: the local table serves them all
+        weights[INV_FREQ] = weights.pop(INV_FREQ_LOCAL)
+        fields["rope_attention_scaling"] = fields.pop("rope_local_attention_scaling", 1.0)
+    return fields, weights
+
+
+def _np(t: Any) -> np.ndarray:
+    return t.detach().float().cpu().numpy()
+
+
+# Per family: the spec fields that differ from a Llama's.
+def _qwen3(config: Any) -> dict[str, Any]:
+    return {"qk_norm": "head"}
+
+
+def _gemma(config: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {"norm_layout": "sandwich", "embedding_scale": float(config.hidden_size) ** 0.5,
+                              "attention_scale": float(config.query_pre_attn_scalar) ** -0.5,
+                              "attn_softcap": float(_get(config, "attn_logit_softcapping", 0.0)),
+                              "final_softcap": float(_get(config, "final_logit_softcapping", 0.0))}
+    if config.model_type == "gemma3_text":
+        fields["qk_norm"] = "head"
+    return fields
+
+
+def _smollm3(config: Any) -> dict[str, Any]:
+    layers = [bool(x) for x in config.no_rope_layers]
+    return {"rope_layers": tuple(layers)} if not all(layers) else {}
+
+
+def _olmo2(config: Any) -> dict[str, Any]:
+    return {"norm_layout": "post", "qk_norm": "full"}
+
+
+def _granite(config: Any) -> dict[str, Any]:
+    return {"embedding_scale": float(config.embedding_multiplier), "residual_scale": float(config.residual_multiplier),
+            "attention_scale": float(config.attention_multiplier), "logits_scaling": float(config.logits_scaling)}
+
+
+def _moe(config: Any) -> dict[str, Any]:
+    from llmc.graph.moe import is_sparse_layer, spec_from_hf_config
+
+    moe = spec_from_hf_config(config)
+    layers = tuple(is_sparse_layer(config, i) for i in range(config.num_hidden_layers))
+    return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token,
+            "moe_intermediate_size": moe.intermediate_size, "norm_topk_prob": moe.norm_topk_prob,
+            **({"moe_layers": layers} if not all(layers) else {}),
+            **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
+
+
+_QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "qwen3": _qwen3, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "olmo2": _olmo2,
+    "granite": _granite, "mixtral": _moe, "qwen3_moe": _moe,
+}
+
+
+def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offset: bool) -> dict[str, np.ndarray]:
+    """Canonical weights of a RoPE decoder; `fold_norm_offset`: the checkpoint's norms multiply by 1 + w (Gemma)."""
+    def norm(name: str) -> np.ndarray:
+        return sd[name] + np.float32(1.0) if fold_norm_offset else sd[name]
+
+    w: dict[str, np.ndarray] = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": norm("model.norm.weight")}
+    if not spec.tie_embeddings:
+        w["lm_head.weight"] = sd["lm_head.weight"]
+    # the norms by where they sit: before attention, before the MLP, after attention, after the MLP
+    places = {"pre": {"input_layernorm": "norm1", "post_attention_layernorm": "norm2"},
+              "sandwich": {"input_layernorm": "norm1", "pre_feedforward_layernorm": "norm2",
+                           "post_attention_layernorm": "post_attn_norm", "post_feedforward_layernorm": "post_mlp_norm"},
+              "post": {"post_attention_layernorm": "post_attn_norm", "post_feedforward_layernorm": "post_mlp_norm"}}
+    for i in range(spec.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        for theirs, ours in places[spec.norm_layout].items():
+            w[q + ours + ".weight"] = norm(p + theirs + ".weight")
+        attn = p + "self_attn."
+        if attn + "qkv_proj.weight" in sd:
+            w[q + "qkv.weight"] = sd[attn + "qkv_proj.weight"].T.copy()
+        else:
+            w[q + "qkv.weight"] = np.concatenate([sd[attn + f"{n}_proj.weight"] for n in "qkv"], axis=0).T.copy()
+        if spec.qkv_bias:
+            w[q + "qkv.bias"] = (sd[attn + "qkv_proj.bias"] if attn + "qkv_proj.bias" in sd
+                                 else np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"]))
+        w[q + "o.weight"] = sd[attn + "o_proj.weight"].T.copy()
+        if spec.qk_norm:
+            w[q + "q_norm.weight"], w[q + "k_norm.weight"] = norm(attn + "q_norm.weight"), norm(attn + "k_norm.weight")
+        w.update(_mlp_weights(spec, sd, i))
+    return w
+
+
+def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    p, q = f"model.layers.{i}.mlp.", f"layers.{i}."
+    if spec.is_moe(i):
+        from llmc.graph.moe import canonical_from_hf
+
+        return canonical_from_hf(sd, p, q.rstrip("."))
+    if p + "gate_up_proj.weight" in sd:  # Phi-3: already fused, gate first
+        gate_up = sd[p + "gate_up_proj.weight"]
+    else:
+        gate_up = np.concatenate([sd[p + "gate_proj.weight"], sd[p + "up_proj.weight"]], axis=0)
+    return {q + "gate_up.weight": gate_up.T.copy(), q + "down.weight": sd[p + "down_proj.weight"].T.copy()}
+
+
+# -- GPT-2 --------------------------------------------------------------------------------------------------------
 
 def _gpt2(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
@@ -143,4 +305,5 @@ def _activation(name: str) -> str:
         return "gelu_tanh"
     if name == "gelu":
         return "gelu"
-    raise UnsupportedModelError(f"activation {name!r} is not supported; supported: silu, gelu, gelu_new")
+    raise UnsupportedModelError(f"activation {name!r} is not supported; supported: silu, gelu, gelu_new, "
+                                "gelu_pytorch_tanh")

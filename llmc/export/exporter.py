@@ -14,7 +14,7 @@ from llmc.export.arch import from_transformers
 from llmc.export.golden import golden_prompt_ids, make_golden
 from llmc.golden import GOLDEN_FILE, Golden
 from llmc.graph import io_names
-from llmc.graph.checkpoint import INV_FREQ, Checkpoint
+from llmc.graph.checkpoint import ROPE_TABLES, Checkpoint
 from llmc.graph.decoder import build_graph
 from llmc.manifest import ExportManifest, GenerationSpec, GraphSpec, save, sha256_file
 from llmc.onnx_store import WeightFile, make_model
@@ -93,7 +93,7 @@ def _write_graphs(work: Path, ckpt: Checkpoint, graphs: dict[str, GraphSpec], cf
     np_dtype = np.float16 if cfg.dtype == "float16" else np.float32
     try:
         for name, array in ckpt.weights.items():
-            weights.add(name, array if name == INV_FREQ else array.astype(np_dtype))
+            weights.add(name, array if name in ROPE_TABLES else array.astype(np_dtype))
     finally:
         weights.close()
     for spec in graphs.values():

@@ -44,6 +44,8 @@ DEFAULT = DefaultModel(
     file_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
+# GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
+GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 
 
 @dataclass(frozen=True)
@@ -164,8 +166,9 @@ def _gguf_source(path: Path, name: str) -> ModelSource:
         raise InputError(f"{path} is not a readable GGUF file: {e}") from None
     field = reader.fields.get("general.architecture")
     arch = bytes(field.parts[field.data[0]]).decode() if field else "?"
-    check_supported(arch)
-    return ModelSource(name, path, "gguf", arch)
+    model_type = GGUF_ARCHITECTURES.get(arch, arch)
+    check_supported(model_type)
+    return ModelSource(name, path, "gguf", model_type)
 
 
 def load(src: ModelSource) -> LoadedModel:

@@ -72,6 +72,11 @@ class GraphBuilder:
             return self.op("ReduceMean", x, self.ints(axis), keepdims=1)
         return self.op("ReduceMean", x, axes=[axis], keepdims=1)
 
+    def reduce_max(self, x: str, axis: int, keepdims: int = 1) -> str:
+        if self.opset >= 18:
+            return self.op("ReduceMax", x, self.ints(axis), keepdims=keepdims)
+        return self.op("ReduceMax", x, axes=[axis], keepdims=keepdims)
+
     def unsqueeze(self, x: str, *axes: int) -> str:
         return self.op("Unsqueeze", x, self.ints(*axes))
 

@@ -8,7 +8,10 @@ import numpy as np
 
 from llmc.manifest import ModelSpec
 
-INV_FREQ = "rope.inv_freq"  # [D/2] fp32, stored beside the weights for rope models
+INV_FREQ = "rope.inv_freq"  # [R/2] fp32 (R rotated dims of a head), stored beside the weights for rope models
+INV_FREQ_LOCAL = "rope.local.inv_freq"  # sliding layers' own table (Gemma 3), when they have one
+INV_FREQ_LONG = "rope.long.inv_freq"  # longrope: the long-factor table, for rows past `rope_long_after` positions
+ROPE_TABLES = (INV_FREQ, INV_FREQ_LOCAL, INV_FREQ_LONG)  # kept in fp32 in every export
 
 
 @dataclass(frozen=True)

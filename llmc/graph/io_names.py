@@ -69,9 +69,20 @@ def decode_spec(model: ModelSpec, kv: KVSpec, file: str = "decode.onnx") -> Grap
     )
 
 
+def rotary_in_graph(model: ModelSpec, attention: str) -> bool:
+    """Whether q and k are rotated by graph ops from position_ids, rather than inside the attention op: always for
+    the standard-op lowerings; for GroupQueryAttention / llmc's operator when a row's table depends on its own
+    length (longrope), or GroupQueryAttention cannot rotate the model's partial width (R / 2 a multiple of 8)."""
+    if model.positions != "rope" or not any(model.has_rope(i) for i in range(model.num_layers)):
+        return False
+    if attention in ("decomposed", "onnx") or model.rope_long_after:
+        return True
+    return attention == "gqa" and (model.rotated_dims // 2) % 8 != 0
+
+
 def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[TensorSpec]:
     inputs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
-    if model.positions == "learned" or attention == "onnx":
+    if model.positions == "learned" or attention == "onnx" or rotary_in_graph(model, attention):
         inputs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
     if attention in ("gqa", "llmc"):
         inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]

@@ -57,7 +57,8 @@ class EngineLoop:
             )
         self.kv = engine.new_kv_cache(self.config.max_running, self.max_len)
         self.scheduler = Scheduler(SchedulerConfig(self.config.max_running, self.max_len,
-                                                   self.config.max_step_tokens, self.config.min_chunk))
+                                                   self.config.max_step_tokens, self.config.min_chunk,
+                                                   whole_prompts_over=engine.manifest.model.rope_long_after))
         self.sampler = Sampler()
         self.eos_ids = list(engine.manifest.generation.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}

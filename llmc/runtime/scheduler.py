@@ -22,6 +22,10 @@ class SchedulerConfig:
     max_len: int  # tokens one slot holds
     max_step_tokens: int = 2048  # per-step token budget (decode tokens + prompt tokens)
     min_chunk: int = 32  # a prompt chunk smaller than this waits for the next step
+    # A prompt longer than this is prefilled whole, never in chunks (0: any prompt may be chunked). For longrope
+    # models: their rotary table depends on how far a forward call reaches, so a chunk ending before the threshold
+    # would rotate differently from transformers' one-call prefill.
+    whole_prompts_over: int = 0
 
     def __post_init__(self) -> None:
         if self.max_step_tokens < self.max_running:
@@ -70,15 +74,25 @@ class Scheduler:
                 n = min(self._left(seq), budget)
                 plan.extend.append((seq, n))
                 budget -= n
-        while self.waiting and self.slots.free and budget >= min(self.config.chunk_floor, len(self.waiting[0].prompt_ids)):
+        while self.waiting and self.slots.free and budget >= self._first_chunk(self.waiting[0], plan):
             seq = self.waiting.popleft()
             seq.slot = self.slots.allocate(seq.seq_id)
             seq.status = Status.RUNNING
             self.running.append(seq)
-            n = min(len(seq.prompt_ids), budget)
+            n = len(seq.prompt_ids) if self._whole(seq) else min(len(seq.prompt_ids), budget)
             plan.prefill.append((seq, n))
             budget -= n
         return plan
+
+    def _whole(self, seq: Sequence) -> bool:
+        return 0 < self.config.whole_prompts_over < len(seq.prompt_ids)
+
+    def _first_chunk(self, seq: Sequence, plan: StepPlan) -> int:
+        """The budget a waiting prompt needs to start: a chunk's floor, or all of it when it must run whole (then
+        0 when no other prompt is planned: a prompt over the budget still runs, beside the decoding sequences)."""
+        if not self._whole(seq):
+            return min(self.config.chunk_floor, len(seq.prompt_ids))
+        return 0 if not (plan.prefill or plan.extend) else len(seq.prompt_ids)
 
     @staticmethod
     def _left(seq: Sequence) -> int:

@@ -106,6 +106,32 @@ def test_prefill_then_decode_equals_full_prefill(engine: Engine, hf: Any) -> Non
         assert _max_diff(logits, full[pos]) <= TOL, f"step {j} vs transformers"
 
 
+def _hf_incremental(model: Any, prompt: list[int], steps: list[int]) -> list[np.ndarray]:
+    """transformers' next-token logits after the prompt and after each teacher-forced step, decoding with its own
+    cache as `generate` does (for longrope the table is chosen per call, as it is there)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out, logits = None, []
+    with torch.no_grad():
+        for ids in [prompt, *[[t] for t in steps]]:
+            out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits[0, -1].float().numpy())
+    return logits
+
+
+def test_teacher_forced_decode_matches_transformers(engine: Engine, hf: Any) -> None:
+    """16 one-token steps after a 56-token prompt (they cross phi3's longrope threshold of 64 and every sliding
+    window), each step's logits against transformers decoding the same tokens with its cache."""
+    seq = _ids(14, 56 + 16)
+    ref = _hf_incremental(hf, seq[:56], seq[56:])
+    kv = engine.new_kv_cache(1, 96)
+    ours = [engine.prefill([0], [seq[:56]], kv)[0]] + [engine.decode([0], [[t]], kv)[0] for t in seq[56:]]
+    for step, (a, b) in enumerate(zip(ours, ref)):
+        assert _max_diff(a, b) <= TOL, f"step {step}"
+
+
 def test_decode_chunk_equals_full_prefill(engine: Engine, hf: Any) -> None:
     """The decode graph with S > 1 new tokens (a prompt chunk) continues a prefill correctly, and one-token decode
     steps before and after it on the same row stay correct (they reuse bindings the chunk must not disturb)."""
@@ -273,13 +299,24 @@ def test_decode_graph_chunk_logits_match_transformers(tiny: Built, hf: Any) -> N
 # -- the manifest and the files -------------------------------------------------------------------------------
 
 def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
-    m = load_export(tiny.export_dir).model
-    assert m.num_layers == 2 and m.num_heads == 4 and m.vocab_size == 320 and m.hidden_size == 64
+    m, cfg = load_export(tiny.export_dir).model, hf.config
+    layers = getattr(cfg, "num_hidden_layers", getattr(cfg, "n_layer", None))
+    assert m.num_layers == layers and m.num_heads == 4 and m.vocab_size == 320
+    assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
     assert m.num_kv_heads == (4 if tiny.name == "gpt2" else 2)
     assert m.qkv_bias is (tiny.name in ("qwen2", "gpt2"))
-    assert m.rope_type == ("llama3" if tiny.name == "llama3" else "default")
-    assert m.tie_embeddings is bool(hf.config.tie_word_embeddings)
+    assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear"}.get(tiny.name, "default")
+    assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name == "gpt2" else "rope")
+    windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8}
+    assert m.sliding_window == windowed.get(tiny.name, 0)
+    if tiny.name in windowed:
+        types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
+        assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
+    assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmo2": "full"}.get(tiny.name, "")
+    assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in ("mixtral", "qwen3_moe") else (0, 0))
+    assert m.moe_layers == ((True, False) if tiny.name == "qwen3_moe" else ())
+    assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "olmo2": "post"}.get(tiny.name, "pre")
 
 
 def _external_refs(model_path: Path) -> dict[str, tuple[str, int, int]]:

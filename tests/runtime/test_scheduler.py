@@ -94,6 +94,26 @@ def test_long_prompt_is_chunked_while_others_decode() -> None:
     assert chunks == [15, 15, 10]
 
 
+def test_prompts_over_the_whole_limit_are_never_chunked() -> None:
+    """longrope models: a prompt past `whole_prompts_over` runs in one call (beside the decoding sequences, over the
+    budget if need be), never split; shorter ones are chunked as usual."""
+    sched = Scheduler(SchedulerConfig(max_running=4, max_len=200, max_step_tokens=16, min_chunk=4,
+                                      whole_prompts_over=20))
+    short, long, chunked = make_seq("short", 3, max_tokens=50), make_seq("long", 40), make_seq("chunked", 18)
+    sched.add(short)
+    advance(sched.schedule())
+    sched.add(chunked)
+    sched.add(long)
+    plan = sched.schedule()
+    assert [(s.seq_id, n) for s, n in plan.prefill] == [("chunked/0", 15)] and list(sched.waiting) == [long]
+    advance(plan)
+    plan = sched.schedule()  # chunked's last 3 tokens: the whole prompt waits for a step without other prompts
+    assert [(s.seq_id, n) for s, n in plan.extend] == [("chunked/0", 3)] and not plan.prefill
+    advance(plan)
+    plan = sched.schedule()
+    assert [(s.seq_id, n) for s, n in plan.prefill] == [("long/0", 40)] and plan.decode == [short, chunked]
+
+
 def test_small_remainder_below_min_chunk_waits() -> None:
     sched = Scheduler(SchedulerConfig(max_running=4, max_len=200, max_step_tokens=20, min_chunk=8))
     a, b = make_seq("a", 15), make_seq("b", 30)

@@ -1,0 +1,317 @@
+"""Attention lowerings and rotary embeddings. Every lowering computes the same thing per layer: the layer's own rotary
+table (or none: NoPE layers), partial rotary, its sliding window, the model's score scale and softcap.
+
+"decomposed": standard ONNX ops over a concatenated cache (the portable export). "gqa": ONNX Runtime's
+GroupQueryAttention over one [B, Hkv, max_len, D] buffer bound as past and present. "llmc": the same contract
+computed by llmc's own operator (ai.llmc.CachedAttention; fp16 or int8 caches). "onnx": opset-24 TensorScatter writes
+the new K/V into that buffer in place and the standard Attention op reads it (what TensorRT parses).
+Shapes: B batch, S new tokens, P past, T = P + S, H / Hkv heads, G = H // Hkv, D head dim, R rotated dims.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import helper
+
+from llmc.graph import io_names as io
+from llmc.graph.builder import NP_DTYPES
+from llmc.graph.checkpoint import INV_FREQ, INV_FREQ_LOCAL, INV_FREQ_LONG
+from llmc.graph.layers import LLMC_DOMAIN, MS, Ctx, softcap
+
+_NEG = np.finfo(np.float32).min
+
+
+def rope_table(c: Ctx, layer: int) -> str | None:
+    """The rotary table a layer uses: none (NoPE), the sliding layers' local one (Gemma 3), or the global one."""
+    if not c.m.has_rope(layer):
+        return None
+    return INV_FREQ_LOCAL if c.m.window(layer) and c.has(INV_FREQ_LOCAL) else INV_FREQ
+
+
+def _table_scaling(c: Ctx, table: str) -> float:
+    return c.m.rope_local_attention_scaling if table == INV_FREQ_LOCAL else c.m.rope_attention_scaling
+
+
+class Rotary:
+    """cos / sin of this graph's tokens, computed in fp32 from position_ids as transformers does, and rotation.
+
+    Tables are [B, S, R] (rotate-half form), unsqueezed for [B, heads, S, D] (axis 1) or [B, S, heads, D] (axis 2).
+    longrope: a row whose largest position is at or past `rope_long_after` uses the long-factor table (as
+    transformers decides per forward call, here per row, so a batch gives what each row gives alone).
+    """
+
+    def __init__(self, c: Ctx) -> None:
+        self.c = c
+        self._tables: dict[tuple[str, int], tuple[str, str]] = {}
+        self._long_rows: str | None = None
+
+    def tables(self, table: str, axis: int) -> tuple[str, str]:
+        key = (table, axis)
+        if key not in self._tables:
+            cos, sin = self._compute(table)
+            if table == INV_FREQ and self.c.m.rope_long_after:
+                long_cos, long_sin = self._compute(INV_FREQ_LONG)
+                rows = self._long_row_mask()
+                cos, sin = self.c.b.op("Where", rows, long_cos, cos), self.c.b.op("Where", rows, long_sin, sin)
+            b = self.c.b
+            self._tables[key] = (b.unsqueeze(cos, axis), b.unsqueeze(sin, axis))
+        return self._tables[key]
+
+    def _compute(self, table: str) -> tuple[str, str]:
+        b = self.c.b
+        pos = b.unsqueeze(b.cast(io.POSITION_IDS, "float32"), 2)  # [B, S, 1]
+        freqs = b.op("Mul", pos, b.weight(table))  # [B, S, R/2]
+        emb = b.op("Concat", freqs, freqs, axis=-1)  # [B, S, R]
+        scale = _table_scaling(self.c, table)
+        out = []
+        for fn in ("Cos", "Sin"):
+            t = b.op(fn, emb)
+            if scale != 1.0:
+                t = b.op("Mul", t, b.const(np.array(scale, np.float32)))
+            out.append(b.to_compute(t))
+        return out[0], out[1]
+
+    def _long_row_mask(self) -> str:
+        """[B, 1, 1] bool: the row's largest position + 1 passes rope_long_after."""
+        if self._long_rows is None:
+            b = self.c.b
+            row_max = b.reduce_max(io.POSITION_IDS, 1)  # [B, 1]
+            limit = b.const(np.array(self.c.m.rope_long_after - 1, np.int64))
+            self._long_rows = b.unsqueeze(b.op("Greater", row_max, limit), 2)
+        return self._long_rows
+
+    def rotate(self, x: str, cos: str, sin: str) -> str:
+        """Rotate the first R dims of each head of x (rotate-half), pass the rest through."""
+        b, m = self.c.b, self.c.m
+        r, d = m.rotated_dims, m.head_dim
+        rot, rest = (b.split(x, [r, d - r]) if r < d else (x, None))
+        x1, x2 = b.split(rot, [r // 2, r // 2])
+        rotated = b.op("Add", b.op("Mul", rot, cos), b.op("Mul", b.op("Concat", b.op("Neg", x2), x1, axis=-1), sin))
+        return rotated if rest is None else b.op("Concat", rotated, rest, axis=-1)
+
+
+def rotate_packed(c: Ctx, rotary: Rotary, qkv: str, table: str) -> str:
+    """Packed [B, S, (H + 2 Hkv) D] with q and k rotated in the graph (for lowerings whose op cannot rotate)."""
+    b, m = c.b, c.m
+    H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
+    q, k, v = b.split(qkv, [H * D, Hkv * D, Hkv * D])
+    cos, sin = rotary.tables(table, 2)
+    parts = []
+    for x, heads in ((q, H), (k, Hkv)):
+        x4 = b.op("Reshape", x, b.ints(0, 0, heads, D))  # [B, S, heads, D]
+        parts.append(b.op("Reshape", rotary.rotate(x4, cos, sin), b.ints(0, 0, heads * D)))
+    return b.op("Concat", *parts, v, axis=-1)
+
+
+class DecomposedAttention:
+    """Standard ONNX ops; past [B, Hkv, P, D] and the new K/V concatenated into present [B, Hkv, T, D]."""
+
+    def __init__(self, c: Ctx) -> None:
+        self.c = c
+        self.rotary = Rotary(c)
+        self._masks: dict[int, str] = {}
+
+    def allowed(self, window: int) -> str:
+        """[B, 1, 1, S, T] bool: key t is visible to new token s iff t <= P + s, attention_mask[b, t] == 1 and, with
+        a window W, the key's position is within the query's last W (positions count the row's valid keys, so a
+        right-padded row's windows are its own)."""
+        if window not in self._masks:
+            b = self.c.b
+            zero, one = b.const(np.array(0, np.int64)), b.const(np.array(1, np.int64))
+            t, s = b.op("Squeeze", b.dim(io.ATTENTION_MASK, 1)), b.op("Squeeze", b.dim(io.INPUT_IDS, 1))
+            key_idx = b.op("Range", zero, t, one)  # [T]
+            query_idx = b.op("Range", b.op("Sub", t, s), t, one)  # [S]
+            causal = b.op("LessOrEqual", b.unsqueeze(key_idx, 0), b.unsqueeze(query_idx, 1))  # [S, T]
+            valid = b.unsqueeze(b.cast(io.ATTENTION_MASK, "bool"), 1)  # [B, 1, T]
+            allowed = b.op("And", causal, valid)  # [B, S, T]
+            if window:
+                key_pos = b.op("Sub", b.op("CumSum", io.ATTENTION_MASK, b.const(np.array(1, np.int64))), one)
+                lowest = b.op("Sub", io.POSITION_IDS, b.const(np.array(window, np.int64)))  # [B, S]
+                inside = b.op("Greater", b.unsqueeze(key_pos, 1), b.unsqueeze(lowest, 2))  # [B, S, T]
+                allowed = b.op("And", allowed, inside)
+            self._masks[window] = b.unsqueeze(allowed, 1, 2)  # [B, 1, 1, S, T]
+        return self._masks[window]
+
+    def _heads(self, x: str, heads: int) -> str:
+        """[B, S, heads*D] -> [B, heads, S, D]"""
+        b = self.c.b
+        return b.op("Transpose", b.op("Reshape", x, b.ints(0, 0, heads, self.c.m.head_dim)), perm=[0, 2, 1, 3])
+
+    def split_heads(self, i: int, qkv: str) -> tuple[str, str, str]:
+        """Packed [B, S, (H + 2 Hkv) D] -> q [B, H, S, D], k, v [B, Hkv, S, D], the layer's rotary applied."""
+        m = self.c.m
+        H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
+        q, k, v = self.c.b.split(qkv, [H * D, Hkv * D, Hkv * D])
+        q, k, v = self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)
+        table = rope_table(self.c, i)
+        if table is not None:
+            cos, sin = self.rotary.tables(table, 1)
+            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+        return q, k, v
+
+    def __call__(self, i: int, qkv: str) -> str:
+        b, m = self.c.b, self.c.m
+        H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
+        q, k, v = self.split_heads(i, qkv)
+        present = (io.PRESENT_KEY.format(i=i), io.PRESENT_VALUE.format(i=i))
+        if self.c.with_past:
+            k = b.output("Concat", [io.PAST_KEY.format(i=i), k], present[0], axis=2)  # [B, Hkv, T, D]
+            v = b.output("Concat", [io.PAST_VALUE.format(i=i), v], present[1], axis=2)
+        else:
+            k, v = b.output("Identity", [k], present[0]), b.output("Identity", [v], present[1])
+        # Grouped heads without copying K/V: q as [B, Hkv, G, S, D] against K/V broadcast as [B, Hkv, 1, T, D].
+        q5 = b.op("Mul", b.op("Reshape", q, b.ints(0, Hkv, H // Hkv, -1, D)), b.scalar(m.scale))
+        k_t = b.op("Transpose", b.unsqueeze(k, 2), perm=[0, 1, 2, 4, 3])  # [B, Hkv, 1, D, T]
+        scores = b.to_float32(b.op("MatMul", q5, k_t))  # [B, Hkv, G, S, T], softmax in fp32
+        if m.attn_softcap:
+            scores = softcap(self.c, scores, m.attn_softcap)
+        scores = b.op("Where", self.allowed(m.window(i)), scores, b.const(np.array(_NEG, np.float32)))
+        probs = b.to_compute(b.op("Softmax", scores, axis=-1))
+        out = b.op("MatMul", probs, b.unsqueeze(v, 2))  # [B, Hkv, G, S, D]
+        out = b.op("Transpose", b.op("Reshape", out, b.ints(0, H, -1, D)), perm=[0, 2, 1, 3])  # [B, S, H, D]
+        return b.op("Reshape", out, b.ints(0, 0, H * D))
+
+    def last_token(self, x: str) -> str:
+        """Hidden state of each row's last valid token (right or left padding): [B, S, Hd] -> [B, 1, Hd]."""
+        b = self.c.b
+        one = b.const(np.array(1, np.int64))
+        s = b.op("Squeeze", b.dim(io.ATTENTION_MASK, 1))
+        ranks = b.op("Range", one, b.op("Add", s, one), one)  # [S]: 1..S
+        last = b.op("ArgMax", b.op("Mul", io.ATTENTION_MASK, ranks), axis=1, keepdims=1)  # [B, 1]
+        return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)
+
+
+class GroupQueryAttention:
+    """com.microsoft.GroupQueryAttention: packed QKV in, rotary inside (unless the graph rotates: longrope, or a
+    partial rotary the op cannot do), K/V written into the shared buffer; local_window_size = W, softcap.
+
+    seqlens_k[b] = tokens of row b after this step - 1; total_sequence_length = max over rows + 1.
+    """
+
+    op_type = "GroupQueryAttention"
+    domain = MS
+
+    def __init__(self, c: Ctx) -> None:
+        self.c = c
+        self.in_graph = io.rotary_in_graph(c.m, c.opts.attention)
+        self.rotary = Rotary(c)
+        self._caches: dict[str, tuple[str, str]] = {}
+
+    def caches(self, table: str) -> tuple[str, str]:
+        """cos / sin caches [max_pos, R/2] of a table, in the qkv dtype."""
+        if table not in self._caches:
+            b, m = self.c.b, self.c.m
+            inv_freq = self.c.ckpt.weights[table].astype(np.float64)
+            freqs = np.outer(np.arange(m.max_positions, dtype=np.float64), inv_freq).astype(np.float32)
+            scale, dtype = np.float32(_table_scaling(self.c, table)), NP_DTYPES[b.dtype]
+            self._caches[table] = (b.const((np.cos(freqs) * scale).astype(dtype)),
+                                   b.const((np.sin(freqs) * scale).astype(dtype)))
+        return self._caches[table]
+
+    def _rope(self, i: int, qkv: str) -> tuple[str, tuple[str, ...]]:
+        """(qkv, rotary inputs of the op): rotated here when the op cannot, else the op's cos / sin caches."""
+        table = rope_table(self.c, i)
+        if table is None:
+            return qkv, ()
+        if self.in_graph:
+            return rotate_packed(self.c, self.rotary, qkv, table), ()
+        return qkv, self.caches(table)
+
+    def _attrs(self, i: int) -> dict[str, Any]:
+        m = self.c.m
+        attrs: dict[str, Any] = {"num_heads": m.num_heads, "kv_num_heads": m.num_kv_heads, "scale": m.scale}
+        if m.window(i):
+            attrs["local_window_size"] = m.window(i)
+        if m.attn_softcap:
+            attrs["softcap"] = m.attn_softcap
+        return attrs
+
+    def _node(self, op: str, layer: int, inputs: list[str], attrs: dict[str, Any], domain: str) -> str:
+        b = self.c.b
+        name = b._name(op)
+        present = [io.PRESENT_KEY.format(i=layer), io.PRESENT_VALUE.format(i=layer)]
+        b.nodes.append(helper.make_node(op, inputs, [f"{name}_out", *present], name=name, domain=domain, **attrs))
+        return f"{name}_out"
+
+    def __call__(self, i: int, qkv: str) -> str:
+        qkv, rope = self._rope(i, qkv)
+        past = [io.PAST_KEY.format(i=i), io.PAST_VALUE.format(i=i)]
+        inputs = [qkv, "", "", *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *(rope or ("", ""))]
+        attrs = {**self._attrs(i), "do_rotary": int(bool(rope)), "rotary_interleaved": 0}
+        return self._node(self.op_type, i, inputs, attrs, self.domain)
+
+    def last_token(self, x: str) -> str:
+        """Row b's last new token: [B, S, Hd] -> [B, 1, Hd]. It is at index seqlens_k[b] of a right-padded prompt
+        (empty past), and at S - 1 when the row has a past: a one-token decode row, or one row's prompt chunk."""
+        b = self.c.b
+        last_col = b.op("Sub", b.op("Squeeze", b.dim(io.INPUT_IDS, 1)), b.const(np.array(1, np.int64)))
+        last = b.unsqueeze(b.op("Min", b.cast(io.SEQLENS_K, "int64"), last_col), 1)  # [B, 1]
+        return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)
+
+
+class CachedAttention(GroupQueryAttention):
+    """ai.llmc.CachedAttention (llmc/engines/kernels): GroupQueryAttention's inputs, outputs and semantics, without
+    its unused key/value inputs; the cache may be fp16, or int8 rows with their scale, while Q/K/V stay fp32."""
+
+    def __call__(self, i: int, qkv: str) -> str:
+        qkv, rope = self._rope(i, qkv)
+        past = [io.PAST_KEY.format(i=i), io.PAST_VALUE.format(i=i)]
+        op = {"float16": "CachedAttentionF16Cache", "int8": "CachedAttentionI8Cache"}.get(self.c.opts.kv_dtype,
+                                                                                          "CachedAttention")
+        inputs = [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope]
+        return self._node(op, i, inputs, self._attrs(i), LLMC_DOMAIN)
+
+
+class OnnxAttention(DecomposedAttention):
+    """Opset 24: TensorScatter writes the new K/V at each row's position into the bound [B, Hkv, max_len, D] buffer
+    (past and present share it); Attention reads the first T = max(position) + 1 positions under a causal (and,
+    for sliding layers, windowed) mask."""
+
+    def __init__(self, c: Ctx) -> None:
+        super().__init__(c)
+        b = c.b
+        pos = io.POSITION_IDS  # [B, S]: each new token's position; row b writes at pos[b, 0]
+        self.write_index = b.op("Squeeze", b.op("Gather", pos, b.ints(0), axis=1), b.ints(1))  # [B]
+        one = b.const(np.array(1, np.int64))
+        self.total = b.op("Add", b.op("ReduceMax", pos, keepdims=0), one)  # []
+        self.keys = b.op("Range", b.const(np.array(0, np.int64)), self.total, one)  # [T]
+
+    def allowed(self, window: int) -> str:
+        """[B, 1, S, T]: key t is visible to a query at position p iff t <= p and, with a window W, t > p - W."""
+        if window not in self._masks:
+            b = self.c.b
+            keys, pos = b.unsqueeze(self.keys, 0, 1), b.unsqueeze(io.POSITION_IDS, 2)  # [1, 1, T], [B, S, 1]
+            allowed = b.op("LessOrEqual", keys, pos)  # [B, S, T]
+            if window:
+                lowest = b.op("Sub", pos, b.const(np.array(window, np.int64)))
+                allowed = b.op("And", allowed, b.op("Greater", keys, lowest))
+            self._masks[window] = b.unsqueeze(allowed, 1)
+        return self._masks[window]
+
+    def __call__(self, i: int, qkv: str) -> str:
+        b, m = self.c.b, self.c.m
+        H, D = m.num_heads, m.head_dim
+        q, k, v = self.split_heads(i, qkv)
+        zero = b.ints(0)
+        used = []
+        for new, past, present in ((k, io.PAST_KEY, io.PRESENT_KEY), (v, io.PAST_VALUE, io.PRESENT_VALUE)):
+            full = b.output("TensorScatter", [past.format(i=i), new, self.write_index], present.format(i=i), axis=2)
+            used.append(b.op("Slice", full, zero, b.unsqueeze(self.total, 0), b.ints(2)))  # [B, Hkv, T, D]
+        attrs: dict[str, Any] = {"scale": m.scale}
+        if m.attn_softcap:
+            attrs["softcap"] = m.attn_softcap
+        out = b.op("Attention", q, used[0], used[1], self.allowed(m.window(i)), **attrs)  # [B, H, S, D]
+        return b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints(0, 0, H * D))
+
+    def last_token(self, x: str) -> str:
+        """Row b's last token is where its position is largest (right padding pads with position 0)."""
+        b = self.c.b
+        last = b.op("ArgMax", io.POSITION_IDS, axis=1, keepdims=1)  # [B, 1]
+        return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)
+
+
+LOWERINGS: dict[str, type[DecomposedAttention] | type[GroupQueryAttention]] = {
+    "decomposed": DecomposedAttention, "gqa": GroupQueryAttention, "llmc": CachedAttention, "onnx": OnnxAttention}
+

@@ -1,0 +1,134 @@
+"""What every part of the decoder graph shares: the build context, linear layers (float, MatMulNBits or llmc's
+MatMulQ4) and norms. Shapes in comments: B batch, S new tokens, Hd hidden size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import helper
+
+from llmc.graph.builder import GraphBuilder
+from llmc.graph.checkpoint import Checkpoint
+from llmc.graph.quant import (
+    BLOCKSUM_SCALES,
+    BLOCKSUMS,
+    OFFSETS,
+    Q4TILES,
+    Q4TILES_GATED,
+    QWEIGHT,
+    SCALES,
+    TILE_BLOCK,
+    QuantSpec,
+    bits_of,
+)
+from llmc.manifest import ModelSpec
+
+MS = "com.microsoft"
+LLMC_DOMAIN = "ai.llmc"
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    attention: str = "decomposed"  # "decomposed" | "gqa" | "llmc" | "onnx" (Attention-24 + TensorScatter, in place)
+    quant: QuantSpec | None = None
+    fuse_norms: bool = False  # residual Add + norm as ONNX Runtime's Skip*LayerNormalization (not for TensorRT)
+    kv_dtype: str = ""  # "llmc" attention: the cache's dtype when it is not the graph's ("float16", "int8")
+    moe: str = "loop"  # mixture-of-experts lowering (llmc/graph/moe.py): "loop" (standard ops, the picked experts
+    # only: the export), "ort" (com.microsoft.MoE: ONNX Runtime engines), "dense" (no control flow: TensorRT)
+
+
+@dataclass
+class Ctx:
+    b: GraphBuilder
+    m: ModelSpec
+    ckpt: Checkpoint
+    opts: GraphOptions
+    with_past: bool
+
+    def has(self, name: str) -> bool:
+        return name in self.ckpt.weights
+
+
+def linear(c: Ctx, x: str, name: str) -> str:
+    """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits when quantized weights are present."""
+    b, w = c.b, f"{name}.weight"
+    if c.has(w + Q4TILES):
+        return matmul_q4(c, x, name, gated=False)
+    if c.has(w + QWEIGHT):
+        q = c.opts.quant
+        assert q is not None, f"{w} is quantized but no QuantSpec was given"
+        qweight = c.ckpt.weights[w + QWEIGHT]
+        if c.has(w + BLOCKSUMS):  # "folded": x extended with its block sums feeds the offset rows
+            sums = c.ckpt.weights[w + BLOCKSUMS]
+            x = b.op("Concat", x, _matmul_nbits(c, x, w + BLOCKSUMS, w + BLOCKSUM_SCALES, sums, 4), axis=-1)
+        y = _matmul_nbits(c, x, w + QWEIGHT, w + SCALES, qweight, bits_of(qweight, q.block_size))
+        if c.has(w + OFFSETS):  # the "minmax" scheme's per-block offsets, as an fp32 MatMul of the block sums
+            blocks = qweight.shape[1]
+            block_sums = b.op("ReduceSum", b.op("Reshape", x, b.ints(0, 0, blocks, q.block_size)), b.ints(-1),
+                              keepdims=0)  # [B, S, K / block]
+            y = b.op("Add", y, b.op("MatMul", block_sums, b.weight(w + OFFSETS)))
+    else:
+        y = b.op("MatMul", x, b.weight(w))
+    return b.op("Add", y, b.weight(f"{name}.bias")) if c.has(f"{name}.bias") else y
+
+
+def _out_width(m: ModelSpec, name: str) -> int:
+    """A linear layer's output width (its packed tiles are padded to 32 columns)."""
+    kind = name.rsplit(".", 1)[-1]
+    widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * m.intermediate_size,
+              "fc": m.intermediate_size, "lm_head": m.vocab_size, "o": m.hidden_size}
+    return widths.get(kind, m.hidden_size)  # down, proj
+
+
+def matmul_q4(c: Ctx, x: str, name: str, gated: bool) -> str:
+    """ai.llmc.MatMulQ4 over the packed 4-bit tiles, the bias inside; gated: silu(x @ gate) * (x @ up)."""
+    b, w = c.b, f"{name}.weight" + (Q4TILES_GATED if gated else Q4TILES)
+    _, blocks, _ = c.ckpt.weights[w].shape
+    bias = f"{name}.bias"
+    n = _out_width(c.m, name)
+    return b.op("MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,
+                K=blocks * TILE_BLOCK, N=n, gated=int(gated))
+
+
+def _matmul_nbits(c: Ctx, x: str, qname: str, sname: str, qweight: np.ndarray, bits: int) -> str:
+    q = c.opts.quant
+    assert q is not None
+    n, blocks, _ = qweight.shape
+    return c.b.op("MatMulNBits", x, c.b.weight(qname), c.b.weight(sname), domain=MS, K=blocks * q.block_size, N=n,
+                  bits=bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+
+
+def norm(c: Ctx, x: str, name: str) -> str:
+    """RMSNorm / LayerNorm over the last axis, always accumulated in fp32 (fp16 overflows here)."""
+    b = c.b
+    xf = b.to_float32(x)
+    w = b.to_float32(b.weight(f"{name}.weight"))
+    if c.m.norm == "layer":
+        bias = b.to_float32(b.weight(f"{name}.bias"))
+        y = b.op("LayerNormalization", xf, w, bias, axis=-1, epsilon=c.m.norm_eps)
+    else:
+        var = b.reduce_mean(b.op("Pow", xf, b.const(np.array(2.0, np.float32))), -1)
+        denom = b.op("Sqrt", b.op("Add", var, b.const(np.array(c.m.norm_eps, np.float32))))
+        y = b.op("Mul", b.op("Div", xf, denom), w)
+    return b.to_compute(y)
+
+
+def skip_norm(c: Ctx, x: str, delta: str, name: str) -> tuple[str, str]:
+    """ONNX Runtime's Skip(Simplified)LayerNormalization: (norm(x + delta), x + delta) in one node."""
+    b = c.b
+    out = b._name("SkipNorm")
+    inputs = [x, delta, b.weight(f"{name}.weight")]
+    if c.m.norm == "layer":
+        op, inputs = "SkipLayerNormalization", [*inputs, b.weight(f"{name}.bias")]
+    else:
+        op = "SkipSimplifiedLayerNormalization"
+    b.nodes.append(helper.make_node(op, inputs, [f"{out}_norm", "", "", f"{out}_sum"], name=out, domain=MS,
+                                    epsilon=c.m.norm_eps))
+    return f"{out}_norm", f"{out}_sum"
+
+
+def softcap(c: Ctx, x: str, cap: float) -> str:
+    """cap * tanh(x / cap) of an fp32 tensor (Gemma 2's score and logit soft-capping)."""
+    value = c.b.const(np.array(cap, dtype=np.float32))
+    return c.b.op("Mul", c.b.op("Tanh", c.b.op("Div", x, value)), value)

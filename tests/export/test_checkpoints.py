@@ -1,0 +1,75 @@
+"""Checkpoints as they are published: bf16 / fp16 / fp32 safetensors, sharded with an index, several EOS ids;
+options a supported family may carry that llmc does not implement are refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import make_tokenizer
+
+from llmc.errors import UnsupportedModelError
+from llmc.export.exporter import ExportConfig, export
+
+
+def _tiny(out: Path, dtype: torch.dtype, shard: str | None, **config: Any) -> Any:
+    """A tiny Qwen3 (qk-norm, its own head_dim, untied) saved in `dtype`, in shards of `shard` bytes."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False, **config))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    model = model.to(dtype)
+    model.save_pretrained(str(out), max_shard_size=shard) if shard else model.save_pretrained(str(out))
+    make_tokenizer(out, 320)
+    return model
+
+
+@pytest.mark.parametrize(("dtype", "shard"), [(torch.bfloat16, "60KB"), (torch.float16, None), (torch.float32, "90KB")])
+def test_published_checkpoints_export_exactly(tmp_path: Path, dtype: torch.dtype, shard: str | None) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _tiny(tmp_path / "hf", dtype, shard)
+    files = sorted(p.name for p in (tmp_path / "hf").glob("*.safetensors"))
+    assert (len(files) > 1) is (shard is not None) and ((tmp_path / "hf" / "model.safetensors.index.json").is_file()
+                                                         is (shard is not None))
+    manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
+    # the export's graphs against transformers reading the same files in fp32
+    from llmc.engines.ort_build import export_engine
+
+    engine = export_engine(manifest, tmp_path / "export")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    ids = np.random.default_rng(0).integers(3, 320, 40).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 64))[0]
+    assert float(np.abs(ours - ref).max()) <= 1e-4
+
+
+def test_every_eos_id_of_generation_config(tmp_path: Path) -> None:
+    _tiny(tmp_path / "hf", torch.float32, None)
+    gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [2, 7, 11]}))
+    manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    assert manifest.generation.eos_token_ids == (2, 7, 11)
+
+
+@pytest.mark.parametrize(("config", "words"), [
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}, ["rope_type", "'dynamic'"]),
+    ({"attention_bias": True}, ["attention_bias", "o_proj"]),
+])
+def test_an_option_llmc_does_not_implement_is_refused_by_name(tmp_path: Path, config: dict[str, Any],
+                                                              words: list[str]) -> None:
+    _tiny(tmp_path / "hf", torch.float32, None, **config)
+    with pytest.raises(UnsupportedModelError) as e:
+        export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    assert all(w in str(e.value) for w in words), str(e.value)
