@@ -6,8 +6,13 @@ Plugin node: op_type "attention", domain "llmc" (ONNX Runtime finds the referenc
 parser finds the plugin by op type plus the `plugin_namespace` attribute; `aot` asks for the ahead-of-time kernel).
   inputs   q [B, H, S, D], k_new, v_new [B, Hkv, S, D], past_key, past_value [B, Hkv, max_seq, D], position_ids [B, S]
   outputs  attn [B, H, S, D], present_key, present_value (the past buffers, written in place)
-  attrs    num_heads, kv_num_heads, head_dim, scale, block_m (query rows per kernel tile)
-The mask, write index and key-length nodes that fed the replaced subgraph are left without consumers and removed.
+  attrs    num_heads, kv_num_heads, head_dim, scale, block_m (query rows per kernel tile), window (the layer's
+           sliding window W, 0: full attention), softcap (c of c * tanh(score / c), 0.0: none), in this order (the
+           plugin's schema, trt_plugin.register_trt_plugin)
+scale is the Attention node's `scale` (ONNX's default 1 / sqrt(head_dim) without one), softcap its `softcap` (else
+the model's attn_softcap); the window is the model's for the block's layer (ModelSpec.window): the mask that carried
+it is not kept. The mask, write index and key-length nodes that fed the replaced subgraph are left without consumers
+and removed.
 """
 
 from __future__ import annotations
@@ -74,10 +79,12 @@ def find_attention_blocks(graph: onnx.GraphProto) -> list[AttentionBlock]:
     return blocks
 
 
-def plugin_node(block: AttentionBlock, model: ModelSpec, graph: str, name: str) -> onnx.NodeProto:
+def plugin_node(block: AttentionBlock, model: ModelSpec, graph: str, name: str, layer: int) -> onnx.NodeProto:
+    """The plugin node replacing `block`, layer `layer`'s attention."""
     (k_scatter, v_scatter), q = block.scatters, block.attention.input[0]
-    scale = _attr(block.attention, "scale")
+    scale, softcap = _attr(block.attention, "scale"), _attr(block.attention, "softcap")
     assert scale is None or isinstance(scale, float)
+    assert softcap is None or isinstance(softcap, float)
     return helper.make_node(
         PLUGIN_NAME,
         [q, k_scatter.input[1], v_scatter.input[1], k_scatter.input[0], v_scatter.input[0], io.POSITION_IDS],
@@ -85,6 +92,7 @@ def plugin_node(block: AttentionBlock, model: ModelSpec, graph: str, name: str) 
         name=name, domain=PLUGIN_NAMESPACE, plugin_namespace=PLUGIN_NAMESPACE, aot=1,
         num_heads=model.num_heads, kv_num_heads=model.num_kv_heads, head_dim=model.head_dim,
         scale=float(scale) if scale is not None else model.head_dim ** -0.5, block_m=BLOCK_M[graph],
+        window=int(model.window(layer)), softcap=float(softcap if softcap is not None else model.attn_softcap),
     )
 
 
@@ -125,7 +133,11 @@ def lower_graph(graph: onnx.GraphProto, model: ModelSpec, name: str) -> int:
     replaced = {n.name for b in blocks for n in (b.attention, *b.scatters, *b.slices)}
     if "" in replaced or len(replaced) != 5 * len(blocks):
         raise LlmcError(f"{name} graph: the attention nodes need unique names to be lowered")
-    plugins = {b.attention.name: plugin_node(b, model, name, f"llmc_attention_{i}") for i, b in enumerate(blocks)}
+    for i, b in enumerate(blocks):  # layer order: each layer's window is its own
+        if b.scatters[0].input[0] != io.PAST_KEY.format(i=i):
+            raise LlmcError(f"{name} graph: attention block {i} writes {b.scatters[0].input[0]}, not "
+                            f"{io.PAST_KEY.format(i=i)}: the blocks are not in layer order")
+    plugins = {b.attention.name: plugin_node(b, model, name, f"llmc_attention_{i}", i) for i, b in enumerate(blocks)}
     _set_nodes(graph, [plugins.get(n.name, n) for n in graph.node if n.name not in replaced or n.name in plugins])
     prune_dead_nodes(graph)
     return len(blocks)

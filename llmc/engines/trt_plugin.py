@@ -68,6 +68,8 @@ def register_ort_reference() -> str:
     """Register the reference as ONNX Runtime custom op llmc::attention (float32 graphs).
 
     Returns the library path to pass to SessionOptions.register_custom_ops_library. Needs onnxruntime-extensions.
+    The node's attributes scale (float), window (int) and softcap (float) are all required (as trt_lower writes
+    them): onnxruntime-extensions refuses a session whose node lacks a declared attribute.
     """
     from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
 
@@ -76,11 +78,13 @@ def register_ort_reference() -> str:
         f32, i64 = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int64
 
         @onnx_op(op_type=PLUGIN_ID, inputs=[f32, f32, f32, f32, f32, i64], outputs=[f32, f32, f32],
-                 attrs={"scale": PyCustomOpDef.dt_float})
+                 attrs={"scale": PyCustomOpDef.dt_float, "window": PyCustomOpDef.dt_int64,
+                        "softcap": PyCustomOpDef.dt_float})
         def _attention(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, past_key: np.ndarray,
-                       past_value: np.ndarray, position_ids: np.ndarray,
-                       scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            return attention_reference(q, k_new, v_new, past_key, past_value, position_ids, scale)
+                       past_value: np.ndarray, position_ids: np.ndarray, scale: float, window: int = 0,
+                       softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            return attention_reference(q, k_new, v_new, past_key, past_value, position_ids, scale,
+                                       window=int(window), softcap=float(softcap))
 
         _ORT_REGISTERED = True
     return str(get_library_path())
@@ -95,6 +99,10 @@ def attention_kernel() -> Any:
     with S = 1 (decode) one 16-row tile holds all G heads, with a prompt it covers BLOCK_M / G tokens. Keys at the
     row's new positions are read from k_new / v_new, all others from the cache, so no program reads what another
     writes; the rows of the group's first head then store the new K/V into the cache (KC_OUT aliases KC).
+    WINDOW W > 0 (constexpr): a tile's key loop starts at the block holding the earliest position any of its real
+    rows sees, max(0, min pos - W + 1) (earlier blocks are never loaded), and each row masks t <= pos - W.
+    SOFTCAP c > 0 (constexpr): natural-scale scores s become c * tanh(s / c) before the online softmax, which then
+    runs in the log2 domain (exp2).
     """
     import triton
     import triton.language as tl
@@ -102,6 +110,7 @@ def attention_kernel() -> Any:
     @triton.jit
     def llmc_attention_fwd(Q, KN, VN, KC, VC, POS, S, MAX_SEQ, OUT, KC_OUT, VC_OUT,
                            HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
+                           WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
@@ -120,9 +129,19 @@ def attention_kernel() -> Any:
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        qk_scale = SCALE * 1.4426950408889634  # exp2 instead of exp
+        log2e = 1.4426950408889634  # exp2 instead of exp: scores go to the log2 domain
         hi = (tl.max(pos, axis=0) + 1).to(tl.int32)
-        for first in range(0, hi, BLOCK_N):
+        lo = 0
+        if WINDOW > 0:
+            # A right-padded pad (s > 0 at position 0) is left out: its output is garbage by contract, and with it
+            # a tile holding a row's last tokens and its pads would start at block 0 (there the pads' rows, seeing
+            # nothing, average the block's values: finite). Each real row sees itself, so no real row is left
+            # without a key; a tile of pads only falls back to hi - 1 = 0 (block 0, the reference's answer), never
+            # to an empty loop (0 / 0: NaN pads would write NaN K/V that 0 * NaN spreads to real rows).
+            real = row_ok & ((s == 0) | (pos > 0))
+            first_pos = tl.min(tl.where(real, pos, hi - 1), axis=0)
+            lo = (tl.maximum(first_pos - WINDOW + 1, 0) // BLOCK_N * BLOCK_N).to(tl.int32)
+        for first in range(lo, hi, BLOCK_N):
             t = first + tl.arange(0, BLOCK_N)  # key positions
             rel = t - start
             is_new = (rel >= 0) & (rel < S)
@@ -133,7 +152,17 @@ def attention_kernel() -> Any:
             k = tl.where(new_mask, tl.load(KN + new_at, mask=new_mask, other=0.0),
                          tl.load(KC + old_at, mask=old_mask, other=0.0))  # [BLOCK_N, BLOCK_D]
             qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], fp32 accumulate
-            qk = tl.where(t[None, :] <= pos[:, None], qk * qk_scale, -1.0e30)
+            if SOFTCAP > 0:  # c * tanh(x), x = s / c; tanh via exp(-2|x|) (no overflow; CUDA and interpreter)
+                x = qk * (SCALE / SOFTCAP)
+                e = tl.exp2(tl.abs(x) * (-2.0 * log2e))
+                th = (1.0 - e) / (1.0 + e)
+                qk = tl.where(x < 0, -th, th) * (SOFTCAP * log2e)
+            else:
+                qk = qk * (SCALE * log2e)
+            visible = t[None, :] <= pos[:, None]
+            if WINDOW > 0:
+                visible = visible & (t[None, :] > pos[:, None] - WINDOW)
+            qk = tl.where(visible, qk, -1.0e30)
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(qk - m_new[:, None])
@@ -153,21 +182,25 @@ def attention_kernel() -> Any:
     return llmc_attention_fwd
 
 
-def kernel_constants(num_heads: int, kv_num_heads: int, head_dim: int, scale: float,
-                     block_m: int) -> dict[str, int | float]:
+def kernel_constants(num_heads: int, kv_num_heads: int, head_dim: int, scale: float, block_m: int,
+                     window: int = 0, softcap: float = 0.0) -> dict[str, int | float]:
+    """The kernel's constexprs (in its parameter order). window 0 / softcap 0.0: off."""
+    if window < 0 or softcap < 0:
+        raise ValueError(f"window ({window}) and softcap ({softcap}) must be >= 0 (0: off)")
     return {"HKV": kv_num_heads, "G": num_heads // kv_num_heads, "D": head_dim, "SCALE": float(scale),
+            "WINDOW": int(window), "SOFTCAP": float(softcap),
             "BLOCK_M": block_m, "BLOCK_N": BLOCK_N, "BLOCK_D": max(16, 1 << (head_dim - 1).bit_length())}
 
 
 def launch_attention(q: Any, k_new: Any, v_new: Any, past_key: Any, past_value: Any, position_ids: Any,
-                     scale: float, block_m: int) -> Any:
+                     scale: float, block_m: int, window: int = 0, softcap: float = 0.0) -> Any:
     """Run the kernel on torch tensors (CUDA, or CPU under TRITON_INTERPRET=1); writes the caches in place."""
     import torch
 
     batch, heads, seq, dim = q.shape
     kv_heads, max_seq = past_key.shape[1], past_key.shape[2]
     out = torch.empty_like(q)
-    consts = kernel_constants(heads, kv_heads, dim, scale, block_m)
+    consts = kernel_constants(heads, kv_heads, dim, scale, block_m, window, softcap)
     grid = (math.ceil(seq * consts["G"] / block_m), batch * kv_heads)
     attention_kernel()[grid](q, k_new, v_new, past_key, past_value, position_ids, seq, max_seq, out, past_key,
                              past_value, **consts, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
@@ -178,12 +211,12 @@ SIGNATURE = ("Q", "KN", "VN", "KC", "VC", "POS", "S", "MAX_SEQ", "OUT", "KC_OUT"
 
 
 def compile_attention(dtype: str, num_heads: int, kv_num_heads: int, head_dim: int, scale: float, block_m: int,
-                      target: Any = None) -> Any:
+                      target: Any = None, *, window: int = 0, softcap: float = 0.0) -> Any:
     """Compile the kernel ahead of time (PTX) for `target` (default: this machine's GPU)."""
     import triton
 
     ty = {"float16": "fp16", "float32": "fp32"}[dtype]
-    consts = kernel_constants(num_heads, kv_num_heads, head_dim, scale, block_m)
+    consts = kernel_constants(num_heads, kv_num_heads, head_dim, scale, block_m, window, softcap)
     types = {n: "i32" if n in ("S", "MAX_SEQ") else ("*i64" if n == "POS" else f"*{ty}") for n in SIGNATURE}
     signature = {**types, **{name: "constexpr" for name in consts}}
     params = inspect.signature(triton.compiler.ASTSource).parameters
@@ -200,7 +233,11 @@ _TRT_REGISTERED = False
 
 
 def register_trt_plugin() -> None:
-    """Register `llmc::attention` with TensorRT (shape/type description, formats, AOT Triton kernel). Idempotent."""
+    """Register `llmc::attention` with TensorRT (shape/type description, formats, AOT Triton kernel). Idempotent.
+
+    The plugin's attributes, in schema order: num_heads, kv_num_heads, head_dim (int), scale (float), block_m,
+    window (int), softcap (float); `_describe` and `_aot` declare the same list (trt_lower writes every one).
+    """
     global _TRT_REGISTERED
     if _TRT_REGISTERED:
         return
@@ -212,8 +249,8 @@ def register_trt_plugin() -> None:
     @trtp.register(PLUGIN_ID)
     def _describe(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc, past_key: trtp.TensorDesc,
                   past_value: trtp.TensorDesc, position_ids: trtp.TensorDesc, num_heads: int, kv_num_heads: int,
-                  head_dim: int, scale: float,
-                  block_m: int) -> Tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:  # noqa: UP006
+                  head_dim: int, scale: float, block_m: int, window: int,
+                  softcap: float) -> Tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:  # noqa: UP006
         return q.like(), past_key.aliased(), past_value.aliased()
 
     @trtp.autotune(PLUGIN_ID)
@@ -225,12 +262,14 @@ def register_trt_plugin() -> None:
     @trtp.aot_impl(PLUGIN_ID)
     def _aot(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc, past_key: trtp.TensorDesc,
              past_value: trtp.TensorDesc, position_ids: trtp.TensorDesc, num_heads: int, kv_num_heads: int,
-             head_dim: int, scale: float, block_m: int, outputs: Tuple[trtp.TensorDesc],  # noqa: UP006
+             head_dim: int, scale: float, block_m: int, window: int, softcap: float,
+             outputs: Tuple[trtp.TensorDesc],  # noqa: UP006
              tactic: int) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams,  # noqa: UP006, UP007
                                    trtp.SymExprs]:
         if q.dtype != trt.float16:
             raise ValueError(f"llmc::attention runs in fp16, got {q.dtype}")
-        compiled = compile_attention("float16", num_heads, kv_num_heads, head_dim, scale, block_m)
+        compiled = compile_attention("float16", num_heads, kv_num_heads, head_dim, scale, block_m, window=window,
+                                     softcap=softcap)
         seq, groups = q.shape_expr[2], num_heads // kv_num_heads
         launch = trtp.KernelLaunchParams()
         launch.grid_x = trtp.cdiv(seq * groups, block_m)

@@ -4,6 +4,7 @@ own step logic (SlotSteps). CPU only."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ def test_one_plugin_node_per_layer(tiny_llama, graphs: tuple[Path, Path]) -> Non
         assert node.domain == PLUGIN_NAMESPACE and attrs["plugin_namespace"] == b"llmc" and attrs["aot"] == 1
         assert (attrs["num_heads"], attrs["kv_num_heads"], attrs["head_dim"]) == (4, 2, 16)
         assert attrs["scale"] == pytest.approx(16 ** -0.5) and attrs["block_m"] == (64 if name == "prefill" else 16)
+        assert attrs["window"] == 0 and attrs["softcap"] == 0.0  # full attention, no softcap: the kernel's "off"
         assert list(node.input)[3:] == ["past_key_values.0.key", "past_key_values.0.value", "position_ids"]
         assert list(node.output)[1:] == ["present.0.key", "present.0.value"]
         assert any(o.domain == "llmc" for o in proto.opset_import)
@@ -57,6 +59,37 @@ def test_lowering_refuses_other_graphs(tiny_llama) -> None:
     assert find_attention_blocks(proto.graph) == []
     with pytest.raises(LlmcError, match="position_ids|expected one per layer"):
         lower_graph(proto.graph, export.model, "decode")
+
+
+def _plugin_attrs(graph: onnx.GraphProto) -> list[dict[str, object]]:
+    return [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in graph.node
+            if n.op_type == PLUGIN_NAME]
+
+
+def test_plugin_nodes_carry_each_layers_window_softcap_and_scale(tiny_llama, graphs: tuple[Path, Path]) -> None:
+    """Windows come from the model by layer; softcap and scale from the Attention node (softcap: else the model)."""
+    model = replace(load_export(tiny_llama.export_dir).model, layer_types=("sliding_attention", "full_attention"),
+                    sliding_window=8, attn_softcap=30.0)
+    proto = onnx.load(str(graphs[0] / "decode.onnx"), load_external_data=False)
+    attention = [n for n in proto.graph.node if n.op_type == "Attention"]
+    assert len(attention) == model.num_layers == 2
+    attention[1].attribute.extend([onnx.helper.make_attribute("softcap", 5.0)])
+    for a in attention[1].attribute:
+        if a.name == "scale":
+            a.f = 0.375
+    lower_graph(proto.graph, model, "decode")
+    attrs = _plugin_attrs(proto.graph)
+    assert [(a["window"], a["softcap"]) for a in attrs] == [(8, 30.0), (0, 5.0)]
+    assert [a["scale"] for a in attrs] == [pytest.approx(0.25), 0.375]
+
+
+def test_blocks_out_of_layer_order_are_refused(tiny_llama, graphs: tuple[Path, Path]) -> None:
+    proto = onnx.load(str(graphs[0] / "decode.onnx"), load_external_data=False)
+    nodes = list(proto.graph.node)[::-1]  # the last layer's block is found first: its window would be layer 0's
+    proto.graph.ClearField("node")
+    proto.graph.node.extend(nodes)
+    with pytest.raises(LlmcError, match=r"block 0 writes past_key_values.1.key.*not in layer order"):
+        lower_graph(proto.graph, load_export(tiny_llama.export_dir).model, "decode")
 
 
 def _feeds(sess: object, ids: np.ndarray, pos: np.ndarray, caches: list[np.ndarray]) -> dict[str, np.ndarray]:

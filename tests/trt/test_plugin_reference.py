@@ -30,7 +30,7 @@ def case(batch: int, heads: int, kv_heads: int, seq: int, max_seq: int, dim: int
 
 
 def naive(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, past_k: np.ndarray, past_v: np.ndarray,
-          pos: np.ndarray, scale: float) -> tuple[np.ndarray, ...]:
+          pos: np.ndarray, scale: float, window: int = 0, softcap: float = 0.0) -> tuple[np.ndarray, ...]:
     batch, heads, seq, dim = q.shape
     groups = heads // k_new.shape[1]
     pk, pv = past_k.astype(np.float64), past_v.astype(np.float64)
@@ -41,10 +41,12 @@ def naive(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, past_k: np.ndarra
     for b in range(batch):
         for h in range(heads):
             for s in range(seq):
-                keys = range(int(pos[b, s]) + 1)
+                keys = range(max(0, int(pos[b, s]) - window + 1) if window else 0, int(pos[b, s]) + 1)
                 scores = np.array([q[b, h, s] @ pk[b, h // groups, t] * scale for t in keys])
+                if softcap:
+                    scores = softcap * np.tanh(scores / softcap)
                 w = np.exp(scores - scores.max())
-                out[b, h, s] = (w / w.sum()) @ pv[b, h // groups, : len(w)]
+                out[b, h, s] = (w / w.sum()) @ pv[b, h // groups, list(keys)]
     return out, pk, pv
 
 
@@ -64,13 +66,26 @@ def test_reference_matches_the_loop_statement(shape: dict) -> None:
     assert not np.shares_memory(pk, args[3])  # the reference returns updated copies; engines alias them
 
 
+@pytest.mark.parametrize(("window", "softcap"), [(3, 0.0), (0, 0.8), (2, 1.5)])
+def test_reference_window_and_softcap_match_the_loop_statement(window: int, softcap: float) -> None:
+    args = case(3, 4, 2, 4, 16, 8, [0, 6, 9], [4, 2, 4])  # prompt, chunk after 6 (with pads), chunk after 9
+    out = attention_reference(*args, 0.7, window=window, softcap=softcap)[0]
+    ref = naive(*args, 0.7, window=window, softcap=softcap)[0]
+    plain = attention_reference(*args, 0.7)[0]
+    for b, n in enumerate([4, 2, 4]):
+        assert np.abs(out[b, :, :n] - ref[b, :, :n]).max() < 1e-5
+    assert np.abs(out - plain).max() > 1e-2  # the window / softcap changes the answer
+
+
 def test_reference_in_fp16_keeps_dtype() -> None:
     args = case(2, 4, 2, 3, 8, 8, [0, 2], [3, 3], dtype=np.float16)
     out, pk, _ = attention_reference(*args, 0.25)
     assert out.dtype == np.float16 and pk.dtype == np.float16
 
 
-def test_ort_custom_op_runs_the_reference() -> None:
+@pytest.mark.parametrize(("window", "softcap"), [(0, 0.0), (3, 0.7)])
+def test_ort_custom_op_runs_the_reference(window: int, softcap: float) -> None:
+    """The node's window (int) and softcap (float) attributes, as trt_lower writes them, reach the reference."""
     import onnxruntime as ort
 
     from llmc.engines.trt_plugin import register_ort_reference
@@ -81,13 +96,16 @@ def test_ort_custom_op_runs_the_reference() -> None:
                                             list(a.shape)) for n, a in zip(names, args)]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "pk", "pv")]
     node = helper.make_node("attention", names, ["out", "pk", "pv"], domain="llmc", num_heads=4, kv_num_heads=2,
-                            head_dim=8, scale=0.5, block_m=16, plugin_namespace="llmc", aot=1)
+                            head_dim=8, scale=0.5, block_m=16, window=window, softcap=softcap,
+                            plugin_namespace="llmc", aot=1)
     model = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("llmc", 1)])
     so = ort.SessionOptions()
     so.register_custom_ops_library(register_ort_reference())
     got = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
         None, dict(zip(names, args)))
-    want = attention_reference(*args, 0.5)
+    want = attention_reference(*args, 0.5, window=window, softcap=softcap)
     for g, w in zip(got, want):
         assert g.shape == w.shape and np.abs(g - w).max() < 1e-6
+    if window:
+        assert np.abs(got[0] - attention_reference(*args, 0.5)[0]).max() > 1e-2  # the attributes were used
