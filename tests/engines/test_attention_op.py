@@ -2,13 +2,15 @@
 
 One-node graphs run the compiled library as an engine does: in place (IOBinding, present bound to the past's memory)
 and through plain `run` (ONNX Runtime allocates the present: the past is copied into it first); both the AVX-512
-and the portable path (LLMC_KERNELS_GENERIC=1), fp32 and fp16 caches, prompts (right-padded, causal), one-token
-decode rows long enough to be split across the pool's threads, prompt chunks after a past, and no rotary.
+and the portable path (LLMC_KERNELS_GENERIC=1), fp32, fp16 and int8 caches, prompts (right-padded, causal), one-token
+decode rows long enough to be split across the pool's threads, prompt chunks after a past, no rotary, partial rotary,
+a local window and a softcap; the window, softcap and partial rotary also against ONNX Runtime's GroupQueryAttention.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -29,8 +31,10 @@ CACHES = {"fp32": (TensorProto.FLOAT, "CachedAttention"), "fp16": (TensorProto.F
           "int8": (TensorProto.INT8, "CachedAttentionI8Cache")}
 
 
-def _graph(path: Path, H: int, Hkv: int, cache: str, rope: bool) -> Path:
-    kv_type, op = CACHES[cache]
+def _graph(path: Path, H: int, Hkv: int, cache: str, rope: bool, op: str = "", **attrs: Any) -> Path:
+    """A one-node graph of the cache's op (or `op`: com.microsoft.GroupQueryAttention), extra attributes `attrs`."""
+    kv_type, llmc_op = CACHES[cache]
+    gqa = op == "GroupQueryAttention"
     inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["B", "S", "W"]),
               helper.make_tensor_value_info("past_key", kv_type, ["B", Hkv, "L", "D"]),
               helper.make_tensor_value_info("past_value", kv_type, ["B", Hkv, "L", "D"]),
@@ -41,10 +45,14 @@ def _graph(path: Path, H: int, Hkv: int, cache: str, rope: bool) -> Path:
     outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", "S", "HD"]),
                helper.make_tensor_value_info("present_key", kv_type, ["B", Hkv, "L", "D"]),
                helper.make_tensor_value_info("present_value", kv_type, ["B", Hkv, "L", "D"])]
-    node = helper.make_node(op, [i.name for i in inputs],
-                            [o.name for o in outputs], domain="ai.llmc", num_heads=H, kv_num_heads=Hkv, scale=0.3)
+    names = [i.name for i in inputs]
+    if gqa:  # query packed with key and value: its key and value inputs are left out; the rotary is its own
+        names, attrs = [*names[:1], "", "", *names[1:]], {**attrs, "do_rotary": int(rope)}
+    domain = "com.microsoft" if gqa else "ai.llmc"
+    node = helper.make_node(op or llmc_op, names, [o.name for o in outputs], domain=domain, num_heads=H,
+                            kv_num_heads=Hkv, scale=0.3, **attrs)
     model = helper.make_model(helper.make_graph([node], "attn", inputs, outputs),
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
     model.ir_version = 10
     onnx.save(model, str(path))
     return path
@@ -60,16 +68,18 @@ def _session(library: Path, graph: Path, threads: int = 2) -> object:
 
 
 def _rotate(x: np.ndarray, pos: np.ndarray, cos: np.ndarray | None, sin: np.ndarray | None) -> np.ndarray:
-    """Rotate-half RoPE of x [..., n, D] at positions pos [n] (GroupQueryAttention's non-interleaved form)."""
+    """Rotate-half RoPE of x [..., n, D] at positions pos [n] (GroupQueryAttention's non-interleaved form) over the
+    first 2R dims, R = the tables' width (R < D/2: partial rotary, the other dims unchanged)."""
     if cos is None or sin is None:
         return x
-    half = x.shape[-1] // 2
-    c, s = cos[pos], sin[pos]
-    return np.concatenate([x[..., :half] * c - x[..., half:] * s, x[..., half:] * c + x[..., :half] * s], -1)
+    r = cos.shape[-1]
+    c, s, x1, x2 = cos[pos], sin[pos], x[..., :r], x[..., r:2 * r]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s, x[..., 2 * r:]], -1)
 
 
 def _reference(qkv: np.ndarray, k: np.ndarray, v: np.ndarray, past: list[int], new: list[int], H: int, Hkv: int,
-               cos: np.ndarray | None, sin: np.ndarray | None) -> tuple[np.ndarray, ...]:
+               cos: np.ndarray | None, sin: np.ndarray | None, window: int = 0,
+               softcap: float = 0.0) -> tuple[np.ndarray, ...]:
     """Each row's valid tokens, rotated here, through the project's attention reference (the TensorRT plugin's:
     writes at positions, causal over the written cache); padded query rows give zeros and write nothing."""
     B, S, _ = qkv.shape
@@ -80,17 +90,35 @@ def _reference(qkv: np.ndarray, k: np.ndarray, v: np.ndarray, past: list[int], n
         heads = qkv[b, :n].astype(np.float64).reshape(n, H + 2 * Hkv, D).transpose(1, 0, 2)  # [heads, n, D]
         q, k_new = _rotate(heads[:H], pos, cos, sin), _rotate(heads[H:H + Hkv], pos, cos, sin)
         attn, k[b:b + 1], v[b:b + 1] = attention_reference(q[None], k_new[None], heads[None, H + Hkv:], k[b:b + 1],
-                                                           v[b:b + 1], pos[None], 0.3)
+                                                           v[b:b + 1], pos[None], 0.3, window, softcap)
         out[b, :n] = attn[0].transpose(1, 0, 2).reshape(n, H * D)
     return out, k, v
 
 
-CASES = {  # name: (B, S, H, Hkv, D, L, past per row, new per row, first prompt)
+CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row, new per row, first prompt[, opts])
     "prompt-right-padded": (2, 7, 6, 2, 32, 16, [0, 0], [7, 3], True),
     "decode-split-rows": (3, 1, 6, 2, 64, 1100, [1099, 5, 600], [1, 1, 1], False),
     "chunk-after-past": (1, 5, 4, 1, 16, 40, [17], [5], False),
     "odd-head-size": (2, 3, 3, 3, 10, 12, [2, 4], [3, 3], False),
+    # opts: window (GroupQueryAttention's local_window_size: each query sees its last W positions), softcap, and
+    # rotary: the tables' width R < D/2 (partial rotary: the first 2R dims rotated). The 300-key window is split in
+    # two: rows 1099 and 600 read keys from 800 and 301 on, row 5 all its 6.
+    "prompt-window-partial-rotary": (2, 7, 6, 2, 32, 16, [0, 0], [7, 3], True, {"window": 3, "rotary": 8}),
+    "decode-window-split-rows-softcap": (3, 1, 6, 2, 64, 1100, [1099, 5, 600], [1, 1, 1], False,
+                                         {"window": 300, "softcap": 2.0, "rotary": 16}),
+    "chunk-after-past-window-softcap": (1, 5, 4, 1, 16, 40, [17], [5], False,
+                                        {"window": 6, "softcap": 2.0, "rotary": 3}),
 }
+
+
+def _options(case: tuple) -> dict[str, Any]:
+    return case[9] if len(case) > 9 else {}
+
+
+def _attrs(case: tuple) -> dict[str, Any]:
+    """The case's node attributes (GroupQueryAttention's names; none given: the defaults, no window and no cap)."""
+    opts = _options(case)
+    return {a: opts[o] for a, o in (("local_window_size", "window"), ("softcap", "softcap")) if o in opts}
 
 
 GROUP = 32  # int8 cache: values per fp16 scale
@@ -115,8 +143,13 @@ def _cache_values(buf: np.ndarray) -> np.ndarray:
     return buf[..., :d].astype(np.float64) * np.repeat(scales, GROUP, axis=-1)[..., :d]
 
 
-def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0) -> tuple[dict[str, np.ndarray], tuple]:
-    B, S, H, Hkv, D, L, past, new, first = case
+def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0,
+            rotary: int = 0) -> tuple[dict[str, np.ndarray], tuple]:
+    """Feeds and the reference's (out, present_key, present_value); `rotary`: the tables' width, else the case's,
+    else D/2."""
+    B, S, H, Hkv, D, L, past, new, first = case[:9]
+    opts = _options(case)
+    R = rotary or opts.get("rotary", D // 2)
     rng = np.random.default_rng(seed)
     def past_cache() -> np.ndarray:
         x = rng.standard_normal((B, Hkv, L, D))
@@ -128,10 +161,11 @@ def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0) -> tuple[dict[st
              "seqlens_k": np.array([p + n - 1 for p, n in zip(past, new)], np.int32),
              "total_sequence_length": np.array(S if first else max(p + n for p, n in zip(past, new)), np.int32)}
     if rope:
-        freqs = np.outer(np.arange(L + 3), 1.0 / 10000 ** (np.arange(0, D, 2) / D))
+        freqs = np.outer(np.arange(L + 3), 1.0 / 10000 ** (np.arange(0, 2 * R, 2) / (2 * R)))
         feeds["cos"], feeds["sin"] = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
     expected = _reference(feeds["qkv"], _cache_values(feeds["past_key"]), _cache_values(feeds["past_value"]), past,
-                          new, H, Hkv, feeds.get("cos"), feeds.get("sin"))
+                          new, H, Hkv, feeds.get("cos"), feeds.get("sin"), opts.get("window", 0),
+                          opts.get("softcap", 0.0))
     return feeds, expected
 
 
@@ -146,7 +180,7 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
     case = CASES[name]
     rope = name != "odd-head-size"
     feeds, (out, k, v) = _inputs(case, cache, rope)
-    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], cache, rope))
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], cache, rope, **_attrs(case)))
     binding = session.io_binding()  # type: ignore[attr-defined]
     binding.bind_output("out")  # first: copy_outputs_to_cpu lists the outputs in the order they were bound
     caches = {}
@@ -160,6 +194,8 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
     got = binding.copy_outputs_to_cpu()[0]
     # an fp16 cache rounds the new K and V to 11 bits, an int8 one to half a step of max |row| / 127
     tol = {"fp32": 2e-5, "fp16": 3e-3, "int8": 2.5e-2}[cache]
+    if cache == "int8" and _options(case).get("window"):  # a few keys' weighted mean averages less rounding away
+        tol = 4e-2
     np.testing.assert_allclose(got, out, atol=tol, rtol=0)
     # the cache was updated where it lives: the new K/V at their positions, every other position untouched
     np.testing.assert_allclose(_cache_values(feeds["past_key"]), k, atol=tol, rtol=0)
@@ -178,6 +214,41 @@ def test_plain_run_copies_the_past_into_the_present(library: Path, tmp_path: Pat
     np.testing.assert_allclose(present_v, v, atol=2e-5, rtol=0)
     for name, array in before.items():  # inputs are not written when the outputs are ONNX Runtime's own
         np.testing.assert_array_equal(feeds[name], array)
+
+
+@pytest.mark.parametrize(("name", "rotary"), [("prompt-window-partial-rotary", 8),
+                                              ("decode-window-split-rows-softcap", 16),
+                                              ("chunk-after-past-window-softcap", 8)])  # GQA: R a multiple of 8
+def test_window_softcap_and_partial_rotary_match_group_query_attention(library: Path, tmp_path: Path, name: str,
+                                                                       rotary: int) -> None:
+    case = CASES[name]
+    (B, _, H, Hkv), (past, new) = case[:4], case[6:8]
+    feeds, (out, k, v) = _inputs(case, "fp32", True, seed=2, rotary=rotary)
+    sessions = [_session(library, _graph(tmp_path / f"{op}.onnx", H, Hkv, "fp32", True, op, **_attrs(case)))
+                for op in ("GroupQueryAttention", "")]
+    results = [session.run(None, feeds) for session in sessions]  # type: ignore[attr-defined]
+    for b in range(B):  # the valid query rows, and the cache up to each row's last position
+        n, end = new[b], past[b] + new[b]
+        for got_out, got_k, got_v in results:
+            np.testing.assert_allclose(got_out[b, :n], out[b, :n], atol=2e-5, rtol=0)
+            np.testing.assert_allclose(got_k[b, :, :end], k[b, :, :end], atol=2e-5, rtol=0)
+            np.testing.assert_allclose(got_v[b, :, :end], v[b, :, :end], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("attrs", "width", "message"), [
+    ({"local_window_size": 0}, 8, r"local_window_size 0: must be -1 \(no window\) or at least 1"),
+    ({"local_window_size": -2}, 8, "local_window_size -2: must be -1"),
+    ({"softcap": -1.0}, 8, r"softcap -1: must be 0 \(off\) or positive"),
+    ({}, 9, r"cos_cache \[43, 9\] and sin_cache \[43, 9\] must both be \[max_pos, R\] with 1 <= R <= D/2 = 8"),
+])
+def test_a_bad_window_softcap_or_rotary_width_is_refused_naming_it(library: Path, tmp_path: Path, attrs: dict,
+                                                                   width: int, message: str) -> None:
+    case = CASES["chunk-after-past"]  # D = 16
+    feeds, _ = _inputs(case, "fp32", True)
+    feeds["cos"] = feeds["sin"] = np.zeros((43, width), np.float32)
+    with pytest.raises(Exception, match=message):
+        session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], "fp32", True, **attrs))
+        session.run(None, feeds)  # type: ignore[attr-defined]
 
 
 def test_a_row_past_the_cache_is_refused_with_the_limit(library: Path, tmp_path: Path) -> None:

@@ -8,7 +8,12 @@
  *   seqlens[b] = tokens of row b after this step - 1
  *   first prompt (total_sequence_length == S): row b has seqlens[b] + 1 new tokens (right-padded), no past;
  *   otherwise row b has S new tokens after seqlens[b] + 1 - S cached ones.
- *   cos, sin [max_pos, D/2] (rotary, rotate-half form) or NULL
+ *   cos, sin [max_pos, R] (rotary, rotate-half form within each head's first 2R dims: pairs (d, d + R) for d < R;
+ *         dims 2R .. D-1 pass unchanged; R = D/2 rotates the whole head) or NULL
+ *   window > 0: the query at absolute position p sees keys t with p - window < t <= p only (window keys, itself
+ *         included: GroupQueryAttention's local_window_size, transformers' sliding_window), and reads no others;
+ *         0: all keys up to p
+ *   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2); 0: off
  *   out   [B, S, H D] fp32; padded query rows get zeros.
  */
 #ifndef LLMC_ATTENTION_KERNEL_H
@@ -26,6 +31,8 @@ enum { LLMC_KV_F32 = 0, LLMC_KV_F16 = 1, LLMC_KV_I8 = 2 };
 
 typedef struct {
   int B, S, H, Hkv, D, L, first_prompt, kv_kind, max_pos; /* kv_kind: LLMC_KV_* */
+  int R;      /* cos / sin row width, 1 .. D/2 (unused without them) */
+  int window; /* 0: no window */
   const float* qkv;
   void* k;
   void* v;
@@ -33,6 +40,7 @@ typedef struct {
   const float* cos;
   const float* sin;
   float scale;
+  float softcap; /* 0: off */
   float* out;
 } llmc_attention_args;
 

@@ -3,10 +3,13 @@
  * CachedAttention / CachedAttentionF16Cache / CachedAttentionI8Cache (attention_kernel.h):
  * Inputs: qkv [B, S, (H + 2 Hkv) D] fp32, past_key, past_value [B, Hkv, L, D] (fp32, or fp16 for the F16Cache op;
  * int8 [B, Hkv, L, D + 2 ceil(D / 32)] for the I8Cache op: each row D int8 and an fp16 scale per 32 of them),
- * seqlens_k [B] int32, total_sequence_length [] int32, cos_cache, sin_cache [max_pos, D/2] fp32 (optional, both or
- * neither). Outputs: output [B, S, H D] fp32, present_key, present_value [B, Hkv, L, D]: bind them to the same
+ * seqlens_k [B] int32, total_sequence_length [] int32, cos_cache, sin_cache [max_pos, R] fp32 (optional, both or
+ * neither; R <= D/2: the first 2R dims of each q / k head are rotated, rotate-half within them, the rest pass
+ * unchanged). Outputs: output [B, S, H D] fp32, present_key, present_value [B, Hkv, L, D]: bind them to the same
  * memory as the past inputs and nothing is copied; otherwise the past is copied into them first.
- * Attributes: num_heads, kv_num_heads (int), scale (float).
+ * Attributes: num_heads, kv_num_heads (int), scale (float); optional, as GroupQueryAttention's: local_window_size
+ * (int, default -1 = none; W >= 1: the query at position p sees keys p - W < t <= p only, and the kernel reads no
+ * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale).
  *
  * MatMulQ4 (matmul_q4.h): A [..., K] fp32, B uint8 [ceil(N / 32), K / 32, 640] (the packed 4-bit tiles), bias [N]
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated.
@@ -15,6 +18,7 @@
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
  * version 17 (ONNX Runtime 1.17, the first with KernelContext_ParallelFor), which any later runtime also serves.
  */
+#include <float.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,8 +127,8 @@ typedef struct {
 
 typedef struct {
   const OrtApi* api;
-  int64_t num_heads, kv_num_heads;
-  float scale;
+  int64_t num_heads, kv_num_heads, local_window_size;
+  float scale, softcap;
   int kv_kind; /* LLMC_KV_* */
 } Kernel;
 
@@ -161,6 +165,20 @@ static OrtStatus* fail(const OrtApi* api, int code, const char* msg) {
     if (status_) return status_;      \
   } while (0)
 
+/* An optional attribute: its value, or `fallback` when the node has none. */
+static int64_t optional_int(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t v = fallback;
+  OrtStatus* s = ((GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64))(info, name, &v);
+  if (s) ((ReleaseStatus_t)SLOT(api, ReleaseStatus))(s), v = fallback;
+  return v;
+}
+static float optional_float(const OrtApi* api, const OrtKernelInfo* info, const char* name, float fallback) {
+  float v = fallback;
+  OrtStatus* s = ((GetAttributeFloat_t)SLOT(api, KernelInfoGetAttribute_float))(info, name, &v);
+  if (s) ((ReleaseStatus_t)SLOT(api, ReleaseStatus))(s), v = fallback;
+  return v;
+}
+
 static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
   Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
   if (!k) return fail(api, ERR_FAIL, "CachedAttention: out of memory");
@@ -172,6 +190,20 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   if (!s) s = ((GetAttributeFloat_t)SLOT(api, KernelInfoGetAttribute_float))(info, "scale", &k->scale);
   if (!s && (k->num_heads < 1 || k->kv_num_heads < 1 || k->num_heads % k->kv_num_heads))
     s = fail(api, ERR_INVALID_ARGUMENT, "CachedAttention: num_heads must be a positive multiple of kv_num_heads");
+  if (!s) {
+    char msg[160];
+    k->local_window_size = optional_int(api, info, "local_window_size", -1);
+    k->softcap = optional_float(api, info, "softcap", 0.f);
+    if (k->local_window_size == 0 || k->local_window_size < -1) {
+      snprintf(msg, sizeof msg, "CachedAttention: local_window_size %lld: must be -1 (no window) or at least 1",
+               (long long)k->local_window_size);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
+    } else if (!(k->softcap >= 0.f) || k->softcap > FLT_MAX) {
+      snprintf(msg, sizeof msg, "CachedAttention: softcap %g: must be 0 (off) or positive and finite",
+               (double)k->softcap);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
+    }
+  }
   if (s) {
     free(k);
     return s;
@@ -257,9 +289,17 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
     return fail(api, ERR_INVALID_ARGUMENT, msg);
   }
   if ((rank[IN_COS] < 0) != (rank[IN_SIN] < 0) ||
-      (rank[IN_COS] >= 0 && (rank[IN_COS] != 2 || rank[IN_SIN] != 2 || dims[IN_COS][1] != D / 2 ||
-                             memcmp(dims[IN_COS], dims[IN_SIN], 2 * sizeof(int64_t)))))
-    return fail(api, ERR_INVALID_ARGUMENT, "CachedAttention: cos_cache and sin_cache must both be [max_pos, D/2]");
+      (rank[IN_COS] >= 0 && (rank[IN_COS] != 2 || rank[IN_SIN] != 2 || dims[IN_COS][1] < 1 ||
+                             dims[IN_COS][1] > D / 2 || memcmp(dims[IN_COS], dims[IN_SIN], 2 * sizeof(int64_t))))) {
+    if (rank[IN_COS] == 2 && rank[IN_SIN] == 2)
+      snprintf(msg, sizeof msg, "CachedAttention: cos_cache [%lld, %lld] and sin_cache [%lld, %lld] must both be "
+               "[max_pos, R] with 1 <= R <= D/2 = %lld", (long long)dims[IN_COS][0], (long long)dims[IN_COS][1],
+               (long long)dims[IN_SIN][0], (long long)dims[IN_SIN][1], (long long)(D / 2));
+    else
+      snprintf(msg, sizeof msg, "CachedAttention: cos_cache and sin_cache must both be [max_pos, R] with 1 <= R <= "
+               "D/2 = %lld", (long long)(D / 2));
+    return fail(api, ERR_INVALID_ARGUMENT, msg);
+  }
 
   GetOutput_t get_output = (GetOutput_t)SLOT(api, KernelContext_GetOutput);
   int64_t out_dims[3] = {B, S, H * D};
@@ -278,7 +318,10 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   llmc_attention_args a = {
       .B = (int)B, .S = (int)S, .H = H, .Hkv = Hkv, .D = (int)D, .L = (int)L,
       .first_prompt = *(const int32_t*)data[IN_TOTAL] == S, .kv_kind = k->kv_kind,
-      .max_pos = rank[IN_COS] >= 0 ? (int)dims[IN_COS][0] : 0,
+      .max_pos = rank[IN_COS] >= 0 ? (int)dims[IN_COS][0] : 0, .R = rank[IN_COS] >= 0 ? (int)dims[IN_COS][1] : 0,
+      /* a window at least as long as any cache is no window */
+      .window = k->local_window_size > 0 && k->local_window_size < L ? (int)k->local_window_size : 0,
+      .softcap = k->softcap,
       .qkv = (const float*)data[IN_QKV], .k = present_data[0], .v = present_data[1],
       .seqlens = (const int32_t*)data[IN_SEQLENS], .cos = (const float*)data[IN_COS],
       .sin = (const float*)data[IN_SIN], .scale = k->scale, .out = (float*)out_data};
