@@ -37,6 +37,7 @@ class BenchConfig:
     threads: int = 0
     bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
     repeat: int = 3  # timed runs per configuration; the median run (by decode speed) is reported
+    against: Path | None = None  # a second engine, run right after this one in every round (its rows follow)
 
     def check(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -90,10 +91,13 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None,
     so that a drift of the machine's speed during the run reaches every configuration alike and the ratios between
     them (batch 8 vs 1, context 2048 vs 128) stay fair; each configuration reports its median run. With
     `compare_torch`, transformers runs each configuration's prompts right after each of the engine's runs of it
-    (in a child process), and the ratio is between the two medians."""
+    (in a child process), and the ratio is between the two medians. With `cfg.against`, a second engine runs each
+    configuration right after the first in every round: its rows follow the first engine's, which carry the ratios
+    (`decode_vs_against`, `ttft_vs_against`)."""
     cfg.check()
     with ExitStack() as stack:
         llm = LLM(cfg.engine_dir, LLMConfig(threads=cfg.threads, max_batch=1))
+        other = None if cfg.against is None else LLM(cfg.against, LLMConfig(threads=cfg.threads, max_batch=1))
         peer = None
         if compare_torch:
             from llmc.bench.torch_ref import TorchPeer
@@ -101,50 +105,80 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None,
 
             peer = stack.enter_context(TorchPeer(load_export(llm.engine.manifest.export_dir).source,
                                                  llm.engine.threads))
-        return _run_bench(cfg, llm, peer, on_progress)
+        return _run_bench(cfg, llm, other, peer, on_progress)
 
 
-def _run_bench(cfg: BenchConfig, llm: LLM, peer: TorchPeer | None,
+@dataclass
+class _Bench:
+    """One engine under measurement: its loop, prompts and each configuration's timed runs."""
+
+    llm: LLM
+    directory: Path
+    loop: EngineLoop
+    weights: int
+    prompts: dict[tuple[int, int, int], list[list[int]]]
+    timings: dict[tuple[int, int, int], list[dict[str, float]]]
+
+    @classmethod
+    def of(cls, llm: LLM, directory: Path, runs: list[tuple[int, int, int]]) -> _Bench:
+        max_batch = max(b for b, _, _ in runs)
+        longest = max(p + n for _, p, n in runs)
+        budget = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8) // 2**20 + 1
+        loop = EngineLoop(llm.engine, llm.tokenizer, LoopConfig(max_batch, budget, max_batch * longest + max_batch))
+        if loop.max_len < longest:
+            raise InputError(f"the longest run needs {longest} positions, {directory} allows {loop.max_len}")
+        return cls(llm, directory, loop, weight_bytes_per_step(directory, llm.engine.manifest),
+                   {run: synthetic_prompts(llm, run[0], run[1]) for run in runs}, {run: [] for run in runs})
+
+    def measure(self, run: tuple[int, int, int], first_round: bool) -> None:
+        if first_round:  # warm-up at this shape: the runtime's first-run allocations are not timed
+            measure(self.loop, self.prompts[run], 2)
+        self.timings[run].append(measure(self.loop, self.prompts[run], run[2]))
+        if first_round:  # the process's peak so far, the configurations' first runs in their order
+            self.timings[run][0]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def result(self, cfg: BenchConfig, run: tuple[int, int, int]) -> dict[str, Any]:
+        runs_t = sorted(self.timings[run], key=lambda t: t["tpot_ms"])
+        timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"],
+                  "tpot_ms_worst": runs_t[-1]["tpot_ms"], "peak_rss_mb": self.timings[run][0]["peak_rss_mb"]}
+        return {"engine": str(self.directory), **_report(self.llm, cfg, *run, timing, self.weights)}
+
+
+def _run_bench(cfg: BenchConfig, llm: LLM, other: LLM | None, peer: TorchPeer | None,
                on_progress: Callable[[], None] | None) -> list[dict[str, Any]]:
     runs = cfg.runs()
-    max_batch = max(b for b, _, _ in runs)
-    longest = max(p + n for _, p, n in runs)
-    budget = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8) // 2**20 + 1
-    loop = EngineLoop(llm.engine, llm.tokenizer, LoopConfig(max_batch, budget, max_batch * longest + max_batch))
-    if loop.max_len < longest:
-        raise InputError(f"the longest run needs {longest} positions, the engine allows {loop.max_len}")
-    weights = weight_bytes_per_step(cfg.engine_dir, llm.engine.manifest)
-    prompts = {run: synthetic_prompts(llm, run[0], run[1]) for run in runs}
+    benches = [_Bench.of(llm, cfg.engine_dir, runs)]
+    if other is not None and cfg.against is not None:
+        benches.append(_Bench.of(other, cfg.against, runs))
     # the host's read bandwidth (what a CPU engine's step is bound by), at the start and the end of the run
     on_cpu = llm.engine.manifest.backend == "ort"
     bandwidth = [probe_bandwidth(llm.engine.threads)] if on_cpu else []
-    timings: dict[tuple[int, int, int], list[dict[str, float]]] = {run: [] for run in runs}
     peer_timings: dict[tuple[int, int, int], list[dict[str, float]]] = {run: [] for run in runs}
     for first_round in [True] + [False] * (cfg.repeat - 1):
         for run in runs:
-            if first_round:  # warm-up at this shape: the runtime's first-run allocations are not timed
-                measure(loop, prompts[run], 2)
-            timings[run].append(measure(loop, prompts[run], run[2]))
-            if first_round:  # the process's peak so far, the configurations' first runs in their order
-                timings[run][0]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            for bench in benches:
+                bench.measure(run, first_round)
             if peer is not None:
-                peer_timings[run].append(peer.measure(prompts[run], run[2]))
+                peer_timings[run].append(peer.measure(benches[0].prompts[run], run[2]))
             if on_progress:
                 on_progress()
     if on_cpu:
         bandwidth.append(probe_bandwidth(llm.engine.threads))
-    results = []
-    for run in runs:
-        batch, prompt_len, new_tokens = run
-        runs_t = sorted(timings[run], key=lambda t: t["tpot_ms"])
-        timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"], "tpot_ms_worst": runs_t[-1]["tpot_ms"],
-                  "peak_rss_mb": timings[run][0]["peak_rss_mb"]}
-        result = _report(llm, cfg, batch, prompt_len, new_tokens, timing, weights)
-        if peer is not None:
-            result.update(against_peer(result, peer_timings[run]))
-        results.append({**result, **against_measured(result, bandwidth, cfg.bandwidth_gbs)} if on_cpu else result)
-    add_ratios(results, cfg.prompt_len)
-    return results
+    per_engine = []
+    for bench in benches:
+        rows = []
+        for run in runs:
+            result = bench.result(cfg, run)
+            if peer is not None and bench is benches[0]:
+                result.update(against_peer(result, peer_timings[run]))
+            rows.append({**result, **against_measured(result, bandwidth, cfg.bandwidth_gbs)} if on_cpu else result)
+        add_ratios(rows, cfg.prompt_len)
+        per_engine.append(rows)
+    if len(per_engine) == 2:
+        for mine, theirs in zip(*per_engine):
+            mine["decode_vs_against"] = round(mine["decode_tok_s_per_seq"] / theirs["decode_tok_s_per_seq"], 3)
+            mine["ttft_vs_against"] = round(theirs["ttft_ms"] / mine["ttft_ms"], 3)
+    return [r for rows in per_engine for r in rows]
 
 
 def against_peer(result: dict[str, Any], runs: list[dict[str, float]]) -> dict[str, Any]:
@@ -225,8 +259,11 @@ def _measured_note(r: dict[str, Any]) -> str:
 
 
 def _ratio_note(r: dict[str, Any]) -> str:
+    note = ""
     if r["batch"] > 1 and "aggregate_vs_batch1" in r:
-        return f"  {r['aggregate_vs_batch1']:.2f}x batch 1"
-    if r["batch"] == 1 and r.get("decode_vs_base_context", 1.0) != 1.0:
-        return f"  {r['decode_vs_base_context']:.2f}x of the base context"
-    return ""
+        note = f"  {r['aggregate_vs_batch1']:.2f}x batch 1"
+    elif r["batch"] == 1 and r.get("decode_vs_base_context", 1.0) != 1.0:
+        note = f"  {r['decode_vs_base_context']:.2f}x of the base context"
+    if "decode_vs_against" in r:
+        note += f"  | {r['decode_vs_against']:.2f}x the --against engine's decode, {r['ttft_vs_against']:.2f}x its TTFT"
+    return note

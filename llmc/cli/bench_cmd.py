@@ -42,6 +42,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         num_prompts: Annotated[int, typer.Option(help="--serve: requests per level.")] = 32,
         request_rate: Annotated[float, typer.Option(help="--serve: Poisson rate (req/s); 0 = as fast as allowed.")] = 0.0,
         output: Annotated[Path | None, typer.Option(help="--serve: save results as JSON.")] = None,
+        against: Annotated[Path | None, typer.Option(
+            help="A second engine folder, run right after ENGINE_DIR in every round: both engines' rows and the "
+                 "ratios between them.")] = None,
     ) -> None:
         """Measure TTFT, TPOT, ITL, decode tokens/s and peak memory against the bandwidth limit."""
         if serve is not None:
@@ -55,7 +58,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.bench.engine_bench import BenchConfig
 
         cfg = BenchConfig(engine_dir, _ints(batch_sizes, "--batch-sizes"), prompt_len, new_tokens,
-                          _ints(contexts, "--contexts"), threads, bandwidth_gbs, repeat)
+                          _ints(contexts, "--contexts"), threads, bandwidth_gbs, repeat, against)
         _bench_engine(cfg, compare_torch, as_json, plot)
 
 

@@ -76,6 +76,30 @@ def test_bench_interleaves_the_repeats(tiny_llama: Built, monkeypatch: pytest.Mo
     assert [(r["batch"], r["prompt_len"]) for r in results] == [(b, p) for b, p, _ in timed]
 
 
+def test_bench_against_a_second_engine_alternates_them_and_gives_the_ratios(
+        tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[object] = []
+    real = engine_bench.measure
+
+    def recording(loop: object, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+        if new_tokens > 2:
+            order.append(loop.engine.directory)  # type: ignore[attr-defined]
+        return real(loop, prompts, new_tokens)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_bench, "measure", recording)
+    other = tiny_llama.engine("llmc")
+    cfg = engine_bench.BenchConfig(tiny_llama.engine_dir, (1, 2), 16, 8, repeat=2, against=other)
+    rows = engine_bench.run_bench(cfg)
+    assert order == [tiny_llama.engine_dir, other] * 4  # each configuration: this engine, then the other
+    assert [(r["engine"], r["batch"]) for r in rows] == [(str(tiny_llama.engine_dir), 1),
+                                                         (str(tiny_llama.engine_dir), 2), (str(other), 1), (str(other), 2)]
+    for mine, theirs in zip(rows[:2], rows[2:]):
+        assert mine["decode_vs_against"] == pytest.approx(
+            mine["decode_tok_s_per_seq"] / theirs["decode_tok_s_per_seq"], abs=2e-3)
+        assert mine["ttft_vs_against"] == pytest.approx(theirs["ttft_ms"] / mine["ttft_ms"], abs=2e-3)
+    assert "decode_vs_against" not in rows[2]
+
+
 def test_bench_rejects_bad_values(tiny_llama: Built) -> None:
     result = CliRunner().invoke(app, ["bench", str(tiny_llama.engine_dir), "--batch-sizes", "0"])
     assert result.exit_code == 1 and "--batch-sizes must be >= 1" in result.stderr
