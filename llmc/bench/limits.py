@@ -12,13 +12,14 @@ from llmc.onnx_store import load_graph
 # Measured on the development machine (2 cores): ~35 GB/s memory bandwidth. Override with --bandwidth-gbs.
 DEFAULT_BANDWIDTH_GBS = 35.0
 WEIGHT_OPS = {"MatMul", "MatMulNBits", "Gemm", "FusedMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
-              "MatMulQ4"}  # the last: llmc's own 4-bit operator (ai.llmc)
+              "MatMulQ4", "MoE"}  # llmc's own 4-bit operator (ai.llmc), ONNX Runtime's mixture of experts
 
 
 def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
     """Bytes of every weight a decode step streams from memory: the initializers feeding matrix products.
 
     The embedding table is not counted unless a product reads it (a tied LM head does): a Gather reads B rows.
+    A mixture's experts count for the share one token runs (experts_per_token of num_experts): batch 1's bytes.
     """
     model = load_graph(Path(engine_dir) / manifest.decode.file)
     sizes = {}
@@ -31,7 +32,9 @@ def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
     for node in model.graph.node:
         if node.op_type in WEIGHT_OPS:
             read.update(i for i in node.input if i in sizes)
-    return sum(sizes[n] for n in read)
+    m = manifest.model
+    share = m.experts_per_token / m.num_experts if m.num_experts else 1.0
+    return int(sum(sizes[n] * (share if ".experts." in n else 1.0) for n in read))
 
 
 def kv_bytes_copied_per_step(manifest: EngineManifest, batch: int, context: int, bytes_per_token: int) -> int:

@@ -39,6 +39,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
             help="--quant int4: the 4-bit kernel. ort (ONNX Runtime's MatMulNBits, default) or llmc (llmc's own "
                  "operator, compiled with the machine's C compiler: GGUF Q4_1's scale + min blocks exactly, the "
                  "SwiGLU gate in the same node; AVX-512 VNNI or AVX2).")] = "ort",
+        moe: Annotated[str, typer.Option(
+            help="ort, mixture-of-experts models: auto (per-expert MatMuls up to 32 experts, else ONNX Runtime's "
+                 "MoE operator), standard (per-expert MatMuls) or ort (com.microsoft.MoE).")] = "auto",
         precision: Annotated[str, typer.Option(help="trt: engine precision.")] = "fp16",
         max_batch_size: Annotated[int | None, typer.Option(help="trt: most sequences per run.")] = None,
         max_input_len: Annotated[int | None, typer.Option(help="trt: most prompt tokens per row in a prefill.")]
@@ -54,7 +57,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
 
         cfg = BuildConfig(export_dir, out, backend.value, quant.value, threads, force, kv_layout=kv_layout,
                           attention=attention or "gqa", block_size=block_size, accuracy_level=accuracy_level,
-                          quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul)
+                          quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul, moe=moe)
         if backend is Backend.trt:
             from llmc.engines.trt_build import trt_config_from
             from llmc.engines.trt_profiles import TrtLimits
