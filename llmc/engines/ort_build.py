@@ -14,6 +14,7 @@ from llmc.engines.ort import OrtEngine, default_threads
 from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
 from llmc.errors import EngineError, InputError
 from llmc.golden import Golden
+from llmc.graph.moe import with_moe_weights
 from llmc.graph.quant import KERNELS, SCHEMES, TILE_BLOCK, QuantSpec
 from llmc.manifest import (
     EngineManifest,
@@ -158,7 +159,8 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         compile_library(work, wanted_by)
     if cfg.kv_layout == "inplace":
         progress.step(f"lowering attention to {cfg.attention} with an in-place KV cache (weights: {cfg.quant})")
-        ckpt = load_checkpoint(export_dir, export)
+        moe = cfg.moe_lowering(export.model.num_experts)
+        ckpt = with_moe_weights(load_checkpoint(export_dir, export), moe)  # before quantizing: experts' weights too
         quant = cfg.quant_spec()
         if quant is not None:
             ckpt = quantized(ckpt, quant)
@@ -166,7 +168,7 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         src_dir.mkdir()
         kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention,
                                             fuse_norms=True, one_graph=True, kv_dtype=cfg.kv_dtype or None,
-                                            moe=cfg.moe_lowering(export.model.num_experts))
+                                            moe=moe)
         graphs = (lowered[0], lowered[1])
     progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
     graph_files = list(dict.fromkeys(g.file for g in graphs))  # in-place engines: one graph for both

@@ -36,8 +36,10 @@ def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
 def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     """Linear layers and the LM head as MatMulNBits weights (4-bit layers: MatMulQ4 tiles with quant.kernel "llmc",
     a SwiGLU gate/up in its gated form); the embedding stays for the Gather."""
-    names = [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES)]
-    gated = tuple(n for n in names if n.endswith(".gate_up.weight")) if ckpt.spec.activation == "silu" else ()
+    names = [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES) and ckpt.weights[n].ndim == 2]  # (not the
+    # stacked [E, K, N] expert arrays: the "standard" mixture lowering's per-expert ones are quantized instead)
+    gated = tuple(n for n in names if n.endswith(".gate_up.weight") and ".experts." not in n
+                  ) if ckpt.spec.activation == "silu" else ()
     weights = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in ckpt.weights.items()}
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float

@@ -65,8 +65,9 @@ def linear(c: Ctx, x: str, name: str) -> str:
         y = _matmul_nbits(c, x, w + QWEIGHT, w + SCALES, qweight, bits_of(qweight, q.block_size))
         if c.has(w + OFFSETS):  # the "minmax" scheme's per-block offsets, as an fp32 MatMul of the block sums
             blocks = qweight.shape[1]
-            block_sums = b.op("ReduceSum", b.op("Reshape", x, b.ints(0, 0, blocks, q.block_size)), b.ints(-1),
-                              keepdims=0)  # [B, S, K / block]
+            lead = b.op("Shape", x, end=-1)  # [B, S] (or [N] in a mixture's expert)
+            blocked = b.op("Reshape", x, b.op("Concat", lead, b.ints(blocks, q.block_size), axis=0))
+            block_sums = b.op("ReduceSum", blocked, b.ints(-1), keepdims=0)  # [..., K / block]
             y = b.op("Add", y, b.op("MatMul", block_sums, b.weight(w + OFFSETS)))
     else:
         y = b.op("MatMul", x, b.weight(w))
@@ -76,8 +77,9 @@ def linear(c: Ctx, x: str, name: str) -> str:
 def _out_width(m: ModelSpec, name: str) -> int:
     """A linear layer's output width (its packed tiles are padded to 32 columns)."""
     kind = name.rsplit(".", 1)[-1]
-    widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * m.intermediate_size,
-              "fc": m.intermediate_size, "lm_head": m.vocab_size, "o": m.hidden_size}
+    inner = m.moe_intermediate_size if ".experts." in name else m.intermediate_size
+    widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * inner,
+              "fc": inner, "lm_head": m.vocab_size, "o": m.hidden_size}
     return widths.get(kind, m.hidden_size)  # down, proj
 
 

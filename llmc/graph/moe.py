@@ -30,7 +30,7 @@ Canonical weights (numpy, [in, out] like every llmc MatMul weight), under the bl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from onnx import TensorProto, helper
 
 from llmc.graph.builder import NP_DTYPES, GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
-from llmc.graph.layers import Ctx
+from llmc.graph.layers import Ctx, linear
 from llmc.manifest import ModelSpec
 
 MS = "com.microsoft"
@@ -141,11 +141,11 @@ def moe_weights(weights: Mapping[str, np.ndarray], prefix: str, lowering: str) -
 
 
 def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.ndarray], spec: MoESpec,
-              lowering: str) -> str:
+              lowering: str, mm: MatMul | None = None) -> str:
     """The MoE MLP of h [B, S, hidden] (the graph's compute dtype); returns its output [B, S, hidden].
 
     `weights` holds the canonical arrays (only the router's shape is read); "standard" and "ort" reference the
-    arrays `moe_weights` makes for them.
+    arrays `moe_weights` makes for them. `mm` ("standard"): how to multiply by an expert's named weight.
     """
     _check_lowering(lowering)
     hidden, e = weights[f"{prefix}.{ROUTER}"].shape
@@ -158,7 +158,8 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
                  k=spec.experts_per_token, normalize_routing_weights=int(spec.norm_topk_prob), **ORT_ATTRS)
     else:
         dense = _routing_matrix(b, logits, spec)  # [N, E]: the expert's weight where selected, else 0
-        y = {"standard": _unrolled, "loop": _loop, "dense": _dense}[lowering](b, x, dense, prefix, spec)
+        y = (_unrolled(b, x, dense, prefix, spec, mm) if lowering == "standard"
+             else {"loop": _loop, "dense": _dense}[lowering](b, x, dense, prefix, spec))
     return b.op("Reshape", y, b.op("Shape", h))
 
 
@@ -178,9 +179,17 @@ def _routing_matrix(b: GraphBuilder, logits: str, spec: MoESpec) -> str:
     return b.to_compute(b.op("ScatterElements", zeros, idx, top, axis=1))
 
 
-def _swiglu_expert(b: GraphBuilder, x: str, gate_up: str, down: str, inter: int) -> str:
-    gate, up = b.split(b.op("MatMul", x, gate_up), [inter, inter])
-    return b.op("MatMul", b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up), down)
+MatMul = Callable[[str, str], str]  # (x, a weight's name without ".weight") -> x @ that weight
+
+
+def _swiglu_expert(b: GraphBuilder, x: str, gate_up: str, down: str, inter: int, mm: MatMul | None = None) -> str:
+    """down(silu(gate) * up); `mm` multiplies by a named expert weight (a quantized one, in an engine), else
+    gate_up and down are tensors."""
+    def times(y: str, w: str) -> str:
+        return mm(y, w) if mm is not None else b.op("MatMul", y, w)
+
+    gate, up = b.split(times(x, gate_up), [inter, inter])
+    return times(b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up), down)
 
 
 def _dense(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> str:
@@ -191,10 +200,10 @@ def _dense(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> s
 
 
 def _add_expert(b: GraphBuilder, acc: str, x: str, rows: str, weight: str, gate_up: str, down: str,
-                inter: int) -> str:
+                inter: int, mm: MatMul | None = None) -> str:
     """acc [N, hidden] plus the expert's weighted output on its tokens: rows [1, n] (NonZero's), weight [N]."""
     tokens = b.op("Squeeze", rows, b.ints(0))  # [n]
-    ye = _swiglu_expert(b, b.op("Gather", x, tokens, axis=0), gate_up, down, inter)  # [n, hidden]
+    ye = _swiglu_expert(b, b.op("Gather", x, tokens, axis=0), gate_up, down, inter, mm)  # [n, hidden]
     we = b.unsqueeze(b.op("Gather", weight, tokens, axis=0), 1)  # [n, 1]
     # each token once per expert, so a plain ScatterND of (gathered + new) adds in place (no "add" reduction: ONNX
     # Runtime's CPU ScatterND has none for fp16), rounding as transformers' index_add_ does
@@ -207,16 +216,20 @@ def _zeros_like(b: GraphBuilder, x: str) -> str:
     return b.op("ConstantOfShape", b.op("Shape", x), value=zero)
 
 
-def _unrolled(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> str:
-    """Each expert on its own tokens (NonZero of its routing column: empty when unpicked), its own 2-D weights."""
+def _unrolled(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec, mm: MatMul | None = None) -> str:
+    """Each expert on its own tokens (NonZero of its routing column: empty when unpicked), its own 2-D weights
+    (through `mm` when given: an engine's quantized ones)."""
     acc = _zeros_like(b, x)
     e = spec.num_experts
     columns = b.split(b.op("Transpose", dense, perm=[1, 0]), [1] * e, axis=0)  # E x [1, N]
     for j, column in enumerate(columns):
         weight = b.op("Squeeze", column, b.ints(0))  # [N]
         rows = b.op("NonZero", weight)  # [1, n]: the tokens that picked expert j (weight > 0)
-        acc = _add_expert(b, acc, x, rows, weight, b.weight(f"{prefix}.{EXPERT_GATE_UP.format(j=j)}"),
-                          b.weight(f"{prefix}.{EXPERT_DOWN.format(j=j)}"), spec.intermediate_size)
+        gate_up = f"{prefix}.{EXPERT_GATE_UP.format(j=j)}".removesuffix(".weight")
+        down = f"{prefix}.{EXPERT_DOWN.format(j=j)}".removesuffix(".weight")
+        if mm is None:
+            gate_up, down = b.weight(gate_up + ".weight"), b.weight(down + ".weight")
+        acc = _add_expert(b, acc, x, rows, weight, gate_up, down, spec.intermediate_size, mm)
     return acc
 
 
@@ -251,16 +264,22 @@ def moe_spec(m: ModelSpec) -> MoESpec:
 
 
 def moe_mlp(c: Ctx, layer: int, h: str) -> str:
-    """Layer `layer`'s mixture of experts in the graph's lowering (GraphOptions.moe)."""
-    return moe_block(c.b, h, f"layers.{layer}", c.ckpt.weights, moe_spec(c.m), c.opts.moe)
+    """Layer `layer`'s mixture of experts in the graph's lowering (GraphOptions.moe); each expert's weights are
+    linear layers (quantized ones too) in the "standard" lowering."""
+    def mm(x: str, name: str) -> str:
+        return linear(c, x, name)
+
+    return moe_block(c.b, h, f"layers.{layer}", c.ckpt.weights, moe_spec(c.m), c.opts.moe, mm)
 
 
 def with_moe_weights(ckpt: Checkpoint, lowering: str) -> Checkpoint:
     """The checkpoint with the arrays `lowering` needs added for each mixture layer (the canonical ones stay: a
-    graph stores only the weights it uses)."""
+    graph stores only the weights it uses); layers that have them already (quantized, say) are left as they are."""
     m = ckpt.spec
     extra: dict[str, np.ndarray] = {}
     for i in range(m.num_layers):
-        if m.is_moe(i):
-            extra.update(moe_weights(ckpt.weights, f"layers.{i}", lowering))
+        prefix = f"layers.{i}"
+        if m.is_moe(i) and not any(k.startswith(f"{prefix}.experts.0.") or k.startswith(f"{prefix}.{ORT_FC1}")
+                                   for k in ckpt.weights):
+            extra.update(moe_weights(ckpt.weights, prefix, lowering))
     return Checkpoint(m, {**ckpt.weights, **extra}) if extra else ckpt

@@ -164,13 +164,18 @@ def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
 # -- engines ---------------------------------------------------------------------------------------------------
 
 
+# SwiGLU gated; q/k/v bias; GELU (plain MatMulQ4 for fc); GeGLU with soft-caps; experts (each its own MatMulQ4s)
+Q4_ARCHS = ("llama", "qwen2", "gpt2", "gemma2", "qwen3_moe")
+Q4_NODES = {"qwen3_moe": 2 + 4 * 2 + 4}  # layer 0: qkv, o, 4 experts x (gate_up, down); layer 1 dense
+
+
 @pytest.fixture(scope="module")
 def q4_engines(tiny_factory: object, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ...]]:
     """Per architecture: int4 with llmc's kernel; int4 with MatMulNBits' exact form and fp32 activations; the same
     with MatMulNBits' int8 activations (what llmc's kernel does too)."""
     root = tmp_path_factory.mktemp("q4")
     out = {}
-    for arch in ("llama", "qwen2", "gpt2"):  # SwiGLU gated; q/k/v bias; GELU (plain MatMulQ4 for fc)
+    for arch in Q4_ARCHS:
         built: Built = tiny_factory(arch)  # type: ignore[operator]
         mine, exact, ort_int8 = root / f"{arch}-llmc", root / f"{arch}-exact", root / f"{arch}-ort"
         build_ort(BuildConfig(built.export_dir, mine, quant="int4", matmul="llmc"))
@@ -180,17 +185,17 @@ def q4_engines(tiny_factory: object, tmp_path_factory: pytest.TempPathFactory) -
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("arch", Q4_ARCHS)
 def test_engine_computes_what_the_exact_int4_form_computes(arch: str, q4_engines: dict[str, tuple[Path, ...]]
                                                             ) -> None:
     mine, exact, ort_int8 = q4_engines[arch]
     graph = onnx.load(str(mine / "model.onnx"), load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
-    layers = 2
-    assert ops.count("MatMulQ4") == 4 * layers  # qkv, o, gate/up (gated) or fc, down or proj
+    assert ops.count("MatMulQ4") == Q4_NODES.get(arch, 4 * 2)  # per layer: qkv, o, gate/up (gated) or fc, down
+    # or proj
     head = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert head and all(n.input[1].startswith("lm_head.weight") for n in head)  # only the 8-bit head
-    if arch != "gpt2":
+    if arch in ("llama", "qwen2"):
         assert "Sigmoid" not in ops  # the SwiGLU gate is inside the node
     manifest = json.loads((mine / "engine.json").read_text())
     assert manifest["settings"]["matmul"] == "llmc" and manifest["settings"]["custom_ops"] in manifest["files"]
