@@ -24,17 +24,25 @@ help:
 	@echo "make demo                 install, export + build the default model, answer a chat prompt"
 	@echo "make test                 install and run the test suite"
 	@echo "make export MODEL=... OUT=...   make build BACKEND=ort QUANT=none   make run PROMPT=..."
-	@echo "make build QUANT=int4 BUILD_ARGS='--matmul llmc --attention llmc --kv-dtype float16'   (the fast build)"
+	@echo "make build QUANT=int4      the default build is the fastest one this CPU runs (BUILD_ARGS for others)"
 
-$(BIN)/llmc: pyproject.toml
+KERNELS := $(wildcard llmc/engines/kernels/*.c llmc/engines/kernels/*.h)
+
+# installing builds llmc's C operators into the package (setup.py): a C compiler is needed then, never after
+$(BIN)/llmc: pyproject.toml setup.py | compiler
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: a bare requirement would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[export,serve,bench,dev]'
-	touch $(BIN)/llmc
+	touch $(BIN)/llmc $(VENV)/.ops-built
 
-install: $(BIN)/llmc
+# the operator library again when its sources change (an editable install does not rebuild it by itself)
+$(VENV)/.ops-built: $(KERNELS) | $(BIN)/llmc
+	$(BIN)/pip install -q --no-deps -e .
+	touch $@
+
+install: $(BIN)/llmc $(VENV)/.ops-built
 
 demo: install
 	$(BIN)/llmc export $(MODEL) -o $(EXPORT_DIR) --force
@@ -53,15 +61,14 @@ run: install
 verify: install
 	$(BIN)/llmc verify $(ENGINE_DIR)
 
-# llmc's operators (`llmc build --attention llmc` / `--matmul llmc`, and their tests) are compiled with the machine's
-# C compiler.
+# llmc's operators are compiled when the package is installed (a deployment of a built wheel needs no compiler).
 compiler:
 	@command -v "$${CC:-cc}" >/dev/null || command -v gcc >/dev/null || { \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	    apt-get install -y -q gcc >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q gcc >/dev/null; }; \
 	  else echo "make: a C compiler is needed (llmc's own operators and their tests): install gcc" >&2; exit 1; fi; }
 
-test: install compiler
+test: install
 	$(BIN)/ruff check llmc tests
 	$(BIN)/mypy llmc
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

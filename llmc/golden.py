@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 GOLDEN_FILE = "golden.npz"
+GOLDEN_STEPS = 8  # greedy tokens of the golden continuation: an engine must reproduce them all
 
 
 @dataclass(frozen=True)

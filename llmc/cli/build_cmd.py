@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llmc.cli.common import Backend, Quant
+from llmc.engines.choices import Attention, Backend, KVDtype, KVLayout, MatMul, MoELowering, Quant, choice
 
 
 def register(app: typer.Typer, wrap: Any) -> None:
@@ -19,29 +19,33 @@ def register(app: typer.Typer, wrap: Any) -> None:
         backend: Annotated[Backend, typer.Option(help="ort: ONNX Runtime CPU; trt: TensorRT (NVIDIA GPU).")] = Backend.ort,
         quant: Annotated[Quant, typer.Option(help="Weight-only quantization (ort).")] = Quant.none,
         threads: Annotated[int, typer.Option(help="Threads recorded for the engine (0 = physical cores).")] = 0,
-        kv_layout: Annotated[str, typer.Option(help="inplace (one past/present buffer) or concat (export graphs).")]
-        = "inplace",
+        kv_layout: Annotated[KVLayout, typer.Option(help="inplace (one past/present buffer) or concat (export "
+                                                         "graphs).")] = KVLayout.inplace,
         attention: Annotated[str | None, typer.Option(
-            help="Attention lowering. ort: gqa (GroupQueryAttention, default), llmc (llmc's own operator, compiled "
-                 "with the machine's C compiler: reads the cache once per KV head, takes --kv-dtype float16|int8) or onnx "
-                 "(Attention + TensorScatter); "
-                 "trt: plugin (llmc::attention, default) or native (TensorRT >= 10.15 layers).")] = None,
-        kv_dtype: Annotated[str, typer.Option(help="ort --attention llmc: the KV cache's dtype, float32, float16 "
-                                                   "(half the bytes a step reads) or int8 (each row with its "
-                                                   "scale: ~0.27 of them).")] = "",
+            help="Attention lowering. ort: auto (default: llmc where its AVX-512 path runs and the export is fp32, "
+                 "else gqa), gqa (GroupQueryAttention), llmc (llmc's own operator: reads the cache once per KV head, "
+                 "takes --kv-dtype float16|int8) or onnx (Attention + TensorScatter); trt: plugin (llmc::attention, "
+                 "default) or native (TensorRT >= 10.15 layers).")] = None,
+        kv_dtype: Annotated[KVDtype, typer.Option(help="ort: the KV cache's dtype: auto (float16 with llmc "
+                                                      "attention, else the export's), float32, float16 (half the "
+                                                      "bytes a step reads) or int8 (~0.27 of them).")]
+        = KVDtype.auto,
         block_size: Annotated[int, typer.Option(help="--quant: weights per scale along the input axis.")] = 32,
         accuracy_level: Annotated[int, typer.Option(help="--quant: MatMulNBits compute (4 = int8 activations, "
                                                          "0 = fp32).")] = 4,
         quant_scheme: Annotated[str, typer.Option(
             help="--quant: auto (folded, or symmetric where exact), folded, minmax (exact fp32 offsets), "
                  "symmetric (no offsets).")] = "auto",
-        matmul: Annotated[str, typer.Option(
-            help="--quant int4: the 4-bit kernel. ort (ONNX Runtime's MatMulNBits, default) or llmc (llmc's own "
-                 "operator, compiled with the machine's C compiler: GGUF Q4_1's scale + min blocks exactly, the "
-                 "SwiGLU gate in the same node; AVX-512 VNNI or AVX2).")] = "ort",
-        moe: Annotated[str, typer.Option(
+        matmul: Annotated[MatMul, typer.Option(
+            help="--quant int4: the 4-bit kernel. auto (default: llmc where its VNNI or AVX2 path runs), ort (ONNX "
+                 "Runtime's MatMulNBits) or llmc (llmc's own operator: GGUF Q4_1's scale + min blocks exactly, the "
+                 "SwiGLU gate in the same node).")] = MatMul.auto,
+        moe: Annotated[MoELowering, typer.Option(
             help="ort, mixture-of-experts models: auto (per-expert MatMuls up to 32 experts, else ONNX Runtime's "
-                 "MoE operator), standard (per-expert MatMuls) or ort (com.microsoft.MoE).")] = "auto",
+                 "MoE operator), standard (per-expert MatMuls) or ort (com.microsoft.MoE).")] = MoELowering.auto,
+        allow_divergence: Annotated[bool, typer.Option(
+            "--allow-divergence", help="Keep an engine whose greedy continuation of the golden prompt leaves the "
+                                       "model's (refused by default).")] = False,
         precision: Annotated[str, typer.Option(help="trt: engine precision.")] = "fp16",
         max_batch_size: Annotated[int | None, typer.Option(help="trt: most sequences per run.")] = None,
         max_input_len: Annotated[int | None, typer.Option(help="trt: most prompt tokens per row in a prefill.")]
@@ -55,9 +59,12 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.engines.builders import BuildConfig, build
         from llmc.progress import ConsoleSteps
 
-        cfg = BuildConfig(export_dir, out, backend.value, quant.value, threads, force, kv_layout=kv_layout,
-                          attention=attention or "gqa", block_size=block_size, accuracy_level=accuracy_level,
-                          quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul, moe=moe)
+        ort_attention = choice(Attention, attention or "auto", "--attention") if backend is Backend.ort else \
+            Attention.auto
+        cfg = BuildConfig(export_dir, out, backend.value, quant, threads, force, kv_layout=kv_layout,
+                          attention=ort_attention, block_size=block_size, accuracy_level=accuracy_level,
+                          quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul, moe=moe,
+                          allow_divergence=allow_divergence)
         if backend is Backend.trt:
             from llmc.engines.trt_build import trt_config_from
             from llmc.engines.trt_profiles import TrtLimits
@@ -71,7 +78,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
                 max_seq_len=pick(max_seq_len, 2048), max_num_tokens=max_num_tokens)
             manifest = build(trt_config_from(cfg, limits, precision, attention or "plugin"), ConsoleSteps(8))
         else:
-            manifest = build(cfg, ConsoleSteps(6 if cfg.uses_llmc_ops() else 5))
+            manifest = build(cfg, ConsoleSteps(5))
         parity = manifest.settings.get("parity", {})
         typer.echo(f"built {manifest.backend} engine ({manifest.precision}) in {out}; golden check: top-1 "
                    f"{parity.get('top1_agreement', float('nan')):.0%}, max |logit diff| "

@@ -19,12 +19,3 @@ class Dtype(str, Enum):
     float16 = "float16"
 
 
-class Backend(str, Enum):
-    ort = "ort"
-    trt = "trt"
-
-
-class Quant(str, Enum):
-    none = "none"
-    int8 = "int8"
-    int4 = "int4"

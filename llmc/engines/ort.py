@@ -19,8 +19,8 @@ def default_threads() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-def make_session(path: Path, spec: GraphSpec, threads: int, custom_ops: str = "") -> object:
-    """One ONNX Runtime session; `custom_ops`: the engine folder's operator library to register (its file name)."""
+def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None = None) -> object:
+    """One ONNX Runtime session; `library`: llmc's operator library to register, when the graph uses it."""
     try:
         import onnxruntime as ort
     except ImportError:  # pragma: no cover - onnxruntime is a runtime dependency
@@ -35,10 +35,10 @@ def make_session(path: Path, spec: GraphSpec, threads: int, custom_ops: str = ""
     so.add_session_config_entry("session.force_spinning_stop", "1")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.log_severity_level = 3
-    if custom_ops:  # the engine folder's own operator library (llmc's operators)
+    if library is not None:
         from llmc.engines.kernels import register
 
-        register(so, path.parent, custom_ops, threads)
+        register(so, library, threads)
     try:
         session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's own exception types: report one line
@@ -65,12 +65,14 @@ class OrtEngineBase(Engine):
         self.directory = Path(directory)
         verify_files(self.directory, manifest.files)
         self.threads = options.threads or int(manifest.settings.get("threads", 0)) or default_threads()
-        custom_ops = str(manifest.settings.get("custom_ops") or "")
+        from llmc.engines.kernels import engine_library
+
+        library = engine_library(manifest.settings, self.directory)
         self._prefill = make_session(self.directory / manifest.prefill.file, manifest.prefill, self.threads,
-                                     custom_ops)
+                                     library)
         # one graph for both (in-place engines): one session, so the weights are prepacked and held once
         self._decode = self._prefill if manifest.decode == manifest.prefill else make_session(
-            self.directory / manifest.decode.file, manifest.decode, self.threads, custom_ops)
+            self.directory / manifest.decode.file, manifest.decode, self.threads, library)
         self._past_names = manifest.kv.names("past")
 
 

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
 
 from llmc.engines.base import EngineOptions
-from llmc.engines.kernels import LIBRARY, compile_library, register
+from llmc.engines.choices import KVLayout, MatMul, Quant
+from llmc.engines.kernels import SETTING as OPS_SETTING
+from llmc.engines.kernels import library_path, ops_version, register
 from llmc.engines.ort import OrtEngine, default_threads
+from llmc.engines.ort_config import BuildConfig, check_build_config, conservative, resolve
 from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
-from llmc.errors import EngineError, InputError
-from llmc.golden import Golden
+from llmc.errors import EngineError
+from llmc.golden import GOLDEN_STEPS, Golden
 from llmc.graph.moe import with_moe_weights
-from llmc.graph.quant import KERNELS, SCHEMES, TILE_BLOCK, QuantSpec
 from llmc.manifest import (
     EngineManifest,
     ExportManifest,
@@ -27,52 +29,13 @@ from llmc.manifest import (
     verify_files,
 )
 from llmc.onnx_store import WeightFile, check_external_paths, read_external
-from llmc.outdir import atomic_dir, check_out_dir
+from llmc.outdir import atomic_dir
 from llmc.progress import Progress, Quiet
 
 # Files copied from the export so an engine folder runs on its own.
 RUNTIME_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                  "golden.npz")
 ENGINE_WEIGHTS = "weights.bin"
-ATTENTIONS = ("gqa", "llmc", "onnx")
-
-
-MOE_UNROLL_MAX = 32  # experts per layer up to which the "standard" (unrolled) mixture lowering is the default
-
-
-@dataclass(frozen=True)
-class BuildConfig:
-    export_dir: Path
-    out_dir: Path
-    backend: str = "ort"
-    quant: str = "none"  # none | int8 | int4
-    threads: int = 0
-    force: bool = False
-    kv_layout: str = "inplace"  # inplace (one shared past/present buffer) | concat (the export's own graphs)
-    attention: str = "gqa"  # inplace lowering: gqa (GroupQueryAttention) | llmc (llmc's operator) | onnx
-    kv_dtype: str = ""  # the KV cache's dtype: "" = the export's; "float16" or "int8" (llmc attention, fp32 exports)
-    block_size: int = 32
-    accuracy_level: int = 4
-    quant_scheme: str = "auto"
-    matmul: str = "ort"  # --quant int4: ort (MatMulNBits) | llmc (llmc's MatMulQ4)
-    moe: str = "auto"  # mixture-of-experts lowering: auto | ort (com.microsoft.MoE) | standard (per-expert MatMuls)
-
-    def moe_lowering(self, num_experts: int) -> str:
-        """"auto": per-expert MatMuls (multithreaded by ONNX Runtime: measured 1.21x / 1.51x com.microsoft.MoE's
-        decode at batch 1 / 8 with 8 experts) up to MOE_UNROLL_MAX experts, the MoE op beyond (fewer nodes)."""
-        if self.moe != "auto":
-            return self.moe
-        return "standard" if num_experts <= MOE_UNROLL_MAX else "ort"
-
-    def quant_spec(self) -> QuantSpec | None:
-        if self.quant == "none":
-            return None
-        return QuantSpec(bits=int(self.quant.removeprefix("int")), block_size=self.block_size,
-                         accuracy_level=self.accuracy_level, scheme=self.quant_scheme, kernel=self.matmul)
-
-    def uses_llmc_ops(self) -> bool:
-        """Whether the engine's graphs hold llmc's own operators (compiled into the engine folder)."""
-        return self.kv_layout == "inplace" and (self.attention == "llmc" or self.matmul == "llmc")
 
 
 def engine_manifest(export: ExportManifest, export_dir: Path, backend: str, precision: str,
@@ -93,39 +56,10 @@ def export_engine(export: ExportManifest, export_dir: Path, threads: int = 0) ->
     return OrtEngine(manifest, export_dir, EngineOptions(threads=threads))
 
 
-def check_build_config(cfg: BuildConfig) -> None:
-    if cfg.quant not in ("none", "int8", "int4"):
-        raise InputError(f"--quant must be none, int8 or int4, got {cfg.quant!r}")
-    if cfg.attention not in ATTENTIONS:
-        raise InputError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {cfg.attention!r}")
-    if cfg.kv_dtype not in ("", "float32", "float16", "int8"):
-        raise InputError(f"--kv-dtype must be float32, float16 or int8, got {cfg.kv_dtype!r}")
-    if cfg.kv_dtype in ("float16", "int8") and cfg.attention != "llmc":
-        raise InputError(f"--kv-dtype {cfg.kv_dtype} needs --attention llmc (got --attention {cfg.attention})")
-    if cfg.kv_layout not in ("inplace", "concat"):
-        raise InputError(f"--kv-layout must be inplace or concat, got {cfg.kv_layout!r}")
-    if cfg.quant != "none" and cfg.kv_layout == "concat":
-        raise InputError("--quant needs --kv-layout inplace (the concat layout runs the export's graphs as they are)")
-    if cfg.block_size not in (16, 32, 64, 128, 256):
-        raise InputError(f"--block-size must be one of 16, 32, 64, 128, 256, got {cfg.block_size}")
-    if cfg.quant_scheme not in SCHEMES:
-        raise InputError(f"--quant-scheme must be one of {', '.join(SCHEMES)}, got {cfg.quant_scheme!r}")
-    if cfg.moe not in ("auto", "ort", "standard"):
-        raise InputError(f"--moe must be auto, ort or standard, got {cfg.moe!r}")
-    if cfg.matmul not in KERNELS:
-        raise InputError(f"--matmul must be one of {', '.join(KERNELS)}, got {cfg.matmul!r}")
-    if cfg.matmul == "llmc" and cfg.quant != "int4":
-        raise InputError(f"--matmul llmc is a 4-bit kernel: it needs --quant int4 (got --quant {cfg.quant})")
-    if cfg.matmul == "llmc" and cfg.block_size != TILE_BLOCK:
-        raise InputError(f"--matmul llmc works in blocks of {TILE_BLOCK}, got --block-size {cfg.block_size}")
-    if cfg.accuracy_level not in (0, 1, 2, 3, 4):
-        raise InputError(f"--accuracy-level must be in [0, 4], got {cfg.accuracy_level}")
-    if cfg.threads < 0:
-        raise InputError(f"--threads must be >= 0 (0 = physical cores), got {cfg.threads}")
-    check_out_dir(cfg.out_dir, cfg.force)
-
-
 def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManifest:
+    """Build the engine `cfg` asks for, its `auto` choices resolved for this export and CPU. The engine must
+    reproduce the golden prompt's greedy continuation (unless `allow_divergence`); when the choices llmc made
+    itself fail that, the engine is built again with ONNX Runtime's own operators."""
     progress = progress or Quiet()
     check_build_config(cfg)
     export_dir = Path(cfg.export_dir)
@@ -134,8 +68,35 @@ def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManif
     verify_files(export_dir, export.files)
     for spec in (export.prefill, export.decode):  # before ONNX Runtime or onnx follow any external-data path
         check_external_paths(export_dir / spec.file)
+    resolved = resolve(cfg, export)
     with atomic_dir(cfg.out_dir, export_dir, "export") as work:
-        return _build_into(work, export_dir, export, cfg, progress)
+        manifest = _build_into(work, export_dir, export, resolved, progress)
+        divergence = _divergence(manifest, work)
+        fallback = resolve(conservative(cfg), export)
+        if divergence and not cfg.allow_divergence and resolved.uses_llmc_ops() and fallback != resolved:
+            progress.step(f"{divergence}; building with ONNX Runtime's operators instead")
+            for child in list(work.iterdir()):
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+            manifest = _build_into(work, export_dir, export, fallback, progress)
+            divergence = _divergence(manifest, work)
+        if divergence and not cfg.allow_divergence:
+            raise EngineError(f"{divergence}: the engine would answer differently from the model; build with "
+                              "--allow-divergence to keep it, or with a higher precision")
+        return manifest
+
+
+def _divergence(manifest: EngineManifest, work: Path) -> str | None:
+    """Where the engine's greedy continuation of the golden prompt leaves the model's, in words (None: it does not)."""
+    parity = manifest.settings.get("parity", {})
+    if "diverged_at" not in parity:
+        return None
+    from llmc.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(work)
+    mine, theirs = int(parity["engine_token"]), int(parity["golden_token"])
+    return (f"the engine's greedy continuation of the golden prompt leaves the model's at token "
+            f"{int(parity['diverged_at']) + 1} of {GOLDEN_STEPS}: it picks {mine} ({tok.decode([mine])!r}), the model "
+            f"{theirs} ({tok.decode([theirs])!r})")
 
 
 def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: BuildConfig,
@@ -146,34 +107,24 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     scratch = work / "scratch"
     scratch.mkdir()
     src_dir, kv, graphs = export_dir, export.kv, (export.prefill, export.decode)
-    custom_ops = cfg.uses_llmc_ops()
-    if cfg.kv_dtype not in ("", export.dtype) and not (cfg.kv_layout == "inplace" and cfg.attention == "llmc"):
-        raise InputError(f"--kv-dtype {cfg.kv_dtype} differs from the export's {export.dtype}: only "
-                         "--attention llmc (in place) takes another cache dtype")
-    if custom_ops:
-        wanted_by = "--attention llmc" if cfg.attention == "llmc" else "--matmul llmc"
-        if export.dtype != "float32":
-            raise InputError(f"{wanted_by} computes in float32 and the export is {export.dtype}; "
-                             "leave it out for this export")
-        progress.step("compiling llmc's operators")
-        compile_library(work, wanted_by)
-    if cfg.kv_layout == "inplace":
-        progress.step(f"lowering attention to {cfg.attention} with an in-place KV cache (weights: {cfg.quant})")
-        moe = cfg.moe_lowering(export.model.num_experts)
-        ckpt = with_moe_weights(load_checkpoint(export_dir, export), moe)  # before quantizing: experts' weights too
+    library = library_path() if cfg.uses_llmc_ops() else None
+    if cfg.kv_layout is KVLayout.inplace:
+        progress.step(f"lowering attention to {cfg.attention.value} with an in-place {cfg.kv_dtype.value} KV cache "
+                      f"(weights: {cfg.quant.value}{', llmc 4-bit operator' if cfg.matmul is MatMul.llmc else ''})")
+        ckpt = with_moe_weights(load_checkpoint(export_dir, export), cfg.moe.value)  # before quantizing: experts too
         quant = cfg.quant_spec()
         if quant is not None:
             ckpt = quantized(ckpt, quant)
         src_dir = scratch / "lowered"
         src_dir.mkdir()
-        kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention,
-                                            fuse_norms=True, one_graph=True, kv_dtype=cfg.kv_dtype or None,
-                                            moe=moe)
+        kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention.value,
+                                            fuse_norms=True, one_graph=True, kv_dtype=cfg.kv_dtype.value,
+                                            moe=cfg.moe.value)
         graphs = (lowered[0], lowered[1])
     progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
     graph_files = list(dict.fromkeys(g.file for g in graphs))  # in-place engines: one graph for both
     for file in graph_files:
-        _optimize(src_dir / file, scratch / file, threads, work if custom_ops else None)
+        _optimize(src_dir / file, scratch / file, threads, library)
     progress.step("storing the optimized weights once")
     _share_weights(scratch, work, graph_files)
     shutil.rmtree(scratch)
@@ -181,13 +132,13 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         if (export_dir / name).is_file():
             shutil.copy2(export_dir / name, work / name)
     files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
-    settings: dict[str, object] = {"threads": threads, "optimization": "extended", "quant": cfg.quant, "kv_layout": kv.layout,
-                "attention": cfg.attention if kv.layout == "inplace" else "decomposed",
-                "block_size": cfg.block_size, "accuracy_level": cfg.accuracy_level, "matmul": cfg.matmul,
-                "onnxruntime": ort.__version__}
-    if custom_ops:
-        settings["custom_ops"] = LIBRARY
-    precision = export.dtype if cfg.quant == "none" else f"{cfg.quant}-{export.dtype}"
+    settings: dict[str, object] = {"threads": threads, "optimization": "extended", **cfg.choices(),
+                                   "attention": cfg.attention.value if kv.layout == "inplace" else "decomposed",
+                                   "block_size": cfg.block_size, "accuracy_level": cfg.accuracy_level,
+                                   "onnxruntime": ort.__version__}
+    if library is not None:
+        settings[OPS_SETTING] = ops_version()  # the contract the graphs were built for, checked at load
+    precision = export.dtype if cfg.quant is Quant.none else f"{cfg.quant.value}-{export.dtype}"
     manifest = engine_manifest(export, export_dir, "ort", precision, settings, files, graphs, kv)
     progress.step("checking the engine against the golden outputs")
     from llmc.engines.registry import load_engine_dir
@@ -200,12 +151,12 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     return manifest
 
 
-def _optimize(src: Path, dst: Path, threads: int, custom_ops_dir: Path | None) -> None:
+def _optimize(src: Path, dst: Path, threads: int, library: Path | None) -> None:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    if custom_ops_dir is not None:
-        register(so, custom_ops_dir)
+    if library is not None:
+        register(so, library)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     so.optimized_model_filepath = str(dst)
     so.intra_op_num_threads = threads

@@ -112,7 +112,7 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
     if cfg.attention not in ("plugin", "native"):
         raise InputError(f"--attention must be plugin or native for --backend trt, got {cfg.attention!r}")
     if cfg.base.quant != "none":
-        raise InputError(f"--quant {cfg.base.quant} is for --backend ort; TensorRT engines are fp16")
+        raise InputError(f"--quant {cfg.base.quant.value} is for --backend ort; TensorRT engines are fp16")
     limits = cfg.limits_for(model)
     limits.check_model(model.max_positions)
     check_alignment(model, limits.max_seq_len)

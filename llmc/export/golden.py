@@ -6,11 +6,10 @@ from typing import Any
 
 import numpy as np
 
-from llmc.golden import Golden
+from llmc.golden import GOLDEN_STEPS, Golden
 
 GOLDEN_QUESTION = "What is the capital of France?"
 GOLDEN_RAW_PROMPT = "The capital of France is"
-GOLDEN_STEPS = 8
 
 
 def golden_prompt_ids(tokenizer: Any) -> list[int]:

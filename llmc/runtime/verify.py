@@ -11,7 +11,8 @@ from llmc.golden import Golden
 def check_golden(engine: Engine, golden: Golden) -> dict[str, float]:
     """Teacher-force the golden prompt and continuation through prefill + decode; compare every step's logits.
 
-    Returns max |logit diff|, top-1 agreement over the steps, and how many leading greedy tokens match.
+    Returns max |logit diff|, top-1 agreement over the steps, how many leading greedy tokens match and, when one
+    differs, where (`diverged_at`) and the two tokens (`engine_token`, `golden_token`).
     """
     kv = engine.new_kv_cache(1, len(golden.input_ids) + len(golden.continuation) + 1)
     steps = [engine.prefill([0], [golden.input_ids.tolist()], kv)[0]]
@@ -22,11 +23,15 @@ def check_golden(engine: Engine, golden: Golden) -> dict[str, float]:
     top1 = ours.argmax(-1) == ref.argmax(-1)
     greedy = ours[:-1].argmax(-1) == golden.continuation
     match_len = int(np.argmin(greedy)) if not greedy.all() else len(greedy)
-    return {
+    report = {
         "max_abs_diff": float(np.abs(ours - ref).max()),
         "top1_agreement": float(top1.mean()),
         "greedy_match": float(match_len),
     }
+    if match_len < len(greedy):
+        report.update(diverged_at=float(match_len), engine_token=float(ours[match_len].argmax()),
+                      golden_token=float(golden.continuation[match_len]))
+    return report
 
 
 # A fixed, varied prompt set: facts, code, arithmetic, instructions, multilingual, long-ish context.

@@ -28,7 +28,7 @@ def test_fp16_export_builds_and_matches_its_golden(tiny_llama: Built, tmp_path: 
     assert engine.settings["parity"]["max_abs_diff"] < 0.05
 
 
-@pytest.mark.parametrize("layout", ["default", "concat"])
+@pytest.mark.parametrize("layout", ["gqa", "concat"])
 def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Path) -> None:
     plot = tmp_path / "bench.png"
     result = CliRunner().invoke(app, ["bench", str(tiny_llama.engine(layout)), "--batch-sizes", "1,2",
@@ -40,7 +40,7 @@ def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Pa
     for r in rows:
         assert BENCH_FIELDS <= r.keys()
         assert r["decode_tok_s_aggregate"] == pytest.approx(r["decode_tok_s_per_seq"] * r["batch"], rel=0.01)
-        assert (r["kv_bytes_copied_per_step"] == 0) == (layout == "default")
+        assert (r["kv_bytes_copied_per_step"] == 0) == (layout == "gqa")
     base, batch2, ctx = rows
     assert base["aggregate_vs_batch1"] == 1.0 and base["decode_vs_base_context"] == 1.0
     assert batch2["aggregate_vs_batch1"] == pytest.approx(

@@ -1,63 +1,83 @@
 """llmc's own ONNX Runtime CPU operators: `ai.llmc.CachedAttention` (attention_kernel.c) and `ai.llmc.MatMulQ4`
 (matmul_q4.c; each file says why it exists).
 
-`llmc build --attention llmc` or `--quant int4 --matmul llmc` compiles them with the machine's C compiler into the
-engine folder (`libllmc_ops.so`, hashed in the manifest like every other file); an engine registers the library with
-each ONNX Runtime session it opens, so a deployment needs the file, not a compiler. The library talks to ONNX Runtime
-only through the versioned C API table it is handed at registration (no link against ONNX Runtime), and picks its
-code path at run time from the CPU it runs on: AVX-512 (VNNI for MatMulQ4), AVX2 (MatMulQ4) or portable C
-(LLMC_KERNELS_GENERIC=1 forces the portable one, LLMC_KERNELS_AVX2=1 MatMulQ4's AVX2 one).
+They are built with the package (setup.py: one shared library, `_llmc_ops*.so`, beside these sources) when llmc is
+installed, so `llmc build` and a deployment need no compiler. An engine that uses them records the library's
+contract version (ops_version.h) and refuses a library of another version at load; engines of llmc 0.1 carry their
+own compiled copy in their folder and keep using it. The library talks to ONNX Runtime only through the versioned
+C API table it is handed at registration (no link against ONNX Runtime), and picks its code path at run time from
+the CPU it runs on: AVX-512 (VNNI for MatMulQ4), AVX2 (MatMulQ4) or portable C (LLMC_KERNELS_GENERIC=1 forces the
+portable one, LLMC_KERNELS_AVX2=1 MatMulQ4's AVX2 one).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
+import ctypes
+import functools
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
+from typing import Any
 
-from llmc.errors import EngineError, InputError
+from llmc.errors import BackendUnavailableError, EngineError, ManifestError
 
-LIBRARY = "libllmc_ops.so"
-SOURCES = ("attention_kernel.c", "matmul_q4.c", "ort_op.c")
-FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fno-math-errno", "-fvisibility=hidden", "-Wall")
 HERE = Path(__file__).parent
+SETTING = "llmc_ops"  # engine.json settings: the operators' contract version the engine was built with
+LEGACY_SETTING = "custom_ops"  # llmc 0.1 engines: the library's file name in the engine folder
+Q4_PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni"}
 
 
-def compiler() -> str | None:
-    """The C compiler to use: $CC, else cc, gcc or clang on PATH."""
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc) or cc
-    return next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
+def library_path() -> Path:
+    """The package's operator library; a one-line error when the installation did not build it."""
+    for suffix in EXTENSION_SUFFIXES:
+        path = HERE / f"_llmc_ops{suffix}"
+        if path.is_file():
+            return path
+    raise BackendUnavailableError(
+        f"llmc's operator library is not built in {HERE}: install llmc where a C compiler is present "
+        "(pip install -e . / make install), or build without --attention llmc / --matmul llmc")
 
 
-def compile_library(out_dir: Path, wanted_by: str = "--attention llmc") -> Path:
-    """Compile the operator library into out_dir; a one-line error when there is no compiler or it fails.
-    `wanted_by`: the option that needs it, for the error."""
-    cc = compiler()
-    if cc is None:
-        raise InputError(f"{wanted_by} compiles llmc's operators with a C compiler and none was found "
-                         "(set CC, or install gcc); the default build needs none")
-    out = Path(out_dir) / LIBRARY
-    cmd = [cc, *FLAGS, "-o", str(out), *(str(HERE / s) for s in SOURCES), "-lm"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    except OSError as e:
-        raise EngineError(f"could not run the C compiler {cc}: {e}") from e
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or ["?"]
-        raise EngineError(f"compiling llmc's operators with {cc} failed: {errors[0].strip()}")
-    return out
+@functools.cache
+def _library() -> Any:
+    return ctypes.CDLL(str(library_path()))
 
 
-def register(session_options: object, directory: Path, library: str = LIBRARY, threads: int = 0) -> None:
-    """Register the engine folder's operator library (`library`: its file name, as the manifest records it; engines
-    of earlier versions name theirs libllmc_attention.so) with an ONNX Runtime SessionOptions. `threads`: the
-    session's intra-op threads, which the 4-bit kernel splits its weights among (one contiguous part each)."""
-    path = Path(directory) / library
+def ops_version() -> str:
+    """The installed library's contract version (ops_version.h)."""
+    fn = _library().llmc_ops_version
+    fn.restype = ctypes.c_char_p
+    return str(fn().decode())
+
+
+def cpu_paths() -> dict[str, str]:
+    """The code paths the operators take on this CPU (as the environment overrides them now)."""
+    lib = _library()
+    return {"attention": "avx512" if lib.llmc_ops_attention_path() else "portable",
+            "matmul_q4": Q4_PATHS.get(int(lib.llmc_ops_q4_path()), "portable")}
+
+
+def engine_library(settings: dict[str, Any], directory: Path) -> Path | None:
+    """The library an engine's sessions register, from what its manifest recorded (None: it uses no llmc
+    operator); a library of another contract version is a clear error."""
+    version = settings.get(SETTING)
+    if version:
+        have = ops_version()
+        if str(version) != have:
+            raise ManifestError(f"{directory} was built with llmc's operators version {version}; this installation "
+                                f"has version {have}: build the engine again with this llmc")
+        return library_path()
+    legacy = settings.get(LEGACY_SETTING)
+    if legacy:
+        path = Path(directory) / str(legacy)
+        if not path.is_file():
+            raise EngineError(f"{path} is missing: the engine's graphs use the llmc operators it holds")
+        return path
+    return None
+
+
+def register(session_options: Any, library: Path, threads: int = 0) -> None:
+    """Register an operator library with an ONNX Runtime SessionOptions. `threads`: the session's intra-op threads,
+    which the 4-bit kernel splits its weights among (one contiguous part each)."""
     if threads > 0:
-        session_options.add_session_config_entry("llmc.threads", str(threads))  # type: ignore[attr-defined]
-    if not path.is_file():
-        raise EngineError(f"{path} is missing: the engine's graphs use the llmc operators it holds")
-    session_options.register_custom_ops_library(str(path))  # type: ignore[attr-defined]
+        session_options.add_session_config_entry("llmc.threads", str(threads))
+    session_options.register_custom_ops_library(str(library))

@@ -26,6 +26,7 @@
 
 #include "attention_kernel.h"
 #include "matmul_q4.h"
+#include "ops_version.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define ORT_API_VERSION_USED 17
@@ -453,6 +454,13 @@ static int session_threads(const OrtApi* api, const OrtSessionOptions* options) 
   int n = atoi(value);
   return n > 0 && n <= MAX_THREADS ? n : 0;
 }
+
+/* The operators' contract version (ops_version.h): engines record it and refuse a library of another. */
+EXPORT const char* llmc_ops_version(void) { return LLMC_OPS_VERSION; }
+
+/* The code paths this CPU takes: attention (1 AVX-512, 0 portable) and the 4-bit product (llmc_q4_path). */
+EXPORT int llmc_ops_attention_path(void) { return llmc_attention_uses_avx512(); }
+EXPORT int llmc_ops_q4_path(void) { return llmc_q4_path(); }
 
 EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(ORT_API_VERSION_USED);

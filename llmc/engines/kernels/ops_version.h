@@ -1,0 +1,6 @@
+/* The version of llmc's operators: what their inputs, attributes and arithmetic are. An engine records the version
+ * it was built with and refuses a library of another one. Raise it whenever an operator's contract changes. */
+#ifndef LLMC_OPS_VERSION_H
+#define LLMC_OPS_VERSION_H
+#define LLMC_OPS_VERSION "2" /* 2: CachedAttention's local_window_size, softcap and partial rotary */
+#endif

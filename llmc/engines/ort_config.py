@@ -1,0 +1,132 @@
+"""What `llmc build --backend ort` is asked to build: one frozen config, its choices validated once, and the `auto`
+choices resolved against the export and this CPU into the fastest engine llmc knows to build here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from enum import Enum
+from pathlib import Path
+
+from llmc.engines.choices import Attention, KVDtype, KVLayout, MatMul, MoELowering, Quant, choice
+from llmc.errors import BackendUnavailableError, InputError
+from llmc.graph.quant import SCHEMES, TILE_BLOCK, QuantSpec
+from llmc.manifest import ExportManifest
+from llmc.outdir import check_out_dir
+
+MOE_UNROLL_MAX = 32  # experts per layer up to which the "standard" (unrolled) mixture lowering is the default
+_FLAGS: dict[str, tuple[str, type[Enum]]] = {
+    "quant": ("--quant", Quant), "kv_layout": ("--kv-layout", KVLayout), "attention": ("--attention", Attention),
+    "kv_dtype": ("--kv-dtype", KVDtype), "matmul": ("--matmul", MatMul), "moe": ("--moe", MoELowering)}
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    export_dir: Path
+    out_dir: Path
+    backend: str = "ort"
+    # the choices: Enum members (callers may pass their string values: converted, or refused naming the flag)
+    quant: Quant = Quant.none
+    threads: int = 0
+    force: bool = False
+    kv_layout: KVLayout = KVLayout.inplace
+    attention: Attention = Attention.auto  # the in-place lowering
+    kv_dtype: KVDtype = KVDtype.auto  # the KV cache's dtype (float16 / int8: llmc attention on fp32 exports)
+    block_size: int = 32
+    accuracy_level: int = 4
+    quant_scheme: str = "auto"
+    matmul: MatMul = MatMul.auto  # --quant int4: ort (MatMulNBits) | llmc (llmc's MatMulQ4)
+    moe: MoELowering = MoELowering.auto  # mixture-of-experts lowering
+    allow_divergence: bool = False  # keep an engine whose greedy golden continuation leaves the model's
+
+    def __post_init__(self) -> None:
+        for name, (flag, kind) in _FLAGS.items():  # strings from callers become the Enums, or a one-line error
+            object.__setattr__(self, name, choice(kind, getattr(self, name), flag))
+        object.__setattr__(self, "export_dir", Path(self.export_dir))
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    def quant_spec(self) -> QuantSpec | None:
+        if self.quant is Quant.none:
+            return None
+        return QuantSpec(bits=int(self.quant.value.removeprefix("int")), block_size=self.block_size,
+                         accuracy_level=self.accuracy_level, scheme=self.quant_scheme, kernel=self.matmul.value)
+
+    def uses_llmc_ops(self) -> bool:
+        """Whether the engine's graphs hold llmc's own operators (a resolved config)."""
+        return self.kv_layout is KVLayout.inplace and (self.attention is Attention.llmc or
+                                                        self.matmul is MatMul.llmc)
+
+    def choices(self) -> dict[str, str]:
+        """The resolved choices as engine.json records them."""
+        return {f.name: getattr(self, f.name).value for f in fields(self) if isinstance(getattr(self, f.name), Enum)}
+
+
+def check_build_config(cfg: BuildConfig) -> None:
+    """Rules between the choices (each alone was checked when the config was made)."""
+    explicit_kv = cfg.kv_dtype not in (KVDtype.auto, KVDtype.float32)
+    if explicit_kv and cfg.attention not in (Attention.llmc, Attention.auto):
+        raise InputError(f"--kv-dtype {cfg.kv_dtype.value} needs --attention llmc (got --attention "
+                         f"{cfg.attention.value})")
+    if cfg.quant is not Quant.none and cfg.kv_layout is KVLayout.concat:
+        raise InputError("--quant needs --kv-layout inplace (the concat layout runs the export's graphs as they are)")
+    if cfg.block_size not in (16, 32, 64, 128, 256):
+        raise InputError(f"--block-size must be one of 16, 32, 64, 128, 256, got {cfg.block_size}")
+    if cfg.quant_scheme not in SCHEMES:
+        raise InputError(f"--quant-scheme must be one of {', '.join(SCHEMES)}, got {cfg.quant_scheme!r}")
+    if cfg.matmul is MatMul.llmc and cfg.quant is not Quant.int4:
+        raise InputError(f"--matmul llmc is a 4-bit kernel: it needs --quant int4 (got --quant {cfg.quant.value})")
+    if cfg.matmul is MatMul.llmc and cfg.block_size != TILE_BLOCK:
+        raise InputError(f"--matmul llmc works in blocks of {TILE_BLOCK}, got --block-size {cfg.block_size}")
+    if cfg.accuracy_level not in (0, 1, 2, 3, 4):
+        raise InputError(f"--accuracy-level must be in [0, 4], got {cfg.accuracy_level}")
+    if cfg.threads < 0:
+        raise InputError(f"--threads must be >= 0 (0 = physical cores), got {cfg.threads}")
+    check_out_dir(cfg.out_dir, cfg.force)
+
+
+def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
+    """Every `auto` choice made for this export and CPU: llmc's attention (fp16 cache) where its AVX-512 path runs
+    and the export is fp32, llmc's 4-bit operator for --quant int4 where its VNNI or AVX2 path runs (both measured
+    faster than ONNX Runtime's own operators here: docs/benchmarks.md), the mixture lowering by expert count."""
+    paths = _cpu_paths()
+    fp32 = export.dtype == "float32"
+    inplace = cfg.kv_layout is KVLayout.inplace
+    attention = cfg.attention
+    if attention is Attention.auto:
+        attention = Attention.llmc if inplace and fp32 and paths.get("attention") == "avx512" else Attention.gqa
+    kv_dtype = cfg.kv_dtype
+    if kv_dtype is KVDtype.auto:
+        kv_dtype = KVDtype.float16 if attention is Attention.llmc and inplace else KVDtype(export.dtype)
+    matmul = cfg.matmul
+    if matmul is MatMul.auto:
+        fast = paths.get("matmul_q4") in ("avx512-vnni", "avx2")
+        use = cfg.quant is Quant.int4 and cfg.block_size == TILE_BLOCK and fp32 and inplace and fast
+        matmul = MatMul.llmc if use else MatMul.ort
+    moe = cfg.moe
+    if moe is MoELowering.auto:
+        moe = MoELowering.standard if export.model.num_experts <= MOE_UNROLL_MAX else MoELowering.ort
+    resolved = replace(cfg, attention=attention, kv_dtype=kv_dtype, matmul=matmul, moe=moe)
+    if resolved.kv_dtype.value != export.dtype and not (inplace and attention is Attention.llmc):
+        raise InputError(f"--kv-dtype {kv_dtype.value} differs from the export's {export.dtype}: only "
+                         "--attention llmc (in place) takes another cache dtype")
+    if resolved.uses_llmc_ops() and not fp32:
+        wanted_by = "--attention llmc" if attention is Attention.llmc else "--matmul llmc"
+        raise InputError(f"{wanted_by} computes in float32 and the export is {export.dtype}; leave it out for this "
+                         "export")
+    return resolved
+
+
+def conservative(cfg: BuildConfig) -> BuildConfig:
+    """ONNX Runtime's own operators in place of llmc's `auto` picks (what a build falls back to when those fail
+    their checks)."""
+    return replace(cfg, attention=Attention.gqa if cfg.attention is Attention.auto else cfg.attention,
+                   kv_dtype=KVDtype.auto if cfg.kv_dtype is KVDtype.auto else cfg.kv_dtype,
+                   matmul=MatMul.ort if cfg.matmul is MatMul.auto else cfg.matmul)
+
+
+def _cpu_paths() -> dict[str, str]:
+    from llmc.engines.kernels import cpu_paths
+
+    try:
+        return cpu_paths()
+    except BackendUnavailableError:  # not built: llmc's operators are not an option here
+        return {}

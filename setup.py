@@ -1,0 +1,18 @@
+"""Builds llmc's ONNX Runtime operators (llmc/engines/kernels/*.c) into the package as one shared library.
+
+It is loaded by path with SessionOptions.register_custom_ops_library, never imported: it has no Python module code
+and links against neither Python nor ONNX Runtime (it reaches ONNX Runtime through the API table handed to
+RegisterCustomOps). The project's metadata is in pyproject.toml.
+"""
+
+from setuptools import Extension, setup
+
+KERNELS = "llmc/engines/kernels/"
+
+setup(ext_modules=[Extension(
+    "llmc.engines.kernels._llmc_ops",
+    sources=[KERNELS + f for f in ("attention_kernel.c", "matmul_q4.c", "ort_op.c")],
+    depends=[KERNELS + f for f in ("attention_kernel.h", "matmul_q4.h", "parallel.h", "ops_version.h")],
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-math-errno", "-fvisibility=hidden", "-Wall"],
+    libraries=["m"],
+)])
