@@ -43,6 +43,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         moe: Annotated[MoELowering, typer.Option(
             help="ort, mixture-of-experts models: auto (per-expert MatMuls up to 32 experts, else ONNX Runtime's "
                  "MoE operator), standard (per-expert MatMuls) or ort (com.microsoft.MoE).")] = MoELowering.auto,
+        quality_target: Annotated[float, typer.Option(
+            help="--quant: raise the most sensitive layers (measured on calibration prompts) until llmc verify's "
+                 "top-1 agreement with the model reaches this (0: every layer at --quant).")] = 0.99,
         allow_divergence: Annotated[bool, typer.Option(
             "--allow-divergence", help="Keep an engine whose greedy continuation of the golden prompt leaves the "
                                        "model's (refused by default).")] = False,
@@ -64,7 +67,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         cfg = BuildConfig(export_dir, out, backend.value, quant, threads, force, kv_layout=kv_layout,
                           attention=ort_attention, block_size=block_size, accuracy_level=accuracy_level,
                           quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul, moe=moe,
-                          allow_divergence=allow_divergence)
+                          allow_divergence=allow_divergence, quality_target=quality_target)
         if backend is Backend.trt:
             from llmc.engines.trt_build import trt_config_from
             from llmc.engines.trt_profiles import TrtLimits

@@ -28,7 +28,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.golden import GOLDEN_FILE, Golden
         from llmc.manifest import load_export
         from llmc.runtime.tokenizer import Tokenizer
-        from llmc.runtime.verify import VERIFY_PROMPTS, check_golden, compare_engines
+        from llmc.runtime.verify import VERIFY_PROMPTS, check_golden, compare_engines, encode_prompt
 
         if not 0.0 <= min_top1 <= 1.0:
             raise InputError(f"--min-top1 must be in [0, 1], got {min_top1}")
@@ -43,18 +43,29 @@ def register(app: typer.Typer, wrap: Any) -> None:
         export_dir = Path(engine.manifest.export_dir)
         reference = export_engine(load_export(export_dir), export_dir, threads)
         tok = Tokenizer.from_dir(engine_dir)
-        prompts = [_encode(tok, p) for p in VERIFY_PROMPTS]
+        prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
         r = compare_engines(reference, engine, prompts, steps)
         typer.echo(f"vs export ({len(prompts)} prompts, {int(r['positions'])} positions): top-1 agreement "
                    f"{r['top1_agreement']:.1%}, mean KL {r['mean_kl']:.2e}, greedy match mean "
                    f"{r['greedy_match_mean']:.1f} / min {int(r['greedy_match_min'])} of {steps} tokens")
+        quality = engine.manifest.settings.get("quality")
+        if isinstance(quality, dict):
+            typer.echo(quality_line(quality))
         if r["top1_agreement"] < min_top1:
             raise LlmcError(f"top-1 agreement {r['top1_agreement']:.1%} is below --min-top1 {min_top1:.1%}")
         if max_kl is not None and r["mean_kl"] > max_kl:
             raise LlmcError(f"mean KL {r['mean_kl']:.3e} is above --max-kl {max_kl:.3e}")
 
 
-def _encode(tok: Any, prompt: str) -> list[int]:
-    if tok.chat_template:
-        return tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]), add_special_tokens=False)
-    return tok.encode(prompt)
+
+def quality_line(q: dict[str, Any]) -> str:
+    """What the build's quality target chose: how many layers it raised, to what, and what that costs in bytes."""
+    kinds: dict[str, int] = {}
+    for precision in q["raised"].values():
+        kinds[precision] = kinds.get(precision, 0) + 1
+    raised = ", ".join(f"{n} to {p}" for p, n in sorted(kinds.items())) or "none"
+    ratio = q["weight_bytes_per_step"] / max(1, q["base_weight_bytes_per_step"])
+    return (f"precision chosen for top-1 >= {q['target']:.0%}: {len(q['raised'])} of {q['candidates']} layers raised "
+            f"({raised}); {q['weight_bytes_per_step'] / 1e6:.1f} MB of weights per decode step, {ratio:.3f}x every "
+            f"layer at the base precision; measured at build: top-1 {q['top1_agreement']:.1%}, greedy match mean "
+            f"{q['greedy_match_mean']:.1f}")

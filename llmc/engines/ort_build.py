@@ -14,7 +14,7 @@ from llmc.engines.kernels import SETTING as OPS_SETTING
 from llmc.engines.kernels import library_path, ops_version, register
 from llmc.engines.ort import OrtEngine, default_threads
 from llmc.engines.ort_config import BuildConfig, check_build_config, conservative, resolve
-from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
+from llmc.engines.ort_graphs import load_checkpoint, quantizable, quantized, write_inplace_graphs
 from llmc.errors import EngineError
 from llmc.golden import GOLDEN_STEPS, Golden
 from llmc.graph.moe import with_moe_weights
@@ -36,6 +36,7 @@ from llmc.progress import Progress, Quiet
 RUNTIME_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                  "golden.npz")
 ENGINE_WEIGHTS = "weights.bin"
+MAX_QUALITY_BUILDS = 4  # engines a quality target may build and measure before the last one is kept
 
 
 def engine_manifest(export: ExportManifest, export_dir: Path, backend: str, precision: str,
@@ -70,19 +71,69 @@ def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManif
         check_external_paths(export_dir / spec.file)
     resolved = resolve(cfg, export)
     with atomic_dir(cfg.out_dir, export_dir, "export") as work:
-        manifest = _build_into(work, export_dir, export, resolved, progress)
+        manifest = _build_checked(work, export_dir, export, resolved, progress)
         divergence = _divergence(manifest, work)
         fallback = resolve(conservative(cfg), export)
         if divergence and not cfg.allow_divergence and resolved.uses_llmc_ops() and fallback != resolved:
             progress.step(f"{divergence}; building with ONNX Runtime's operators instead")
-            for child in list(work.iterdir()):
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-            manifest = _build_into(work, export_dir, export, fallback, progress)
+            manifest = _build_checked(work, export_dir, export, fallback, progress)
             divergence = _divergence(manifest, work)
         if divergence and not cfg.allow_divergence:
             raise EngineError(f"{divergence}: the engine would answer differently from the model; build with "
                               "--allow-divergence to keep it, or with a higher precision")
         return manifest
+
+
+def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: BuildConfig,
+                   progress: Progress) -> EngineManifest:
+    """The engine in `work` (emptied first): with --quant and a quality target, at the layer precisions chosen by
+    measurement; else as configured."""
+    _clear(work)
+    if cfg.quant is Quant.none or cfg.quality_target <= 0 or cfg.layout:
+        return _build_into(work, export_dir, export, cfg, progress)
+    from llmc.engines.quality import CALIBRATION_PROMPTS, PrecisionSearch
+    from llmc.engines.registry import load_engine_dir
+    from llmc.runtime.tokenizer import Tokenizer
+    from llmc.runtime.verify import VERIFY_PROMPTS, compare_engines, encode_prompt
+
+    threads = cfg.threads or default_threads()
+    progress.step(f"measuring each linear layer's sensitivity to {cfg.quant.value} (calibration prompts)")
+    ckpt = with_moe_weights(load_checkpoint(export_dir, export), cfg.moe.value)
+    spec = cfg.quant_spec()
+    assert spec is not None
+    reference = export_engine(export, export_dir, threads)
+    tok = Tokenizer.from_dir(export_dir)
+    names = [n.removesuffix(".weight") for n in quantizable(ckpt)] + ["lm_head"]
+    library = library_path() if cfg.uses_llmc_ops() else None
+    search = PrecisionSearch(ckpt, names, spec, reference, [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS],
+                             library, threads)
+    k, target = search.first_k(cfg.quality_target), cfg.quality_target
+    verify_prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
+    for attempt in range(MAX_QUALITY_BUILDS):
+        _clear(work)
+        manifest = _build_into(work, export_dir, export, replace(cfg, layout=search.layout(k)), progress)
+        report = compare_engines(reference, load_engine_dir(work, EngineOptions(threads=threads)), verify_prompts)
+        if report["top1_agreement"] >= target or k >= len(names) or attempt + 1 == MAX_QUALITY_BUILDS:
+            break
+        progress.step(f"top-1 {report['top1_agreement']:.1%} with {k} layers raised: below {target:.1%}; raising more")
+        k = min(len(names), max(k + 1, -(-3 * k // 2)))
+    from llmc.bench.limits import weight_bytes_per_step
+    from llmc.engines.quality import extra_bytes
+
+    layout = search.layout(k)
+    bytes_now = weight_bytes_per_step(work, manifest)
+    quality = {"target": target, "raised": dict(layout), "candidates": len(names), **report,
+               "weight_bytes_per_step": bytes_now,
+               "base_weight_bytes_per_step": bytes_now - extra_bytes(ckpt, spec, layout),
+               "sensitivity": {s.name: round(s.kl, 8) for s in search.sensitivities}}
+    manifest = replace(manifest, settings={**manifest.settings, "quality": quality})
+    save(manifest, work)
+    return manifest
+
+
+def _clear(folder: Path) -> None:
+    for child in list(folder.iterdir()):
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
 def _divergence(manifest: EngineManifest, work: Path) -> str | None:

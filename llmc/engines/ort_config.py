@@ -37,6 +37,8 @@ class BuildConfig:
     matmul: MatMul = MatMul.auto  # --quant int4: ort (MatMulNBits) | llmc (llmc's MatMulQ4)
     moe: MoELowering = MoELowering.auto  # mixture-of-experts lowering
     allow_divergence: bool = False  # keep an engine whose greedy golden continuation leaves the model's
+    quality_target: float = 0.99  # --quant: top-1 agreement with the model the layer precisions are chosen for
+    layout: tuple[tuple[str, str], ...] = ()  # --quant: per-layer precisions (chosen by measurement, quality.py)
 
     def __post_init__(self) -> None:
         for name, (flag, kind) in _FLAGS.items():  # strings from callers become the Enums, or a one-line error
@@ -48,7 +50,8 @@ class BuildConfig:
         if self.quant is Quant.none:
             return None
         return QuantSpec(bits=int(self.quant.value.removeprefix("int")), block_size=self.block_size,
-                         accuracy_level=self.accuracy_level, scheme=self.quant_scheme, kernel=self.matmul.value)
+                         accuracy_level=self.accuracy_level, scheme=self.quant_scheme, kernel=self.matmul.value,
+                         layout=self.layout)
 
     def uses_llmc_ops(self) -> bool:
         """Whether the engine's graphs hold llmc's own operators (a resolved config)."""
@@ -76,6 +79,8 @@ def check_build_config(cfg: BuildConfig) -> None:
         raise InputError(f"--matmul llmc is a 4-bit kernel: it needs --quant int4 (got --quant {cfg.quant.value})")
     if cfg.matmul is MatMul.llmc and cfg.block_size != TILE_BLOCK:
         raise InputError(f"--matmul llmc works in blocks of {TILE_BLOCK}, got --block-size {cfg.block_size}")
+    if not 0.0 <= cfg.quality_target <= 1.0:
+        raise InputError(f"--quality-target must be in [0, 1] (0: no search), got {cfg.quality_target}")
     if cfg.accuracy_level not in (0, 1, 2, 3, 4):
         raise InputError(f"--accuracy-level must be in [0, 4], got {cfg.accuracy_level}")
     if cfg.threads < 0:

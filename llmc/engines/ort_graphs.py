@@ -33,11 +33,16 @@ def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
     return Checkpoint(export.model, weights)
 
 
+def quantizable(ckpt: Checkpoint) -> list[str]:
+    """The linear layers' weights --quant quantizes (not the stacked [E, K, N] expert arrays: the "standard"
+    mixture lowering's per-expert ones are quantized instead); the LM head besides."""
+    return [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES) and ckpt.weights[n].ndim == 2]
+
+
 def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     """Linear layers and the LM head as MatMulNBits weights (4-bit layers: MatMulQ4 tiles with quant.kernel "llmc",
     a SwiGLU gate/up in its gated form); the embedding stays for the Gather."""
-    names = [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES) and ckpt.weights[n].ndim == 2]  # (not the
-    # stacked [E, K, N] expert arrays: the "standard" mixture lowering's per-expert ones are quantized instead)
+    names = quantizable(ckpt)
     gated = tuple(n for n in names if n.endswith(".gate_up.weight") and ".experts." not in n
                   ) if ckpt.spec.activation == "silu" else ()
     weights = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in ckpt.weights.items()}
@@ -64,7 +69,7 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
     if attention == "onnx":
         opset = max(opset, ONNX_ATTENTION_OPSET)
-    opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe)
+    opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe=moe)
     graphs = {spec.file: (spec, *build_graph(ckpt, spec, dtype, opset, opts)) for spec in (prefill, decode)}
     llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
     domains = {MS: 1, LLMC_DOMAIN: 1} if llmc_ops else {MS: 1}

@@ -23,7 +23,18 @@ from llmc.graph import io_names as io
 from llmc.graph.attention import LOWERINGS
 from llmc.graph.builder import DTYPES, GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
-from llmc.graph.layers import LLMC_DOMAIN, MS, Ctx, GraphOptions, linear, matmul_q4, norm, skip_norm, softcap
+from llmc.graph.layers import (
+    CALIBRATE_POSITIONS,
+    LLMC_DOMAIN,
+    MS,
+    Ctx,
+    GraphOptions,
+    linear,
+    matmul_q4,
+    norm,
+    skip_norm,
+    softcap,
+)
 from llmc.graph.moe import moe_mlp
 from llmc.graph.quant import Q4TILES, Q4TILES_GATED, QWEIGHT
 from llmc.manifest import GraphSpec
@@ -46,6 +57,8 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
         x = b.op("Add", x, b.op("Gather", b.weight("pos_embed.weight"), io.POSITION_IDS))
     attend = LOWERINGS[opts.attention](c)
     h = _layers(c, x, attend, attend.last_token if spec.logits == "last" else None)
+    if CALIBRATE_POSITIONS in names:  # calibration: the head only where logits are scored, [1, N, Hd]
+        h = b.unsqueeze(b.op("GatherND", h, CALIBRATE_POSITIONS), 0)
     _lm_head(c, h)
     graph = helper.make_graph(b.nodes, spec.file.removesuffix(".onnx"), [_value_info(t) for t in spec.inputs],
                               [_value_info(t) for t in spec.outputs], initializer=list(b.constants.values()))

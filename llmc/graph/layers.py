@@ -26,6 +26,8 @@ from llmc.manifest import ModelSpec
 
 MS = "com.microsoft"
 LLMC_DOMAIN = "ai.llmc"
+CALIBRATE_INPUT = "calibrate.low"  # [layers calibrated] fp32: 1 = that layer at its low precision, 0 = exact
+CALIBRATE_POSITIONS = "calibrate.positions"  # [N, 2] int64 (row, position): where a calibration graph's logits go
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class GraphOptions:
     quant: QuantSpec | None = None
     fuse_norms: bool = False  # residual Add + norm as ONNX Runtime's Skip*LayerNormalization (not for TensorRT)
     kv_dtype: str = ""  # "llmc" attention: the cache's dtype when it is not the graph's ("float16", "int8")
+    calibrate: tuple[str, ...] = ()  # linear layers computed in both precisions, mixed by CALIBRATE_INPUT
     moe: str = "loop"  # mixture-of-experts lowering (llmc/graph/moe.py): "loop" (standard ops, the picked experts
     # only: the export), "ort" (com.microsoft.MoE: ONNX Runtime engines), "dense" (no control flow: TensorRT)
 
@@ -51,11 +54,22 @@ class Ctx:
 
 
 def linear(c: Ctx, x: str, name: str) -> str:
-    """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits when quantized weights are present."""
+    """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits / MatMulQ4 when quantized weights are present. A layer
+    being calibrated (GraphOptions.calibrate) computes both and mixes them by its entry of CALIBRATE_INPUT."""
+    if name in c.opts.calibrate:
+        b = c.b
+        exact, low = _product(c, x, name, quantized=False), _product(c, x, name, quantized=True)
+        share = b.op("Gather", CALIBRATE_INPUT, b.const(np.array(c.opts.calibrate.index(name), np.int64)))
+        return b.op("Add", exact, b.op("Mul", share, b.op("Sub", low, exact)))  # share 1: the low precision
+    w = f"{name}.weight"
+    return _product(c, x, name, quantized=c.has(w + Q4TILES) or c.has(w + QWEIGHT))
+
+
+def _product(c: Ctx, x: str, name: str, quantized: bool) -> str:
     b, w = c.b, f"{name}.weight"
-    if c.has(w + Q4TILES):
+    if quantized and c.has(w + Q4TILES):
         return matmul_q4(c, x, name, gated=False)
-    if c.has(w + QWEIGHT):
+    if quantized:
         q = c.opts.quant
         assert q is not None, f"{w} is quantized but no QuantSpec was given"
         qweight = c.ckpt.weights[w + QWEIGHT]
@@ -89,16 +103,19 @@ def matmul_q4(c: Ctx, x: str, name: str, gated: bool) -> str:
     _, blocks, _ = c.ckpt.weights[w].shape
     bias = f"{name}.bias"
     n = _out_width(c.m, name)
+    q = c.opts.quant
+    act_bits = q.act_bits_of(name) if q is not None else 8
     return b.op("MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,
-                K=blocks * TILE_BLOCK, N=n, gated=int(gated))
+                K=blocks * TILE_BLOCK, N=n, gated=int(gated), **({"act_bits": act_bits} if act_bits != 8 else {}))
 
 
 def _matmul_nbits(c: Ctx, x: str, qname: str, sname: str, qweight: np.ndarray, bits: int) -> str:
     q = c.opts.quant
     assert q is not None
     n, blocks, _ = qweight.shape
+    layer = qname.split(".weight")[0]
     return c.b.op("MatMulNBits", x, c.b.weight(qname), c.b.weight(sname), domain=MS, K=blocks * q.block_size, N=n,
-                  bits=bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+                  bits=bits, block_size=q.block_size, accuracy_level=q.accuracy_of(layer))
 
 
 def norm(c: Ctx, x: str, name: str) -> str:

@@ -34,6 +34,10 @@ BLOCKSUMS, BLOCKSUM_SCALES = ".blocksums", ".blocksum_scales"  # folded: the 0/1
 Q4TILES, Q4TILES_GATED = ".q4tiles", ".q4tiles_gated"  # llmc's MatMulQ4 layout (gated: SwiGLU gate/up tiles)
 SCHEMES = ("auto", "folded", "minmax", "symmetric")
 KERNELS = ("ort", "llmc")
+# A linear layer's precision: 4-bit weights with int8 activations (MatMulQ4, or MatMulNBits at the spec's accuracy),
+# with 16-bit ones (MatMulQ4's two-level int8 activations: the same bytes), or with fp32 ones (MatMulNBits, accuracy
+# 0, the exact grid); 8-bit weights with int8 or fp32 activations; or the float weights.
+PRECISIONS = ("int4", "int4-act16", "int4-fp32act", "int8", "int8-fp32act", "fp32")
 TILE, TILE_BLOCK = 16, 32  # MatMulQ4: 16 columns per tile, blocks of 32 along K
 
 
@@ -46,8 +50,14 @@ class QuantSpec:
     scheme: str = "auto"  # "symmetric" (no offsets, fastest, lossy), "minmax" / "folded" (scale + min, see above);
     # "auto": symmetric where that reproduces a weight exactly (e.g. GGUF Q8_0), else folded
     kernel: str = "ort"  # 4-bit layers: "ort" (MatMulNBits, `scheme`) | "llmc" (ai.llmc.MatMulQ4, scale + min)
+    # Per-layer precisions (PRECISIONS), where they differ from `bits` (and the head's `head_bits`): what a quality
+    # target chose by measurement (llmc/engines/quality.py). (name without ".weight", precision) pairs.
+    layout: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        for name, precision in self.layout:
+            if precision not in PRECISIONS:
+                raise ValueError(f"{name}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         if self.bits not in (4, 8) or self.head_bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits} / head {self.head_bits}")
         if self.scheme not in SCHEMES:
@@ -57,6 +67,21 @@ class QuantSpec:
 
     def for_bits(self, bits: int) -> QuantSpec:
         return QuantSpec(bits, self.block_size, self.head_bits, self.accuracy_level, self.scheme, self.kernel)
+
+    def precision_of(self, name: str) -> str:
+        """A linear layer's precision (its name without ".weight"; "lm_head" for the head)."""
+        chosen = dict(self.layout).get(name)
+        if chosen is not None:
+            return chosen
+        return f"int{self.head_bits if name == 'lm_head' else self.bits}"
+
+    def accuracy_of(self, name: str) -> int:
+        """MatMulNBits' accuracy_level for a layer: 0 (fp32 activations) where its precision says so."""
+        return 0 if self.precision_of(name).endswith("-fp32act") else self.accuracy_level
+
+    def act_bits_of(self, name: str) -> int:
+        """MatMulQ4's activation bits for a layer: 16 (two-level int8) where its precision says so, else 8."""
+        return 16 if self.precision_of(name) == "int4-act16" else 8
 
     def q4_tiles(self, bits: int) -> bool:
         """Whether a layer of `bits` bits goes to llmc's MatMulQ4."""
@@ -218,15 +243,24 @@ def bits_of(qweight: np.ndarray, block_size: int) -> int:
 
 def quantize_weights(weights: dict[str, np.ndarray], names: list[str], spec: QuantSpec,
                      head: str | None = None, gated: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Replace each named [K, N] weight by its quantized parts (`head` at spec.head_bits); others stay. `gated`:
-    the SwiGLU gate/up weights, packed for MatMulQ4's gated form when it takes them."""
+    """Replace each named [K, N] weight by its quantized parts at its precision (`spec.precision_of`; `head` at
+    spec.head_bits unless the layout says otherwise); "fp32" layers and other weights stay. `gated`: the SwiGLU
+    gate/up weights, packed for MatMulQ4's gated form when it takes them."""
     out = {k: v for k, v in weights.items() if k not in names and k != head}
     for name in names + ([head] if head else []):
-        bits = spec.head_bits if name == head else spec.bits
-        if spec.q4_tiles(bits):
-            out[name + (Q4TILES_GATED if name in gated else Q4TILES)] = pack_q4_tiles(
-                weights[name], name in gated, name)
-            continue
-        for suffix, array in quantize(weights[name], spec.for_bits(bits), name).items():
-            out[name + suffix] = array
+        precision = spec.precision_of(name.removesuffix(".weight"))
+        out.update(quantize_as(weights[name], name, precision, spec, name in gated))
     return out
+
+
+def quantize_as(w: np.ndarray, name: str, precision: str, spec: QuantSpec, gated: bool = False) -> dict[str, np.ndarray]:
+    """One weight [K, N] at one of PRECISIONS, as the arrays the graph reads (under `name` + their suffixes)."""
+    if precision == "fp32":
+        return {name: w}
+    bits = int(precision.removeprefix("int").split("-")[0])
+    if precision in ("int4", "int4-act16") and spec.q4_tiles(4):
+        return {name + (Q4TILES_GATED if gated else Q4TILES): pack_q4_tiles(w, gated, name)}
+    # fp32 activations: the weights' exact scale + min grid (minmax) for 4 bits; as `scheme` otherwise
+    scheme = "minmax" if precision == "int4-fp32act" else spec.scheme
+    sub = QuantSpec(bits, spec.block_size, spec.head_bits, spec.accuracy_level, scheme, spec.kernel)
+    return {name + suffix: array for suffix, array in quantize(w, sub, name).items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from llmc.engines.base import Engine
@@ -63,6 +65,19 @@ def _trace(engine: Engine, prompt: list[int], tokens: list[int] | None, steps: i
         chosen.append(token)
         logits.append(engine.decode([0], [[token]], kv)[0])
     return np.stack(logits), chosen
+
+
+def greedy_trace(engine: Engine, prompt: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
+    """The engine's greedy continuation of `prompt` and the next-token logits along it."""
+    return _trace(engine, prompt, None, steps)
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """A prompt of the fixed sets as a user turn of the model's chat template (raw text when it has none)."""
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(prompt))
 
 
 def compare_engines(reference: Engine, candidate: Engine, prompts: list[list[int]], steps: int = 32) -> dict[str, float]:

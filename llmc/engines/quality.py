@@ -1,0 +1,203 @@
+"""Precision chosen by measurement: which linear layers of a quantized engine stay at the low precision, which are
+raised, so that the engine's answers agree with the model's (`--quality-target`, llmc verify's top-1 agreement).
+
+1. Calibrate: the fp32 export's greedy continuations of a calibration prompt set (not llmc verify's), scored in one
+   graph where every linear layer computes both its exact and its low-precision product, mixed by a 0/1 input per
+   layer. A layer's sensitivity is the mean next-token KL(model || this) with only that layer at low precision.
+2. Rank the layers by it; a raised layer keeps its own low-precision weights where those are exact (GGUF's own
+   4-bit grid: then the int8 activations are all the error) and takes wider activations (16-bit in llmc's 4-bit
+   operator, the same bytes; fp32 in MatMulNBits), else it goes to 8-bit weights with fp32 activations. The calibration graph predicts the agreement with the k most sensitive layers raised; the smallest k
+   that reaches the target is the first layout tried.
+3. The build makes that engine and measures it as llmc verify does; short of the target, more layers are raised.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from llmc.engines.base import Engine
+from llmc.graph import io_names
+from llmc.graph.checkpoint import Checkpoint
+from llmc.graph.decoder import build_graph
+from llmc.graph.layers import CALIBRATE_INPUT, CALIBRATE_POSITIONS, GraphOptions
+from llmc.graph.quant import Q4TILES, QuantSpec, dequantize, quantize_as, unpack_q4_tiles
+from llmc.manifest import GraphSpec, TensorSpec
+from llmc.onnx_store import WeightFile, make_model
+
+CALIBRATION_PROMPTS = (  # (each run of the calibration graph scores them all: keep it short)
+    "Describe how a bicycle works.",
+    "Write a short email asking a colleague to move a meeting to Friday.",
+    "What are the main causes of the seasons on Earth?",
+    "Give three reasons to learn a second language.",
+    "Explain what a linked list is, with a small example.",
+    "How many minutes are there in a week? Explain.",
+)
+CONTINUATION = 16  # greedy tokens of the model scored after each calibration prompt
+EXACT_WEIGHTS = 1e-4  # relative error below which a layer's low-precision weights count as the model's own
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    name: str  # the linear layer (its weight's name without ".weight"; "lm_head")
+    kl: float  # mean next-token KL when only this layer is at the low precision
+    raise_to: str  # the precision it gets when raised
+
+
+class PrecisionSearch:
+    """Calibration of one checkpoint at one QuantSpec: every candidate layer's sensitivity, and the layouts that
+    raise the k most sensitive."""
+
+    def __init__(self, ckpt: Checkpoint, names: list[str], spec: QuantSpec, reference: Engine,
+                 prompts: list[list[int]], library: Path | None, threads: int) -> None:
+        self.spec = spec
+        self.names = names
+        sequences = _continuations(reference, prompts)
+        self._tmp = tempfile.TemporaryDirectory()  # the calibration graph's files, for the session's lifetime
+        self._session = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads)
+        self._feeds = _feeds(ckpt, sequences)
+        self._reference = self._logprobs(np.zeros(len(names), np.float32))
+        self.sensitivities = [Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec))
+                              for i, n in enumerate(names)]
+        self.order = sorted(range(len(names)), key=lambda i: -self.sensitivities[i].kl)
+
+    def layout(self, k: int) -> tuple[tuple[str, str], ...]:
+        """The k most sensitive layers at their raised precision."""
+        return tuple((self.names[i], self.sensitivities[i].raise_to) for i in self.order[:k])
+
+    def predicted_top1(self, k: int) -> float:
+        """Top-1 agreement with the model, in the calibration graph, with the k most sensitive layers raised."""
+        low = np.ones(len(self.names), np.float32)
+        low[self.order[:k]] = 0.0
+        test = self._logprobs(low)
+        return float((test.argmax(-1) == self._reference.argmax(-1)).mean())
+
+    def first_k(self, target: float) -> int:
+        """The fewest raised layers the calibration predicts to reach `target` (binary search; all if none do)."""
+        lo, hi = 0, len(self.names)
+        if self.predicted_top1(0) >= target:
+            return 0
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if self.predicted_top1(mid) >= target else (mid, hi)
+        return hi
+
+    def _logprobs(self, low: np.ndarray) -> np.ndarray:
+        logits = self._session.run([io_names.LOGITS], {**self._feeds, CALIBRATE_INPUT: low})[0]
+        x = logits[0].astype(np.float64)  # [N, V]: the scored positions
+        x -= x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    def _kl(self, low: np.ndarray) -> float:
+        test = self._logprobs(low)
+        return float((np.exp(self._reference) * (self._reference - test)).sum(-1).mean())
+
+
+def _one_hot(n: int, i: int) -> np.ndarray:
+    x = np.zeros(n, np.float32)
+    x[i] = 1.0
+    return x
+
+
+def _continuations(reference: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt followed by the model's greedy continuation (from the fp32 export)."""
+    from llmc.runtime.verify import greedy_trace
+
+    return [p + greedy_trace(reference, p, CONTINUATION)[1] for p in prompts]
+
+
+def _raise_to(ckpt: Checkpoint, name: str, spec: QuantSpec) -> str:
+    """Wider activations on the layer's own low-precision weights when those are exact (16-bit ones in llmc's
+    4-bit operator: the same bytes; else fp32 ones), else 8-bit weights with fp32 activations."""
+    base = spec.precision_of(name)
+    if base == "int8":
+        return "int8-fp32act"
+    w = _float_weight(ckpt, name)
+    parts = quantize_as(w, "w", base, spec)
+    if "w" + Q4TILES in parts:
+        back = unpack_q4_tiles(parts["w" + Q4TILES], w.shape[1])
+    else:
+        back = dequantize({k.removeprefix("w"): v for k, v in parts.items()}, spec.for_bits(4))
+    err = float(np.linalg.norm(back - w) / max(float(np.linalg.norm(w)), 1e-30))
+    if err > EXACT_WEIGHTS:
+        return "int8-fp32act"
+    return "int4-act16" if spec.q4_tiles(4) else "int4-fp32act"
+
+
+def _float_weight(ckpt: Checkpoint, name: str) -> np.ndarray:
+    if name == "lm_head":
+        m = ckpt.spec
+        return np.ascontiguousarray(ckpt.weights["embed.weight" if m.tie_embeddings else "lm_head.weight"].T)
+    return ckpt.weights[name + ".weight"]
+
+
+def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tmp: Path, library: Path | None,
+                         threads: int) -> Any:
+    """The decomposed decode graph (logits at every position, an empty past) with every candidate layer in both
+    precisions."""
+    import onnxruntime as ort
+
+    from llmc.engines.kernels import register
+
+    weights = dict(ckpt.weights)
+    for name in names:
+        w = _float_weight(ckpt, name)
+        weights[name + ".weight"] = w  # the exact product's
+        weights.update(quantize_as(w, name + ".weight", spec.precision_of(name), spec))  # the low one's (ungated)
+    m = ckpt.spec
+    kv = io_names.kv_spec(m, "float32")
+    base = io_names.decode_spec(m, kv, file="calibration.onnx")
+    extra = (TensorSpec(CALIBRATE_INPUT, "float32", (len(names),)), TensorSpec(CALIBRATE_POSITIONS, "int64", ("n", 2)))
+    logits = TensorSpec(io_names.LOGITS, "float32", (1, "n", m.vocab_size))  # only the scored positions
+    spec_g = GraphSpec(base.file, (*base.inputs, *extra), (logits, *base.outputs[1:]), base.logits)
+    opts = GraphOptions(attention="decomposed", quant=spec, calibrate=tuple(names), moe="standard")
+    graph, used = build_graph(Checkpoint(m, weights), spec_g, "float32", 17, opts)
+    store = WeightFile(tmp / "weights.bin")
+    try:
+        for n in used:
+            store.add(n, weights[n])
+    finally:
+        store.close()
+    domains = {"com.microsoft": 1, "ai.llmc": 1}
+    onnx.save(make_model(graph, store, used, 17, domains), str(tmp / spec_g.file))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    if library is not None:
+        register(so, library, threads)
+    return ort.InferenceSession(str(tmp / spec_g.file), so, providers=["CPUExecutionProvider"])
+
+
+def _feeds(ckpt: Checkpoint, sequences: list[list[int]]) -> dict[str, np.ndarray]:
+    """Right-padded feeds for the sequences, with the (row, position) of every scored position: those whose logits
+    predict a continuation token (the prompt's last one and all but the last continuation token)."""
+    m = ckpt.spec
+    width = max(map(len, sequences))
+    ids = np.zeros((len(sequences), width), np.int64)
+    mask = np.zeros_like(ids)
+    for b, s in enumerate(sequences):
+        ids[b, :len(s)], mask[b, :len(s)] = s, 1
+    feeds = {io_names.INPUT_IDS: ids, io_names.ATTENTION_MASK: mask,
+             io_names.POSITION_IDS: np.tile(np.arange(width, dtype=np.int64), (len(sequences), 1))}
+    kv = io_names.kv_spec(m, "float32")
+    for name in kv.names("past"):
+        feeds[name] = np.zeros((len(sequences), m.num_kv_heads, 0, m.head_dim), np.float32)
+    scored = [(b, t) for b, s in enumerate(sequences) for t in range(len(s) - CONTINUATION - 1, len(s) - 1)]
+    feeds[CALIBRATE_POSITIONS] = np.array(scored, np.int64)
+    return feeds
+
+
+
+def extra_bytes(ckpt: Checkpoint, spec: QuantSpec, layout: tuple[tuple[str, str], ...]) -> int:
+    """The weight bytes `layout` adds to the engine with every layer at its base precision."""
+    total = 0
+    for name, precision in layout:
+        w = _float_weight(ckpt, name)
+        raised, base = (quantize_as(w, "w", p, spec) for p in (precision, spec.precision_of(name)))
+        total += sum(a.nbytes for a in raised.values()) - sum(a.nbytes for a in base.values())
+    return total
