@@ -112,7 +112,7 @@ class AsyncEngine:
     def __init__(self, loop: EngineLoop, config: AsyncEngineConfig | None = None) -> None:
         self.loop = loop
         self.config = config or AsyncEngineConfig()
-        self.capacity = loop.config.max_running + self.config.max_queue
+        self.capacity = loop.max_running + self.config.max_queue
         self._cond = threading.Condition()
         self._commands: list[tuple[str, object]] = []  # ("add", RequestStream) | ("abort", request_id)
         self._streams: dict[str, RequestStream] = {}  # engine thread only
@@ -120,7 +120,7 @@ class AsyncEngine:
         self._accepting = True
         self._stopping = False
         self._ids = itertools.count()
-        self._stats = EngineStats(0, 0, 0, self.loop.kv.num_slots * self.loop.kv.max_len)
+        self._stats = EngineStats(0, 0, 0, self.loop.stats().kv_capacity_tokens)
         self._thread = threading.Thread(target=self._run, name="llmc-engine", daemon=True)
         self._thread.start()
 
@@ -154,7 +154,7 @@ class AsyncEngine:
             if self._in_flight + params.n > self.capacity:
                 raise OverloadedError(
                     f"server overloaded: {self._in_flight} sequences in flight, the limit is {self.capacity} "
-                    f"(max running {self.loop.config.max_running} + max queue {self.config.max_queue})",
+                    f"(max running {self.loop.max_running} + max queue {self.config.max_queue})",
                     self.config.retry_after_s)
             self._in_flight += params.n
             stream = RequestStream(self, f"req-{next(self._ids)}", list(prompt_ids), params)
@@ -246,7 +246,7 @@ class AsyncEngine:
             updates = self.loop.step()
         except Exception:  # a bug or an unexpected engine fault: fail the requests in the batch, keep serving
             log.exception("engine step failed; failing the running requests")
-            for rid in {s.request_id for s in self.loop.scheduler.running}:
+            for rid in self.loop.running_requests():
                 if rid in self._streams:
                     self._end(rid, FinishReason.ERROR)
             self._release_leftovers()
@@ -255,8 +255,8 @@ class AsyncEngine:
         self._dispatch(updates, started, time.monotonic())
 
     def _mark_scheduled(self, step_start: float) -> None:
-        for seq in self.loop.scheduler.running:
-            stream = self._streams.get(seq.request_id)
+        for rid in self.loop.running_requests():
+            stream = self._streams.get(rid)
             if stream is not None and stream.scheduled is None:
                 stream.scheduled = step_start
 
@@ -264,7 +264,7 @@ class AsyncEngine:
         self._publish()  # before any stream ends: a finished request is already out of the stats
         by_request: dict[str, list[StreamUpdate]] = {}
         for u in updates:
-            if u.request_id not in self._streams or u.request_id not in self.loop.requests:
+            if u.request_id not in self._streams or not self.loop.has_request(u.request_id):
                 continue  # aborted meanwhile
             if u.finish_reason is not None:
                 self._streams[u.request_id].ended.add(u.index)
@@ -276,14 +276,14 @@ class AsyncEngine:
                 stream.scheduled = step_start
             if not stream._deliver(items):
                 self._end(rid, FinishReason.ABORT)
-            elif all(s.finished for s in self.loop.requests[rid]):
+            elif self.loop.is_done(rid):
                 self._forget(rid)
                 stream._deliver(_DONE)
 
     def _end(self, rid: str, reason: FinishReason) -> None:
         """Stop a request from outside the step (abort, failure). Every sequence whose end was not sent yet
         gets a final update: its own finish reason if it has one (an engine error), else `reason`."""
-        own = {s.index: s.finish_reason for s in self.loop.requests.get(rid, []) if s.finished}
+        own = self.loop.finish_reasons(rid)
         self.loop.abort(rid)
         stream = self._forget(rid)
         self._publish()
@@ -294,7 +294,7 @@ class AsyncEngine:
 
     def _forget(self, rid: str) -> RequestStream:
         stream = self._streams.pop(rid)
-        self.loop.requests.pop(rid, None)
+        self.loop.forget(rid)
         with self._cond:
             self._in_flight -= stream.params.n
         return stream
@@ -304,6 +304,5 @@ class AsyncEngine:
         self.loop.release_finished()
 
     def _publish(self) -> None:
-        kv = self.loop.kv
-        self._stats = EngineStats(len(self.loop.scheduler.running), len(self.loop.scheduler.waiting),
-                                  int(kv.lengths.sum()), kv.num_slots * kv.max_len)
+        s = self.loop.stats()
+        self._stats = EngineStats(s.running, s.waiting, s.kv_used_tokens, s.kv_capacity_tokens)

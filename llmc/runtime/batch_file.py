@@ -165,11 +165,10 @@ class _BatchRun:
                 progress(new)
         finally:
             for rid in self.lines:  # interrupted: leave the loop clean for its owner
-                self.loop.abort(rid)
-                self.loop.requests.pop(rid, None)
+                self.loop.forget(rid)
 
     def _fill(self, todo: Iterator[tuple[int, str]]) -> None:
-        while len(self.lines) < self.loop.config.max_running:
+        while len(self.lines) < self.loop.max_running:
             item = next(todo, None)
             if item is None:
                 return

@@ -32,6 +32,14 @@ class LoopConfig:
 
 
 @dataclass(frozen=True)
+class LoopStats:
+    running: int  # sequences holding a KV slot
+    waiting: int  # sequences admitted but not yet holding one
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+
+
+@dataclass(frozen=True)
 class SeqUpdate:
     """What one sequence produced in one step (for streaming)."""
 
@@ -147,12 +155,12 @@ class EngineLoop:
         raises ends only its own sequence (with an error), as if it had been alone."""
         out = self.sampler.sample(logits, [s.sampling for s in seqs])
         took = []
-        for i, (seq, token, logprob) in enumerate(zip(seqs, out.token_ids.tolist(), out.logprobs)):
+        for i, (seq, logprob) in enumerate(zip(seqs, out.logprobs)):
             if i in out.errors:
                 _fail(seq, "sampling", out.errors[i])
                 continue
             try:
-                seq.accept(int(token), logprob)
+                seq.accept(logprob)
             except Exception as e:  # a detokenizer or stop-check fault stays in its sequence
                 _fail(seq, "detokenizing", e)
                 continue
@@ -182,6 +190,36 @@ class EngineLoop:
             self.kv.move(*move)
         elif slot >= 0:
             self.kv.free(slot)
+
+    # -- state, for the loop's drivers (AsyncEngine, LLM, the batch runner) --------------------------------------
+    def stats(self) -> LoopStats:
+        kv = self.kv
+        return LoopStats(len(self.scheduler.running), len(self.scheduler.waiting), int(kv.lengths.sum()),
+                         kv.num_slots * kv.max_len)
+
+    @property
+    def max_running(self) -> int:
+        return self.config.max_running
+
+    def running_requests(self) -> set[str]:
+        """Requests with a sequence holding a KV slot."""
+        return {s.request_id for s in self.scheduler.running}
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    def is_done(self, request_id: str) -> bool:
+        return all(s.finished for s in self.requests[request_id])
+
+    def finish_reasons(self, request_id: str) -> dict[int, FinishReason]:
+        """The finish reasons of the request's sequences that have one (by completion index)."""
+        return {s.index: s.finish_reason for s in self.requests.get(request_id, []) if s.finish_reason is not None}
+
+    def forget(self, request_id: str) -> None:
+        """Abort what still runs of a request and drop it (no result)."""
+        if request_id in self.requests:
+            self.abort(request_id)
+            del self.requests[request_id]
 
     # -- results -----------------------------------------------------------------------------------------
     def result(self, request_id: str, prompt: str | None = None) -> RequestOutput:

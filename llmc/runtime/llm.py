@@ -85,9 +85,7 @@ class LLM:
                     if update.request_id == rid:
                         yield update
         finally:
-            if rid in self.loop.requests:
-                self.loop.abort(rid)
-                self.loop.requests.pop(rid, None)
+            self.loop.forget(rid)
 
 
 def _is_ids(x: object) -> bool:

@@ -32,7 +32,8 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 
 class SequenceSamplingState:
-    """One sequence's sampler state: its params, a private RNG and the token counts penalties need.
+    """One sequence's sampler state: its params, a private RNG, its generated tokens (`generated`: the one list of
+    them, which `Sequence.output_ids` is) and the token counts penalties need.
 
     The RNG is seeded from `params.seed`, so a seeded sequence draws the same tokens whatever else is
     in the batch; without a seed it is seeded from OS entropy.
@@ -44,7 +45,7 @@ class SequenceSamplingState:
         self.params = params
         # numpy wants a non-negative seed; OpenAI clients may send any 64-bit integer.
         self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
-        self.num_generated = 0
+        self.generated: list[int] = []
         self.output_counts: dict[int, int] = {}
         self._seen: set[int] = {int(t) for t in prompt_ids}  # prompt + generated, for repetition_penalty
         self._seen_arr: np.ndarray | None = None
@@ -53,14 +54,18 @@ class SequenceSamplingState:
         self.blocked_ids = np.array(sorted(blocked | set(params.stop_token_ids)), dtype=np.int64)
 
     @property
+    def num_generated(self) -> int:
+        return len(self.generated)
+
+    @property
     def blocks_now(self) -> bool:
         """Whether EOS / stop token ids must be masked for the next token (min_tokens not reached)."""
-        return self.num_generated < self.params.min_tokens and self.blocked_ids.size > 0
+        return len(self.generated) < self.params.min_tokens and self.blocked_ids.size > 0
 
     def append(self, token_id: int) -> None:
         """Record a generated token (the sampler does this itself for the tokens it chooses)."""
         token_id = int(token_id)
-        self.num_generated += 1
+        self.generated.append(token_id)
         self.output_counts[token_id] = self.output_counts.get(token_id, 0) + 1
         if token_id not in self._seen:
             self._seen.add(token_id)

@@ -76,7 +76,7 @@ class Scheduler:
                 budget -= n
         while self.waiting and self.slots.free and budget >= self._first_chunk(self.waiting[0], plan):
             seq = self.waiting.popleft()
-            seq.slot = self.slots.allocate(seq.seq_id)
+            seq.slot = self.slots.allocate()
             seq.status = Status.RUNNING
             self.running.append(seq)
             n = len(seq.prompt_ids) if self._whole(seq) else min(len(seq.prompt_ids), budget)

@@ -19,6 +19,10 @@ class Status(str, Enum):
 
 @dataclass
 class Sequence:
+    """One generated sequence: the single owner of its state. Its tokens are its sampling state's list (the sampler
+    records each token it chooses there), its text and finish reason are here; the stop checker holds only the
+    text it holds back, the scheduler only the slot it gave (`slot`)."""
+
     seq_id: str
     request_id: str
     index: int  # which of the request's n completions
@@ -30,11 +34,14 @@ class Sequence:
     status: Status = Status.WAITING
     slot: int = -1
     prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
-    output_ids: list[int] = field(default_factory=list)
     text: str = ""
     new_text: str = ""  # emitted by the latest step, for streaming
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.sampling.generated
 
     @property
     def finished(self) -> bool:
@@ -48,13 +55,15 @@ class Sequence:
     def prompt_done(self) -> bool:
         return self.prefilled >= len(self.prompt_ids)
 
-    def accept(self, token: int, logprob: TokenLogprob | None) -> None:
-        """Record a sampled token, its text (held back near stop strings), and whether it ends the sequence."""
-        self.output_ids.append(token)
+    def accept(self, logprob: TokenLogprob | None) -> None:
+        """Take the token the sampler just recorded: its logprob, its text (held back near stop strings), and
+        whether it ends the sequence."""
+        assert not self.finished and self.output_ids, f"{self.seq_id}: accept without a new token"
+        token = self.output_ids[-1]
         if logprob is not None:
             self.logprobs.append(logprob)
         piece = self.detok.step(token) if self.detok is not None else ""
-        emitted, reason = self.stopper.on_token(token, piece)
+        emitted, reason = self.stopper.on_token(token, piece, len(self.output_ids))
         self.new_text = emitted
         self.text += emitted
         if reason is not None:

@@ -14,7 +14,8 @@ class StopChecker:
     string found in the text (also across tokens), and with `FinishReason.LENGTH` at `max_tokens`.
     No stop applies to the first `min_tokens` tokens. Neither a stop string nor the text of a stop
     token is part of the output (as OpenAI does). Text that could still begin a stop string is held
-    back until it is clearly not one, so a stream never shows part of a stop string.
+    back until it is clearly not one, so a stream never shows part of a stop string. It keeps only that held
+    tail: the sequence owns its tokens, its text and its finish reason.
     """
 
     def __init__(self, params: SamplingParams, eos_ids: Iterable[int]) -> None:
@@ -22,36 +23,22 @@ class StopChecker:
         self.eos_ids = frozenset() if params.ignore_eos else frozenset(int(t) for t in eos_ids)
         self.stop_ids = frozenset(int(t) for t in params.stop_token_ids)
         self.stops = tuple(s for s in params.stop if s)
-        self.num_tokens = 0
-        self.output_text = ""  # everything emitted so far
-        self.finish_reason: FinishReason | None = None
         self._held = ""  # a tail that may be the start of a stop string
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def on_token(self, token_id: int, new_text: str) -> tuple[str, FinishReason | None]:
-        """Account for one generated token; return the text that may be emitted now and, if the
+    def on_token(self, token_id: int, new_text: str, generated: int) -> tuple[str, FinishReason | None]:
+        """Account for a generated token (the `generated`-th); return the text that may be emitted now and, if the
         sequence ends here, why. After a finish, the held-back text has been emitted too."""
-        assert not self.finished, "on_token after the sequence finished"
-        self.num_tokens += 1
-        stopping_allowed = self.num_tokens > self.params.min_tokens
+        stopping_allowed = generated > self.params.min_tokens
         if stopping_allowed and (int(token_id) in self.eos_ids or int(token_id) in self.stop_ids):
-            return self._finish(self._take_held(), FinishReason.STOP)
+            return self._take_held(), FinishReason.STOP
         text, reason = self._scan(self._held + new_text, stopping_allowed)
-        if reason is None and self.num_tokens >= self.params.max_tokens:
-            return self._finish(text + self._take_held(), FinishReason.LENGTH)
-        if reason is not None:
-            return self._finish(text, reason)
-        self.output_text += text
-        return text, None
+        if reason is None and generated >= self.params.max_tokens:
+            return text + self._take_held(), FinishReason.LENGTH
+        return text, reason
 
     def flush(self) -> str:
         """Release the held-back tail (for a sequence ended from outside, e.g. aborted)."""
-        text = self._take_held()
-        self.output_text += text
-        return text
+        return self._take_held()
 
     def _scan(self, buffer: str, stopping_allowed: bool) -> tuple[str, FinishReason | None]:
         """Split `buffer` into text to emit now and a held tail; cut it at the first stop string."""
@@ -78,8 +65,3 @@ class StopChecker:
     def _take_held(self) -> str:
         text, self._held = self._held, ""
         return text
-
-    def _finish(self, text: str, reason: FinishReason) -> tuple[str, FinishReason]:
-        self.finish_reason = reason
-        self.output_text += text
-        return text, reason

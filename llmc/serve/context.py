@@ -68,7 +68,7 @@ class Served:
         if needed > capacity:
             what = f"{len(prompts)} prompts x n={params.n}" if len(prompts) > 1 else f"n={params.n}"
             raise ApiError(400, f"the request needs {needed} sequences ({what}); this server holds at most "
-                                f"{capacity} (max running {self.engine.loop.config.max_running} + max queue "
+                                f"{capacity} (max running {self.engine.loop.max_running} + max queue "
                                 f"{self.engine.config.max_queue})", param="n" if len(prompts) == 1 else "prompt")
         return Generation(self.engine, prompts, params, self.metrics.tracker())
 

@@ -11,8 +11,8 @@ from llmc.runtime.stopping import StopChecker
 def _feed(checker: StopChecker, pieces: list[tuple[int, str]]) -> tuple[list[str], FinishReason | None]:
     """Feed (token id, text) pairs until a finish; return the emitted chunks and the reason."""
     chunks: list[str] = []
-    for token_id, text in pieces:
-        out, reason = checker.on_token(token_id, text)
+    for n, (token_id, text) in enumerate(pieces, start=1):
+        out, reason = checker.on_token(token_id, text, n)
         chunks.append(out)
         if reason is not None:
             return chunks, reason
@@ -28,25 +28,24 @@ def test_stop_string_spanning_three_tokens_is_cut_and_not_emitted() -> None:
     checker = StopChecker(SamplingParams(stop=["<END>"]), eos_ids=[0])
     chunks, reason = _feed(checker, _text(["Hello", " world<", "EN", "D>tail", "more"]))
     assert reason is FinishReason.STOP
-    assert "".join(chunks) == "Hello world" == checker.output_text
+    assert "".join(chunks) == "Hello world"
     assert all("<" not in c for c in chunks)  # the partial stop string was never streamed
     assert chunks[1] == " world"  # "<" held back as soon as it could start "<END>"
 
 
 def test_holdback_released_when_not_a_stop() -> None:
     checker = StopChecker(SamplingParams(stop=["<END>"]), eos_ids=[])
-    out1, _ = checker.on_token(1, "a <E")
+    out1, _ = checker.on_token(1, "a <E", 1)
     assert out1 == "a "
-    out2, reason = checker.on_token(2, "X and")
+    out2, reason = checker.on_token(2, "X and", 2)
     assert (out2, reason) == ("<EX and", None)
-    assert checker.output_text == "a <EX and"
 
 
 def test_holdback_flushed_at_max_tokens() -> None:
     checker = StopChecker(SamplingParams(stop=["###"], max_tokens=2), eos_ids=[])
-    assert checker.on_token(1, "x#") == ("x", None)
-    assert checker.on_token(2, "#") == ("##", FinishReason.LENGTH)
-    assert checker.output_text == "x##" and checker.flush() == ""
+    assert checker.on_token(1, "x#", 1) == ("x", None)
+    assert checker.on_token(2, "#", 2) == ("##", FinishReason.LENGTH)
+    assert checker.flush() == ""
 
 
 def test_earliest_of_several_stop_strings_wins() -> None:
@@ -64,38 +63,36 @@ def test_stop_string_inside_one_token() -> None:
 @pytest.mark.parametrize("eos", [0, 2])
 def test_any_eos_id_stops(eos: int) -> None:
     checker = StopChecker(SamplingParams(), eos_ids=[0, 2])
-    assert checker.on_token(5, "hi") == ("hi", None)
-    assert checker.on_token(eos, "") == ("", FinishReason.STOP)
-    assert checker.finished and checker.num_tokens == 2
+    assert checker.on_token(5, "hi", 1) == ("hi", None)
+    assert checker.on_token(eos, "", 2) == ("", FinishReason.STOP)
 
 
 def test_ignore_eos() -> None:
     checker = StopChecker(SamplingParams(ignore_eos=True, max_tokens=3), eos_ids=[0])
-    assert checker.on_token(0, "") == ("", None)
-    assert checker.on_token(0, "") == ("", None)
-    assert checker.on_token(0, "") == ("", FinishReason.LENGTH)
+    assert checker.on_token(0, "", 1) == ("", None)
+    assert checker.on_token(0, "", 2) == ("", None)
+    assert checker.on_token(0, "", 3) == ("", FinishReason.LENGTH)
 
 
 def test_stop_token_id_text_not_emitted_but_held_text_is() -> None:
     checker = StopChecker(SamplingParams(stop_token_ids=[7], stop=["abc"]), eos_ids=[])
-    assert checker.on_token(1, "xa") == ("x", None)
-    assert checker.on_token(7, "<tool>") == ("a", FinishReason.STOP)
-    assert checker.output_text == "xa"
+    assert checker.on_token(1, "xa", 1) == ("x", None)
+    assert checker.on_token(7, "<tool>", 2) == ("a", FinishReason.STOP)
 
 
 def test_min_tokens_defers_every_stop() -> None:
     params = SamplingParams(min_tokens=3, stop=["."], stop_token_ids=[9])
     checker = StopChecker(params, eos_ids=[0])
-    assert checker.on_token(0, "") == ("", None)
-    assert checker.on_token(9, "a.") == ("a.", None)
-    assert checker.on_token(4, ".b") == (".b", None)
-    assert checker.on_token(4, "c.d") == ("c", FinishReason.STOP)
+    assert checker.on_token(0, "", 1) == ("", None)
+    assert checker.on_token(9, "a.", 2) == ("a.", None)
+    assert checker.on_token(4, ".b", 3) == (".b", None)
+    assert checker.on_token(4, "c.d", 4) == ("c", FinishReason.STOP)
 
 
 def test_min_tokens_then_eos() -> None:
     checker = StopChecker(SamplingParams(min_tokens=1), eos_ids=[0])
-    assert checker.on_token(0, "") == ("", None)
-    assert checker.on_token(0, "") == ("", FinishReason.STOP)
+    assert checker.on_token(0, "", 1) == ("", None)
+    assert checker.on_token(0, "", 2) == ("", FinishReason.STOP)
 
 
 def test_max_tokens_is_length() -> None:
@@ -106,15 +103,8 @@ def test_max_tokens_is_length() -> None:
 
 def test_stop_on_last_allowed_token_is_stop_not_length() -> None:
     checker = StopChecker(SamplingParams(max_tokens=2, stop=["!"]), eos_ids=[])
-    checker.on_token(1, "a")
-    assert checker.on_token(2, "b!") == ("b", FinishReason.STOP)
-
-
-def test_on_token_after_finish_is_a_bug() -> None:
-    checker = StopChecker(SamplingParams(max_tokens=1), eos_ids=[])
-    checker.on_token(1, "a")
-    with pytest.raises(AssertionError):
-        checker.on_token(2, "b")
+    checker.on_token(1, "a", 1)
+    assert checker.on_token(2, "b!", 2) == ("b", FinishReason.STOP)
 
 
 def test_streamed_chunks_equal_final_text_char_by_char() -> None:
