@@ -16,8 +16,9 @@ import numpy as np
 from llmc.bench.bandwidth import probe as probe_bandwidth
 from llmc.bench.limits import DEFAULT_BANDWIDTH_GBS, kv_bytes_copied_per_step, weight_bytes_per_step
 from llmc.errors import InputError
-from llmc.runtime.generator import EngineLoop, LoopConfig
-from llmc.runtime.llm import LLM, LLMConfig
+from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.generator import EngineLoop
+from llmc.runtime.llm import LLM
 from llmc.runtime.request import SamplingParams
 
 if TYPE_CHECKING:
@@ -96,8 +97,8 @@ def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None,
     (`decode_vs_against`, `ttft_vs_against`)."""
     cfg.check()
     with ExitStack() as stack:
-        llm = LLM(cfg.engine_dir, LLMConfig(threads=cfg.threads, max_batch=1))
-        other = None if cfg.against is None else LLM(cfg.against, LLMConfig(threads=cfg.threads, max_batch=1))
+        llm = LLM(cfg.engine_dir, RuntimeConfig(threads=cfg.threads, max_running=1))
+        other = None if cfg.against is None else LLM(cfg.against, RuntimeConfig(threads=cfg.threads, max_running=1))
         peer = None
         if compare_torch:
             from llmc.bench.torch_ref import TorchPeer
@@ -124,7 +125,8 @@ class _Bench:
         max_batch = max(b for b, _, _ in runs)
         longest = max(p + n for _, p, n in runs)
         budget = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8) // 2**20 + 1
-        loop = EngineLoop(llm.engine, llm.tokenizer, LoopConfig(max_batch, budget, max_batch * longest + max_batch))
+        loop = EngineLoop(llm.engine, llm.tokenizer, RuntimeConfig(max_running=max_batch, kv_budget_mb=budget,
+                                                                   max_step_tokens=max_batch * longest + max_batch))
         if loop.max_len < longest:
             raise InputError(f"the longest run needs {longest} positions, {directory} allows {loop.max_len}")
         return cls(llm, directory, loop, weight_bytes_per_step(directory, llm.engine.manifest),

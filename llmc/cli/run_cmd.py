@@ -42,21 +42,22 @@ def register(app: typer.Typer, wrap: Any) -> None:
                                                         "(lines {\"prompt\"} or {\"messages\"}, sampling fields).")] = None,
         output_file: Annotated[Path | None, typer.Option("--output", help="JSONL of results, in input order "
                                                          "(with --input); an interrupted run resumes.")] = None,
-        max_batch: Annotated[int, typer.Option(help="With --input: sequences decoding together.")] = 8,
+        max_running: Annotated[int, typer.Option(help="With --input: sequences decoding together.")] = 8,
     ) -> None:
         """Generate with an engine, streaming text as it comes; or run a JSONL file of prompts (--input)."""
         from llmc.pipeline import ensure_engine
         from llmc.progress import ConsoleSteps
-        from llmc.runtime.llm import LLM, LLMConfig
+        from llmc.runtime.config import RuntimeConfig
+        from llmc.runtime.llm import LLM
 
         params = SamplingParams(max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                 min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop or []))
         params.validate()
-        batch = _batch_config(prompt, input_file, output_file, max_batch, params)
+        batch = _batch_config(prompt, input_file, output_file, params)
+        runtime = RuntimeConfig(threads=threads, max_running=max_running if batch else 1, kv_budget_mb=kv_budget_mb,
+                                chat_template=str(chat_template) if chat_template else None)
         engine_dir = ensure_engine(model, ConsoleSteps(8, prefix="setup "))
-        llm = LLM(engine_dir, LLMConfig(threads=threads, max_batch=max_batch if batch else 1,
-                                        kv_budget_mb=kv_budget_mb,
-                                        chat_template=str(chat_template) if chat_template else None))
+        llm = LLM(engine_dir, runtime)
         if batch is not None:
             _run_batch(llm, batch)
             return
@@ -68,7 +69,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
             _chat(llm, system, params, max_tokens is None)
 
 
-def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path | None, max_batch: int,
+def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path | None,
                   params: SamplingParams) -> BatchConfig | None:
     """The batch run the flags ask for (None: a single prompt or a chat); checked before an engine loads."""
     from llmc.runtime.batch_file import BatchConfig, check_paths
@@ -79,8 +80,6 @@ def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path
         raise InputError("--input and --output go together: llmc run ENGINE --input in.jsonl --output out.jsonl")
     if prompt is not None:
         raise InputError("give either a PROMPT or --input, not both")
-    if max_batch < 1:
-        raise InputError(f"--max-batch must be >= 1, got {max_batch}")
     config = BatchConfig(input_file, output_file, params)
     check_paths(config)
     return config

@@ -39,15 +39,17 @@ def register(app: typer.Typer, wrap: Any) -> None:
         """Serve an engine over HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
         from llmc.pipeline import ensure_engine
         from llmc.progress import ConsoleSteps
+        from llmc.runtime.config import RuntimeConfig
         from llmc.serve.app import ServeConfig
         from llmc.serve.server import run_server
 
-        _check_flags(max_running, max_queue, port, shutdown_timeout, max_request_bytes, api_key)
+        _check_flags(max_queue, port, shutdown_timeout, max_request_bytes, api_key)
+        runtime = RuntimeConfig(threads=threads, max_running=max_running, kv_budget_mb=kv_budget_mb,
+                                max_step_tokens=max_step_tokens,
+                                chat_template=str(chat_template) if chat_template else None)
         engine_dir = ensure_engine(model, ConsoleSteps(8, prefix="setup "))
         config = ServeConfig(model_name=served_model_name or _default_name(model, engine_dir), host=host,
-                             port=port, max_running=max_running, max_queue=max_queue, kv_budget_mb=kv_budget_mb,
-                             threads=threads, chat_template=str(chat_template) if chat_template else None,
-                             shutdown_timeout=shutdown_timeout, max_step_tokens=max_step_tokens,
+                             port=port, runtime=runtime, max_queue=max_queue, shutdown_timeout=shutdown_timeout,
                              api_key=api_key or None, protect_metrics=protect_metrics,
                              allowed_origins=tuple(o.strip() for o in allowed_origins.split(",") if o.strip()),
                              max_request_bytes=max_request_bytes)
@@ -80,7 +82,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         typer.echo(format_report(asyncio.run(run_bench(cfg))))
 
 
-def _check_flags(max_running: int, max_queue: int, port: int, shutdown_timeout: float, max_request_bytes: int,
+def _check_flags(max_queue: int, port: int, shutdown_timeout: float, max_request_bytes: int,
                  api_key: str | None) -> None:
     from llmc.errors import InputError
 
@@ -89,8 +91,6 @@ def _check_flags(max_running: int, max_queue: int, port: int, shutdown_timeout: 
     if api_key is not None and (not api_key.strip() or not api_key.isascii() or not api_key.isprintable()):
         raise InputError("--api-key (or LLMC_API_KEY) must be printable ASCII and not empty")
 
-    if max_running < 1:
-        raise InputError(f"--max-running must be >= 1, got {max_running}")
     if max_queue < 0:
         raise InputError(f"--max-queue must be >= 0, got {max_queue}")
     if not 0 <= port <= 65535:

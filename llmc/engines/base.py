@@ -26,7 +26,9 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         if self.threads < 0:
-            raise InputError(f"--threads must be >= 0 (0 = physical cores), got {self.threads}")
+            raise InputError(f"--threads must be >= 0 (0 = physical cores), got {self.threads}", "threads")
+        if self.kv_budget_mb < 1:
+            raise InputError(f"--kv-budget-mb must be >= 1, got {self.kv_budget_mb}", "kv_budget_mb")
 
 
 class KVCache(ABC):

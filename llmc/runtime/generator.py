@@ -11,6 +11,7 @@ import numpy as np
 
 from llmc.engines.base import Engine, KVCache
 from llmc.errors import EngineError, InputError, LimitError
+from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.request import CompletionOutput, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from llmc.runtime.sampler import Sampler, SequenceSamplingState
 from llmc.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan
@@ -21,14 +22,6 @@ from llmc.runtime.tokenizer import Tokenizer
 log = logging.getLogger("llmc.runtime")
 
 EngineCall = Callable[[list[int], list[list[int]], KVCache], np.ndarray]  # Engine.prefill or Engine.decode
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    max_running: int = 8  # KV slots: sequences decoding together
-    kv_budget_mb: int = 1024  # memory for the KV cache; max_len per slot follows from it
-    max_step_tokens: int = 2048  # per-step token budget (prefill chunks + decode tokens)
-    min_chunk: int = 32  # a prompt chunk smaller than this waits for the next step
 
 
 @dataclass(frozen=True)
@@ -52,16 +45,16 @@ class SeqUpdate:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, tokenizer: Tokenizer | None, config: LoopConfig | None = None) -> None:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer | None, config: RuntimeConfig | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.config = config or LoopConfig()
+        self.config = config or RuntimeConfig()
         per_slot = self.config.kv_budget_mb * 2**20 // (engine.kv_bytes_per_token() * self.config.max_running)
         self.max_len = int(min(engine.max_positions, per_slot))
         if self.max_len < 16:
             raise InputError(
                 f"--kv-budget-mb {self.config.kv_budget_mb} leaves {self.max_len} tokens per sequence for "
-                f"{self.config.max_running} sequences; raise the budget or lower --max-batch"
+                f"{self.config.max_running} sequences; raise the budget or lower --max-running"
             )
         self.kv = engine.new_kv_cache(self.config.max_running, self.max_len)
         self.scheduler = Scheduler(SchedulerConfig(self.config.max_running, self.max_len,

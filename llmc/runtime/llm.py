@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmc.engines.base import EngineOptions
 from llmc.engines.registry import load_engine_dir
-from llmc.runtime.generator import EngineLoop, LoopConfig, SeqUpdate
+from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.generator import EngineLoop, SeqUpdate
 from llmc.runtime.request import RequestOutput, SamplingParams
 from llmc.runtime.tokenizer import Tokenizer
 
@@ -17,13 +16,7 @@ Prompt = str | list[int]
 Message = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class LLMConfig:
-    threads: int = 0  # 0: physical cores
-    max_batch: int = 8  # sequences decoding together (KV slots)
-    kv_budget_mb: int = 1024
-    max_step_tokens: int = 2048  # per-step token budget: longer prompts are prefilled in chunks
-    chat_template: str | None = None  # a Jinja file overriding the model's template
+LLMConfig = RuntimeConfig  # the Python API's name for it
 
 
 class LLM:
@@ -32,12 +25,9 @@ class LLM:
     def __init__(self, engine_dir: str | Path, config: LLMConfig | None = None) -> None:
         config = config or LLMConfig()
         self.engine_dir = Path(engine_dir)
-        self.engine = load_engine_dir(self.engine_dir, EngineOptions(threads=config.threads,
-                                                                       kv_budget_mb=config.kv_budget_mb))
+        self.engine = load_engine_dir(self.engine_dir, config.engine_options())
         self.tokenizer = Tokenizer.from_dir(self.engine_dir, config.chat_template)
-        self.loop = EngineLoop(self.engine, self.tokenizer, LoopConfig(max_running=config.max_batch,
-                                                                       kv_budget_mb=config.kv_budget_mb,
-                                                                       max_step_tokens=config.max_step_tokens))
+        self.loop = EngineLoop(self.engine, self.tokenizer, config)
 
     @property
     def max_context(self) -> int:

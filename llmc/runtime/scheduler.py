@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from llmc.errors import InputError
 from llmc.runtime.kv_allocator import SlotAllocator
 from llmc.runtime.request import FinishReason
 from llmc.runtime.sequence import Sequence, Status
@@ -28,11 +27,7 @@ class SchedulerConfig:
     whole_prompts_over: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_step_tokens < self.max_running:
-            raise InputError(
-                f"max_step_tokens ({self.max_step_tokens}) must be >= max_running ({self.max_running}): "
-                "every running sequence decodes one token per step"
-            )
+        assert self.max_step_tokens >= self.max_running, "RuntimeConfig checks the budget"
 
     @property
     def chunk_floor(self) -> int:

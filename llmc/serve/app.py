@@ -14,7 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from llmc import __version__
 from llmc.runtime.async_engine import AsyncEngine, AsyncEngineConfig
-from llmc.runtime.llm import LLM, LLMConfig
+from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.llm import LLM
 from llmc.serve.chat import create_chat_completion
 from llmc.serve.completions import create_completion
 from llmc.serve.context import Served
@@ -25,17 +26,14 @@ from llmc.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelC
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """How `llmc serve` runs one engine; built once by the CLI."""
+    """How `llmc serve` runs one engine; built once by the CLI. `runtime`: how the engine runs (small prompt chunks
+    per step by default: they keep running streams' inter-token latency low)."""
 
     model_name: str | None = None  # what clients pass as `model`; None: the engine folder's name
     host: str = "127.0.0.1"
     port: int = 8000
-    max_running: int = 8  # sequences decoding together (KV slots)
-    max_queue: int = 64  # sequences waiting beyond those; past it: 429
-    kv_budget_mb: int = 1024
-    max_step_tokens: int = 512  # per-step tokens: small prompt chunks keep running streams' inter-token latency low
-    threads: int = 0  # 0: physical cores
-    chat_template: str | None = None  # a Jinja file overriding the model's template
+    runtime: RuntimeConfig = RuntimeConfig(max_step_tokens=512)
+    max_queue: int = 64  # sequences waiting beyond the running ones; past it: 429
     shutdown_timeout: float = 30.0  # SIGTERM: seconds to drain in-flight requests
     retry_after_s: float = 1.0
     api_key: str | None = None  # required as `Authorization: Bearer KEY` on /v1/* when set
@@ -47,20 +45,16 @@ class ServeConfig:
         return GuardConfig(api_key=self.api_key, protect_metrics=self.protect_metrics,
                            max_request_bytes=self.max_request_bytes)
 
-    def llm_config(self) -> LLMConfig:
-        return LLMConfig(threads=self.threads, max_batch=self.max_running, kv_budget_mb=self.kv_budget_mb,
-                         max_step_tokens=self.max_step_tokens, chat_template=self.chat_template)
-
 
 def create_app(source: LLM | str | Path, config: ServeConfig | None = None) -> FastAPI:
-    """An app serving `source` (a loaded `LLM`, or an engine folder loaded here with `config.llm_config()`).
+    """An app serving `source` (a loaded `LLM`, or an engine folder loaded here with `config.runtime`).
 
     The app owns the LLM's engine loop from here on (one engine thread); do not call `LLM.generate` meanwhile.
-    A given `LLM` keeps its own batch size (`config.max_running` is used only to load a folder). The engine stops
+    A given `LLM` keeps its own runtime config (`config.runtime` is used only to load a folder). The engine stops
     at the app's shutdown, after draining for `config.shutdown_timeout` seconds.
     """
     config = config or ServeConfig()
-    llm = source if isinstance(source, LLM) else LLM(source, config.llm_config())
+    llm = source if isinstance(source, LLM) else LLM(source, config.runtime)
     engine = AsyncEngine(llm.loop, AsyncEngineConfig(config.max_queue, config.retry_after_s))
     served = Served(engine, llm.tokenizer, config.model_name or llm.engine_dir.name, str(llm.engine_dir))
 

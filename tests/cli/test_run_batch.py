@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from llmc.cli.main import app
 from llmc.runtime.batch_file import BatchConfig, run_batch
-from llmc.runtime.generator import EngineLoop, LoopConfig
+from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.generator import EngineLoop
 from llmc.runtime.llm import LLM, LLMConfig
 from llmc.runtime.request import SamplingParams
 from llmc.runtime.tokenizer import Tokenizer
@@ -49,7 +50,7 @@ class Engines:
         engine = FakeEngine(vocab=llm.tokenizer.vocab_size, max_pos=MAX_POS, eos_ids=(EOS,), poison=POISON,
                             on_call=self.on_call)
         llm.engine = engine
-        llm.loop = EngineLoop(engine, llm.tokenizer, LoopConfig(max_running=config.max_batch, kv_budget_mb=1))
+        llm.loop = EngineLoop(engine, llm.tokenizer, RuntimeConfig(max_running=config.max_running, kv_budget_mb=1))
         self.made.append(llm)
         return llm
 
@@ -129,7 +130,7 @@ def test_results_in_input_order_with_error_records(engines: Engines, tmp_path: P
     src = write_lines(tmp_path / "prompts.jsonl", lines[:3] + ["   "] + lines[3:])  # a blank line is skipped
     in_flight: list[int] = []
     engines.on_call = lambda call: in_flight.append(len(engines.made[-1].loop.requests))
-    result = cli("--input", src, "--output", tmp_path / "out.jsonl", "--max-batch", "2")
+    result = cli("--input", src, "--output", tmp_path / "out.jsonl", "--max-running", "2")
     assert result.exit_code == 0, result.output
     out = read_jsonl(tmp_path / "out.jsonl")
     assert [r["index"] for r in out] == list(range(len(cases)))
@@ -175,7 +176,7 @@ def test_engine_error_is_recorded_and_the_rest_run(engines: Engines, tmp_path: P
 def test_progress_callback_counts_lines(engines: Engines, tmp_path: Path) -> None:
     src = write_lines(tmp_path / "in.jsonl", [{"prompt": [5 + i], "max_tokens": 3} for i in range(5)] + ["{"])
     seen: list[tuple[int, int, int]] = []
-    summary = run_batch(engines.llm(config=LLMConfig(max_batch=2)), BatchConfig(src, tmp_path / "out.jsonl"),
+    summary = run_batch(engines.llm(config=LLMConfig(max_running=2)), BatchConfig(src, tmp_path / "out.jsonl"),
                         lambda done, total, new: seen.append((done, total, new)))
     dones = [d for d, _, _ in seen]
     assert dones == sorted(dones) and dones[-1] == 6 and {t for _, t, _ in seen} == {6}
@@ -198,14 +199,14 @@ def test_interrupted_run_resumes_without_redoing_lines(engines: Engines, tmp_pat
     src, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     sidecar = tmp_path / "out.jsonl.partial"
     interrupt_after_prefills(engines, 4)
-    first = cli("--input", src, "--output", out, "--max-batch", "2")
+    first = cli("--input", src, "--output", out, "--max-running", "2")
     assert first.exit_code == 130 and "run the same command to resume" in first.stderr
     assert not out.exists() and sidecar.exists()
     done = {r["index"] for r in read_jsonl(sidecar)[1:]}
     assert 0 < len(done) < 10
 
     engines.on_call = None
-    second = cli("--input", src, "--output", out, "--max-batch", "2")
+    second = cli("--input", src, "--output", out, "--max-running", "2")
     assert second.exit_code == 0, second.output
     assert prefill_rows(engines.engine) == 10 - len(done)  # finished lines are not run again
     assert f"{len(done)} from an earlier run" in second.stderr
@@ -219,13 +220,13 @@ def test_resume_after_a_kill_mid_write(engines: Engines, tmp_path: Path) -> None
     lines = [{"prompt": [5, 6, i + 3], "max_tokens": 3} for i in range(6)]
     src, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     interrupt_after_prefills(engines, 3)
-    assert cli("--input", src, "--output", out, "--max-batch", "1").exit_code == 130
+    assert cli("--input", src, "--output", out, "--max-running", "1").exit_code == 130
     sidecar = tmp_path / "out.jsonl.partial"
     done = len(read_jsonl(sidecar)) - 1
     with open(sidecar, "a", encoding="utf-8") as f:
         f.write('{"index": 5, "text": "half a rec')  # killed while writing
     engines.on_call = None
-    result = cli("--input", src, "--output", out, "--max-batch", "1")
+    result = cli("--input", src, "--output", out, "--max-running", "1")
     assert result.exit_code == 0, result.output
     assert prefill_rows(engines.engine) == 6 - done
     assert [r["index"] for r in read_jsonl(out)] == list(range(6)) and "text" in read_jsonl(out)[5]
@@ -234,7 +235,7 @@ def test_resume_after_a_kill_mid_write(engines: Engines, tmp_path: Path) -> None
 def test_sidecar_of_another_input_is_refused(engines: Engines, tmp_path: Path) -> None:
     src, out = write_lines(tmp_path / "in.jsonl", [{"prompt": [5], "max_tokens": 3}] * 4), tmp_path / "out.jsonl"
     interrupt_after_prefills(engines, 2)
-    assert cli("--input", src, "--output", out, "--max-batch", "1").exit_code == 130
+    assert cli("--input", src, "--output", out, "--max-running", "1").exit_code == 130
     write_lines(src, [{"prompt": [6], "max_tokens": 3}] * 4)
     result = cli("--input", src, "--output", out)
     assert result.exit_code == 1
@@ -251,7 +252,7 @@ def test_sidecar_of_another_input_is_refused(engines: Engines, tmp_path: Path) -
     (["hello", "--input", "{tmp}/in.jsonl", "--output", "{tmp}/out.jsonl"], "either a PROMPT or --input"),
     (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/nowhere/out.jsonl"], "output folder does not exist"),
     (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/in.jsonl"], "--output must differ from --input"),
-    (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/out.jsonl", "--max-batch", "0"], "--max-batch must be >= 1"),
+    (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/out.jsonl", "--max-running", "0"], "--max-running must be >= 1"),
 ])
 def test_user_errors_are_one_line_before_loading(engines: Engines, tmp_path: Path, args: list[str],
                                                  message: str) -> None:
@@ -286,7 +287,7 @@ def test_real_engine_batch_equals_generate(tiny_llama: Any, tmp_path: Path) -> N
              {"prompt": "x", "max_tokens": 0}]
     src, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
     result = CliRunner().invoke(app, ["run", str(tiny_llama.engine_dir), "--input", str(src), "--output", str(out),
-                                      "--max-batch", "2"])
+                                      "--max-running", "2"])
     assert result.exit_code == 0, result.output
     records = read_jsonl(out)
     llm = LLM(tiny_llama.engine_dir)

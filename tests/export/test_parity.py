@@ -19,7 +19,8 @@ from llmc.engines.registry import load_engine_dir
 from llmc.errors import LimitError
 from llmc.manifest import load_export
 from llmc.onnx_store import ALIGN
-from llmc.runtime.generator import EngineLoop, LoopConfig
+from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.generator import EngineLoop
 from llmc.runtime.llm import LLMConfig
 
 TOL = 1e-4
@@ -181,7 +182,7 @@ def test_more_prompts_than_slots(arch: str, layout: str, tiny_factory: Callable[
     prompts = [_ids(20 + i, n) for i, n in enumerate([3, 40, 9, 100, 1, 17])]
     llm = LLM(engine_dir)
     singles = [llm.generate([p], q)[0].outputs[0].token_ids for p, q in zip(prompts, params)]
-    two_slots = LLM(engine_dir, LLMConfig(max_batch=2)).generate(prompts, params)
+    two_slots = LLM(engine_dir, LLMConfig(max_running=2)).generate(prompts, params)
     assert [o.outputs[0].token_ids for o in two_slots] == singles
 
 
@@ -199,13 +200,13 @@ def test_chunked_prompts_equal_singles(engine: Engine) -> None:
     engine.decode = spy  # type: ignore[method-assign]
     singles = []
     for p in prompts:
-        loop = EngineLoop(engine, None, LoopConfig(max_running=3))
+        loop = EngineLoop(engine, None, RuntimeConfig(max_running=3))
         rid = loop.add_request(p, params)
         while loop.has_work:
             loop.step()
         singles.append(loop.pop(rid).outputs[0].token_ids)
     assert not chunk_sizes, "a 2048-token budget needs no chunks"
-    loop = EngineLoop(engine, None, LoopConfig(max_running=3, max_step_tokens=16))
+    loop = EngineLoop(engine, None, RuntimeConfig(max_running=3, max_step_tokens=16))
     rids = [loop.add_request(p, params) for p in prompts]
     while loop.has_work:
         loop.step()

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from llmc.errors import InputError, LimitError
-from llmc.runtime.generator import EngineLoop, LoopConfig, SeqUpdate
+from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.generator import EngineLoop, SeqUpdate
 from llmc.runtime.request import FinishReason, RequestOutput, SamplingParams
 
 from .fake_engine import POISON, FakeEngine, FakeKVCache, check_invariants, greedy_reference
@@ -40,7 +41,7 @@ def run(loop: EngineLoop, requests: list[tuple[list[int], SamplingParams]],
 
 
 def fake_loop(**config: Any) -> EngineLoop:
-    return EngineLoop(FakeEngine(), None, LoopConfig(**{"kv_budget_mb": 1, **config}))
+    return EngineLoop(FakeEngine(), None, RuntimeConfig(**{"kv_budget_mb": 1, **config}))
 
 
 def tokens(outs: list[RequestOutput]) -> list[list[int]]:
@@ -232,7 +233,7 @@ def test_request_checks() -> None:
 
 
 def test_loop_rejects_budget_below_batch() -> None:
-    with pytest.raises(InputError, match="max_step_tokens"):
+    with pytest.raises(InputError, match=r"--max-step-tokens \(4\) must be >= --max-running \(8\)"):
         fake_loop(max_running=8, max_step_tokens=4)
 
 
@@ -243,14 +244,14 @@ def test_ort_concurrent_greedy_equals_alone(tiny_llama: Any) -> None:
     then again with a small step budget, so long prompts are chunked beside decoding ones."""
     from llmc.runtime.llm import LLM, LLMConfig
 
-    llm = LLM(tiny_llama.engine_dir, LLMConfig(max_batch=4))
+    llm = LLM(tiny_llama.engine_dir, LLMConfig(max_running=4))
     prompts = prompts_of([5, 23, 2, 41, 11, 17], seed=1, low=3, high=llm.engine.vocab_size)
     params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in (12, 4, 20, 7, 15, 9)]
     params[3] = SamplingParams(max_tokens=7, temperature=0.8, top_k=40, seed=11, ignore_eos=True)
     alone = [llm.generate([p], sp)[0] for p, sp in zip(prompts, params)]
     together = llm.generate(prompts, params)
     assert tokens(together) == tokens(alone)
-    chunked = EngineLoop(llm.engine, llm.tokenizer, LoopConfig(max_running=4, max_step_tokens=8, min_chunk=4))
+    chunked = EngineLoop(llm.engine, llm.tokenizer, RuntimeConfig(max_running=4, max_step_tokens=8, min_chunk=4))
     assert tokens(run(chunked, list(zip(prompts, params)))) == tokens(alone)
     assert [len(t) for t in tokens(alone)] == [p.max_tokens for p in params]
 
@@ -277,7 +278,7 @@ class _BadDetok:
 def test_a_row_that_fails_after_the_engine_ends_only_its_request(fault: str) -> None:
     good = prompts_of([4, 9, 2])
     sampled = SamplingParams(max_tokens=8, temperature=0.7, seed=3, ignore_eos=True)
-    loop = EngineLoop(_NaNEngine(), None, LoopConfig(max_running=4, kv_budget_mb=1))
+    loop = EngineLoop(_NaNEngine(), None, RuntimeConfig(max_running=4, kv_budget_mb=1))
     bad = [NAN_MARK, 5, 6] if fault == "sampling" else [8, 9]
     rids = [loop.add_request(p, sampled) for p in (good[0], bad, good[1], good[2])]
     if fault == "detokenizing":

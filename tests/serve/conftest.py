@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from llmc.errors import EngineError
+from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.llm import LLM
 from llmc.serve.app import ServeConfig, create_app
 
@@ -131,8 +132,8 @@ def start_server(serve_engine_dir: Path) -> Iterator[ServerFactory]:
     started: list[Server] = []
 
     def start(config: ServeConfig | None = None, setup: Callable[[LLM], None] | None = None) -> Server:
-        config = config or ServeConfig(model_name=MODEL, max_running=4, max_queue=16, threads=1)
-        llm = LLM(serve_engine_dir, config.llm_config())
+        config = config or ServeConfig(model_name=MODEL, max_queue=16, runtime=RuntimeConfig(max_running=4, threads=1))
+        llm = LLM(serve_engine_dir, config.runtime)
         if setup is not None:
             setup(llm)
         server = Server(llm, config)
@@ -147,8 +148,8 @@ def start_server(serve_engine_dir: Path) -> Iterator[ServerFactory]:
 @pytest.fixture(scope="module")
 def server(serve_engine_dir: Path) -> Iterator[Server]:
     """A default server shared by a module's tests (4 slots, queue of 16)."""
-    config = ServeConfig(model_name=MODEL, max_running=4, max_queue=16, threads=1)
-    llm = LLM(serve_engine_dir, config.llm_config())
+    config = ServeConfig(model_name=MODEL, max_queue=16, runtime=RuntimeConfig(max_running=4, threads=1))
+    llm = LLM(serve_engine_dir, config.runtime)
     s = Server(llm, config)
     yield s
     s.stop()

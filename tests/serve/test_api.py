@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from llmc import __version__
+from llmc.runtime.config import RuntimeConfig
 
 from .conftest import MODEL, Server
 
@@ -48,9 +49,9 @@ def _greedy(server: Server, ids: list[int], n: int) -> list[int]:
     """Greedy tokens computed with the engine directly (the server's engine thread is idle meanwhile)."""
     import numpy as np
 
-    from llmc.runtime.generator import EngineLoop, LoopConfig
+    from llmc.runtime.generator import EngineLoop
 
-    loop = EngineLoop(server.llm.engine, server.llm.tokenizer, LoopConfig(max_running=1, kv_budget_mb=16))
+    loop = EngineLoop(server.llm.engine, server.llm.tokenizer, RuntimeConfig(max_running=1, kv_budget_mb=16))
     kv, out = loop.kv, []
     logits = server.llm.engine.prefill([0], [ids], kv)
     for _ in range(n):

@@ -21,7 +21,7 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture
 def llm(serve_engine_dir: Path) -> LLM:
-    return LLM(serve_engine_dir, LLMConfig(threads=1, max_batch=2))
+    return LLM(serve_engine_dir, LLMConfig(threads=1, max_running=2))
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ async def _collect(engine: AsyncEngine, ids: list[int], params: SamplingParams) 
 def test_concurrent_requests_give_the_tokens_each_gives_alone(
         serve_engine_dir: Path, llm: LLM, engine: AsyncEngine) -> None:
     prompts = [llm.encode("Hello"), llm.encode("The capital of France is"), llm.encode("Once upon a time")]
-    reference = LLM(serve_engine_dir, LLMConfig(threads=1, max_batch=1))  # the engine owns llm's loop now
+    reference = LLM(serve_engine_dir, LLMConfig(threads=1, max_running=1))  # the engine owns llm's loop now
     alone = [{0: reference.generate([p], GREEDY)[0].outputs[0].token_ids} for p in prompts]
 
     async def run() -> list[dict[int, list[int]]]:

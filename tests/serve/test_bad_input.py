@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.request import MAX_STOP_STRINGS
 from llmc.serve.app import ServeConfig
 
@@ -149,6 +150,6 @@ def test_chat_without_a_template_tells_the_operator_to_pass_one(start_server: Se
 
 
 def test_n_over_capacity_is_refused_not_queued_forever(start_server: ServerFactory) -> None:
-    server = start_server(ServeConfig(model_name=MODEL, max_running=1, max_queue=1, threads=1))
+    server = start_server(ServeConfig(model_name=MODEL, max_queue=1, runtime=RuntimeConfig(max_running=1, threads=1)))
     assert_error(post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "n": 3}), 400,
                  "needs 3 sequences", "at most 2", param="n")

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from llmc.runtime.config import RuntimeConfig
 from llmc.serve.app import ServeConfig
 
 from .conftest import MODEL, Server, ServerFactory, fail_prefill_on, slow_down
@@ -52,7 +53,7 @@ def test_client_gone_during_a_non_streaming_request_aborts_it(start_server: Serv
 
 
 def test_overload_answers_429_with_retry_after(start_server: ServerFactory) -> None:
-    config = ServeConfig(model_name=MODEL, max_running=1, max_queue=1, threads=1, retry_after_s=2)
+    config = ServeConfig(model_name=MODEL, max_queue=1, retry_after_s=2, runtime=RuntimeConfig(max_running=1, threads=1))
     server = start_server(config, setup=slow(0.01))
 
     async def one(client: httpx.AsyncClient) -> tuple[int, str | None, str]:
@@ -76,7 +77,7 @@ def test_overload_answers_429_with_retry_after(start_server: ServerFactory) -> N
 
 
 def test_openai_client_sees_rate_limit_error(start_server: ServerFactory) -> None:
-    config = ServeConfig(model_name=MODEL, max_running=1, max_queue=0, threads=1)
+    config = ServeConfig(model_name=MODEL, max_queue=0, runtime=RuntimeConfig(max_running=1, threads=1))
     server = start_server(config, setup=slow(0.02))
     with httpx.stream("POST", server.url + "/v1/completions", json=LONG) as r:
         lines = r.iter_lines()  # kept: a dropped line iterator closes the stream (and the server aborts)
@@ -154,7 +155,7 @@ def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(start_server: S
 
 
 def test_shutdown_timeout_aborts_what_is_left_and_frees_the_slots(start_server: ServerFactory) -> None:
-    config = ServeConfig(model_name=MODEL, max_running=4, max_queue=4, threads=1, shutdown_timeout=1)
+    config = ServeConfig(model_name=MODEL, max_queue=4, shutdown_timeout=1, runtime=RuntimeConfig(max_running=4, threads=1))
     server = start_server(config, setup=slow(0.02))  # 200 tokens: >= 4 s, past the 1 s drain
     first = threading.Event()
     result = _stream_in_thread(server, LONG, first)

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.llm import LLM
 from llmc.serve.app import ServeConfig
 
@@ -169,7 +170,7 @@ def test_a_fault_after_the_stream_started_ends_it_with_an_error_event(start_serv
 # -- large bodies ------------------------------------------------------------------------------------------------
 
 def test_a_body_over_the_limit_is_413(start_server: ServerFactory) -> None:
-    server = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, max_request_bytes=4096))
+    server = start_server(ServeConfig(model_name=MODEL, max_request_bytes=4096, runtime=RuntimeConfig(max_running=2, threads=1)))
     r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]})
     assert_error(r, 413, "4096", "--max-request-bytes")
 
@@ -219,7 +220,7 @@ def test_health_stays_fast_while_large_requests_are_tokenized(start_server: Serv
     import subprocess
     import sys
 
-    server = start_server(ServeConfig(model_name=MODEL, max_running=4, threads=1))
+    server = start_server(ServeConfig(model_name=MODEL, runtime=RuntimeConfig(max_running=4, threads=1)))
     out = subprocess.run([sys.executable, "-c", _LARGE_REQUESTS_CLIENT, server.url, "4"], capture_output=True,
                          text=True, timeout=300, check=True)
     result = json.loads(out.stdout)
@@ -259,7 +260,7 @@ KEY = "sk-llmc-test-0123456789"
 
 
 def test_the_api_key_is_required_on_v1_and_the_openai_client_works_with_it(start_server: ServerFactory) -> None:
-    server = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, api_key=KEY))
+    server = start_server(ServeConfig(model_name=MODEL, api_key=KEY, runtime=RuntimeConfig(max_running=2, threads=1)))
     good = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
     assert good.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).usage.completion_tokens >= 1
     assert [m.id for m in good.models.list()] == [MODEL]
@@ -274,8 +275,7 @@ def test_the_api_key_is_required_on_v1_and_the_openai_client_works_with_it(start
 
 
 def test_metrics_behind_the_key_when_asked(start_server: ServerFactory) -> None:
-    server = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, api_key=KEY,
-                                      protect_metrics=True))
+    server = start_server(ServeConfig(model_name=MODEL, api_key=KEY, protect_metrics=True, runtime=RuntimeConfig(max_running=2, threads=1)))
     assert httpx.get(server.url + "/metrics").status_code == 401
     ok = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert ok.status_code == 200 and "llmc_num_requests_running" in ok.text
@@ -287,8 +287,7 @@ def test_cors_is_off_unless_origins_are_named(server: Server, start_server: Serv
                  "Access-Control-Request-Headers": "authorization,content-type"}
     r = httpx.options(server.url + "/v1/chat/completions", headers=preflight)
     assert "access-control-allow-origin" not in r.headers
-    cors = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, api_key=KEY,
-                                    allowed_origins=("https://app.example",)))
+    cors = start_server(ServeConfig(model_name=MODEL, api_key=KEY, allowed_origins=("https://app.example",), runtime=RuntimeConfig(max_running=2, threads=1)))
     r = httpx.options(cors.url + "/v1/chat/completions", headers=preflight)
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
     r = httpx.options(cors.url + "/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"})
@@ -298,6 +297,6 @@ def test_cors_is_off_unless_origins_are_named(server: Server, start_server: Serv
 def test_a_chat_template_that_raises_is_a_400_naming_it(start_server: ServerFactory, tmp_path: Any) -> None:
     template = tmp_path / "bad.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}")
-    server = start_server(ServeConfig(model_name=MODEL, max_running=2, threads=1, chat_template=str(template)))
+    server = start_server(ServeConfig(model_name=MODEL, runtime=RuntimeConfig(max_running=2, threads=1, chat_template=str(template))))
     r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": CHAT})
     assert_error(r, 400, str(template), "TypeError")

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.llm import LLM
 from llmc.serve.app import ServeConfig
 
@@ -41,8 +42,8 @@ async def _chat(client: Any, model: str, i: int) -> tuple[int, int, int, str]:
 @pytest.mark.parametrize("model", ["tiny", "smollm2"])
 def test_64_concurrent_streaming_chats(model: str, request: pytest.FixtureRequest, serve_engine_dir: Path) -> None:
     engine_dir = serve_engine_dir if model == "tiny" else request.getfixturevalue("smollm2").engine_dir
-    config = ServeConfig(model_name=model, max_running=16, max_queue=64, threads=0)
-    server = Server(LLM(engine_dir, config.llm_config()), config)
+    config = ServeConfig(model_name=model, max_queue=64, runtime=RuntimeConfig(max_running=16, threads=0))
+    server = Server(LLM(engine_dir, config.runtime), config)
     try:
         async def run() -> list[Any]:
             client = server.async_client(timeout=600)
@@ -83,8 +84,8 @@ def test_64_streams_with_cancellations_and_poison_requests(serve_engine_dir: Pat
     poison: every well-formed request completes with its full length, and the server ends idle."""
     from .test_hardening import _detok_fails_on_marker
 
-    config = ServeConfig(model_name="tiny", max_running=16, max_queue=64, threads=0)
-    llm = LLM(serve_engine_dir, config.llm_config())
+    config = ServeConfig(model_name="tiny", max_queue=64, runtime=RuntimeConfig(max_running=16, threads=0))
+    llm = LLM(serve_engine_dir, config.runtime)
     _detok_fails_on_marker(llm)
     server = Server(llm, config)
     kinds = ["poison" if i % 10 == 0 else "cancel" if i % 4 == 1 else "full" for i in range(CONCURRENT)]

@@ -1,0 +1,32 @@
+"""How an engine is run: one frozen config for every driver (the Python API, `llmc run`, `llmc serve`, the
+benchmarks), validated once where it is made, and passed down whole (the server's config composes it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmc.engines.base import EngineOptions
+from llmc.errors import InputError
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    threads: int = 0  # 0: physical cores
+    max_running: int = 8  # sequences decoding together (KV slots)
+    kv_budget_mb: int = 1024  # memory for the KV cache; the context per sequence follows from it
+    max_step_tokens: int = 2048  # per-step token budget (prompt chunks + decode tokens)
+    min_chunk: int = 32  # a prompt chunk smaller than this waits for the next step
+    chat_template: str | None = None  # a Jinja file overriding the model's template
+
+    def __post_init__(self) -> None:
+        self.engine_options()  # threads and the KV budget: the engine's own checks
+        for name, value in (("max_running", self.max_running), ("min_chunk", self.min_chunk)):
+            if value < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}", name)
+        if self.max_step_tokens < self.max_running:
+            raise InputError(f"--max-step-tokens ({self.max_step_tokens}) must be >= --max-running "
+                             f"({self.max_running}): every running sequence decodes one token per step",
+                             "max_step_tokens")
+
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions(threads=self.threads, kv_budget_mb=self.kv_budget_mb)
