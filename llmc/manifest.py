@@ -191,6 +191,39 @@ class ExportManifest:
 
 
 @dataclass(frozen=True)
+class EngineSettings:
+    """What a build chose, what the runtime needs from it, and what the build measured; each backend fills its
+    part (the defaults: not applicable)."""
+
+    threads: int = 0  # the engine's default intra-op threads
+    kv_layout: str = "inplace"
+    attention: str = ""
+    precision: str = ""
+    # ONNX Runtime engines
+    optimization: str = ""
+    quant: str = "none"
+    kv_dtype: str = ""
+    matmul: str = ""
+    moe: str = ""
+    block_size: int = 0
+    accuracy_level: int = 0
+    onnxruntime: str = ""
+    llmc_ops: str = ""  # llmc's operators' contract version the graphs were built for ("": none used)
+    custom_ops: str = ""  # llmc 0.1 engines: their own operator library, a file in the engine folder
+    # TensorRT engines
+    limits: dict[str, Any] = field(default_factory=dict)
+    profiles: dict[str, Any] = field(default_factory=dict)
+    tensorrt: str = ""
+    gpu: str = ""
+    compute_capability: str = ""
+    fp32_layers: dict[str, Any] = field(default_factory=dict)
+    timing_cache: str = ""
+    # measured by the build
+    parity: dict[str, float] = field(default_factory=dict)  # the golden check (runtime/verify.py check_golden)
+    quality: dict[str, Any] = field(default_factory=dict)  # --quality-target's choice and measurement
+
+
+@dataclass(frozen=True)
 class EngineManifest:
     backend: str
     precision: str
@@ -202,7 +235,7 @@ class EngineManifest:
     prefill: GraphSpec
     decode: GraphSpec
     generation: GenerationSpec
-    settings: dict[str, Any]
+    settings: EngineSettings
     tools: dict[str, str]
     files: dict[str, str]
     format: str = "llmc-engine"

@@ -82,7 +82,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
             manifest = build(trt_config_from(cfg, limits, precision, attention or "plugin"), ConsoleSteps(8))
         else:
             manifest = build(cfg, ConsoleSteps(5))
-        parity = manifest.settings.get("parity", {})
+        parity = manifest.settings.parity
         typer.echo(f"built {manifest.backend} engine ({manifest.precision}) in {out}; golden check: top-1 "
                    f"{parity.get('top1_agreement', float('nan')):.0%}, max |logit diff| "
                    f"{parity.get('max_abs_diff', float('nan')):.2e}")

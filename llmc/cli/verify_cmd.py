@@ -48,9 +48,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
         typer.echo(f"vs export ({len(prompts)} prompts, {int(r['positions'])} positions): top-1 agreement "
                    f"{r['top1_agreement']:.1%}, mean KL {r['mean_kl']:.2e}, greedy match mean "
                    f"{r['greedy_match_mean']:.1f} / min {int(r['greedy_match_min'])} of {steps} tokens")
-        quality = engine.manifest.settings.get("quality")
-        if isinstance(quality, dict):
-            typer.echo(quality_line(quality))
+        if engine.manifest.settings.quality:
+            typer.echo(quality_line(engine.manifest.settings.quality))
         if r["top1_agreement"] < min_top1:
             raise LlmcError(f"top-1 agreement {r['top1_agreement']:.1%} is below --min-top1 {min_top1:.1%}")
         if max_kl is not None and r["mean_kl"] > max_kl:

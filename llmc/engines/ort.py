@@ -64,7 +64,7 @@ class OrtEngineBase(Engine):
         self.manifest = manifest
         self.directory = Path(directory)
         verify_files(self.directory, manifest.files)
-        self.threads = options.threads or int(manifest.settings.get("threads", 0)) or default_threads()
+        self.threads = options.threads or manifest.settings.threads or default_threads()
         from llmc.engines.kernels import engine_library
 
         library = engine_library(manifest.settings, self.directory)

@@ -10,7 +10,6 @@ import onnx
 
 from llmc.engines.base import EngineOptions
 from llmc.engines.choices import KVLayout, MatMul, Quant
-from llmc.engines.kernels import SETTING as OPS_SETTING
 from llmc.engines.kernels import library_path, ops_version, register
 from llmc.engines.ort import OrtEngine, default_threads
 from llmc.engines.ort_config import BuildConfig, check_build_config, conservative, resolve
@@ -20,6 +19,7 @@ from llmc.golden import GOLDEN_STEPS, Golden
 from llmc.graph.moe import with_moe_weights
 from llmc.manifest import (
     EngineManifest,
+    EngineSettings,
     ExportManifest,
     GraphSpec,
     KVSpec,
@@ -40,20 +40,20 @@ MAX_QUALITY_BUILDS = 4  # engines a quality target may build and measure before 
 
 
 def engine_manifest(export: ExportManifest, export_dir: Path, backend: str, precision: str,
-                    settings: dict[str, object], files: dict[str, str],
+                    settings: EngineSettings, files: dict[str, str],
                     graphs: tuple[GraphSpec, GraphSpec] | None = None, kv: KVSpec | None = None) -> EngineManifest:
     prefill, decode = graphs or (export.prefill, export.decode)
     return EngineManifest(
         backend=backend, precision=precision, export_dir=str(Path(export_dir).resolve()),
         export_manifest_sha256=sha256_file(Path(export_dir) / "llmc.json") if (Path(export_dir) / "llmc.json").exists()
         else "", model_name=export.model_name, model=export.model, kv=kv or export.kv, prefill=prefill, decode=decode,
-        generation=export.generation, settings=dict(settings), tools=dict(export.tools), files=files,
+        generation=export.generation, settings=settings, tools=dict(export.tools), files=files,
     )
 
 
 def export_engine(export: ExportManifest, export_dir: Path, threads: int = 0) -> OrtEngine:
     """An engine straight over the exported graphs (used to check an export before it is complete)."""
-    manifest = engine_manifest(export, export_dir, "ort", export.dtype, {"threads": threads}, files={})
+    manifest = engine_manifest(export, export_dir, "ort", export.dtype, EngineSettings(threads=threads), files={})
     return OrtEngine(manifest, export_dir, EngineOptions(threads=threads))
 
 
@@ -126,7 +126,7 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
                "weight_bytes_per_step": bytes_now,
                "base_weight_bytes_per_step": bytes_now - extra_bytes(ckpt, spec, layout),
                "sensitivity": {s.name: round(s.kl, 8) for s in search.sensitivities}}
-    manifest = replace(manifest, settings={**manifest.settings, "quality": quality})
+    manifest = replace(manifest, settings=replace(manifest.settings, quality=quality))
     save(manifest, work)
     return manifest
 
@@ -138,7 +138,7 @@ def _clear(folder: Path) -> None:
 
 def _divergence(manifest: EngineManifest, work: Path) -> str | None:
     """Where the engine's greedy continuation of the golden prompt leaves the model's, in words (None: it does not)."""
-    parity = manifest.settings.get("parity", {})
+    parity = manifest.settings.parity
     if "diverged_at" not in parity:
         return None
     from llmc.runtime.tokenizer import Tokenizer
@@ -183,12 +183,11 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         if (export_dir / name).is_file():
             shutil.copy2(export_dir / name, work / name)
     files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
-    settings: dict[str, object] = {"threads": threads, "optimization": "extended", **cfg.choices(),
-                                   "attention": cfg.attention.value if kv.layout == "inplace" else "decomposed",
-                                   "block_size": cfg.block_size, "accuracy_level": cfg.accuracy_level,
-                                   "onnxruntime": ort.__version__}
-    if library is not None:
-        settings[OPS_SETTING] = ops_version()  # the contract the graphs were built for, checked at load
+    settings = EngineSettings(
+        threads=threads, optimization="extended", **cfg.choices(),  # type: ignore[arg-type]
+        attention=cfg.attention.value if kv.layout == "inplace" else "decomposed", block_size=cfg.block_size,
+        accuracy_level=cfg.accuracy_level, onnxruntime=ort.__version__,
+        llmc_ops=ops_version() if library is not None else "")  # the contract the graphs were built for
     precision = export.dtype if cfg.quant is Quant.none else f"{cfg.quant.value}-{export.dtype}"
     manifest = engine_manifest(export, export_dir, "ort", precision, settings, files, graphs, kv)
     progress.step("checking the engine against the golden outputs")
@@ -197,7 +196,7 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
 
     save(manifest, work)
     parity = check_golden(load_engine_dir(work, EngineOptions(threads=threads)), Golden.load(work / "golden.npz"))
-    manifest = replace(manifest, settings={**settings, "parity": parity})
+    manifest = replace(manifest, settings=replace(settings, parity=parity))
     save(manifest, work)
     return manifest
 

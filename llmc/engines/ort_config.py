@@ -59,8 +59,9 @@ class BuildConfig:
                                                         self.matmul is MatMul.llmc)
 
     def choices(self) -> dict[str, str]:
-        """The resolved choices as engine.json records them."""
-        return {f.name: getattr(self, f.name).value for f in fields(self) if isinstance(getattr(self, f.name), Enum)}
+        """The resolved choices as engine.json records them (EngineSettings fields)."""
+        return {f.name: getattr(self, f.name).value for f in fields(self)
+                if isinstance(getattr(self, f.name), Enum) and f.name != "attention"}
 
 
 def check_build_config(cfg: BuildConfig) -> None:

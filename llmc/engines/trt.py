@@ -21,19 +21,19 @@ from llmc.engines.base import Engine, EngineOptions, KVCache
 from llmc.engines.trt_profiles import GRAPHS, Profile, TrtLimits, check_shapes
 from llmc.errors import BackendUnavailableError, EngineError, LimitError, ManifestError
 from llmc.graph import io_names as io
-from llmc.manifest import EngineManifest, verify_files
+from llmc.manifest import EngineManifest, EngineSettings, verify_files
 
 # -- load checks (pure) -----------------------------------------------------------------------------------------
 
 
-def check_build_env(settings: Mapping[str, Any], tensorrt_version: str, compute_capability: str, gpu: str) -> None:
+def check_build_env(settings: EngineSettings, tensorrt_version: str, compute_capability: str, gpu: str) -> None:
     """An engine runs only under the TensorRT version and on the compute capability it was built for."""
-    built_trt, built_cc = str(settings.get("tensorrt")), str(settings.get("compute_capability"))
+    built_trt, built_cc = settings.tensorrt, settings.compute_capability
     if built_trt != tensorrt_version:
         raise ManifestError(f"engine was built with TensorRT {built_trt}, this machine has TensorRT "
                             f"{tensorrt_version}: rebuild it here with llmc build --backend trt")
     if built_cc != compute_capability:
-        raise ManifestError(f"engine was built for compute capability {built_cc} ({settings.get('gpu')}), this GPU "
+        raise ManifestError(f"engine was built for compute capability {built_cc} ({settings.gpu}), this GPU "
                             f"is {compute_capability} ({gpu}): rebuild it on this GPU")
 
 
@@ -318,12 +318,12 @@ class TrtEngine(SlotSteps):
         self.manifest, self.directory = manifest, Path(directory)
         verify_files(self.directory, manifest.files)
         settings = manifest.settings
-        self.limits = TrtLimits(**settings["limits"])
+        self.limits = TrtLimits(**settings.limits)
         self.kv_budget_mb = options.kv_budget_mb
         trt = _tensorrt()
         gpu, capability = gpu_info()
         check_build_env(settings, trt.__version__, capability, gpu)
-        if settings.get("attention") == "plugin":
+        if settings.attention == "plugin":
             from llmc.engines.trt_plugin import register_trt_plugin
 
             register_trt_plugin()
@@ -335,7 +335,7 @@ class TrtEngine(SlotSteps):
         self._graphs = {}
         for graph in GRAPHS:
             spec = getattr(manifest, graph)
-            profile = Profile.from_json(graph, spec, settings["profiles"][graph])
+            profile = Profile.from_json(graph, spec, settings.profiles[graph])
             batch = self.limits.max_batch_size
             self._graphs[graph] = _TrtGraph(trt, self._runtime, self.directory / spec.file, profile, manifest,
                                             self._stream, batch * rows[graph], batch * logits[graph])

@@ -26,6 +26,7 @@ from llmc.errors import BackendUnavailableError, InputError, LlmcError
 from llmc.graph.checkpoint import ROPE_TABLES, Checkpoint
 from llmc.manifest import (
     EngineManifest,
+    EngineSettings,
     ExportManifest,
     ModelSpec,
     load_export,
@@ -133,12 +134,12 @@ def fp32_layers(layers: Iterable[Any], float32: Any, skip: Iterable[Any] = ()) -
 
 
 def trt_settings(cfg: TrtBuildConfig, limits: TrtLimits, profiles: dict[str, Profile], env: dict[str, str],
-                 fp32: dict[str, int]) -> dict[str, Any]:
+                 fp32: dict[str, int]) -> EngineSettings:
     """What the runtime needs (limits, profiles, versions) and what a reader wants to know about the build."""
-    return {"kv_layout": "inplace", "attention": cfg.attention, "precision": cfg.precision,
-            "limits": asdict(limits), "profiles": {g: profiles[g].to_json() for g in GRAPHS},
-            "tensorrt": env["tensorrt"], "gpu": env["gpu"], "compute_capability": env["compute_capability"],
-            "fp32_layers": fp32, "timing_cache": TIMING_CACHE}
+    return EngineSettings(kv_layout="inplace", attention=cfg.attention, precision=cfg.precision,
+                          limits=asdict(limits), profiles={g: profiles[g].to_json() for g in GRAPHS},
+                          tensorrt=env["tensorrt"], gpu=env["gpu"], compute_capability=env["compute_capability"],
+                          fp32_layers=fp32, timing_cache=TIMING_CACHE)
 
 
 class _TrtBuilder:
@@ -273,6 +274,6 @@ def _build_into(work: Path, export: ExportManifest, cfg: TrtBuildConfig, builder
     from llmc.runtime.verify import check_golden
 
     parity = check_golden(load_engine_dir(work), Golden.load(work / "golden.npz"))
-    manifest = replace(manifest, settings={**settings, "parity": parity})
+    manifest = replace(manifest, settings=replace(settings, parity=parity))
     save(manifest, work)
     return manifest

@@ -68,12 +68,12 @@ class QuantSpec:
     def for_bits(self, bits: int) -> QuantSpec:
         return QuantSpec(bits, self.block_size, self.head_bits, self.accuracy_level, self.scheme, self.kernel)
 
-    def precision_of(self, name: str) -> str:
-        """A linear layer's precision (its name without ".weight"; "lm_head" for the head)."""
+    def precision_of(self, name: str, head: bool = False) -> str:
+        """A linear layer's precision (its name without ".weight"; the head is "lm_head", or says `head`)."""
         chosen = dict(self.layout).get(name)
         if chosen is not None:
             return chosen
-        return f"int{self.head_bits if name == 'lm_head' else self.bits}"
+        return f"int{self.head_bits if head or name == 'lm_head' else self.bits}"
 
     def accuracy_of(self, name: str) -> int:
         """MatMulNBits' accuracy_level for a layer: 0 (fp32 activations) where its precision says so."""
@@ -248,7 +248,7 @@ def quantize_weights(weights: dict[str, np.ndarray], names: list[str], spec: Qua
     gate/up weights, packed for MatMulQ4's gated form when it takes them."""
     out = {k: v for k, v in weights.items() if k not in names and k != head}
     for name in names + ([head] if head else []):
-        precision = spec.precision_of(name.removesuffix(".weight"))
+        precision = spec.precision_of(name.removesuffix(".weight"), head=name == head)
         out.update(quantize_as(weights[name], name, precision, spec, name in gated))
     return out
 

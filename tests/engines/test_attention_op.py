@@ -292,7 +292,7 @@ def test_without_the_library_auto_builds_with_onnx_runtime_and_llmc_is_one_line(
     monkeypatch.setattr(kernels, "library_path", not_built)
     monkeypatch.setattr(kernels, "_library", not_built)
     manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "auto"))
-    assert manifest.settings["attention"] == "gqa" and "llmc_ops" not in manifest.settings
+    assert manifest.settings.attention == "gqa" and not manifest.settings.llmc_ops
     with pytest.raises(BackendUnavailableError, match="not built"):
         build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", attention="llmc"))
     assert not (tmp_path / "e").exists()
@@ -308,8 +308,8 @@ def test_smaller_cache_engine_matches_the_fp32_cache_engine(tiny_llama: Built, t
     from llmc.engines.registry import load_engine_dir
 
     manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", attention="llmc", kv_dtype=kv_dtype))
-    assert manifest.kv.dtype == kv_dtype and manifest.settings["llmc_ops"] == ops_version()
-    assert manifest.settings["parity"]["top1_agreement"] == 1.0
+    assert manifest.kv.dtype == kv_dtype and manifest.settings.llmc_ops == ops_version()
+    assert manifest.settings.parity["top1_agreement"] == 1.0
     engines = [load_engine_dir(tiny_llama.engine("llmc")), load_engine_dir(tmp_path / "e")]
     # tiny llama: head size 16; a row is 16 fp32 = 64 bytes, 16 fp16, or 16 int8 + one fp16 scale
     assert engines[1].kv_bytes_per_token() * 64 == engines[0].kv_bytes_per_token() * row_bytes

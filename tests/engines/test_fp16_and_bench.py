@@ -25,7 +25,7 @@ def test_fp16_export_builds_and_matches_its_golden(tiny_llama: Built, tmp_path: 
     assert manifest.kv.dtype == "float16" and manifest.parity["top1_agreement"] == 1.0
     engine = build_ort(BuildConfig(tmp_path / "export16", tmp_path / "engine16"))
     assert engine.precision == "float16"
-    assert engine.settings["parity"]["max_abs_diff"] < 0.05
+    assert engine.settings.parity["max_abs_diff"] < 0.05
 
 
 @pytest.mark.parametrize("layout", ["gqa", "concat"])

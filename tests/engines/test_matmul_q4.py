@@ -1,6 +1,7 @@
 """llmc's 4-bit operator (ai.llmc.MatMulQ4): the packed layout, the operator against a numpy reference through
 ONNX Runtime (AVX-512 VNNI, AVX2 and portable paths, 1 to 14 rows, padded widths, bias, the SwiGLU gate, with and
-without the session's thread count), and `llmc build --quant int4 --matmul llmc` engines end to end."""
+without the session's thread count, int8 or two-level 16-bit activations), and `llmc build --quant int4 --matmul
+llmc` engines end to end."""
 
 from __future__ import annotations
 
@@ -74,36 +75,49 @@ def test_quantize_weights_packs_only_the_4_bit_layers() -> None:
     assert "head.qweight" in out  # the 8-bit head stays MatMulNBits
 
 
-def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gated: bool) -> np.ndarray:
-    """What the operator computes, in float64: x quantized to int8 per block of 32 (scale max|x| / 127), met by the
-    weights centred on their grid's middle (scale * (q - 8)), and the block's min + 8 * scale times the exact sums
-    of x (matmul_q4.c, quantize_rows)."""
+def _int8_level(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One int8 level per block of 32 (last axis), in float32 as in the kernel so ties round alike: q, scale."""
+    amax = np.abs(v).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    return np.rint(v * inv), amax / np.float32(127)
+
+
+def _gate(y: np.ndarray, gated: bool) -> np.ndarray:
+    if not gated:
+        return y
+    gate, up = np.split(y, 2, axis=-1)
+    return gate / (1 + np.exp(-gate)) * up
+
+
+def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gated: bool, act_bits: int = 8) -> np.ndarray:
+    """What the operator computes, in float64: x quantized to int8 per block of 32 (scale max|x| / 127; act_bits 16:
+    plus its remainder x - scale q quantized the same way), met by the weights centred on their grid's middle
+    (scale * (q - 8)), and the block's min + 8 * scale times the exact sums of x (matmul_q4.c, quantize_rows)."""
     k, n = w.shape
     blocks = w.reshape(k // 32, 32, n).astype(np.float64)
     lo = blocks.min(axis=1, keepdims=True)
     step = (blocks.max(axis=1, keepdims=True) - lo) / 15
     mid = lo + 8 * step  # the grid's middle: w = mid + step * (q - 8)
     xb = x.reshape(*x.shape[:-1], k // 32, 32)
-    amax = np.abs(xb).max(axis=-1, keepdims=True)  # float32 here, as in the kernel, so ties round alike
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
-    xq = np.rint(xb * inv).astype(np.float64) * (amax / np.float32(127)).astype(np.float64)  # int8, back in float
+    q, s = _int8_level(xb)
+    xq = q.astype(np.float64) * s.astype(np.float64)  # int8, back in float
+    if act_bits == 16:
+        q2, s2 = _int8_level(xb - s * q)  # the remainder, in float32 as in the kernel
+        xq += q2.astype(np.float64) * s2.astype(np.float64)
     xb = xb.astype(np.float64)
     y = np.einsum("...bi,bin->...n", xq, blocks - mid) + np.einsum("...b,bn->...n", xb.sum(axis=-1), mid[:, 0])
-    if bias is not None:
-        y = y + bias
-    if gated:
-        gate, up = np.split(y, 2, axis=-1)
-        y = gate / (1 + np.exp(-gate)) * up
-    return y
+    return _gate(y + (bias if bias is not None else 0), gated)
 
 
 def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, gated: bool,
-             threads: int, told: int | None) -> object:
-    """A one-node session; `told` is the thread count the library is given (llmc.threads), None for none."""
+             threads: int, told: int | None, act_bits: int | None = None) -> object:
+    """A one-node session; `told` is the thread count the library is given (llmc.threads), None for none;
+    `act_bits` None: the node has no such attribute."""
     import onnxruntime as ort
 
     inputs = ["x", "w"] + (["bias"] if bias is not None else [])
-    node = helper.make_node("MatMulQ4", inputs, ["y"], domain="ai.llmc", K=k, N=n, gated=int(gated))
+    node = helper.make_node("MatMulQ4", inputs, ["y"], domain="ai.llmc", K=k, N=n, gated=int(gated),
+                            **({"act_bits": act_bits} if act_bits is not None else {}))
     inits = [numpy_helper.from_array(packed, "w")] + ([numpy_helper.from_array(bias, "bias")] if bias is not None
                                                       else [])
     graph = helper.make_graph([node], "q4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", "K"])],
@@ -155,6 +169,40 @@ def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.Monk
         assert np.abs(y - exact).max() < 0.05 * np.abs(exact).max()
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize(("k", "n", "batch", "seq", "gated", "with_bias"), CASES)
+def test_16_bit_activations_match_their_reference_and_the_float_product(
+        llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, k: int, n: int, batch: int, seq: int,
+        gated: bool, with_bias: bool) -> None:
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    w = _q4_1_like(k, n)
+    bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
+    x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
+    x[0, 0, :32] = 0.0  # an all-zero block: both scales 0
+    if batch * seq > 1:  # one level holds this block exactly (scale 1/64): the remainder's scale is 0
+        x[-1, -1, 32:64] = (np.arange(32) * 8 - 127) / 64
+    packed = pack_q4_tiles(w, gated)
+    y16, y8 = (_session(llmc_ops, k, n, packed, bias, gated, 2, 2, bits).run(None, {"x": x})[0] for bits in (16, 8))
+    expected = _reference(x, w, bias, gated, act_bits=16)
+    assert y16.shape == expected.shape == (batch, seq, n // 2 if gated else n)
+    np.testing.assert_allclose(y16, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    # against the float product with the same weights: ~1e-5 of the largest output, where int8 activations cost ~3e-3
+    exact = _gate(x.astype(np.float64) @ w + (bias if bias is not None else 0), gated)
+    err16, err8 = (np.abs(y - exact).max() / np.abs(exact).max() for y in (y16, y8))
+    assert err16 < 1e-4 and err16 < err8 / 30, (err16, err8)
+
+
+def test_act_bits_defaults_to_8_and_is_8_or_16(llmc_ops: Path) -> None:
+    w, x = _q4_1_like(64, 32), RNG.standard_normal((1, 3, 64)).astype(np.float32)
+    default, eight = (_session(llmc_ops, 64, 32, pack_q4_tiles(w), None, False, 2, 2, bits).run(None, {"x": x})[0]
+                      for bits in (None, 8))
+    np.testing.assert_array_equal(default, eight)
+    for bits in (0, 12):
+        with pytest.raises(Exception, match=rf"MatMulQ4: act_bits {bits}: must be 8 .* or 16"):
+            _session(llmc_ops, 64, 32, pack_q4_tiles(w), None, False, 2, 2, bits).run(None, {"x": x})
+
+
 def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
     w = _q4_1_like(64, 32)
     session = _session(llmc_ops, 64, 32, pack_q4_tiles(w), None, False, 2, 2)
@@ -179,7 +227,7 @@ def q4_engines(tiny_factory: object, tmp_path_factory: pytest.TempPathFactory) -
     for arch in Q4_ARCHS:
         built: Built = tiny_factory(arch)  # type: ignore[operator]
         mine, exact, ort_int8 = root / f"{arch}-llmc", root / f"{arch}-exact", root / f"{arch}-ort"
-        lossy = {"allow_divergence": True, "attention": "gqa"}  # (random tiny weights: 4 bits change greedy answers)
+        lossy = {"allow_divergence": True, "attention": "gqa", "quality_target": 0.0}  # (random tiny weights: 4 bits change greedy answers)
         build_ort(BuildConfig(built.export_dir, mine, quant="int4", matmul="llmc", **lossy))
         build_ort(BuildConfig(built.export_dir, exact, quant="int4", quant_scheme="minmax", accuracy_level=0,
                               matmul="ort", **lossy))

@@ -67,7 +67,7 @@ def test_each_layer_has_a_sensitivity_and_raising_all_of_them_is_the_model(searc
 
 def test_a_quality_target_build_reaches_it_and_records_the_layout(tiny_llama: Built, tmp_path: Path) -> None:
     manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "q", quant="int4"))
-    quality = manifest.settings["quality"]
+    quality = manifest.settings.quality
     assert quality["target"] == 0.99 and quality["candidates"] == 9
     assert quality["top1_agreement"] >= 0.99 or len(quality["raised"]) == quality["candidates"]
     reference = export_engine(load_export(tiny_llama.export_dir), tiny_llama.export_dir)
@@ -76,4 +76,4 @@ def test_a_quality_target_build_reaches_it_and_records_the_layout(tiny_llama: Bu
     assert report["top1_agreement"] == pytest.approx(quality["top1_agreement"])  # what llmc verify measures
     plain = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "p", quant="int4", quality_target=0,
                                   allow_divergence=True))
-    assert "quality" not in plain.settings
+    assert not plain.settings.quality

@@ -16,7 +16,7 @@ import numpy as np
 
 from llmc.engines.base import Engine, KVCache
 from llmc.errors import EngineError
-from llmc.manifest import EngineManifest, GenerationSpec, GraphSpec, KVSpec, ModelSpec
+from llmc.manifest import EngineManifest, EngineSettings, GenerationSpec, GraphSpec, KVSpec, ModelSpec
 from llmc.runtime.generator import EngineLoop
 from llmc.runtime.sequence import Sequence
 
@@ -36,7 +36,7 @@ def fake_manifest(vocab_size: int = VOCAB, max_positions: int = 512, eos_ids: tu
     graph = GraphSpec(file="none.onnx", inputs=(), outputs=())
     return EngineManifest(backend="fake", precision="float32", export_dir="", export_manifest_sha256="",
                           model_name="fake", model=model, kv=kv, prefill=graph, decode=graph,
-                          generation=GenerationSpec(eos_token_ids=eos_ids), settings={}, tools={}, files={})
+                          generation=GenerationSpec(eos_token_ids=eos_ids), settings=EngineSettings(), tools={}, files={})
 
 
 def next_token(history: list[int], vocab_size: int = VOCAB) -> int:

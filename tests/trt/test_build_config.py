@@ -124,13 +124,13 @@ def test_settings_record_profiles_versions_and_gpu() -> None:
     env = {"tensorrt": "10.13.0", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
     cfg = TrtBuildConfig(BuildConfig(Path("e"), Path("o")), limits)
     settings = trt_settings(cfg, limits, profiles, env, {"prefill": 100, "decode": 90})
-    assert settings["tensorrt"] == "10.13.0" and settings["compute_capability"] == "9.0"
-    assert settings["gpu"] == "NVIDIA H200" and settings["attention"] == "plugin" and settings["precision"] == "fp16"
-    assert settings["limits"] == {"max_batch_size": 64, "max_input_len": 512, "max_seq_len": 2048,
+    assert settings.tensorrt == "10.13.0" and settings.compute_capability == "9.0"
+    assert settings.gpu == "NVIDIA H200" and settings.attention == "plugin" and settings.precision == "fp16"
+    assert settings.limits == {"max_batch_size": 64, "max_input_len": 512, "max_seq_len": 2048,
                                   "max_num_tokens": None}
-    assert settings["profiles"]["prefill"]["input_ids"] == {"min": [1, 1], "opt": [32, 256], "max": [64, 512]}
-    assert settings["profiles"]["decode"]["past_key_values.0.key"]["min"] == [1, 3, 2048, 64]
-    assert TrtLimits(**settings["limits"]) == limits  # what TrtEngine reads back
+    assert settings.profiles["prefill"]["input_ids"] == {"min": [1, 1], "opt": [32, 256], "max": [64, 512]}
+    assert settings.profiles["decode"]["past_key_values.0.key"]["min"] == [1, 3, 2048, 64]
+    assert TrtLimits(**settings.limits) == limits  # what TrtEngine reads back
 
 
 @pytest.mark.skipif(HAS_TRT, reason="TensorRT is installed here: this checks the message on machines without it")

@@ -24,11 +24,11 @@ from llmc.engines.trt import (
 from llmc.engines.trt_profiles import TrtLimits, plan_profiles
 from llmc.errors import BackendUnavailableError, ManifestError
 from llmc.graph import io_names as io
-from llmc.manifest import save
+from llmc.manifest import EngineSettings, save
 
 from .test_profiles import MODEL
 
-SETTINGS = {"tensorrt": "10.13.0.35", "compute_capability": "9.0", "gpu": "NVIDIA H200"}
+SETTINGS = EngineSettings(tensorrt="10.13.0.35", compute_capability="9.0", gpu="NVIDIA H200")
 
 
 def test_versions_and_capability_must_match() -> None:
@@ -124,7 +124,7 @@ def test_loading_a_trt_engine_without_tensorrt_is_a_clear_error(tmp_path: Path) 
     kv = io.kv_spec(MODEL, "float16", layout="inplace")
     prefill, decode = io.inplace_specs(MODEL, kv, "onnx")
     manifest = replace(fake_manifest(), backend="trt", model=MODEL, kv=kv, prefill=prefill, decode=decode,
-                       settings={**SETTINGS, "limits": {"max_batch_size": 8}, "attention": "plugin"})
+                       settings=replace(SETTINGS, limits={"max_batch_size": 8}, attention="plugin"))
     save(manifest, tmp_path)
     with pytest.raises(BackendUnavailableError, match=r"TensorRT is not installed: pip install 'llmc\[trt\]'"):
         load_engine_dir(tmp_path)

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from llmc.errors import BackendUnavailableError, EngineError, ManifestError
+from llmc.manifest import EngineSettings
 
 HERE = Path(__file__).parent
-SETTING = "llmc_ops"  # engine.json settings: the operators' contract version the engine was built with
-LEGACY_SETTING = "custom_ops"  # llmc 0.1 engines: the library's file name in the engine folder
 Q4_PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni"}
 
 
@@ -56,17 +55,17 @@ def cpu_paths() -> dict[str, str]:
             "matmul_q4": Q4_PATHS.get(int(lib.llmc_ops_q4_path()), "portable")}
 
 
-def engine_library(settings: dict[str, Any], directory: Path) -> Path | None:
+def engine_library(settings: EngineSettings, directory: Path) -> Path | None:
     """The library an engine's sessions register, from what its manifest recorded (None: it uses no llmc
     operator); a library of another contract version is a clear error."""
-    version = settings.get(SETTING)
+    version = settings.llmc_ops
     if version:
         have = ops_version()
         if str(version) != have:
             raise ManifestError(f"{directory} was built with llmc's operators version {version}; this installation "
                                 f"has version {have}: build the engine again with this llmc")
         return library_path()
-    legacy = settings.get(LEGACY_SETTING)
+    legacy = settings.custom_ops
     if legacy:
         path = Path(directory) / str(legacy)
         if not path.is_file():

@@ -9,7 +9,9 @@
  * as it is stored.
  *
  * Three code paths, chosen at run time from the CPU: AVX-512 VNNI, AVX2 (vpmaddubsw pairs summed in 16 bits over a
- * block, then widened once: no overflow, 8 x 2 x 15 x 127 < 2^15) and portable C.
+ * block, then widened once: no overflow, 8 x 2 x 15 x 127 < 2^15) and portable C. Each runs one block loop for 1
+ * or 2 activation levels (act_bits 8 or 16: the level is a constant of the inlined loop, so the one-level code is
+ * today's): the second level is one more int8 dot product per weight register, its own scale in the epilogue.
  */
 #include "matmul_q4.h"
 
@@ -33,10 +35,11 @@
 typedef struct {
   const llmc_q4_args* a;
   int64_t units, blocks; /* units = tile pairs */
-  const int8_t* xq;    /* [M, K] */
-  const float* xscale; /* [M, blocks] */
+  int levels;          /* activation levels: 1 (act_bits 8) or 2 (act_bits 16) */
+  const int8_t* xq;    /* [levels][M, K]: level l at xq + l M K */
+  const float* xscale; /* [levels][M, blocks]: level l at xscale + l M blocks */
   const float* xsum;   /* [M, blocks] */
-  const float* xmid;   /* [M, blocks]: 8 (xsum - xscale sum(xq)), see quantize_rows */
+  const float* xmid;   /* [M, blocks]: 8 (xsum - sum_l xscale_l sum(xq_l)), see quantize_rows */
   int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE */
   int64_t parts; /* contiguous parts, one per thread (0: units are claimed, or all run in this thread) */
   size_t next;   /* the next unit to claim (atomic) */
@@ -57,32 +60,90 @@ static inline const uint8_t* tile_block(const uint8_t* w, int64_t blocks, int64_
 
 /* ---------------------------------------------------------------- activations */
 
-/* x [M, K] -> xq int8 per block of 32 (xscale = max |x| / 127), the exact block sums xsum, and xmid.
+#define QGROUP 8 /* blocks of x quantized side by side (see block_stats) */
+
+/* For G consecutive blocks of 32 at v: max |v| and (sum != NULL) the fp32 sum of each, each block's in its own
+ * order (i = 0 .. 31 from 0, as one block alone, so the sums are what they always were): G dependency chains side
+ * by side rather than one 32 long. (Quantizing x was ~30 % of a one-thread K 1536, M 8 product; now ~half that.) */
+static inline __attribute__((always_inline)) void block_stats(const float* v, const int G, float* amax, float* sum) {
+  if (sum) {
+    float sm[QGROUP] = {0};
+    for (int i = 0; i < LLMC_Q4_BLOCK; i++)
+      for (int g = 0; g < G; g++) sm[g] += v[g * LLMC_Q4_BLOCK + i];
+    for (int g = 0; g < G; g++) sum[g] = sm[g];
+  }
+  for (int g = 0; g < G; g++) { /* the max in any order is the same: 8 lanes, which vectorize */
+    float mx[8] = {0};
+    for (int i = 0; i < LLMC_Q4_BLOCK; i += 8)
+      for (int l = 0; l < 8; l++) {
+        float f = fabsf(v[g * LLMC_Q4_BLOCK + i + l]);
+        mx[l] = f > mx[l] ? f : mx[l];
+      }
+    float m = 0.f;
+    for (int l = 0; l < 8; l++) m = mx[l] > m ? mx[l] : m;
+    amax[g] = m;
+  }
+}
+
+/* block_stats of n <= QGROUP blocks. */
+static inline void group_stats(const float* v, int n, float* amax, float* sum) {
+  if (n == QGROUP)
+    block_stats(v, QGROUP, amax, sum);
+  else
+    for (int g = 0; g < n; g++) block_stats(v + g * LLMC_Q4_BLOCK, 1, amax + g, sum ? sum + g : NULL);
+}
+
+/* v rounded to the nearest integer, ties to even: lrintf's in the default rounding mode for |v| < 2^22 (here |v| <=
+ * 127), as plain float arithmetic, which vectorizes (lrintf's 64-bit result does not: quantizing took ~2x). */
+static inline int32_t round_small(float v) { return (int32_t)((v + 12582912.f) - 12582912.f); /* 1.5 * 2^23 */ }
+
+/* One block of one level: q = round(v / s), s = amax / 127 (all 0 for amax 0); returns sum(q). */
+static inline int32_t quantize_block(const float* v, float amax, int8_t* q) {
+  float inv = amax > 0.f ? 127.f / amax : 0.f;
+  int32_t sum = 0;
+  for (int i = 0; i < LLMC_Q4_BLOCK; i++) sum += q[i] = (int8_t)round_small(v[i] * inv);
+  return sum;
+}
+
+/* x [M, K] -> per block of 32, `levels` int8 levels xq_l with their scales, the exact block sums xsum, and xmid.
+ * Level 1: xq_1 = round(x / s_1), s_1 = max |x| / 127; level 2 (act_bits 16) quantizes what is left the same way,
+ * r = x - s_1 xq_1 -> xq_2, s_2 = max |r| / 127 (0 where r is): x ~ s_1 xq_1 + s_2 xq_2, ~15 bits.
  *
  * Why xmid: the dot products run on q in 0..15, but the error of the int8 activations should meet the weights
- * centred, q - 8 (as in MatMulNBits: half the error, a quarter of the KL), so with x ~ xscale xq:
+ * centred, q - 8 (as in MatMulNBits: half the error, a quarter of the KL), so with x ~ sum_l xscale_l xq_l:
  *   sum_k (scale q + min) x = scale sum (q - 8) x + (min + 8 scale) xsum
- *                           ~ scale (xscale q.xq - 8 xscale sum(xq) + 8 xsum) + min xsum
- *                           = scale (xscale q.xq + xmid) + min xsum,   xmid = 8 (xsum - xscale sum(xq)). */
-static void quantize_rows(const llmc_q4_args* a, int8_t* xq, float* xscale, float* xsum, float* xmid) {
-  int64_t blocks = a->K / LLMC_Q4_BLOCK;
-  for (int64_t m = 0; m < a->M; m++)
-    for (int64_t b = 0; b < blocks; b++) {
-      const float* x = a->x + m * a->K + b * LLMC_Q4_BLOCK;
-      int8_t* q = xq + m * a->K + b * LLMC_Q4_BLOCK;
-      float amax = 0.f, sum = 0.f;
-      for (int i = 0; i < LLMC_Q4_BLOCK; i++) {
-        float v = fabsf(x[i]);
-        amax = v > amax ? v : amax;
-        sum += x[i];
-      }
-      float inv = amax > 0.f ? 127.f / amax : 0.f;
-      int32_t qsum = 0;
-      for (int i = 0; i < LLMC_Q4_BLOCK; i++) qsum += q[i] = (int8_t)lrintf(x[i] * inv);
-      xscale[m * blocks + b] = amax / 127.f;
-      xsum[m * blocks + b] = sum;
-      xmid[m * blocks + b] = 8.f * (sum - amax / 127.f * (float)qsum);
+ *                           ~ scale (sum_l xscale_l (q.xq_l - 8 sum(xq_l)) + 8 xsum) + min xsum
+ *                           = scale (sum_l xscale_l q.xq_l + xmid) + min xsum,
+ *   xmid = 8 (xsum - sum_l xscale_l sum(xq_l)).
+ * x's blocks are consecutive across rows (block mb = m blocks + b at x + 32 mb), so they go in groups of QGROUP. */
+static void quantize_rows(const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, float* xmid) {
+  int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K;
+  for (int64_t b0 = 0; b0 < n; b0 += QGROUP) {
+    int g = n - b0 < QGROUP ? (int)(n - b0) : QGROUP;
+    const float* x = a->x + b0 * LLMC_Q4_BLOCK;
+    int8_t* q = xq + b0 * LLMC_Q4_BLOCK;
+    float amax[QGROUP], sum[QGROUP], mid[QGROUP], r[QGROUP * LLMC_Q4_BLOCK];
+    group_stats(x, g, amax, sum);
+    for (int j = 0; j < g; j++) {
+      const float* v = x + j * LLMC_Q4_BLOCK;
+      int8_t* qj = q + j * LLMC_Q4_BLOCK;
+      float s = amax[j] / 127.f;
+      mid[j] = sum[j] - s * (float)quantize_block(v, amax[j], qj);
+      xscale[b0 + j] = s;
+      xsum[b0 + j] = sum[j];
+      if (levels == 2)
+        for (int i = 0; i < LLMC_Q4_BLOCK; i++) r[j * LLMC_Q4_BLOCK + i] = v[i] - s * (float)qj[i];
     }
+    if (levels == 2) {
+      group_stats(r, g, amax, NULL);
+      for (int j = 0; j < g; j++) {
+        float s = amax[j] / 127.f;
+        mid[j] -= s * (float)quantize_block(r + j * LLMC_Q4_BLOCK, amax[j], q + xq_level + j * LLMC_Q4_BLOCK);
+        xscale[n + b0 + j] = s;
+      }
+    }
+    for (int j = 0; j < g; j++) xmid[b0 + j] = 8.f * mid[j];
+  }
 }
 
 /* ---------------------------------------------------------------- the epilogue, every path */
@@ -118,9 +179,10 @@ static inline float half_to_float(const uint8_t* p) {
   return (float)f;
 }
 
-static void unit_generic(const job* j, int64_t u) {
+/* L: activation levels (a constant where inlined). */
+static inline __attribute__((always_inline)) void unit_generic_levels(const job* j, int64_t u, const int L) {
   const llmc_q4_args* a = j->a;
-  int64_t blocks = j->blocks;
+  int64_t blocks = j->blocks, xq_level = a->M * a->K, xs_level = a->M * blocks;
   float buf[ROWS * UNIT_COLS];
   for (int64_t m0 = 0; m0 < a->M; m0 += ROWS) {
     int rows = a->M - m0 < ROWS ? (int)(a->M - m0) : ROWS;
@@ -132,20 +194,32 @@ static void unit_generic(const job* j, int64_t u) {
           const uint8_t* p = tile_block(a->w, blocks, u * UNIT_TILES + t, b);
           const int8_t* xq = j->xq + (m0 + m) * a->K + b * LLMC_Q4_BLOCK;
           int64_t mb = (m0 + m) * blocks + b;
-          float xs = j->xscale[mb], xsum = j->xsum[mb], xmid = j->xmid[mb];
+          float xsum = j->xsum[mb], xmid = j->xmid[mb];
           for (int c = 0; c < LLMC_Q4_TILE; c++) {
-            int32_t dot = 0;
-            for (int chunk = 0; chunk < 4; chunk++)
-              for (int i = 0; i < 4; i++) {
-                uint8_t byte = p[chunk * 64 + c * 4 + i];
-                dot += (byte & 15) * xq[8 * chunk + i] + (byte >> 4) * xq[8 * chunk + 4 + i];
-              }
-            acc[c] += half_to_float(p + 256 + 2 * c) * (xs * (float)dot + xmid) + half_to_float(p + 288 + 2 * c) * xsum;
+            float d = xmid; /* (+ is commutative: one level is xscale dot + xmid, bit for bit) */
+            for (int l = 0; l < L; l++) {
+              const int8_t* r = xq + l * xq_level;
+              int32_t dot = 0;
+              for (int chunk = 0; chunk < 4; chunk++)
+                for (int i = 0; i < 4; i++) {
+                  uint8_t byte = p[chunk * 64 + c * 4 + i];
+                  dot += (byte & 15) * r[8 * chunk + i] + (byte >> 4) * r[8 * chunk + 4 + i];
+                }
+              d += j->xscale[l * xs_level + mb] * (float)dot;
+            }
+            acc[c] += half_to_float(p + 256 + 2 * c) * d + half_to_float(p + 288 + 2 * c) * xsum;
           }
         }
       }
     store_unit(j, u, m0, rows, buf);
   }
+}
+
+static void unit_generic(const job* j, int64_t u) {
+  if (j->levels == 2)
+    unit_generic_levels(j, u, 2);
+  else
+    unit_generic_levels(j, u, 1);
 }
 
 /* ---------------------------------------------------------------- AVX-512 VNNI */
@@ -159,23 +233,26 @@ static inline int32_t load4(const int8_t* p) {
   return v;
 }
 
-/* RM rows (from m0) x NT tiles (from t0) over all blocks, into buf [RM][UNIT_COLS] at tile offset `slot`. Every
- * register of nibbles is used by the RM rows; NT > 1 gives the one-row case independent accumulation chains. */
+/* RM rows (from m0) x NT tiles (from t0) over all blocks with L activation levels, into buf [RM][UNIT_COLS] at tile
+ * offset `slot`. Every register of nibbles is used by the RM rows and L levels; NT > 1 gives the one-row case
+ * independent accumulation chains. */
 static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j, int64_t m0, int64_t t0, int slot,
-                                                                     float* buf, const int RM, const int NT) {
-  const int64_t blocks = j->blocks, K = j->a->K;
+                                                                     float* buf, const int RM, const int NT,
+                                                                     const int L) {
+  const int64_t blocks = j->blocks, K = j->a->K, xq_level = j->a->M * K, xs_level = j->a->M * blocks;
   const int8_t* xq = j->xq + m0 * K;
   const float* xscale = j->xscale + m0 * blocks;
   const float* xsum = j->xsum + m0 * blocks;
   const float* xmid = j->xmid + m0 * blocks;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[RM][NT];
+  __m512 acc[4][2]; /* [RM][NT], as the largest fixed sizes: as VLAs they were stack memory */
   for (int m = 0; m < RM; m++)
     for (int t = 0; t < NT; t++) acc[m][t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; b++) {
-    __m512i dot[RM][NT];
-    for (int m = 0; m < RM; m++)
-      for (int t = 0; t < NT; t++) dot[m][t] = _mm512_setzero_si512();
+    __m512i dot[2][4][2]; /* [L][RM][NT] */
+    for (int l = 0; l < L; l++)
+      for (int m = 0; m < RM; m++)
+        for (int t = 0; t < NT; t++) dot[l][m][t] = _mm512_setzero_si512();
     for (int c = 0; c < 4; c++)
       for (int t = 0; t < NT; t++) {
         const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + c * 64;
@@ -183,19 +260,23 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
         __m512i raw = _mm512_loadu_si512(p);
         __m512i lo = _mm512_and_si512(raw, low4);
         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-        for (int m = 0; m < RM; m++) {
-          const int8_t* r = xq + m * K + b * LLMC_Q4_BLOCK + 8 * c;
-          dot[m][t] = _mm512_dpbusd_epi32(dot[m][t], lo, _mm512_set1_epi32(load4(r)));
-          dot[m][t] = _mm512_dpbusd_epi32(dot[m][t], hi, _mm512_set1_epi32(load4(r + 4)));
-        }
+        for (int m = 0; m < RM; m++)
+          for (int l = 0; l < L; l++) {
+            const int8_t* r = xq + l * xq_level + m * K + b * LLMC_Q4_BLOCK + 8 * c;
+            dot[l][m][t] = _mm512_dpbusd_epi32(dot[l][m][t], lo, _mm512_set1_epi32(load4(r)));
+            dot[l][m][t] = _mm512_dpbusd_epi32(dot[l][m][t], hi, _mm512_set1_epi32(load4(r + 4)));
+          }
       }
     for (int t = 0; t < NT; t++) {
       const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + 256;
       __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
       for (int m = 0; m < RM; m++) {
-        __m512 d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][t]), _mm512_set1_ps(xscale[m * blocks + b]),
+        __m512 d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0][m][t]), _mm512_set1_ps(xscale[m * blocks + b]),
                                    _mm512_set1_ps(xmid[m * blocks + b]));
+        for (int l = 1; l < L; l++)
+          d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[l][m][t]),
+                              _mm512_set1_ps(xscale[l * xs_level + m * blocks + b]), d);
         acc[m][t] = _mm512_fmadd_ps(d, scale, acc[m][t]);
         acc[m][t] = _mm512_fmadd_ps(min, _mm512_set1_ps(xsum[m * blocks + b]), acc[m][t]);
       }
@@ -205,35 +286,45 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
     for (int t = 0; t < NT; t++) _mm512_storeu_ps(buf + m * UNIT_COLS + (slot + t) * LLMC_Q4_TILE, acc[m][t]);
 }
 
-static TARGET void unit_vnni(const job* j, int64_t u) {
+static inline __attribute__((always_inline)) TARGET void unit_vnni_levels(const job* j, int64_t u, const int L) {
   int64_t t0 = u * UNIT_TILES, M = j->a->M;
   float buf[ROWS * UNIT_COLS];
   for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
     int rows = M - m0 < ROWS ? (int)(M - m0) : ROWS, m = 0;
-    for (; rows - m >= 4; m += 4) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 4, 2);
-    for (; rows - m >= 2; m += 2) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 2, 2);
-    for (; m < rows; m++) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 1, 2);
+    for (; rows - m >= 4; m += 4) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 4, 2, L);
+    for (; rows - m >= 2; m += 2) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 2, 2, L);
+    for (; m < rows; m++) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 1, 2, L);
     store_unit(j, u, m0, rows, buf);
   }
+}
+
+static TARGET void unit_vnni(const job* j, int64_t u) {
+  if (j->levels == 2)
+    unit_vnni_levels(j, u, 2);
+  else
+    unit_vnni_levels(j, u, 1);
 }
 
 /* ---------------------------------------------------------------- AVX2 */
 
 #define TARGET2 __attribute__((target("avx2,fma,f16c")))
 
-/* RM rows x NT tiles (RM * NT <= 2: 16 registers), as tiles_vnni: each tile is two registers of 8 columns. */
+/* RM rows x NT tiles (RM * NT <= 2: 16 registers) x L levels, as tiles_vnni: each tile is two registers of 8
+ * columns. */
 static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* j, int64_t m0, int64_t t0,
-                                                                      float* buf, const int RM, const int NT) {
-  const int64_t blocks = j->blocks, K = j->a->K;
+                                                                      float* buf, const int RM, const int NT,
+                                                                      const int L) {
+  const int64_t blocks = j->blocks, K = j->a->K, xq_level = j->a->M * K, xs_level = j->a->M * blocks;
   const int8_t* xq = j->xq + m0 * K;
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[RM][NT][2];
+  __m256 acc[2][2][2]; /* [RM][NT][2] */
   for (int m = 0; m < RM; m++)
     for (int t = 0; t < NT; t++) acc[m][t][0] = acc[m][t][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; b++) {
-    __m256i dot[RM][NT][2]; /* 16-bit sums of (column, k pair) over the block */
-    for (int m = 0; m < RM; m++)
-      for (int t = 0; t < NT; t++) dot[m][t][0] = dot[m][t][1] = _mm256_setzero_si256();
+    __m256i dot[2][2][2][2]; /* [L][RM][NT][2]: 16-bit sums of (column, k pair) over the block */
+    for (int l = 0; l < L; l++)
+      for (int m = 0; m < RM; m++)
+        for (int t = 0; t < NT; t++) dot[l][m][t][0] = dot[l][m][t][1] = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++)
       for (int t = 0; t < NT; t++) {
         const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + c * 64;
@@ -242,12 +333,13 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
           __m256i raw = _mm256_loadu_si256((const __m256i*)(p + 32 * h));
           __m256i lo = _mm256_and_si256(raw, low4);
           __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-          for (int m = 0; m < RM; m++) {
-            const int8_t* r = xq + m * K + b * LLMC_Q4_BLOCK + 8 * c;
-            __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(r))),
-                                         _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(r + 4))));
-            dot[m][t][h] = _mm256_add_epi16(dot[m][t][h], s);
-          }
+          for (int m = 0; m < RM; m++)
+            for (int l = 0; l < L; l++) {
+              const int8_t* r = xq + l * xq_level + m * K + b * LLMC_Q4_BLOCK + 8 * c;
+              __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(r))),
+                                           _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(r + 4))));
+              dot[l][m][t][h] = _mm256_add_epi16(dot[l][m][t][h], s);
+            }
         }
       }
     for (int t = 0; t < NT; t++) {
@@ -257,8 +349,11 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
         __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
         for (int m = 0; m < RM; m++) {
           int64_t mb = (m0 + m) * blocks + b;
-          __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[m][t][h], ones)),
+          __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[0][m][t][h], ones)),
                                      _mm256_set1_ps(j->xscale[mb]), _mm256_set1_ps(j->xmid[mb]));
+          for (int l = 1; l < L; l++)
+            d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[l][m][t][h], ones)),
+                                _mm256_set1_ps(j->xscale[l * xs_level + mb]), d);
           acc[m][t][h] = _mm256_fmadd_ps(d, scale, acc[m][t][h]);
           acc[m][t][h] = _mm256_fmadd_ps(min, _mm256_set1_ps(j->xsum[mb]), acc[m][t][h]);
         }
@@ -270,18 +365,25 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
       for (int h = 0; h < 2; h++) _mm256_storeu_ps(buf + m * UNIT_COLS + t * LLMC_Q4_TILE + 8 * h, acc[m][t][h]);
 }
 
-static TARGET2 void unit_avx2(const job* j, int64_t u) {
+static inline __attribute__((always_inline)) TARGET2 void unit_avx2_levels(const job* j, int64_t u, const int L) {
   int64_t t0 = u * UNIT_TILES, M = j->a->M;
   float buf[ROWS * UNIT_COLS];
   for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
     int rows = M - m0 < ROWS ? (int)(M - m0) : ROWS, m = 0;
     for (; rows - m >= 2; m += 2) {
-      tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 2, 1);
-      tiles_avx2(j, m0 + m, t0 + 1, buf + m * UNIT_COLS + LLMC_Q4_TILE, 2, 1);
+      tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 2, 1, L);
+      tiles_avx2(j, m0 + m, t0 + 1, buf + m * UNIT_COLS + LLMC_Q4_TILE, 2, 1, L);
     }
-    if (m < rows) tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 1, 2);
+    if (m < rows) tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 1, 2, L);
     store_unit(j, u, m0, rows, buf);
   }
+}
+
+static TARGET2 void unit_avx2(const job* j, int64_t u) {
+  if (j->levels == 2)
+    unit_avx2_levels(j, u, 2);
+  else
+    unit_avx2_levels(j, u, 1);
 }
 
 static int cpu_path(void) {
@@ -362,7 +464,12 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
              LLMC_Q4_BLOCK, (long long)a->N, a->gated ? " and a multiple of 32 (gated)" : "");
     return msg;
   }
+  if (a->act_bits != 0 && a->act_bits != 8 && a->act_bits != 16) {
+    snprintf(msg, sizeof msg, "act_bits %d must be 8 (int8 activations) or 16 (two int8 levels)", a->act_bits);
+    return msg;
+  }
   if (a->M <= 0) return NULL;
+  int levels = a->act_bits == 16 ? 2 : 1;
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
   int64_t units = (a->N + UNIT_COLS - 1) / UNIT_COLS;
   int64_t parts = parallel && a->threads > 1 && units >= 2 && units <= (int64_t)UINT32_MAX /* part.range */
@@ -370,17 +477,18 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   part* part_of = NULL;
   if (parts && posix_memalign((void**)&part_of, sizeof(part), sizeof(part) * (size_t)parts))
     return "out of memory for the work split";
-  void* scratch = malloc((size_t)(a->M * a->K) + sizeof(float) * 3 * (size_t)(a->M * blocks));
+  void* scratch = malloc((size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
+                         sizeof(float) * 2 * (size_t)(a->M * blocks));
   if (!scratch) {
     free(part_of);
     return "out of memory for the quantized activations";
   }
   float* xscale = (float*)scratch;
-  float* xsum = xscale + a->M * blocks;
+  float* xsum = xscale + levels * a->M * blocks;
   float* xmid = xsum + a->M * blocks;
   int8_t* xq = (int8_t*)(xmid + a->M * blocks);
-  quantize_rows(a, xq, xscale, xsum, xmid);
-  job j = {a, units, blocks, xq, xscale, xsum, xmid, llmc_q4_path(), parts, 0, part_of};
+  quantize_rows(a, levels, xq, xscale, xsum, xmid);
+  job j = {a, units, blocks, levels, xq, xscale, xsum, xmid, llmc_q4_path(), parts, 0, part_of};
   if (parts) {
     for (int64_t p = 0; p < parts; p++) { /* contiguous parts as equal as units allow */
       uint64_t front = (uint64_t)(units * p / parts), back = (uint64_t)(units * (p + 1) / parts);

@@ -9,6 +9,9 @@
  *   then 16 fp16 scales and 16 fp16 mins (columns 16 t .. 16 t + 15).
  * x is quantized per row and block to int8 (scale = max |x| / 127) and its exact fp32 block sums carry the min:
  *   y[m, n] = sum_b scale[b, n] * xscale[m, b] * (q . xq)[m, b, n] + min[b, n] * xsum[m, b]  (+ bias[n]).
+ * act_bits 16: two int8 levels, the second quantizing the first's remainder r = x - xscale_1 xq_1 the same way
+ * (xscale_2 = max |r| / 127), so x ~ xscale_1 xq_1 + xscale_2 xq_2 (~15 bits) and the product is the sum of the two
+ * int8 products, each with its scale: twice the integer work, the same weight bytes.
  *
  * gated (SwiGLU): W holds the gate and up projections as alternating tiles (gate tile i at 2 i, its up tile at
  * 2 i + 1) and y [M, N / 2] = silu(x @ gate) * (x @ up): the MLP's first half in one pass.
@@ -34,6 +37,7 @@ typedef struct {
   const float* bias; /* [N] or NULL (gated: [N], gate then up) */
   float* y;          /* [M, N], gated [M, N / 2] */
   int threads;       /* the pool's threads: each streams one contiguous part of W; 0 = unknown: units claimed */
+  int act_bits;      /* the activations' precision: 8 (one int8 level; 0 means 8) or 16 (two int8 levels) */
 } llmc_q4_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */

@@ -2,5 +2,6 @@
  * it was built with and refuses a library of another one. Raise it whenever an operator's contract changes. */
 #ifndef LLMC_OPS_VERSION_H
 #define LLMC_OPS_VERSION_H
-#define LLMC_OPS_VERSION "2" /* 2: CachedAttention's local_window_size, softcap and partial rotary */
+/* 2: CachedAttention's local_window_size, softcap and partial rotary; 3: MatMulQ4's act_bits (16: two int8 levels) */
+#define LLMC_OPS_VERSION "3"
 #endif

@@ -12,7 +12,8 @@
  * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale).
  *
  * MatMulQ4 (matmul_q4.h): A [..., K] fp32, B uint8 [ceil(N / 32), K / 32, 640] (the packed 4-bit tiles), bias [N]
- * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated.
+ * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated;
+ * optional act_bits (default 8: int8 activations; 16: two int8 levels, ~15 bits, twice the integer work).
  *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
@@ -336,7 +337,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
 
 typedef struct {
   const OrtApi* api;
-  int64_t K, N, gated;
+  int64_t K, N, gated, act_bits;
   int threads;
 } MatMulKernel;
 
@@ -363,6 +364,15 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   if (!s && (k->K <= 0 || k->K % LLMC_Q4_BLOCK || k->N <= 0 || (k->gated && k->N % (2 * LLMC_Q4_TILE))))
     s = fail(api, ERR_INVALID_ARGUMENT, "MatMulQ4: K must be a positive multiple of 32, N positive (gated: a "
                                         "multiple of 32)");
+  if (!s) {
+    k->act_bits = optional_int(api, info, "act_bits", 8);
+    if (k->act_bits != 8 && k->act_bits != 16) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "MatMulQ4: act_bits %lld: must be 8 (int8 activations) or 16 (two int8 levels)",
+               (long long)k->act_bits);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
+    }
+  }
   if (s) {
     free(k);
     return s;
@@ -397,7 +407,7 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   CHECK(((GetTensorMutableData_t)SLOT(api, GetTensorMutableData))(out, &out_data));
   llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],
                     .w = (const uint8_t*)data[MM_B], .bias = (const float*)data[MM_BIAS], .y = (float*)out_data,
-                    .threads = k->threads};
+                    .threads = k->threads, .act_bits = (int)k->act_bits};
   Pool pool = {api, ctx, NULL};
   const char* err = llmc_q4_matmul(&a, run_parallel, &pool);
   return outcome(&pool, "MatMulQ4", err);
