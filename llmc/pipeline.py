@@ -49,7 +49,7 @@ def ensure_engine(ref: str, progress: Progress | None = None) -> Path:
 
 
 def _build_cached(export_dir: Path, progress: Progress) -> Path:
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.manifest import sha256_file
 
     digest = sha256_file(export_dir / EXPORT_MANIFEST)[:12]

@@ -76,9 +76,9 @@ build() {  # attention kind
   "$PY" - "$OUT" "$1" <<'EOF'
 import json, sys
 from pathlib import Path
-from llmc.engines.ort_build import BuildConfig
-from llmc.engines.trt_build import TrtBuildConfig, build_trt
-from llmc.engines.trt_profiles import TrtLimits
+from llmc.engines.ort.build import BuildConfig
+from llmc.engines.trt.build import TrtBuildConfig, build_trt
+from llmc.engines.trt.profiles import TrtLimits
 out, attention = Path(sys.argv[1]), sys.argv[2]
 limits = TrtLimits(max_batch_size=64, max_input_len=512, max_seq_len=640, max_num_tokens=64)
 cfg = TrtBuildConfig(BuildConfig(out / "export", out / f"engine-{attention}", backend="trt", force=True), limits,

@@ -20,7 +20,7 @@ def main(out: Path) -> None:
     import transformers as tf
     from tiny_models import make_tokenizer
 
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.export.exporter import ExportConfig, export
 
     common = dict(vocab_size=320, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,

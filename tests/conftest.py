@@ -43,7 +43,7 @@ class Built:
 
 
 def _export_and_build(ref: str, root: Path) -> tuple[Path, Path]:
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.export.exporter import ExportConfig, export
 
     export_dir, engine_dir = root / "export", root / "engine"
@@ -63,7 +63,7 @@ def llmc_ops() -> Path:
 @pytest.fixture(scope="session")
 def tiny_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Built]:
     """tiny_factory(arch) -> Built, made on first use and cached for the session."""
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
 
     cache: dict[str, Built] = {}
 

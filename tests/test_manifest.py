@@ -12,7 +12,7 @@ import onnx
 import pytest
 from conftest import Built
 
-from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.engines.ort.build import BuildConfig, build_ort
 from llmc.engines.registry import load_engine_dir
 from llmc.errors import ManifestError
 from llmc.manifest import (

@@ -46,6 +46,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         quality_target: Annotated[float, typer.Option(
             help="--quant: raise the most sensitive layers (measured on calibration prompts) until llmc verify's "
                  "top-1 agreement with the model reaches this (0: every layer at --quant).")] = 0.99,
+        quality_bytes: Annotated[float, typer.Option(
+            help="--quant: the raised layers may take the weight bytes per decode step up to this many times those "
+                 "with every layer at --quant.")] = 1.15,
         allow_divergence: Annotated[bool, typer.Option(
             "--allow-divergence", help="Keep an engine whose greedy continuation of the golden prompt leaves the "
                                        "model's (refused by default).")] = False,
@@ -67,10 +70,11 @@ def register(app: typer.Typer, wrap: Any) -> None:
         cfg = BuildConfig(export_dir, out, backend.value, quant, threads, force, kv_layout=kv_layout,
                           attention=ort_attention, block_size=block_size, accuracy_level=accuracy_level,
                           quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul, moe=moe,
-                          allow_divergence=allow_divergence, quality_target=quality_target)
+                          allow_divergence=allow_divergence, quality_target=quality_target,
+                          quality_bytes=quality_bytes)
         if backend is Backend.trt:
-            from llmc.engines.trt_build import trt_config_from
-            from llmc.engines.trt_profiles import TrtLimits
+            from llmc.engines.trt.build import trt_config_from
+            from llmc.engines.trt.profiles import TrtLimits
 
             given = (max_batch_size, max_input_len, max_seq_len, max_num_tokens)
             def pick(value: int | None, default: int) -> int:

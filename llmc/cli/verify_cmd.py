@@ -22,7 +22,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
     ) -> None:
         """Golden check, then top-1 agreement / KL / greedy match against the export over a fixed prompt set."""
         from llmc.engines.base import EngineOptions
-        from llmc.engines.ort_build import export_engine
+        from llmc.engines.ort.build import export_engine
         from llmc.engines.registry import load_engine_dir
         from llmc.errors import InputError, LlmcError
         from llmc.golden import GOLDEN_FILE, Golden

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.engines.ort.build import BuildConfig, build_ort
 from llmc.errors import BackendUnavailableError, InputError
 from llmc.manifest import EngineManifest
 from llmc.progress import Progress
 
 if TYPE_CHECKING:
-    from llmc.engines.trt_build import TrtBuildConfig
+    from llmc.engines.trt.build import TrtBuildConfig
 
 __all__ = ["BuildConfig", "build"]
 
 
 def _trt(cfg: BuildConfig | TrtBuildConfig, progress: Progress | None) -> EngineManifest:
     try:
-        from llmc.engines.trt_build import build_trt
+        from llmc.engines.trt.build import build_trt
     except ImportError as e:
         raise BackendUnavailableError(f"the trt backend is unavailable: {e}") from None
     return build_trt(cfg, progress)

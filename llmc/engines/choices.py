@@ -33,6 +33,7 @@ class Attention(str, Enum):
     gqa = "gqa"  # com.microsoft.GroupQueryAttention
     llmc = "llmc"  # llmc's CachedAttention operator
     onnx = "onnx"  # standard Attention + TensorScatter (what TensorRT parses)
+    onnx_static = "onnx-static"  # the same over the whole buffer, a [B, 1, S, max_seq] mask (TensorRT native)
 
 
 class KVDtype(str, Enum):

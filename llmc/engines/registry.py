@@ -14,16 +14,16 @@ Loader = Callable[[EngineManifest, Path, EngineOptions], Engine]
 
 def _ort(manifest: EngineManifest, directory: Path, options: EngineOptions) -> Engine:
     if manifest.kv.layout == "inplace":
-        from llmc.engines.ort_inplace import OrtInplaceEngine
+        from llmc.engines.ort.inplace import OrtInplaceEngine
 
         return OrtInplaceEngine(manifest, directory, options)
-    from llmc.engines.ort import OrtEngine
+    from llmc.engines.ort.run import OrtEngine
 
     return OrtEngine(manifest, directory, options)
 
 
 def _trt(manifest: EngineManifest, directory: Path, options: EngineOptions) -> Engine:
-    from llmc.engines.trt import TrtEngine
+    from llmc.engines.trt.run import TrtEngine
 
     return TrtEngine(manifest, directory, options)
 

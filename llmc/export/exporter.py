@@ -124,7 +124,7 @@ def _write_tokenizer(work: Path, loaded: sources.LoadedModel) -> GenerationSpec:
 
 
 def _check_parity(work: Path, manifest: ExportManifest, golden: Golden) -> dict[str, float]:
-    from llmc.engines.ort_build import export_engine
+    from llmc.engines.ort.build import export_engine
     from llmc.runtime.verify import check_golden
 
     engine = export_engine(manifest, work)

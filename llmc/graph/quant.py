@@ -37,7 +37,8 @@ KERNELS = ("ort", "llmc")
 # A linear layer's precision: 4-bit weights with int8 activations (MatMulQ4, or MatMulNBits at the spec's accuracy),
 # with 16-bit ones (MatMulQ4's two-level int8 activations: the same bytes), or with fp32 ones (MatMulNBits, accuracy
 # 0, the exact grid); 8-bit weights with int8 or fp32 activations; or the float weights.
-PRECISIONS = ("int4", "int4-act16", "int4-fp32act", "int8", "int8-fp32act", "fp32")
+# -act16: 16-bit activations (two 8-bit levels, x ~ s1 q1 + s2 q2) on the same weights; -fp32act: fp32 ones
+PRECISIONS = ("int4", "int4-act16", "int4-fp32act", "int8", "int8-act16", "fp32")
 TILE, TILE_BLOCK = 16, 32  # MatMulQ4: 16 columns per tile, blocks of 32 along K
 
 
@@ -51,7 +52,7 @@ class QuantSpec:
     # "auto": symmetric where that reproduces a weight exactly (e.g. GGUF Q8_0), else folded
     kernel: str = "ort"  # 4-bit layers: "ort" (MatMulNBits, `scheme`) | "llmc" (ai.llmc.MatMulQ4, scale + min)
     # Per-layer precisions (PRECISIONS), where they differ from `bits` (and the head's `head_bits`): what a quality
-    # target chose by measurement (llmc/engines/quality.py). (name without ".weight", precision) pairs.
+    # target chose by measurement (llmc/engines/ort/quality.py). (name without ".weight", precision) pairs.
     layout: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
@@ -77,11 +78,14 @@ class QuantSpec:
 
     def accuracy_of(self, name: str) -> int:
         """MatMulNBits' accuracy_level for a layer: 0 (fp32 activations) where its precision says so."""
-        return 0 if self.precision_of(name).endswith("-fp32act") else self.accuracy_level
+        precision = self.precision_of(name)
+        if precision == "int8-act16":
+            return 4  # the two 8-bit levels must each be quantized exactly: int8 compute
+        return 0 if precision.endswith("-fp32act") else self.accuracy_level
 
     def act_bits_of(self, name: str) -> int:
         """MatMulQ4's activation bits for a layer: 16 (two-level int8) where its precision says so, else 8."""
-        return 16 if self.precision_of(name) == "int4-act16" else 8
+        return 16 if self.precision_of(name).endswith("-act16") else 8
 
     def q4_tiles(self, bits: int) -> bool:
         """Whether a layer of `bits` bits goes to llmc's MatMulQ4."""

@@ -19,7 +19,7 @@ from conftest import Built
 from onnx import TensorProto, helper
 
 from llmc.engines.kernels import ops_version
-from llmc.engines.trt_plugin import attention_reference
+from llmc.engines.trt.plugin import attention_reference
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +283,7 @@ def test_an_engine_of_another_operator_version_is_refused_at_load(tiny_llama: Bu
 def test_without_the_library_auto_builds_with_onnx_runtime_and_llmc_is_one_line(
         tiny_llama: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from llmc.engines import kernels
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.errors import BackendUnavailableError
 
     def not_built() -> Path:
@@ -304,7 +304,7 @@ def test_without_the_library_auto_builds_with_onnx_runtime_and_llmc_is_one_line(
 @pytest.mark.parametrize(("kv_dtype", "row_bytes", "tol"), [("float16", 2 * 16, 2e-2), ("int8", 16 + 2, 5e-2)])
 def test_smaller_cache_engine_matches_the_fp32_cache_engine(tiny_llama: Built, tmp_path: Path, kv_dtype: str,
                                                            row_bytes: int, tol: float) -> None:
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.engines.registry import load_engine_dir
 
     manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", attention="llmc", kv_dtype=kv_dtype))
@@ -327,7 +327,7 @@ def test_smaller_cache_engine_matches_the_fp32_cache_engine(tiny_llama: Built, t
 
 
 def test_int4_engine_with_the_llmc_operator_generates(tiny_llama: Built, tmp_path: Path) -> None:
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.runtime.llm import LLM
     from llmc.runtime.request import SamplingParams
 
@@ -346,7 +346,7 @@ def test_int4_engine_with_the_llmc_operator_generates(tiny_llama: Built, tmp_pat
     ({"attention": "llmc", "kv_dtype": "float16", "kv_layout": "concat"}, "only --attention llmc \\(in place\\)"),
 ])
 def test_bad_attention_settings_are_refused(tiny_llama: Built, tmp_path: Path, changes: dict, message: str) -> None:
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.errors import InputError
 
     with pytest.raises(InputError, match=message):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from llmc.bench import bandwidth, engine_bench
 from llmc.cli.main import app
-from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.engines.ort.build import BuildConfig, build_ort
 from llmc.export.exporter import ExportConfig, export
 
 BENCH_FIELDS = {"backend", "precision", "batch", "prompt_len", "new_tokens", "ttft_ms", "prefill_tok_s",

@@ -17,7 +17,7 @@ from quant_grids import q4_1_like
 
 from llmc import LLM, SamplingParams
 from llmc.engines.kernels import ops_version
-from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.engines.ort.build import BuildConfig, build_ort
 from llmc.engines.registry import load_engine_dir
 from llmc.errors import InputError
 from llmc.graph.quant import (
@@ -284,7 +284,7 @@ def test_build_refuses_matmul_llmc_where_it_does_not_apply(tiny_llama: Built, tm
 
 
 def test_a_4_bit_head_goes_to_the_operator_too(tiny_llama: Built, tmp_path: Path) -> None:
-    from llmc.engines.ort_graphs import load_checkpoint, quantized, write_inplace_graphs
+    from llmc.engines.ort.graphs import load_checkpoint, quantized, write_inplace_graphs
     from llmc.manifest import load_export
 
     export = load_export(tiny_llama.export_dir)

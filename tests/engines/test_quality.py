@@ -10,11 +10,11 @@ import pytest
 from conftest import Built
 
 from llmc.engines.kernels import library_path
-from llmc.engines.ort_build import BuildConfig, build_ort, export_engine
-from llmc.engines.ort_graphs import load_checkpoint, quantizable
-from llmc.engines.quality import CALIBRATION_PROMPTS, PrecisionSearch
+from llmc.engines.ort.build import BuildConfig, build_ort, export_engine
+from llmc.engines.ort.graphs import load_checkpoint, quantizable
+from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, _float_weight
 from llmc.engines.registry import load_engine_dir
-from llmc.graph.quant import QuantSpec
+from llmc.graph.quant import QuantSpec, quantize_as
 from llmc.manifest import load_export
 from llmc.runtime.tokenizer import Tokenizer
 from llmc.runtime.verify import VERIFY_PROMPTS, compare_engines, encode_prompt
@@ -28,7 +28,8 @@ def search(tiny_llama: Built) -> PrecisionSearch:
     tok = Tokenizer.from_dir(tiny_llama.export_dir)
     reference = export_engine(export, tiny_llama.export_dir)
     return PrecisionSearch(ckpt, names, QuantSpec(4, kernel="llmc"), reference,
-                           [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS], library_path(), 1)
+                           [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS], library_path(), 1,
+                           max_bytes_ratio=10.0)  # no byte budget: every layer a candidate
 
 
 def test_the_calibration_graph_is_the_model_when_every_layer_is_exact(search: PrecisionSearch,
@@ -58,15 +59,39 @@ def test_each_layer_has_a_sensitivity_and_raising_all_of_them_is_the_model(searc
     assert kls == sorted(kls, reverse=True)
     assert search.predicted_top1(len(search.names)) == 1.0
     assert search.predicted_top1(0) < 1.0  # random tiny weights: 4 bits flip some tokens
-    # the tiny model's random weights are not on a 4-bit grid: raised layers take 8-bit weights
-    assert {p for _, p in search.layout(len(search.names))} == {"int8-fp32act"}
+    # the tiny model's random weights are not on a 4-bit grid: raised layers take 8-bit weights (never 8-bit
+    # weights with fp32 activations: ONNX Runtime has no fast CPU path for those); the 8-bit head keeps its weights and
+    # takes 16-bit activations (two int8 levels)
+    assert len(search.order) == len(search.names)
+    raised = dict(search.layout(len(search.names)))
+    assert raised.pop("lm_head") == "int8-act16" and set(raised.values()) == {"int8"}
     k = search.first_k(0.99)
     assert 0 < k <= len(search.names) and search.predicted_top1(k) >= 0.99
     assert [n for n, _ in search.layout(k)] == [search.names[i] for i in search.order[:k]]
 
 
+def test_the_byte_budget_leaves_out_the_raises_it_cannot_afford(search: PrecisionSearch, tiny_llama: Built) -> None:
+    """Raised layers taken in rank order while their extra weight bytes fit the budget (1.15x by default)."""
+    from llmc.engines.ort.quality import _affordable, extra_bytes
+
+    export = load_export(tiny_llama.export_dir)
+    ckpt = load_checkpoint(tiny_llama.export_dir, export)
+    spec = QuantSpec(4, kernel="llmc")
+    ranked = list(search.order)
+    kept = _affordable(ckpt, spec, search.names, search.sensitivities, ranked, 1.15)
+    assert 0 < len(kept) < len(ranked) and kept == [i for i in ranked if i in kept]
+    base = sum(a.nbytes for n in search.names for a in quantize_as(_float_weight(ckpt, n), "w", spec.precision_of(n), spec).values())
+    extra = extra_bytes(ckpt, spec, tuple((search.names[i], search.sensitivities[i].raise_to) for i in kept))
+    assert extra <= 0.15 * base
+    # no room: only the raises that cost no bytes (the 8-bit head's 16-bit activations)
+    assert _affordable(ckpt, spec, search.names, search.sensitivities, ranked, 1.0) == [search.names.index("lm_head")]
+
+
 def test_a_quality_target_build_reaches_it_and_records_the_layout(tiny_llama: Built, tmp_path: Path) -> None:
-    manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "q", quant="int4"))
+    # random weights: 8-bit raises of the tiny model's large head need more than the default byte budget, and its
+    # near-flat logits flip the golden prompt's greedy tokens at 8 bits too (the golden gate, tested on its own)
+    manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "q", quant="int4", quality_bytes=4.0,
+                                     allow_divergence=True))
     quality = manifest.settings.quality
     assert quality["target"] == 0.99 and quality["candidates"] == 9
     assert quality["top1_agreement"] >= 0.99 or len(quality["raised"]) == quality["candidates"]
@@ -77,3 +102,22 @@ def test_a_quality_target_build_reaches_it_and_records_the_layout(tiny_llama: Bu
     plain = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "p", quant="int4", quality_target=0,
                                   allow_divergence=True))
     assert not plain.settings.quality
+
+
+def test_16_bit_activations_on_the_8_bit_head_are_the_weights_product(tiny_llama: Built, tmp_path: Path) -> None:
+    """int8-act16: the same 8-bit weights, the activations in two exactly-quantized int8 levels: the head's logits
+    come within ~1e-4 of the 8-bit weights' fp32 product, where one int8 level misses by ~1e-2."""
+    export = load_export(tiny_llama.export_dir)
+    reference = export_engine(export, tiny_llama.export_dir)
+    ids = [3, 17, 29, 41, 5]
+    errors = {}
+    for precision in ("int8", "int8-act16"):
+        layout = tuple((n.removesuffix(".weight"), "fp32") for n in quantizable(
+            load_checkpoint(tiny_llama.export_dir, export))) + (("lm_head", precision),)
+        out = tmp_path / precision
+        build_ort(BuildConfig(tiny_llama.export_dir, out, quant="int8", layout=layout, allow_divergence=True))
+        engine = load_engine_dir(out)
+        ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 8))[0]
+        theirs = reference.prefill([0], [ids], reference.new_kv_cache(1, 8))[0]
+        errors[precision] = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+    assert errors["int8-act16"] < errors["int8"] / 20, errors

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from llmc import LLM, SamplingParams
 from llmc.cli.main import app
-from llmc.engines.ort_build import BuildConfig, build_ort
+from llmc.engines.ort.build import BuildConfig, build_ort
 from llmc.engines.registry import load_engine_dir
 from llmc.errors import InputError
 from llmc.graph.quant import (

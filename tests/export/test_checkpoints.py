@@ -44,7 +44,7 @@ def test_published_checkpoints_export_exactly(tmp_path: Path, dtype: torch.dtype
     manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
     # the export's graphs against transformers reading the same files in fp32
-    from llmc.engines.ort_build import export_engine
+    from llmc.engines.ort.build import export_engine
 
     engine = export_engine(manifest, tmp_path / "export")
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()

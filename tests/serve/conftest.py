@@ -26,7 +26,7 @@ def serve_engine_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama (with tokenizer and chat template), exported and built once."""
     from tiny_models import make_model
 
-    from llmc.engines.ort_build import BuildConfig, build_ort
+    from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.export.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("serve-tiny")

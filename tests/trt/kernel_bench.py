@@ -36,8 +36,8 @@ def compare(kind: str, batch: int, heads: int, kv_heads: int, dim: int, length: 
     import torch
     import torch.nn.functional as F
 
-    from llmc.engines.trt_lower import BLOCK_M
-    from llmc.engines.trt_plugin import launch_attention
+    from llmc.engines.trt.lower import BLOCK_M
+    from llmc.engines.trt.plugin import launch_attention
 
     torch.manual_seed(0)
     dev, f16 = "cuda", torch.float16

@@ -14,12 +14,12 @@ import numpy as np
 
 from llmc.engines.base import KVCache
 from llmc.engines.host_kv import HostKVCache
-from llmc.engines.ort_build import engine_manifest
-from llmc.engines.ort_graphs import load_checkpoint, write_inplace_graphs
-from llmc.engines.trt import SlotSteps
-from llmc.engines.trt_lower import lower_file
-from llmc.engines.trt_plugin import register_ort_reference
-from llmc.engines.trt_profiles import GRAPHS, TrtLimits, check_shapes, plan_profiles
+from llmc.engines.ort.build import engine_manifest
+from llmc.engines.ort.graphs import load_checkpoint, write_inplace_graphs
+from llmc.engines.trt.lower import lower_file
+from llmc.engines.trt.plugin import register_ort_reference
+from llmc.engines.trt.profiles import GRAPHS, TrtLimits, check_shapes, plan_profiles
+from llmc.engines.trt.run import SlotSteps
 from llmc.graph import io_names as io
 from llmc.manifest import load_export
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmc.engines.ort_build import BuildConfig
-from llmc.engines.trt_build import (
+from llmc.engines.ort.build import BuildConfig
+from llmc.engines.trt.build import (
     TrtBuildConfig,
     build_trt,
     check_alignment,
@@ -24,7 +24,7 @@ from llmc.engines.trt_build import (
     trt_settings,
     version_tuple,
 )
-from llmc.engines.trt_profiles import TrtLimits, plan_profiles
+from llmc.engines.trt.profiles import TrtLimits, plan_profiles
 from llmc.errors import BackendUnavailableError, InputError, LimitError
 from llmc.graph import io_names as io
 from llmc.graph.checkpoint import INV_FREQ, Checkpoint

@@ -13,10 +13,10 @@ import onnxruntime_extensions  # noqa: E402,F401  (dev extra: runs the reference
 import pytest
 
 from llmc.engines.base import Engine
-from llmc.engines.ort_build import export_engine
+from llmc.engines.ort.build import export_engine
 from llmc.engines.registry import load_engine_dir
-from llmc.engines.trt_lower import PLUGIN_NAME, PLUGIN_NAMESPACE, find_attention_blocks, lower_graph
-from llmc.engines.trt_profiles import TrtLimits
+from llmc.engines.trt.lower import PLUGIN_NAME, PLUGIN_NAMESPACE, find_attention_blocks, lower_graph
+from llmc.engines.trt.profiles import TrtLimits
 from llmc.errors import LimitError, LlmcError
 from llmc.manifest import load_export
 

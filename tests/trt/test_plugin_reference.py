@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from llmc.engines.trt_plugin import attention_reference
+from llmc.engines.trt.plugin import attention_reference
 
 RNG = np.random.default_rng(0)
 
@@ -88,7 +88,7 @@ def test_ort_custom_op_runs_the_reference(window: int, softcap: float) -> None:
     """The node's window (int) and softcap (float) attributes, as trt_lower writes them, reach the reference."""
     import onnxruntime as ort
 
-    from llmc.engines.trt_plugin import register_ort_reference
+    from llmc.engines.trt.plugin import register_ort_reference
 
     args = case(2, 4, 2, 3, 8, 8, [0, 4], [3, 1])
     names = ["q", "k_new", "v_new", "past_key", "past_value", "position_ids"]

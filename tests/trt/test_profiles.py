@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmc.engines.trt_profiles import Profile, TrtLimits, check_shapes, opt_size, plan_profiles
+from llmc.engines.trt.profiles import Profile, TrtLimits, check_shapes, opt_size, plan_profiles
 from llmc.errors import EngineError, InputError, LimitError
 from llmc.graph import io_names as io
 from llmc.manifest import ModelSpec

@@ -13,7 +13,8 @@ from runtime.fake_engine import fake_manifest
 from llmc.engines.base import KVCache
 from llmc.engines.host_kv import HostKVCache
 from llmc.engines.registry import load_engine_dir
-from llmc.engines.trt import (
+from llmc.engines.trt.profiles import TrtLimits, plan_profiles
+from llmc.engines.trt.run import (
     SlotSteps,
     check_build_env,
     check_profile,
@@ -21,7 +22,6 @@ from llmc.engines.trt import (
     inplace_inputs,
     runs,
 )
-from llmc.engines.trt_profiles import TrtLimits, plan_profiles
 from llmc.errors import BackendUnavailableError, ManifestError
 from llmc.graph import io_names as io
 from llmc.manifest import EngineSettings, save

@@ -40,7 +40,7 @@ def test_kernel_matches_reference_in_the_interpreter() -> None:
 def test_kernel_compiles_ahead_of_time(capability: int, block_m: int) -> None:
     from triton.backends.compiler import GPUTarget
 
-    from llmc.engines.trt_plugin import NUM_WARPS, SIGNATURE, compile_attention
+    from llmc.engines.trt.plugin import NUM_WARPS, SIGNATURE, compile_attention
 
     compiled = compile_attention("float16", 9, 3, 64, 0.125, block_m, target=GPUTarget("cuda", capability, 32))
     ptx = compiled.asm["ptx"]
@@ -56,7 +56,7 @@ def test_windowed_softcapped_kernel_compiles_ahead_of_time() -> None:
     """Gemma 2's constants (window 4096, softcap 50): the tanh (via exp2) and the window's start lower to PTX."""
     from triton.backends.compiler import GPUTarget
 
-    from llmc.engines.trt_plugin import compile_attention
+    from llmc.engines.trt.plugin import compile_attention
 
     plain = compile_attention("float16", 8, 4, 256, 0.0625, 16, target=GPUTarget("cuda", 90, 32))
     capped = compile_attention("float16", 8, 4, 256, 0.0625, 16, target=GPUTarget("cuda", 90, 32), window=4096,

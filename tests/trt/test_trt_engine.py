@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmc.engines.ort_build import BuildConfig
+from llmc.engines.ort.build import BuildConfig
 from llmc.engines.registry import load_engine_dir
-from llmc.engines.trt_build import NATIVE_MIN_TRT, TrtBuildConfig, build_trt, version_tuple
-from llmc.engines.trt_profiles import TrtLimits
+from llmc.engines.trt.build import NATIVE_MIN_TRT, TrtBuildConfig, build_trt, version_tuple
+from llmc.engines.trt.profiles import TrtLimits
 from llmc.errors import LimitError, ManifestError
 from llmc.runtime.verify import compare_engines
 

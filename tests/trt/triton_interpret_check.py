@@ -35,14 +35,14 @@ CASES = [  # name, batch, heads, kv_heads, seq, max_seq, dim, starts, counts, bl
 
 def skipped_blocks(start: int, window: int) -> int:
     """Positions before the block holding a row's first visible one: the kernel must never load them."""
-    block = 64  # llmc.engines.trt_plugin.BLOCK_N, checked in main()
+    block = 64  # llmc.engines.trt.plugin.BLOCK_N, checked in main()
     return 0 if window == 0 else max(0, start - window + 1) // block * block
 
 
 def run_case(case: tuple, dtype: str) -> dict[str, object]:
     import torch
 
-    from llmc.engines.trt_plugin import attention_reference, launch_attention
+    from llmc.engines.trt.plugin import attention_reference, launch_attention
 
     name, batch, heads, kv_heads, seq, max_seq, dim, starts, counts, block_m, window, softcap = case
     rng = np.random.default_rng(1)
@@ -75,7 +75,7 @@ def run_case(case: tuple, dtype: str) -> dict[str, object]:
 
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    from llmc.engines.trt_plugin import BLOCK_N
+    from llmc.engines.trt.plugin import BLOCK_N
 
     assert BLOCK_N == 64, BLOCK_N
     for dtype in sys.argv[1:] or ["float32", "float16"]:

@@ -38,6 +38,7 @@ class BuildConfig:
     moe: MoELowering = MoELowering.auto  # mixture-of-experts lowering
     allow_divergence: bool = False  # keep an engine whose greedy golden continuation leaves the model's
     quality_target: float = 0.99  # --quant: top-1 agreement with the model the layer precisions are chosen for
+    quality_bytes: float = 1.15  # --quant: most weight bytes per step the raised layers may take, x all at --quant
     layout: tuple[tuple[str, str], ...] = ()  # --quant: per-layer precisions (chosen by measurement, quality.py)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,9 @@ def check_build_config(cfg: BuildConfig) -> None:
         raise InputError(f"--matmul llmc works in blocks of {TILE_BLOCK}, got --block-size {cfg.block_size}")
     if not 0.0 <= cfg.quality_target <= 1.0:
         raise InputError(f"--quality-target must be in [0, 1] (0: no search), got {cfg.quality_target}")
+    if not 1.0 <= cfg.quality_bytes <= 16.0:
+        raise InputError(f"--quality-bytes must be in [1, 16] (times the weight bytes with every layer at --quant), "
+                         f"got {cfg.quality_bytes}")
     if cfg.accuracy_level not in (0, 1, 2, 3, 4):
         raise InputError(f"--accuracy-level must be in [0, 4], got {cfg.accuracy_level}")
     if cfg.threads < 0:

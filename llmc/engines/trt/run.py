@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from llmc.engines.base import Engine, EngineOptions, KVCache
-from llmc.engines.trt_profiles import GRAPHS, Profile, TrtLimits, check_shapes
+from llmc.engines.trt.profiles import GRAPHS, Profile, TrtLimits, check_shapes
 from llmc.errors import BackendUnavailableError, EngineError, LimitError, ManifestError
 from llmc.graph import io_names as io
 from llmc.manifest import EngineManifest, EngineSettings, verify_files
@@ -324,7 +324,7 @@ class TrtEngine(SlotSteps):
         gpu, capability = gpu_info()
         check_build_env(settings, trt.__version__, capability, gpu)
         if settings.attention == "plugin":
-            from llmc.engines.trt_plugin import register_trt_plugin
+            from llmc.engines.trt.plugin import register_trt_plugin
 
             register_trt_plugin()
         self._logger = trt.Logger(trt.Logger.WARNING)

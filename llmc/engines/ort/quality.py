@@ -54,7 +54,7 @@ class PrecisionSearch:
     raise the k most sensitive."""
 
     def __init__(self, ckpt: Checkpoint, names: list[str], spec: QuantSpec, reference: Engine,
-                 prompts: list[list[int]], library: Path | None, threads: int) -> None:
+                 prompts: list[list[int]], library: Path | None, threads: int, max_bytes_ratio: float = 1.15) -> None:
         self.spec = spec
         self.names = names
         sequences = _continuations(reference, prompts)
@@ -64,7 +64,8 @@ class PrecisionSearch:
         self._reference = self._logprobs(np.zeros(len(names), np.float32))
         self.sensitivities = [Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec))
                               for i, n in enumerate(names)]
-        self.order = sorted(range(len(names)), key=lambda i: -self.sensitivities[i].kl)
+        ranked = sorted(range(len(names)), key=lambda i: -self.sensitivities[i].kl)
+        self.order = _affordable(ckpt, spec, names, self.sensitivities, ranked, max_bytes_ratio)
 
     def layout(self, k: int) -> tuple[tuple[str, str], ...]:
         """The k most sensitive layers at their raised precision."""
@@ -79,7 +80,7 @@ class PrecisionSearch:
 
     def first_k(self, target: float) -> int:
         """The fewest raised layers the calibration predicts to reach `target` (binary search; all if none do)."""
-        lo, hi = 0, len(self.names)
+        lo, hi = 0, len(self.order)
         if self.predicted_top1(0) >= target:
             return 0
         while hi - lo > 1:
@@ -98,6 +99,21 @@ class PrecisionSearch:
         return float((np.exp(self._reference) * (self._reference - test)).sum(-1).mean())
 
 
+def _affordable(ckpt: Checkpoint, spec: QuantSpec, names: list[str], sens: list[Sensitivity], ranked: list[int],
+                max_ratio: float) -> list[int]:
+    """The ranked layers, less those whose raise would take the weight bytes past `max_ratio` times every layer
+    at the base precision (taken in rank order)."""
+    base = sum(a.nbytes for n in names for a in quantize_as(_float_weight(ckpt, n), "w", spec.precision_of(n),
+                                                              spec).values())
+    budget, kept = (max_ratio - 1.0) * base, []
+    for i in ranked:
+        extra = extra_bytes(ckpt, spec, ((names[i], sens[i].raise_to),))
+        if extra <= budget:
+            kept.append(i)
+            budget -= extra
+    return kept
+
+
 def _one_hot(n: int, i: int) -> np.ndarray:
     x = np.zeros(n, np.float32)
     x[i] = 1.0
@@ -113,10 +129,12 @@ def _continuations(reference: Engine, prompts: list[list[int]]) -> list[list[int
 
 def _raise_to(ckpt: Checkpoint, name: str, spec: QuantSpec) -> str:
     """Wider activations on the layer's own low-precision weights when those are exact (16-bit ones in llmc's
-    4-bit operator: the same bytes; else fp32 ones), else 8-bit weights with fp32 activations."""
+    4-bit operator: the same bytes; else fp32 ones), else 8-bit weights; an 8-bit layer keeps its weights and takes
+    16-bit activations in two int8 levels (MatMulNBits has no fast 8-bit path with fp32 activations on the CPU:
+    ~110 ms a call for SmolLM2's head, measured)."""
     base = spec.precision_of(name)
     if base == "int8":
-        return "int8-fp32act"
+        return "int8-act16"
     w = _float_weight(ckpt, name)
     parts = quantize_as(w, "w", base, spec)
     if "w" + Q4TILES in parts:
@@ -125,7 +143,7 @@ def _raise_to(ckpt: Checkpoint, name: str, spec: QuantSpec) -> str:
         back = dequantize({k.removeprefix("w"): v for k, v in parts.items()}, spec.for_bits(4))
     err = float(np.linalg.norm(back - w) / max(float(np.linalg.norm(w)), 1e-30))
     if err > EXACT_WEIGHTS:
-        return "int8-fp32act"
+        return "int8"
     return "int4-act16" if spec.q4_tiles(4) else "int4-fp32act"
 
 

@@ -11,9 +11,9 @@ import onnx
 from llmc.engines.base import EngineOptions
 from llmc.engines.choices import KVLayout, MatMul, Quant
 from llmc.engines.kernels import library_path, ops_version, register
-from llmc.engines.ort import OrtEngine, default_threads
-from llmc.engines.ort_config import BuildConfig, check_build_config, conservative, resolve
-from llmc.engines.ort_graphs import load_checkpoint, quantizable, quantized, write_inplace_graphs
+from llmc.engines.ort.config import BuildConfig, check_build_config, conservative, resolve
+from llmc.engines.ort.graphs import load_checkpoint, quantizable, quantized, write_inplace_graphs
+from llmc.engines.ort.run import OrtEngine, default_threads
 from llmc.errors import EngineError
 from llmc.golden import GOLDEN_STEPS, Golden
 from llmc.graph.moe import with_moe_weights
@@ -91,7 +91,7 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
     _clear(work)
     if cfg.quant is Quant.none or cfg.quality_target <= 0 or cfg.layout:
         return _build_into(work, export_dir, export, cfg, progress)
-    from llmc.engines.quality import CALIBRATION_PROMPTS, PrecisionSearch
+    from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch
     from llmc.engines.registry import load_engine_dir
     from llmc.runtime.tokenizer import Tokenizer
     from llmc.runtime.verify import VERIFY_PROMPTS, compare_engines, encode_prompt
@@ -106,23 +106,23 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
     names = [n.removesuffix(".weight") for n in quantizable(ckpt)] + ["lm_head"]
     library = library_path() if cfg.uses_llmc_ops() else None
     search = PrecisionSearch(ckpt, names, spec, reference, [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS],
-                             library, threads)
+                             library, threads, cfg.quality_bytes)
     k, target = search.first_k(cfg.quality_target), cfg.quality_target
     verify_prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
     for attempt in range(MAX_QUALITY_BUILDS):
         _clear(work)
         manifest = _build_into(work, export_dir, export, replace(cfg, layout=search.layout(k)), progress)
         report = compare_engines(reference, load_engine_dir(work, EngineOptions(threads=threads)), verify_prompts)
-        if report["top1_agreement"] >= target or k >= len(names) or attempt + 1 == MAX_QUALITY_BUILDS:
+        if report["top1_agreement"] >= target or k >= len(search.order) or attempt + 1 == MAX_QUALITY_BUILDS:
             break
         progress.step(f"top-1 {report['top1_agreement']:.1%} with {k} layers raised: below {target:.1%}; raising more")
-        k = min(len(names), max(k + 1, -(-3 * k // 2)))
+        k = min(len(search.order), max(k + 1, -(-3 * k // 2)))
     from llmc.bench.limits import weight_bytes_per_step
-    from llmc.engines.quality import extra_bytes
+    from llmc.engines.ort.quality import extra_bytes
 
     layout = search.layout(k)
     bytes_now = weight_bytes_per_step(work, manifest)
-    quality = {"target": target, "raised": dict(layout), "candidates": len(names), **report,
+    quality = {"target": target, "max_bytes_ratio": cfg.quality_bytes, "raised": dict(layout), "candidates": len(names), **report,
                "weight_bytes_per_step": bytes_now,
                "base_weight_bytes_per_step": bytes_now - extra_bytes(ckpt, spec, layout),
                "sensitivity": {s.name: round(s.kl, 8) for s in search.sensitivities}}

@@ -67,7 +67,7 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
     ckpt = with_moe_weights(ckpt, moe)
     kv = io_names.kv_spec(ckpt.spec, kv_dtype or dtype, layout="inplace")
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
-    if attention == "onnx":
+    if attention in io_names.STANDARD_INPLACE:
         opset = max(opset, ONNX_ATTENTION_OPSET)
     opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe=moe)
     graphs = {spec.file: (spec, *build_graph(ckpt, spec, dtype, opset, opts)) for spec in (prefill, decode)}

@@ -1,10 +1,12 @@
 """`llmc build --backend trt`: FP16 TensorRT engines (prefill.plan, decode.plan) from an export.
 
-Steps: rebuild the in-place "onnx"-attention graphs in fp16 from the export's weights; lower attention to the
-`llmc::attention` plugin (or, with attention "native", keep the standard Attention + TensorScatter ops that
-TensorRT >= 10.15 parses); parse; keep every fp32-typed layer (norms, rotary tables, the logits cast) in fp32 under
-the FP16 flag; one optimization profile per engine, planned from TrtLimits; a timing cache kept in the engine folder
-(and reused by a rebuild into it); versions, GPU, profiles and checksums in the manifest; the golden check.
+Steps: rebuild the in-place graphs in fp16 from the export's weights, the KV buffers' sequence axis written as the
+static --max-seq-len; lower attention to the `llmc::attention` plugin (its K/V outputs aliased to the cache inputs:
+the ALIASED_PLUGIN_IO_10_03 preview feature), or, with attention "native", keep standard Attention + TensorScatter
+ops (TensorRT >= 10.15) over the whole fixed-size buffer under a [B, 1, S, max_seq] mask (the "onnx-static"
+lowering: no data-dependent key length); parse into a strongly typed network (the graph's own fp16 / fp32 types);
+one optimization profile per engine, planned from TrtLimits; a timing cache kept in the engine folder (and reused by
+a rebuild into it); versions, GPU, profiles and checksums in the manifest; the golden check.
 The TensorRT calls sit in `_TrtBuilder`; everything else is plain Python, tested on the CPU.
 """
 
@@ -13,21 +15,22 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
-from llmc.engines.ort_build import RUNTIME_FILES, BuildConfig, engine_manifest
-from llmc.engines.trt_profiles import GRAPHS, Profile, TrtLimits, plan_profiles
+from llmc.engines.ort.build import RUNTIME_FILES, BuildConfig, engine_manifest
+from llmc.engines.trt.profiles import GRAPHS, Profile, TrtLimits, plan_profiles
 from llmc.errors import BackendUnavailableError, InputError, LlmcError
 from llmc.graph.checkpoint import ROPE_TABLES, Checkpoint
 from llmc.manifest import (
     EngineManifest,
     EngineSettings,
     ExportManifest,
+    KVSpec,
     ModelSpec,
     load_export,
     save,
@@ -40,6 +43,9 @@ from llmc.progress import Progress, Quiet
 TIMING_CACHE = "timing.cache"
 PLUGIN_MIN_TRT = (10, 9)  # ahead-of-time Python plugins (tensorrt.plugin.aot_impl)
 NATIVE_MIN_TRT = (10, 15)  # ONNX Attention + TensorScatter parsed into TensorRT's own layers
+TRITON_PIN = (3, 9)  # the Triton release the plugin kernel is compiled and tested with (pyproject extras)
+ALIASED_PLUGIN_IO = "ALIASED_PLUGIN_IO_10_03"  # PreviewFeature that makes TensorRT honour the plugin's aliases
+NATIVE_LOWERING = "onnx-static"  # the graph lowering --attention native builds from
 BINDING_ALIGN = 256  # bytes: TensorRT's alignment for tensor addresses (each KV slot row is bound on its own)
 
 
@@ -125,28 +131,65 @@ def fp16_checkpoint(ckpt: Checkpoint) -> Checkpoint:
     return Checkpoint(ckpt.spec, weights)
 
 
-def fp32_layers(layers: Iterable[Any], float32: Any, skip: Iterable[Any] = ()) -> list[Any]:
-    """Layers whose outputs are all fp32 in the parsed network: the graph's explicit fp32 regions (norm statistics,
-    rotary tables, the logits cast). Under the FP16 flag TensorRT may otherwise run them in fp16."""
-    skip = set(skip)
-    return [layer for layer in layers if layer.type not in skip and layer.num_outputs > 0
-            and all(layer.get_output(j).dtype == float32 for j in range(layer.num_outputs))]
+def check_triton(version: str) -> None:
+    """The plugin's kernel is compiled ahead of time with the Triton release it is tested with (TRITON_PIN): older ones
+    lack `ASTSource(constexprs=...)` with constexpr signature entries, newer ones may add hidden kernel parameters
+    that TensorRT's launch does not pass."""
+    if version_tuple(version)[:2] != TRITON_PIN:
+        pin = ".".join(map(str, TRITON_PIN))
+        raise BackendUnavailableError(f"--attention plugin compiles its kernel with Triton {pin}.x, this machine has "
+                                      f"Triton {version}: pip install 'triton=={pin}.*'")
 
 
-def trt_settings(cfg: TrtBuildConfig, limits: TrtLimits, profiles: dict[str, Profile], env: dict[str, str],
-                 fp32: dict[str, int]) -> EngineSettings:
+def require_triton() -> None:
+    if importlib.util.find_spec("triton") is None:
+        pin = ".".join(map(str, TRITON_PIN))
+        raise BackendUnavailableError(f"Triton is not installed: --attention plugin needs pip install "
+                                      f"'triton=={pin}.*' (or use --attention native)")
+    import triton
+
+    check_triton(triton.__version__)
+
+
+def static_kv_axis(path: Path, kv: KVSpec, max_seq_len: int) -> int:
+    """Write --max-seq-len on axis 2 (max_sequence) of every past and present tensor of one graph file (TensorRT's
+    KV-cache update wants a cache input with a static sequence length); returns how many tensors were fixed."""
+    from llmc.onnx_store import load_graph
+
+    proto = load_graph(path)
+    names = {*kv.names("past"), *kv.names("present")}
+    fixed = 0
+    for value in (*proto.graph.input, *proto.graph.output):
+        if value.name in names:
+            dim = value.type.tensor_type.shape.dim[2]
+            dim.Clear()
+            dim.dim_value = max_seq_len
+            fixed += 1
+    onnx.save(proto, str(path))
+    return fixed
+
+
+def trt_settings(cfg: TrtBuildConfig, limits: TrtLimits, profiles: dict[str, Profile],
+                 env: dict[str, str]) -> EngineSettings:
     """What the runtime needs (limits, profiles, versions) and what a reader wants to know about the build."""
     return EngineSettings(kv_layout="inplace", attention=cfg.attention, precision=cfg.precision,
                           limits=asdict(limits), profiles={g: profiles[g].to_json() for g in GRAPHS},
                           tensorrt=env["tensorrt"], gpu=env["gpu"], compute_capability=env["compute_capability"],
-                          fp32_layers=fp32, timing_cache=TIMING_CACHE)
+                          timing_cache=TIMING_CACHE)
 
 
 class _TrtBuilder:
-    """The TensorRT calls of one build: one builder and one timing cache shared by both engines."""
+    """The TensorRT calls of one build: one builder and one timing cache shared by both engines.
 
-    def __init__(self, trt: Any, cache: bytes) -> None:
+    Networks are strongly typed on every release (TensorRT >= 10): the graph's own types decide each layer's
+    precision (fp16 compute, the fp32 norm statistics, rotary tables and logits cast), with no FP16 flag, per-layer
+    precision or pinning. With the plugin, its K/V outputs alias the cache inputs (written in place), which TensorRT
+    honours only under the ALIASED_PLUGIN_IO_10_03 preview feature.
+    """
+
+    def __init__(self, trt: Any, cache: bytes, aliased_plugin_io: bool = True) -> None:
         self.trt = trt
+        self.aliased_plugin_io = aliased_plugin_io
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.builder = trt.Builder(self.logger)
         config = self.builder.create_builder_config()
@@ -154,39 +197,25 @@ class _TrtBuilder:
         if cache and not config.set_timing_cache(self.cache, False):  # another GPU or TensorRT: start afresh
             self.cache = config.create_timing_cache(b"")
 
-    @property
-    def weakly_typed(self) -> bool:
-        """FP16 flag + per-layer precision; TensorRT releases without the flag get a strongly typed network, which
-        keeps the graph's own types (fp16 compute, fp32 norms) exactly."""
-        return hasattr(self.trt.BuilderFlag, "FP16")
-
     def parse(self, path: Path) -> tuple[Any, Any]:
         """The network and its parser (which owns the weights: keep it alive until the build is done)."""
         trt = self.trt
-        flags = 0 if self.weakly_typed else 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-        network = self.builder.create_network(flags)
+        network = self.builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = self.trt.OnnxParser(network, self.logger)
         if not parser.parse_from_file(str(path)):
             errors = "\n".join(f"  {parser.get_error(i)}" for i in range(parser.num_errors))
             raise LlmcError(f"TensorRT could not parse {path.name} ({parser.num_errors} errors):\n{errors}")
         return network, parser
 
-    def pin_fp32(self, network: Any) -> int:
-        trt = self.trt
-        layers = fp32_layers((network.get_layer(i) for i in range(network.num_layers)), trt.float32,
-                             skip=(trt.LayerType.CONSTANT, trt.LayerType.SHAPE))
-        for layer in layers:
-            layer.precision = trt.float32
-            for j in range(layer.num_outputs):
-                layer.set_output_type(j, trt.float32)
-        return len(layers)
-
     def config(self, profile: Profile) -> Any:
         trt = self.trt
         config = self.builder.create_builder_config()
-        if self.weakly_typed:
-            config.set_flag(trt.BuilderFlag.FP16)
-            config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
+        if self.aliased_plugin_io:
+            feature = getattr(trt.PreviewFeature, ALIASED_PLUGIN_IO, None)
+            if feature is None:
+                raise BackendUnavailableError(f"TensorRT {trt.__version__} has no PreviewFeature.{ALIASED_PLUGIN_IO}: "
+                                              "the plugin's in-place KV write needs TensorRT >= 10.3")
+            config.set_preview_feature(feature, True)
         config.set_timing_cache(self.cache, False)
         shapes = self.builder.create_optimization_profile()
         for name, r in profile.inputs.items():
@@ -194,14 +223,13 @@ class _TrtBuilder:
         config.add_optimization_profile(shapes)
         return config
 
-    def build(self, path: Path, profile: Profile) -> tuple[bytes, int]:
-        """Serialized engine and the number of layers kept in fp32."""
+    def build(self, path: Path, profile: Profile) -> bytes:
+        """The serialized engine."""
         network, _parser = self.parse(path)
-        pinned = self.pin_fp32(network) if self.weakly_typed else 0
         plan = self.builder.build_serialized_network(network, self.config(profile))
         if plan is None:
             raise LlmcError(f"TensorRT failed to build the {profile.graph} engine from {path.name} (see its log)")
-        return bytes(plan), pinned
+        return bytes(plan)
 
     def serialized_cache(self) -> bytes:
         return bytes(self.cache.serialize())
@@ -213,9 +241,11 @@ def build_trt(cfg: BuildConfig | TrtBuildConfig, progress: Progress | None = Non
     require_tensorrt()
     import tensorrt as trt
 
-    from llmc.engines.trt import gpu_info
+    from llmc.engines.trt.run import gpu_info
 
     check_tensorrt(trt.__version__, tcfg.attention)
+    if tcfg.attention == "plugin":
+        require_triton()
     gpu, capability = gpu_info()
     env = {"tensorrt": trt.__version__, "gpu": gpu, "compute_capability": capability}
     export = load_export(tcfg.export_dir)
@@ -226,46 +256,58 @@ def build_trt(cfg: BuildConfig | TrtBuildConfig, progress: Progress | None = Non
     old_cache = tcfg.out_dir / TIMING_CACHE
     cache = old_cache.read_bytes() if old_cache.is_file() else b""
     with atomic_dir(tcfg.out_dir, tcfg.export_dir, "export") as work:
-        return _build_into(work, export, tcfg, _TrtBuilder(trt, cache), env, progress)
+        builder = _TrtBuilder(trt, cache, aliased_plugin_io=tcfg.attention == "plugin")
+        return _build_into(work, export, tcfg, builder, env, progress)
 
 
 def _write_graphs(scratch: Path, export: ExportManifest, cfg: TrtBuildConfig) -> tuple[Any, ...]:
-    """fp16 in-place graphs with Attention + TensorScatter, lowered to the plugin unless attention is native."""
-    from llmc.engines.ort_graphs import load_checkpoint, write_inplace_graphs
-    from llmc.engines.trt_lower import lower_file
+    """fp16 in-place graphs, their KV buffers' sequence axis the static --max-seq-len: Attention + TensorScatter
+    lowered to the plugin, or (native) the whole-buffer "onnx-static" lowering kept as standard ops."""
+    from llmc.engines.ort.graphs import load_checkpoint, write_inplace_graphs
+    from llmc.engines.trt.lower import lower_file
 
     ckpt = fp16_checkpoint(load_checkpoint(cfg.export_dir, export))
-    kv, prefill, decode = write_inplace_graphs(ckpt, scratch, "float16", export.opset, None, "onnx", moe="dense")
+    lowering = "onnx" if cfg.attention == "plugin" else NATIVE_LOWERING
+    kv, prefill, decode = write_inplace_graphs(ckpt, scratch, "float16", export.opset, None, lowering, moe="dense")
     if cfg.attention == "plugin":
-        from llmc.engines.trt_plugin import register_trt_plugin
+        from llmc.engines.trt.plugin import register_trt_plugin
 
         register_trt_plugin()
         for name, spec in (("prefill", prefill), ("decode", decode)):
             lower_file(scratch / spec.file, export.model, name)
+    max_seq_len = cfg.limits_for(export.model).max_seq_len
+    for spec in (prefill, decode):
+        static_kv_axis(scratch / spec.file, kv, max_seq_len)
     return kv, prefill, decode
 
 
-def _build_into(work: Path, export: ExportManifest, cfg: TrtBuildConfig, builder: _TrtBuilder,
-                env: dict[str, str], progress: Progress) -> EngineManifest:
+def build_plans(work: Path, export: ExportManifest, cfg: TrtBuildConfig, builder: _TrtBuilder,
+                progress: Progress) -> tuple[Any, Any, Any, dict[str, Profile]]:
+    """prefill.plan, decode.plan and the timing cache into `work`; (kv, prefill, decode, profiles)."""
     scratch = work / "scratch"
     scratch.mkdir()
     progress.step(f"writing fp16 in-place graphs (attention: {cfg.attention})")
     kv, prefill, decode = _write_graphs(scratch, export, cfg)
     limits = cfg.limits_for(export.model)
     profiles = plan_profiles(limits, prefill, decode)
-    fp32 = {}
     for name, spec in (("prefill", prefill), ("decode", decode)):
         progress.step(f"building {name}.plan with TensorRT (fp16, profile {profiles[name].to_json()['input_ids']})")
-        plan, fp32[name] = builder.build(scratch / spec.file, profiles[name])
-        (work / f"{name}.plan").write_bytes(plan)
+        (work / f"{name}.plan").write_bytes(builder.build(scratch / spec.file, profiles[name]))
     (work / TIMING_CACHE).write_bytes(builder.serialized_cache())
     shutil.rmtree(scratch)
+    return kv, prefill, decode, profiles
+
+
+def _build_into(work: Path, export: ExportManifest, cfg: TrtBuildConfig, builder: _TrtBuilder,
+                env: dict[str, str], progress: Progress) -> EngineManifest:
+    kv, prefill, decode, profiles = build_plans(work, export, cfg, builder, progress)
+    limits = cfg.limits_for(export.model)
     for file in RUNTIME_FILES:
         if (cfg.export_dir / file).is_file():
             shutil.copy2(cfg.export_dir / file, work / file)
     files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file() and p.name != TIMING_CACHE}
     graphs = (replace(prefill, file="prefill.plan"), replace(decode, file="decode.plan"))
-    settings = trt_settings(cfg, limits, profiles, env, fp32)
+    settings = trt_settings(cfg, limits, profiles, env)
     manifest = engine_manifest(export, cfg.export_dir, "trt", cfg.precision, settings, files, graphs, kv)
     save(manifest, work)
     progress.step("checking the engine against the golden outputs")

@@ -9,6 +9,7 @@ import numpy as np
 from llmc.engines.base import Engine, EngineOptions, KVCache
 from llmc.engines.host_kv import HostKVCache
 from llmc.errors import BackendUnavailableError, EngineError, ManifestError
+from llmc.graph import io_names
 from llmc.manifest import EngineManifest, GraphSpec, verify_files
 from llmc.onnx_store import check_external_paths
 
@@ -93,7 +94,8 @@ class OrtEngine(OrtEngineBase):
         lens = [len(p) for p in prompts]
         kv.check_room(slots, lens)
         ids, mask, pos = _right_padded(prompts, start=np.zeros(len(prompts), np.int64), past=0)
-        logits, *present = self._run(self._prefill, {"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+        feeds = {io_names.INPUT_IDS: ids, io_names.ATTENTION_MASK: mask, io_names.POSITION_IDS: pos}
+        logits, *present = self._run(self._prefill, feeds)
         for row, (slot, n) in enumerate(zip(slots, lens)):
             kv.write(slot, 0, present, row, slice(0, n))
             kv.lengths[slot] = n
@@ -106,7 +108,7 @@ class OrtEngine(OrtEngineBase):
         start = kv.lengths[slots].copy()
         past_len = int(start.max())
         ids, new_mask, pos = _right_padded(tokens, start=start, past=past_len)
-        feeds = {"input_ids": ids, "attention_mask": new_mask, "position_ids": pos}
+        feeds = {io_names.INPUT_IDS: ids, io_names.ATTENTION_MASK: new_mask, io_names.POSITION_IDS: pos}
         feeds.update(zip(self._past_names, kv.gather(slots, past_len)))
         logits, *present = self._run(self._decode, feeds)
         for row, (slot, n) in enumerate(zip(slots, counts)):

@@ -11,8 +11,9 @@ import numpy as np
 
 from llmc.engines.base import EngineOptions, KVCache
 from llmc.engines.host_kv import HostKVCache
-from llmc.engines.ort import OrtEngineBase
+from llmc.engines.ort.run import OrtEngineBase
 from llmc.errors import EngineError, LimitError
+from llmc.graph import io_names
 from llmc.manifest import EngineManifest
 
 
@@ -56,9 +57,9 @@ class OrtInplaceEngine(OrtEngineBase):
         seqlens = start + counts
         pos = start[:, None] + np.arange(width)[None, :]
         pos[np.arange(width)[None, :] >= counts[:, None]] = 0  # pads: position 0 (in range, never the max)
-        feeds = {"input_ids": ids, "position_ids": pos.astype(np.int64),
-                 "seqlens_k": (seqlens - 1).astype(np.int32),
-                 "total_sequence_length": np.array(int(seqlens.max()), dtype=np.int32)}
+        feeds = {io_names.INPUT_IDS: ids, io_names.POSITION_IDS: pos.astype(np.int64),
+                 io_names.SEQLENS_K: (seqlens - 1).astype(np.int32),
+                 io_names.TOTAL_SEQ_LEN: np.array(int(seqlens.max()), dtype=np.int32)}
         return {name: feeds[name] for name in self._input_names}
 
     def _run_rows(self, session: object, kv: HostKVCache, first: int, ids: np.ndarray, start: np.ndarray,
@@ -69,7 +70,7 @@ class OrtInplaceEngine(OrtEngineBase):
         for name, array in self._feeds(ids, start, counts).items():
             binding.bind_cpu_input(name, array)  # type: ignore[attr-defined]
         logits = np.empty((batch, logits_rows, self.vocab_size), np.float32)
-        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape),  # type: ignore[attr-defined]
+        binding.bind_output(io_names.LOGITS, "cpu", 0, np.float32, list(logits.shape),  # type: ignore[attr-defined]
                             logits.ctypes.data)
         try:
             session.run_with_iobinding(binding)  # type: ignore[attr-defined]
@@ -105,17 +106,17 @@ class OrtInplaceEngine(OrtEngineBase):
         rows = np.array(slots) - first
         ids = np.zeros(stop - first, np.int64)
         ids[rows] = [t[0] for t in tokens]
-        now = {"input_ids": ids[:, None], "position_ids": start[:, None], "seqlens_k": start,  # cached + 1 new - 1
-               "total_sequence_length": start.max() + 1}
+        now = {io_names.INPUT_IDS: ids[:, None], io_names.POSITION_IDS: start[:, None],
+               io_names.SEQLENS_K: start, io_names.TOTAL_SEQ_LEN: start.max() + 1}  # seqlens_k: cached + 1 new - 1
         for name, array in step.items():
-            if name != "logits":
+            if name != io_names.LOGITS:
                 array[...] = now[name]
         try:
             self._decode.run_with_iobinding(binding)  # type: ignore[attr-defined]
         except Exception as e:
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
         kv.lengths[slots] += 1
-        return step["logits"][rows, 0, :]  # a copy: the buffer is the next step's output
+        return step[io_names.LOGITS][rows, 0, :]  # a copy: the buffer is the next step's output
 
     def _decode_binding(self, kv: HostKVCache, first: int, stop: int) -> tuple[object, dict[str, np.ndarray]]:
         """The one-token decode binding for rows first..stop-1 with its inputs and logits bound once, to arrays
@@ -125,13 +126,14 @@ class OrtInplaceEngine(OrtEngineBase):
             batch = stop - first
             binding, kv_values = self._kv_binding(self._decode, kv, first, stop)  # its own: _extend rebinds
             arrays: dict[str, np.ndarray] = {
-                "input_ids": np.zeros((batch, 1), np.int64), "position_ids": np.zeros((batch, 1), np.int64),
-                "seqlens_k": np.zeros(batch, np.int32), "total_sequence_length": np.zeros((), np.int32),
-                "logits": np.zeros((batch, 1, self.vocab_size), np.float32)}
-            arrays = {name: a for name, a in arrays.items() if name in self._input_names or name == "logits"}
+                io_names.INPUT_IDS: np.zeros((batch, 1), np.int64),
+                io_names.POSITION_IDS: np.zeros((batch, 1), np.int64),
+                io_names.SEQLENS_K: np.zeros(batch, np.int32), io_names.TOTAL_SEQ_LEN: np.zeros((), np.int32),
+                io_names.LOGITS: np.zeros((batch, 1, self.vocab_size), np.float32)}
+            arrays = {name: a for name, a in arrays.items() if name in self._input_names or name == io_names.LOGITS}
             values = {name: self._ort.OrtValue.ortvalue_from_numpy(a) for name, a in arrays.items()}
             for name, value in values.items():
-                if name == "logits":
+                if name == io_names.LOGITS:
                     binding.bind_ortvalue_output(name, value)  # type: ignore[attr-defined]
                 else:
                     binding.bind_ortvalue_input(name, value)  # type: ignore[attr-defined]

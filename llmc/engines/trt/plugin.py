@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from llmc.engines.trt_lower import PLUGIN_ID
+from llmc.engines.trt.lower import PLUGIN_ID
 
 # Tile sizes: key block, and compile options shared by both configurations (decode: BLOCK_M 16, prefill: 64).
 BLOCK_N = 64
