@@ -11,6 +11,7 @@ from pathlib import Path
 
 from llmc.errors import BackendUnavailableError
 from llmc.manifest import ENGINE_MANIFEST, EXPORT_MANIFEST
+from llmc.paths import cache_dir
 from llmc.progress import Progress, Quiet
 
 
@@ -20,12 +21,6 @@ def require_export_extra() -> None:
         raise BackendUnavailableError(
             f"exporting needs {', '.join(missing)}: pip install 'llmc[export]' (torch==2.13.0 for a CPU build)"
         )
-
-
-def _cache_root() -> Path:
-    import os
-
-    return Path(os.environ.get("LLMC_CACHE", Path.home() / ".cache" / "llmc"))
 
 
 def ensure_engine(ref: str, progress: Progress | None = None) -> Path:
@@ -38,7 +33,7 @@ def ensure_engine(ref: str, progress: Progress | None = None) -> Path:
     from llmc.export.sources import DEFAULT, is_default_name
 
     key = DEFAULT.name.lower() if is_default_name(ref) else path.resolve().as_posix()
-    export_dir = _cache_root() / "exports" / _slug(key)
+    export_dir = cache_dir() / "exports" / _slug(key)
     if not (export_dir / EXPORT_MANIFEST).is_file():
         require_export_extra()
         from llmc.export.exporter import ExportConfig, export
@@ -53,7 +48,7 @@ def _build_cached(export_dir: Path, progress: Progress) -> Path:
     from llmc.manifest import sha256_file
 
     digest = sha256_file(export_dir / EXPORT_MANIFEST)[:12]
-    engine_dir = _cache_root() / "engines" / f"{export_dir.name}-ort-{digest}"
+    engine_dir = cache_dir() / "engines" / f"{export_dir.name}-ort-{digest}"
     if not (engine_dir / ENGINE_MANIFEST).is_file():
         progress.step(f"building the ONNX Runtime engine into {engine_dir}")
         build_ort(BuildConfig(export_dir, engine_dir, force=True), progress)

@@ -21,6 +21,7 @@ from llmc.errors import InputError, UnsupportedModelError
 from llmc.export.arch import check_supported
 from llmc.export.config_check import check_config
 from llmc.manifest import sha256_file
+from llmc.paths import cache_dir
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,6 @@ class LoadedModel:
     source: ModelSource
     model: Any  # transformers *ForCausalLM, fp32, eval mode
     tokenizer: Any
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("LLMC_CACHE", Path.home() / ".cache" / "llmc"))
 
 
 def is_default_name(ref: str) -> bool:

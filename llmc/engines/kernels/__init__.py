@@ -7,13 +7,22 @@ contract version (ops_version.h) and refuses a library of another version at loa
 own compiled copy in their folder and keep using it. The library talks to ONNX Runtime only through the versioned
 C API table it is handed at registration (no link against ONNX Runtime), and picks its code path at run time from
 the CPU it runs on: AVX-512 (VNNI for MatMulQ4), AVX2 (MatMulQ4) or portable C (LLMC_KERNELS_GENERIC=1 forces the
-portable one, LLMC_KERNELS_AVX2=1 MatMulQ4's AVX2 one).
+portable one, LLMC_KERNELS_AVX2=1 MatMulQ4's AVX2 one). Before a library is first registered with an ONNX Runtime,
+`check_library` runs selftest.py against it in a child process (once per ONNX Runtime version and library, the
+verdict kept in the cache folder): the C code reaches ONNX Runtime's API by positions in its table, so a table that
+differs shows up there as a clear error, not as a crash or wrong numbers in an engine.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 from typing import Any
@@ -74,9 +83,56 @@ def engine_library(settings: EngineSettings, directory: Path) -> Path | None:
     return None
 
 
+def _verdict_file(library: Path) -> Path:
+    import onnxruntime
+
+    from llmc.paths import cache_dir
+
+    st = library.stat()
+    key = hashlib.sha256(f"{library.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "ops-checks" / f"onnxruntime-{onnxruntime.__version__}-{key}.json"
+
+
+@functools.cache
+def check_library(library: Path) -> None:
+    """The library's self-test (selftest.py) passed against this ONNX Runtime, run now in a child process unless a
+    passing verdict is cached; else a one-line error naming what failed."""
+    import onnxruntime
+
+    verdict = _verdict_file(library)
+    if verdict.is_file():
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "llmc.engines.kernels.selftest", str(library)], env=env,
+                              capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise BackendUnavailableError(f"llmc's operators ({library.name}) did not finish their self-test against "
+                                      f"ONNX Runtime {onnxruntime.__version__} in 300 s") from None
+    if done.returncode != 0:
+        how = (f"crashed ({signal.Signals(-done.returncode).name})" if done.returncode < 0
+               else f"failed (exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]})")
+        raise BackendUnavailableError(
+            f"llmc's operators ({library.name}) {how} in their self-test against ONNX Runtime "
+            f"{onnxruntime.__version__}: its C API table is not the one they were written for; install the "
+            "ONNX Runtime llmc pins, or build without --attention llmc / --matmul llmc")
+    failures = json.loads(done.stdout.strip().splitlines()[-1])["failures"]
+    if failures:
+        raise BackendUnavailableError(
+            f"llmc's operators ({library.name}) fail their self-test against ONNX Runtime {onnxruntime.__version__}: "
+            f"{failures[0]}" + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""))
+    verdict.parent.mkdir(parents=True, exist_ok=True)
+    tmp = verdict.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"library": str(library), "onnxruntime": onnxruntime.__version__, "passed": True}))
+    tmp.replace(verdict)
+
+
 def register(session_options: Any, library: Path, threads: int = 0) -> None:
-    """Register an operator library with an ONNX Runtime SessionOptions. `threads`: the session's intra-op threads,
-    which the 4-bit kernel splits its weights among (one contiguous part each)."""
+    """Register an operator library with an ONNX Runtime SessionOptions (checked against this ONNX Runtime the
+    first time: check_library). `threads`: the session's intra-op threads, which the 4-bit kernel splits its
+    weights among (one contiguous part each)."""
+    if os.environ.get("LLMC_OPS_SELFTEST") != "0":
+        check_library(Path(library))
     if threads > 0:
         session_options.add_session_config_entry("llmc.threads", str(threads))
     session_options.register_custom_ops_library(str(library))
