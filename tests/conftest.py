@@ -15,9 +15,11 @@ ARCHS = ("llama", "llama3", "mistral", "qwen2", "gpt2", "qwen3", "gemma2", "gemm
          "granite", "mixtral", "qwen3_moe")
 # Engines the parity tests run on (each exact to 1e-4): in place with GroupQueryAttention, the export's own graphs
 # (KV layout "concat"), in place with standard ONNX Attention + TensorScatter, and in place with llmc's own attention
-# operator over an fp32 cache (the library is built when llmc is installed). "default" (what `llmc build` picks:
-# on a CPU with AVX-512, llmc's operator over an fp16 cache) is checked against the fp32-cache engine elsewhere.
-LAYOUTS = ("gqa", "concat", "onnx", "llmc")
+# operator over an fp32 cache (the library is built when llmc is installed), and "onnx-static": Attention over the
+# whole buffer under a [B, 1, S, max_seq] mask (what TensorRT's native attention is built from). "default" (what
+# `llmc build` picks: on a CPU with AVX-512, llmc's operator over an fp16 cache) is checked against the fp32-cache
+# engine elsewhere.
+LAYOUTS = ("gqa", "concat", "onnx", "llmc", "onnx-static")
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,13 @@ class Built:
     concat_engine_dir: Path | None = None  # the export's own graphs (KV layout "concat"), tiny models only
     onnx_engine_dir: Path | None = None  # in place with Attention-24 + TensorScatter, tiny models only
     llmc_engine_dir: Path | None = None  # in place with llmc's attention operator, tiny models only
+    onnx_static_engine_dir: Path | None = None  # in place, Attention over the whole buffer, tiny models only
 
     def engine(self, layout: str) -> Path:
-        """The engine folder for "default", "gqa", "concat", "onnx" or "llmc"."""
+        """The engine folder for "default", "gqa", "concat", "onnx", "llmc" or "onnx-static"."""
         path = {"default": self.engine_dir, "gqa": self.gqa_engine_dir, "concat": self.concat_engine_dir,
                 "onnx": self.onnx_engine_dir,
-                "llmc": self.llmc_engine_dir}[layout]
+                "llmc": self.llmc_engine_dir, "onnx-static": self.onnx_static_engine_dir}[layout]
         assert path is not None, f"no {layout} engine for {self.name}"
         return path
 
@@ -78,7 +81,10 @@ def tiny_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Bu
             build_ort(BuildConfig(export_dir, onnx_attention, attention="onnx"))
             llmc_attention = root / "engine-llmc"
             build_ort(BuildConfig(export_dir, llmc_attention, attention="llmc", kv_dtype="float32"))
-            cache[arch] = Built(arch, hf_dir, export_dir, engine_dir, gqa, concat, onnx_attention, llmc_attention)
+            onnx_static = root / "engine-onnx-static"
+            build_ort(BuildConfig(export_dir, onnx_static, attention="onnx-static"))
+            cache[arch] = Built(arch, hf_dir, export_dir, engine_dir, gqa, concat, onnx_attention, llmc_attention,
+                                onnx_static)
         return cache[arch]
 
     return get

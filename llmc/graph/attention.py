@@ -4,7 +4,9 @@ table (or none: NoPE layers), partial rotary, its sliding window, the model's sc
 "decomposed": standard ONNX ops over a concatenated cache (the portable export). "gqa": ONNX Runtime's
 GroupQueryAttention over one [B, Hkv, max_len, D] buffer bound as past and present. "llmc": the same contract
 computed by llmc's own operator (ai.llmc.CachedAttention; fp16 or int8 caches). "onnx": opset-24 TensorScatter writes
-the new K/V into that buffer in place and the standard Attention op reads it (what TensorRT parses).
+the new K/V into that buffer in place and the standard Attention op reads it (what TensorRT parses). "onnx-static":
+the same write, and Attention over the whole fixed-size buffer under a [B, 1, S, max_seq] mask, so no shape depends
+on the data (TensorRT's native attention: a fused kernel and CUDA-graph capture).
 Shapes: B batch, S new tokens, P past, T = P + S, H / Hkv heads, G = H // Hkv, D head dim, R rotated dims.
 """
 
@@ -298,12 +300,17 @@ class OnnxAttention(DecomposedAttention):
         used = []
         for new, past, present in ((k, io.PAST_KEY, io.PRESENT_KEY), (v, io.PAST_VALUE, io.PRESENT_VALUE)):
             full = b.output("TensorScatter", [past.format(i=i), new, self.write_index], present.format(i=i), axis=2)
-            used.append(b.op("Slice", full, zero, b.unsqueeze(self.total, 0), b.ints(2)))  # [B, Hkv, T, D]
+            used.append(self.attended(full, zero))
         attrs: dict[str, Any] = {"scale": m.scale}
         if m.attn_softcap:
             attrs["softcap"] = m.attn_softcap
         out = b.op("Attention", q, used[0], used[1], self.allowed(m.window(i)), **attrs)  # [B, H, S, D]
         return b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints(0, 0, H * D))
+
+    def attended(self, full: str, zero: str) -> str:
+        """The keys Attention reads from the written buffer: its first T = max(position) + 1 positions."""
+        b = self.c.b
+        return b.op("Slice", full, zero, b.unsqueeze(self.total, 0), b.ints(2))  # [B, Hkv, T, D]
 
     def last_token(self, x: str) -> str:
         """Row b's last token is where its position is largest (right padding pads with position 0)."""
@@ -312,6 +319,26 @@ class OnnxAttention(DecomposedAttention):
         return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)
 
 
+class OnnxStaticAttention(OnnxAttention):
+    """OnnxAttention over the whole bound buffer: Attention reads all max_seq positions of [B, Hkv, max_seq, D] under
+    a [B, 1, S, max_seq] mask (key t visible iff t <= the query's position, and inside its window), so the key length
+    is the buffer's, never max(position) + 1: with the buffer's sequence axis static (TensorRT builds) no shape
+    depends on the data. Masked keys contribute exactly zero; the buffer must hold finite values (it is zeroed at
+    allocation, then holds only written K/V)."""
+
+    def __init__(self, c: Ctx) -> None:
+        DecomposedAttention.__init__(self, c)
+        b = c.b
+        pos = io.POSITION_IDS
+        self.write_index = b.op("Squeeze", b.op("Gather", pos, b.ints(0), axis=1), b.ints(1))  # [B]
+        max_seq = b.op("Squeeze", b.op("Shape", io.PAST_KEY.format(i=0), start=2, end=3), b.ints(0))  # []
+        self.keys = b.op("Range", b.const(np.array(0, np.int64)), max_seq, b.const(np.array(1, np.int64)))
+
+    def attended(self, full: str, zero: str) -> str:
+        return full  # [B, Hkv, max_seq, D]
+
+
 LOWERINGS: dict[str, type[DecomposedAttention] | type[GroupQueryAttention]] = {
-    "decomposed": DecomposedAttention, "gqa": GroupQueryAttention, "llmc": CachedAttention, "onnx": OnnxAttention}
+    "decomposed": DecomposedAttention, "gqa": GroupQueryAttention, "llmc": CachedAttention, "onnx": OnnxAttention,
+    "onnx-static": OnnxStaticAttention}
 

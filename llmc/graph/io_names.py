@@ -19,6 +19,8 @@ PAST_VALUE = "past_key_values.{i}.value"
 PRESENT_KEY = "present.{i}.key"
 PRESENT_VALUE = "present.{i}.value"
 
+STANDARD_INPLACE = ("onnx", "onnx-static")  # in-place lowerings of standard ops: Attention + TensorScatter
+
 BATCH, SEQ, PAST, TOTAL, MAX_SEQ = "batch", "sequence", "past_sequence", "total_sequence", "max_sequence"
 
 
@@ -75,14 +77,14 @@ def rotary_in_graph(model: ModelSpec, attention: str) -> bool:
     length (longrope), or GroupQueryAttention cannot rotate the model's partial width (R / 2 a multiple of 8)."""
     if model.positions != "rope" or not any(model.has_rope(i) for i in range(model.num_layers)):
         return False
-    if attention in ("decomposed", "onnx") or model.rope_long_after:
+    if attention in ("decomposed", *STANDARD_INPLACE) or model.rope_long_after:
         return True
     return attention == "gqa" and (model.rotated_dims // 2) % 8 != 0
 
 
 def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[TensorSpec]:
     inputs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
-    if model.positions == "learned" or attention == "onnx" or rotary_in_graph(model, attention):
+    if model.positions == "learned" or attention in STANDARD_INPLACE or rotary_in_graph(model, attention):
         inputs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
     if attention in ("gqa", "llmc"):
         inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]
@@ -95,7 +97,7 @@ def inplace_specs(model: ModelSpec, kv: KVSpec, attention: str = "gqa",
 
     Prefill (right-padded prompts, empty rows) returns logits at each row's last token [B, 1, V]; decode (each row
     S new tokens after its cached ones) returns [B, S, V]. "gqa" graphs take seqlens_k / total_sequence_length,
-    "onnx" graphs (Attention + TensorScatter) position_ids.
+    "onnx" / "onnx-static" graphs (Attention + TensorScatter) position_ids.
 
     `one_graph`: prefill and decode are the same graph, `model.onnx`, with logits at each row's last new token
     (all a runtime needs: one-token decode rows, a one-row prompt chunk, right-padded prompts), so an engine holds

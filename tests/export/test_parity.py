@@ -349,7 +349,7 @@ def test_weights_stored_once(tiny: Built, hf: Any, stage: str) -> None:
     assert not list(folder.glob("*.data")), "a second external-data file"
     size = weights.stat().st_size
     graphs = sorted(folder.glob("*.onnx"))  # export / concat: prefill + decode; in-place engines: one model.onnx
-    assert len(graphs) == (1 if stage in ("gqa", "onnx", "llmc") else 2), graphs
+    assert len(graphs) == (1 if stage in ("gqa", "onnx", "llmc", "onnx-static") else 2), graphs
     refs = [_external_refs(g) for g in graphs]
     for graph_refs in refs:
         assert graph_refs, "graph holds no external weights"
