@@ -4,7 +4,7 @@ TensorRT calls themselves run in tests/trt/test_trt_engine.py where TensorRT imp
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,6 @@ from llmc.engines.trt.build import (
     check_trt_config,
     default_limits,
     fp16_checkpoint,
-    fp32_layers,
     trt_config_from,
     trt_settings,
     version_tuple,
@@ -89,41 +88,13 @@ def test_fp16_checkpoint_keeps_rotary_frequencies_fp32() -> None:
     assert half["ids"].dtype == np.arange(3).dtype
 
 
-@dataclass
-class _Tensor:
-    dtype: str
-
-
-@dataclass
-class _Layer:
-    """Only what fp32_layers reads: a layer's type and its outputs' types."""
-
-    type: str
-    outputs: list[str]
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self.outputs)
-
-    def get_output(self, j: int) -> _Tensor:
-        return _Tensor(self.outputs[j])
-
-
-def test_fp32_layers_are_the_fp32_typed_ones() -> None:
-    layers = [_Layer("CAST", ["f32"]), _Layer("REDUCE", ["f32"]), _Layer("MATMUL", ["f16"]),
-              _Layer("CONSTANT", ["f32"]), _Layer("SHAPE", ["i64"]), _Layer("PLUGIN", ["f16", "f16", "f16"]),
-              _Layer("TOPK", ["f32", "i32"])]
-    chosen = fp32_layers(layers, "f32", skip=("CONSTANT",))
-    assert [layer.type for layer in chosen] == ["CAST", "REDUCE"]
-
-
 def test_settings_record_profiles_versions_and_gpu() -> None:
     kv = io.kv_spec(MODEL, "float16", layout="inplace")
     limits = TrtLimits(max_batch_size=64, max_input_len=512, max_seq_len=2048)
     profiles = plan_profiles(limits, *io.inplace_specs(MODEL, kv, "onnx"))
     env = {"tensorrt": "10.13.0", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
     cfg = TrtBuildConfig(BuildConfig(Path("e"), Path("o")), limits)
-    settings = trt_settings(cfg, limits, profiles, env, {"prefill": 100, "decode": 90})
+    settings = trt_settings(cfg, limits, profiles, env)
     assert settings.tensorrt == "10.13.0" and settings.compute_capability == "9.0"
     assert settings.gpu == "NVIDIA H200" and settings.attention == "plugin" and settings.precision == "fp16"
     assert settings.limits == {"max_batch_size": 64, "max_input_len": 512, "max_seq_len": 2048,

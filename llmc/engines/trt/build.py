@@ -187,9 +187,9 @@ class _TrtBuilder:
     honours only under the ALIASED_PLUGIN_IO_10_03 preview feature.
     """
 
-    def __init__(self, trt: Any, cache: bytes, aliased_plugin_io: bool = True) -> None:
+    def __init__(self, trt: Any, cache: bytes, attention: str) -> None:
         self.trt = trt
-        self.aliased_plugin_io = aliased_plugin_io
+        self.aliased_plugin_io = attention == "plugin"  # the plugin's K/V outputs alias its cache inputs
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.builder = trt.Builder(self.logger)
         config = self.builder.create_builder_config()
@@ -200,7 +200,8 @@ class _TrtBuilder:
     def parse(self, path: Path) -> tuple[Any, Any]:
         """The network and its parser (which owns the weights: keep it alive until the build is done)."""
         trt = self.trt
-        network = self.builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)  # 11.x: accepted, always on
+        network = self.builder.create_network(0 if flag is None else 1 << int(flag))
         parser = self.trt.OnnxParser(network, self.logger)
         if not parser.parse_from_file(str(path)):
             errors = "\n".join(f"  {parser.get_error(i)}" for i in range(parser.num_errors))
@@ -256,7 +257,7 @@ def build_trt(cfg: BuildConfig | TrtBuildConfig, progress: Progress | None = Non
     old_cache = tcfg.out_dir / TIMING_CACHE
     cache = old_cache.read_bytes() if old_cache.is_file() else b""
     with atomic_dir(tcfg.out_dir, tcfg.export_dir, "export") as work:
-        builder = _TrtBuilder(trt, cache, aliased_plugin_io=tcfg.attention == "plugin")
+        builder = _TrtBuilder(trt, cache, tcfg.attention)
         return _build_into(work, export, tcfg, builder, env, progress)
 
 

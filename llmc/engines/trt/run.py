@@ -3,8 +3,10 @@
 The KV cache is one device buffer [slots, Hkv, max_seq_len, D] per layer and kind, allocated once and bound with
 set_tensor_address as both past and present (the attention plugin writes each step's K/V in place). Shapes are
 checked against the engine's optimization profiles before every run; a decode step whose shapes repeat is captured
-in a CUDA graph and replayed. CUDA goes through cuda-python (the `trt` extra); tensorrt and cuda are imported lazily
-so the load checks and the step logic import (and are tested) anywhere.
+in a CUDA graph and replayed. Captures belong to the binding they were made under: re-binding the context (other
+rows, shapes or cache) destroys them, and close() frees them with the stream. At load, each present tensor must be
+reported aliased to its past tensor (the one address bound to both). CUDA goes through cuda-python (the `trt` extra);
+tensorrt and cuda are imported lazily so the load checks and the step logic import (and are tested) anywhere.
 """
 
 from __future__ import annotations
@@ -43,6 +45,22 @@ def check_tensor_names(file: str, kind: str, expected: Sequence[str], actual: Se
     if missing or unexpected:
         raise ManifestError(f"{file}: {kind} differ from the manifest: missing {missing[:4]}, "
                             f"unexpected {unexpected[:4]}")
+
+
+def check_aliases(file: str, engine: Any, past: Sequence[str], present: Sequence[str], attention: str) -> None:
+    """Each present.* must alias its past_key_values.* (TensorRT binds them to one address). Bindings without
+    `get_aliased_input_tensor` cannot say: nothing is checked there."""
+    aliased = getattr(engine, "get_aliased_input_tensor", None)
+    if aliased is None:
+        return
+    for p, q in zip(past, present):
+        got = aliased(q)
+        if got != p:
+            why = ("the plugin's outputs alias its cache inputs only when the build enables "
+                   "PreviewFeature.ALIASED_PLUGIN_IO_10_03" if attention == "plugin" else
+                   "TensorRT did not turn the cache write into an in-place update")
+            raise EngineError(f"{file}: output {q} is not aliased to input {p} (TensorRT reports {got!r}); "
+                              f"{why}: rebuild the engine with this llmc")
 
 
 # -- step logic (pure): the in-place semantics of OrtInplaceEngine, split to fit the engine's limits -------------
@@ -149,6 +167,20 @@ def cuda_call(result: Any) -> Any:
     return values[0] if len(values) == 1 else tuple(values)
 
 
+def stream_handle(stream: Any) -> int:
+    """The stream's address for TensorRT: cuda-bindings' documented get_cuda_native_handle where it exists
+    (int(stream) is deprecated from 12.9 on), else getPtr(), else int()."""
+    try:
+        from cuda.bindings.utils import get_cuda_native_handle
+    except ImportError:
+        get_cuda_native_handle = None
+    if get_cuda_native_handle is not None:
+        return int(get_cuda_native_handle(stream))
+    if hasattr(stream, "getPtr"):
+        return int(stream.getPtr())
+    return int(stream)
+
+
 def gpu_info(device: int = 0) -> tuple[str, str]:
     """(GPU name, compute capability "major.minor"); a clear error where there is no CUDA GPU."""
     rt = cudart()
@@ -238,19 +270,35 @@ class _TrtGraph:
         check_tensor_names(path.name, "outputs", spec.output_names(), [n for n in names if n not in inputs])
         check_profile(path.name, profile, {n: self.engine.get_tensor_profile_shape(n, 0) for n in inputs})
         self.profile, self.stream, self.vocab = profile, stream, manifest.model.vocab_size
+        self.handle = stream_handle(stream)
         self.present = manifest.kv.names("present")
+        check_aliases(path.name, self.engine, manifest.kv.names("past"), self.present, manifest.settings.attention)
         self.context = self.engine.create_execution_context()
         self.host = {io.INPUT_IDS: PinnedArray(rows, np.int64), io.POSITION_IDS: PinnedArray(rows, np.int64)}
         self.device = {name: DeviceArray(rows * 8) for name in self.host}
         self.logits = PinnedArray(logits_rows * self.vocab, np.float32)
         self.device[io.LOGITS] = DeviceArray(logits_rows * self.vocab * 4)
         self.capture = profile.graph == "decode"
-        self.graphs: dict[tuple[int, ...], Any] = {}  # (id(kv), first row, B, S) -> instantiated CUDA graph
-        self.last: tuple[int, ...] | None = None
+        self.bound: tuple[int, ...] | None = None  # (id(kv), first row, B, S) the context is bound for
+        self.runs = 0  # runs since it was bound
+        self.graphs: dict[tuple[int, ...], Any] = {}  # the bound key -> its instantiated CUDA graph (at most one)
+
+    def drop_graphs(self) -> None:
+        """Destroy the captures: they replay the context's state at capture, which a re-bind changes."""
+        if not self.graphs:
+            return
+        rt = cudart()
+        for exe in self.graphs.values():
+            cuda_call(rt.cudaGraphExecDestroy(exe))
+        self.graphs.clear()
 
     def reset(self) -> None:
-        self.graphs.clear()
-        self.last = None
+        self.drop_graphs()
+        self.bound = None
+
+    def close(self) -> None:
+        self.reset()
+        self.context = None
 
     def _bind(self, kv: TrtKVCache, first: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
         ctx = self.context
@@ -269,7 +317,7 @@ class _TrtGraph:
         to_dev, to_host = rt.cudaMemcpyKind.cudaMemcpyHostToDevice, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
         for name, host in self.host.items():
             cuda_call(rt.cudaMemcpyAsync(self.device[name].ptr, host.ptr, count * 8, to_dev, self.stream))
-        if not self.context.execute_async_v3(int(self.stream)):
+        if not self.context.execute_async_v3(self.handle):
             raise EngineError(f"TensorRT failed to run the {self.profile.graph} engine")
         cuda_call(rt.cudaMemcpyAsync(self.logits.ptr, self.device[io.LOGITS].ptr, out_count * 4, to_host,
                                      self.stream))
@@ -281,7 +329,10 @@ class _TrtGraph:
             self._enqueue(count, out_count)
         finally:
             graph = cuda_call(rt.cudaStreamEndCapture(self.stream))
-        return cuda_call(rt.cudaGraphInstantiate(graph, 0))
+        try:
+            return cuda_call(rt.cudaGraphInstantiate(graph, 0))
+        finally:
+            cuda_call(rt.cudaGraphDestroy(graph))  # the executable graph does not need it
 
     def run(self, kv: TrtKVCache, first: int, ids: np.ndarray, pos: np.ndarray, logits_rows: int,
             shapes: Mapping[str, tuple[int, ...]]) -> np.ndarray:
@@ -289,15 +340,16 @@ class _TrtGraph:
         self.host[io.INPUT_IDS].array[:count] = ids.ravel()
         self.host[io.POSITION_IDS].array[:count] = pos.ravel()
         key = (id(kv), first, *ids.shape)
-        if key not in self.graphs:
+        if key != self.bound:  # other rows, shapes or cache: re-bind, and the captures made before are void
+            self.drop_graphs()
             self._bind(kv, first, shapes)
-            # Capture only when the previous run had the same shapes and addresses: TensorRT wants one plain run
-            # after a shape change before its work is captured.
-            if self.capture and key == self.last:
-                self.graphs[key] = self._captured(count, out_count)
-            else:
-                self._enqueue(count, out_count)
-            self.last = key
+            self.bound, self.runs = key, 0
+        # Capture only after one plain run under this binding: TensorRT wants one after a shape change.
+        if self.capture and key not in self.graphs and self.runs > 0:
+            self.graphs[key] = self._captured(count, out_count)
+        elif key not in self.graphs:
+            self._enqueue(count, out_count)
+        self.runs += 1
         if key in self.graphs:
             cuda_call(cudart().cudaGraphLaunch(self.graphs[key], self.stream))
         cuda_call(cudart().cudaStreamSynchronize(self.stream))
@@ -343,6 +395,14 @@ class TrtEngine(SlotSteps):
     @property
     def max_positions(self) -> int:
         return min(self.manifest.model.max_positions, self.limits.max_seq_len)
+
+    def close(self) -> None:
+        """Free the CUDA graphs, the execution contexts and the stream (the engine cannot run afterwards)."""
+        for graph in self._graphs.values():
+            graph.close()
+        if self._stream is not None:
+            cuda_call(cudart().cudaStreamDestroy(self._stream))
+            self._stream = None
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         need = num_slots * self.limits.max_seq_len * self.kv_bytes_per_token()
