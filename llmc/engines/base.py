@@ -22,13 +22,16 @@ class EngineOptions:
     """Run-time settings of an engine (not what it was built with)."""
 
     threads: int = 0  # 0: the engine's recorded default (physical cores)
-    kv_budget_mb: int = 1024  # memory for the KV cache; slots x max_len are sized from it
+    kv_budget_mb: int = 1024  # memory for the KV cache; its blocks (or slots x max_len) are sized from it
+    kv_block_size: int = 16  # tokens per KV block, where the engine pages its KV memory
 
     def __post_init__(self) -> None:
         if self.threads < 0:
             raise InputError(f"--threads must be >= 0 (0 = physical cores), got {self.threads}", "threads")
         if self.kv_budget_mb < 1:
             raise InputError(f"--kv-budget-mb must be >= 1, got {self.kv_budget_mb}", "kv_budget_mb")
+        if not 1 <= self.kv_block_size <= 256:
+            raise InputError(f"--kv-block-size must be 1 .. 256, got {self.kv_block_size}", "kv_block_size")
 
 
 class KVCache(ABC):
@@ -62,6 +65,33 @@ class KVCache(ABC):
                 )
 
 
+class PagedKVCache(KVCache):
+    """KV memory in `num_blocks` blocks of `block_size` positions shared by all slots: token t of slot s sits in
+    block tables[s][t // block_size] at t % block_size. The runtime's block manager chooses the tables (shared
+    prefix blocks included) and sets them before each call; a slot move moves a table, never a token."""
+
+    def __init__(self, num_slots: int, max_len: int, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_slots, max_len)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.tables: list[list[int]] = [[] for _ in range(num_slots)]
+
+    def move(self, src: int, dst: int) -> None:
+        self.tables[dst], self.tables[src] = self.tables[src], []
+        self.lengths[dst], self.lengths[src] = self.lengths[src], 0
+
+    def free(self, slot: int) -> None:
+        super().free(slot)
+        self.tables[slot] = []
+
+    def check_room(self, slots: list[int], new_tokens: list[int]) -> None:
+        super().check_room(slots, new_tokens)
+        for slot, n in zip(slots, new_tokens):
+            if self.lengths[slot] + n > len(self.tables[slot]) * self.block_size:
+                raise LimitError(f"sequence in slot {slot} needs {self.lengths[slot] + n} positions, its "
+                                 f"{len(self.tables[slot])} blocks hold {len(self.tables[slot]) * self.block_size}")
+
+
 class Engine(ABC):
     """A prefill engine and a decode-with-past engine behind one interface."""
 
@@ -79,6 +109,14 @@ class Engine(ABC):
 
     @abstractmethod
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache: ...
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block where this engine pages its KV memory (new_paged_kv_cache); 0: the slot layout."""
+        return 0
+
+    def new_paged_kv_cache(self, num_slots: int, max_len: int, num_blocks: int) -> PagedKVCache:
+        raise NotImplementedError(f"{type(self).__name__} keeps the slot layout")
 
     def kv_bytes_per_token(self) -> int:
         kv = self.manifest.kv

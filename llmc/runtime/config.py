@@ -17,6 +17,8 @@ class RuntimeConfig:
     max_step_tokens: int = 2048  # per-step token budget (prompt chunks + decode tokens)
     min_chunk: int = 32  # a prompt chunk smaller than this waits for the next step
     chat_template: str | None = None  # a Jinja file overriding the model's template
+    prefix_caching: bool = True  # reuse the KV blocks of a cached prompt prefix (engines with paged KV memory)
+    kv_block_size: int = 16  # tokens per KV block (paged engines)
 
     def __post_init__(self) -> None:
         self.engine_options()  # threads and the KV budget: the engine's own checks
@@ -29,4 +31,4 @@ class RuntimeConfig:
                              "max_step_tokens")
 
     def engine_options(self) -> EngineOptions:
-        return EngineOptions(threads=self.threads, kv_budget_mb=self.kv_budget_mb)
+        return EngineOptions(threads=self.threads, kv_budget_mb=self.kv_budget_mb, kv_block_size=self.kv_block_size)

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from llmc.engines.base import Engine, KVCache
+from llmc.engines.base import Engine, KVCache, PagedKVCache
 from llmc.errors import EngineError, InputError, LimitError
 from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.request import CompletionOutput, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from llmc.runtime.sampler import Sampler, SequenceSamplingState
-from llmc.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan
+from llmc.runtime.scheduler import KVOp, Scheduler, SchedulerConfig, StepPlan
 from llmc.runtime.sequence import Sequence
 from llmc.runtime.stopping import StopChecker
 from llmc.runtime.tokenizer import Tokenizer
@@ -30,6 +30,12 @@ class LoopStats:
     waiting: int  # sequences admitted but not yet holding one
     kv_used_tokens: int
     kv_capacity_tokens: int
+    kv_blocks_used: int = 0  # held by running sequences
+    kv_blocks_cached: int = 0  # held by none, kept for prefix reuse
+    kv_blocks_total: int = 0
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache (since start)
+    prefix_hit_tokens: int = 0  # of those, found there: not computed
+    preemptions: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,21 +55,36 @@ class EngineLoop:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config or RuntimeConfig()
-        per_slot = self.config.kv_budget_mb * 2**20 // (engine.kv_bytes_per_token() * self.config.max_running)
-        self.max_len = int(min(engine.max_positions, per_slot))
-        if self.max_len < 16:
-            raise InputError(
-                f"--kv-budget-mb {self.config.kv_budget_mb} leaves {self.max_len} tokens per sequence for "
-                f"{self.config.max_running} sequences; raise the budget or lower --max-running"
-            )
-        self.kv = engine.new_kv_cache(self.config.max_running, self.max_len)
-        self.scheduler = Scheduler(SchedulerConfig(self.config.max_running, self.max_len,
-                                                   self.config.max_step_tokens, self.config.min_chunk,
-                                                   whole_prompts_over=engine.manifest.model.rope_long_after))
+        self.kv, sched = self._kv_memory(engine)
+        self.max_len = self.kv.max_len
+        self.scheduler = Scheduler(sched)
+        self.preemptions = 0
         self.sampler = Sampler()
         self.eos_ids = list(engine.manifest.generation.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
+
+    def _kv_memory(self, engine: Engine) -> tuple[KVCache, SchedulerConfig]:
+        """KV memory sized from the budget: paged blocks where the engine pages, else max_running slots."""
+        cfg, bs = self.config, engine.kv_block_size or 16
+        budget, per_token = cfg.kv_budget_mb * 2**20, engine.kv_bytes_per_token()
+        if engine.kv_block_size:
+            num_blocks = budget // (per_token * bs)
+            max_len = int(min(engine.max_positions, num_blocks * bs))
+        else:
+            num_blocks, max_len = 0, int(min(engine.max_positions, budget // (per_token * cfg.max_running)))
+        if max_len < 16:
+            raise InputError(
+                f"--kv-budget-mb {cfg.kv_budget_mb} leaves {max_len} tokens per sequence for "
+                f"{cfg.max_running} sequences; raise the budget or lower --max-running"
+            )
+        rope_long = engine.manifest.model.rope_long_after  # longrope: a prompt runs whole, never after a prefix
+        sched = SchedulerConfig(cfg.max_running, max_len, cfg.max_step_tokens, cfg.min_chunk,
+                                whole_prompts_over=rope_long, num_blocks=int(num_blocks), block_size=bs,
+                                prefix_caching=cfg.prefix_caching and not rope_long)
+        if num_blocks:
+            return engine.new_paged_kv_cache(cfg.max_running, max_len, int(num_blocks)), sched
+        return engine.new_kv_cache(cfg.max_running, max_len), sched
 
     # -- requests ----------------------------------------------------------------------------------------
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -109,14 +130,27 @@ class EngineLoop:
     # -- the step ----------------------------------------------------------------------------------------
     def step(self) -> list[SeqUpdate]:
         plan = self.scheduler.schedule()
+        self._follow(plan)
         sampled = self._run(plan)
         return self._postprocess(plan, sampled)
+
+    def _follow(self, plan: StepPlan) -> None:
+        """KV memory follows the plan's bookkeeping: preempted rows given up, block tables and cached prefixes."""
+        for op in plan.kv_ops:
+            self._apply(op)
+        self.preemptions += len(plan.preempted)
+        if isinstance(self.kv, PagedKVCache):
+            for seq in self.scheduler.running:
+                assert seq.table is not None
+                self.kv.tables[seq.slot] = seq.table.blocks  # the same list: blocks added later show there
+            for seq in plan.admitted:
+                self.kv.lengths[seq.slot] = seq.prefilled
 
     def _run(self, plan: StepPlan) -> list[Sequence]:
         """Run the engine for the plan; sample for every sequence whose prompt is done. Returns those that took a
         token."""
-        calls = [(self.engine.prefill, [(s, s.prompt_ids[:n]) for s, n in plan.prefill]),
-                 (self.engine.decode, [(s, s.prompt_ids[s.prefilled:s.prefilled + n]) for s, n in plan.extend]),
+        calls = [(self.engine.prefill, [(s, s.token_ids[:n]) for s, n in plan.prefill]),
+                 (self.engine.decode, [(s, s.token_ids[s.prefilled:s.prefilled + n]) for s, n in plan.extend]),
                  (self.engine.decode, [(s, [s.output_ids[-1]]) for s in plan.decode])]
         return [seq for run, rows in calls if rows for seq in self._call(run, rows)]
 
@@ -137,6 +171,7 @@ class EngineLoop:
         for seq, toks in rows:
             if not seq.prompt_done:
                 seq.prefilled += len(toks)
+            self.scheduler.computed(seq)
         ready = [i for i, s in enumerate(seqs) if s.prompt_done]
         if not ready:
             return []
@@ -177,18 +212,23 @@ class EngineLoop:
         return done
 
     def _release(self, seq: Sequence) -> None:
-        slot = seq.slot
-        move = self.scheduler.release(seq)
-        if move is not None:
-            self.kv.move(*move)
-        elif slot >= 0:
-            self.kv.free(slot)
+        op = self.scheduler.release(seq)
+        if op is not None:
+            self._apply(op)
+
+    def _apply(self, op: KVOp) -> None:
+        src, dst = op
+        if dst is None:
+            self.kv.free(src)
+        else:
+            self.kv.move(src, dst)
 
     # -- state, for the loop's drivers (AsyncEngine, LLM, the batch runner) --------------------------------------
     def stats(self) -> LoopStats:
-        kv = self.kv
-        return LoopStats(len(self.scheduler.running), len(self.scheduler.waiting), int(kv.lengths.sum()),
-                         kv.num_slots * kv.max_len)
+        kv, b = self.kv, self.scheduler.blocks.stats()
+        capacity = kv.num_blocks * kv.block_size if isinstance(kv, PagedKVCache) else kv.num_slots * kv.max_len
+        return LoopStats(len(self.scheduler.running), len(self.scheduler.waiting), int(kv.lengths.sum()), capacity,
+                         b.used, b.cached, b.num_blocks, b.queried_tokens, b.hit_tokens, self.preemptions)
 
     @property
     def max_running(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from llmc.runtime.block_manager import BlockTable
 from llmc.runtime.request import FinishReason, SamplingParams, TokenLogprob
 from llmc.runtime.sampler import SequenceSamplingState
 from llmc.runtime.stopping import StopChecker
@@ -33,7 +34,10 @@ class Sequence:
     detok: DecodeStream | None
     status: Status = Status.WAITING
     slot: int = -1
-    prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
+    prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill, a cached prefix)
+    table: BlockTable | None = None  # its KV blocks while it runs
+    recompute: int = 0  # generated tokens to compute again with the prompt (after a preemption)
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
     text: str = ""
     new_text: str = ""  # emitted by the latest step, for streaming
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -52,8 +56,22 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def prefill_len(self) -> int:
+        """Tokens to compute before the next is sampled: the prompt, and after a preemption what it generated."""
+        return len(self.prompt_ids) + self.recompute
+
+    @property
     def prompt_done(self) -> bool:
-        return self.prefilled >= len(self.prompt_ids)
+        return self.prefilled >= self.prefill_len
+
+    @property
+    def kv_len(self) -> int:
+        """Tokens in its KV memory: the prefill so far, then all but the newest token (fed at the next decode)."""
+        return self.prefilled if not self.prompt_done else self.num_tokens - 1
 
     def accept(self, logprob: TokenLogprob | None) -> None:
         """Take the token the sampler just recorded: its logprob, its text (held back near stop strings), and

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc.engines.base import Engine, KVCache
+from llmc.engines.base import Engine, KVCache, PagedKVCache
 from llmc.errors import EngineError
 from llmc.manifest import EngineManifest, EngineSettings, GenerationSpec, GraphSpec, KVSpec, ModelSpec
 from llmc.runtime.generator import EngineLoop
@@ -79,6 +79,35 @@ class FakeKVCache(KVCache):
         self.tokens[slot].extend(tokens)
         self.lengths[slot] = len(self.tokens[slot])
 
+    def history(self, slot: int) -> list[int]:
+        return self.tokens[slot]
+
+
+class FakePagedKVCache(PagedKVCache):
+    """Token ids in blocks, read through each slot's table. `frozen(block)` (set by a test: the block manager's
+    is_cached) names blocks no sequence may write: a write into one fails the test at once."""
+
+    def __init__(self, num_slots: int, max_len: int, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_slots, max_len, num_blocks, block_size)
+        self.pool = [[-1] * block_size for _ in range(num_blocks)]
+        self.frozen: Callable[[int], bool] = lambda block: False
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def history(self, slot: int) -> list[int]:
+        bs, table = self.block_size, self.tables[slot]
+        return [self.pool[table[t // bs]][t % bs] for t in range(int(self.lengths[slot]))]
+
+    def append(self, slot: int, tokens: list[int]) -> None:
+        bs, table, start = self.block_size, self.tables[slot], int(self.lengths[slot])
+        for t, token in enumerate(tokens, start):
+            block = table[t // bs]
+            assert not self.frozen(block), f"slot {slot} writes position {t} into cached block {block}"
+            self.pool[block][t % bs] = token
+        self.lengths[slot] = start + len(tokens)
+
 
 @dataclass
 class EngineCall:
@@ -106,6 +135,8 @@ class FakeEngine(Engine):
     eos_ids: tuple[int, ...] = (EOS,)
     poison: int = POISON
     on_call: Callable[[EngineCall], None] | None = None
+    block_size: int = 0  # > 0: paged KV memory (FakePagedKVCache)
+    token_bytes: int = 0  # > 0: KV bytes per token to size the memory by (few blocks in a 1 MB budget)
     calls: list[EngineCall] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -115,19 +146,30 @@ class FakeEngine(Engine):
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         return FakeKVCache(num_slots, max_len)
 
+    def kv_bytes_per_token(self) -> int:
+        return self.token_bytes or super().kv_bytes_per_token()
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.block_size
+
+    def new_paged_kv_cache(self, num_slots: int, max_len: int, num_blocks: int) -> PagedKVCache:
+        return FakePagedKVCache(num_slots, max_len, num_blocks, self.block_size)
+
     def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
-        assert isinstance(kv, FakeKVCache)
+        assert isinstance(kv, (FakeKVCache, FakePagedKVCache))
         for slot in slots:
-            assert kv.lengths[slot] == 0 and not kv.tokens[slot], f"prefill into slot {slot} holding {kv.tokens[slot]}"
+            assert kv.lengths[slot] == 0 and not kv.history(slot), f"prefill into slot {slot} holding tokens"
         return self._run("prefill", slots, prompts, kv)
 
     def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
-        assert isinstance(kv, FakeKVCache)
+        assert isinstance(kv, (FakeKVCache, FakePagedKVCache))
         for slot in slots:
             assert kv.lengths[slot] > 0, f"decode into empty slot {slot}"
         return self._run("decode", slots, tokens, kv)
 
-    def _run(self, kind: str, slots: list[int], rows: list[list[int]], kv: FakeKVCache) -> np.ndarray:
+    def _run(self, kind: str, slots: list[int], rows: list[list[int]],
+             kv: FakeKVCache | FakePagedKVCache) -> np.ndarray:
         assert len(set(slots)) == len(slots) == len(rows), (slots, rows)
         assert all(0 <= s < kv.num_slots for s in slots) and all(rows), (slots, rows)
         call = EngineCall(kind, list(slots), [list(r) for r in rows])
@@ -135,7 +177,7 @@ class FakeEngine(Engine):
         if self.on_call is not None:
             self.on_call(call)
         kv.check_room(slots, [len(r) for r in rows])
-        histories = [kv.tokens[s] + list(r) for s, r in zip(slots, rows)]
+        histories = [kv.history(s) + list(r) for s, r in zip(slots, rows)]
         if any(h[0] == self.poison and len(h) > (h[1] if len(h) > 1 else 0) for h in histories):
             call.failed = True
             raise EngineError("fake engine: poisoned row")
@@ -154,25 +196,46 @@ class FakeEngine(Engine):
 
 
 def expected_cache(seq: Sequence) -> list[int]:
-    """The tokens a running sequence's slot must hold: the prompt so far, or the prompt and all but the last
-    generated token (which is fed at the next decode)."""
-    if not seq.prompt_done:
-        return seq.prompt_ids[: seq.prefilled]
-    return seq.prompt_ids + seq.output_ids[:-1]
+    """The tokens a running sequence's slot must hold: the prompt (and, resumed after a preemption, its output)
+    so far, or the prompt and all but the last generated token (which is fed at the next decode)."""
+    return seq.token_ids[: seq.kv_len]
 
 
 def check_invariants(loop: EngineLoop) -> None:
-    """Running sequences own slots 0..n-1, each slot caches exactly its sequence's tokens, the rest are empty."""
+    """Running sequences own slots 0..n-1, each slot caches exactly its sequence's tokens, the rest are empty;
+    with paged memory: every block is free, cached or held as often as tables hold it, tables match the
+    sequences', and every cached block still holds the tokens it was named for."""
     sched, kv = loop.scheduler, loop.kv
-    assert isinstance(kv, FakeKVCache)
+    assert isinstance(kv, (FakeKVCache, FakePagedKVCache))
     running = sched.running
     assert sched.slots.used == len(running) <= sched.config.max_running
     assert sorted(s.slot for s in running) == list(range(len(running)))
     for seq in running:
         assert not seq.finished, f"{seq.seq_id} finished but still running"
-        assert kv.tokens[seq.slot] == expected_cache(seq), f"slot {seq.slot} of {seq.seq_id}"
-        assert kv.lengths[seq.slot] == len(kv.tokens[seq.slot])
+        assert kv.history(seq.slot) == expected_cache(seq), f"slot {seq.slot} of {seq.seq_id}"
+        assert seq.table is not None and len(seq.table.blocks) * sched.config.block_size >= seq.kv_len
     for slot in range(len(running), kv.num_slots):
-        assert kv.lengths[slot] == 0 and not kv.tokens[slot], f"slot {slot} leaks {kv.tokens[slot]}"
+        assert kv.lengths[slot] == 0 and not kv.history(slot), f"slot {slot} leaks {kv.history(slot)}"
     for seq in sched.waiting:
-        assert seq.slot == -1 and seq.prefilled == 0 and not seq.output_ids
+        assert seq.slot == -1 and seq.prefilled == 0 and seq.table is None
+        assert len(seq.output_ids) == seq.recompute
+    check_blocks(loop)
+
+
+def check_blocks(loop: EngineLoop) -> None:
+    sched, kv, bm = loop.scheduler, loop.kv, loop.scheduler.blocks
+    held = [0] * bm.num_blocks
+    for seq in sched.running:
+        assert seq.table is not None
+        for b in seq.table.blocks:
+            held[b] += 1
+    assert held == bm.refs, "a block is leaked or owned twice"
+    assert len(set(bm.free)) == len(bm.free) and not set(bm.free) & set(bm.evictable)
+    assert all((b in bm.evictable) == (held[b] == 0 and bm.is_cached(b)) for b in range(bm.num_blocks))
+    assert len(bm.free) + len(bm.evictable) + sum(1 for h in held if h) == bm.num_blocks
+    if isinstance(kv, FakePagedKVCache):
+        for seq in sched.running:
+            assert seq.table is not None and kv.tables[seq.slot] == seq.table.blocks
+        for b, h in enumerate(bm.block_hash):
+            if h is not None:
+                assert tuple(kv.pool[b]) == bm.block_tokens[b], f"cached block {b} was overwritten"

@@ -3,7 +3,7 @@ the whole engine loop over a FakeEngine (no leaks, no starvation, every sequence
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,7 +19,16 @@ from llmc.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan
 from llmc.runtime.sequence import Sequence, Status
 from llmc.runtime.stopping import StopChecker
 
-from .fake_engine import EOS, POISON, VOCAB, FakeEngine, FakeKVCache, check_invariants, greedy_reference
+from .fake_engine import (
+    EOS,
+    POISON,
+    VOCAB,
+    FakeEngine,
+    FakeKVCache,
+    FakePagedKVCache,
+    check_invariants,
+    greedy_reference,
+)
 
 
 def make_seq(name: str, prompt_len: int, max_tokens: int = 4) -> Sequence:
@@ -158,7 +167,7 @@ def test_release_moves_last_slot_into_the_hole() -> None:
     advance(sched.schedule())
     assert sched.release(seqs[0]) == (2, 0)
     assert (seqs[0].slot, seqs[1].slot, seqs[2].slot) == (-1, 1, 0)
-    assert sched.release(seqs[1]) is None and seqs[2].slot == 0
+    assert sched.release(seqs[1]) == (1, None) and seqs[2].slot == 0  # the last one: nothing to move
     assert sched.slots.used == 1 and sched.running == [seqs[2]]
 
 
@@ -172,7 +181,7 @@ def test_abort_marks_waiting_and_running() -> None:
     hit = sched.abort("a")
     assert hit == [b, a] and all(s.finish_reason is FinishReason.ABORT for s in hit)
     assert sched.abort("a") == []  # already finished: not hit twice
-    assert sched.release(b) is None and sched.release(a) is None
+    assert sched.release(b) is None and sched.release(a) == (0, None)  # b never held a row
     assert not sched.has_work and sched.slots.used == 0
 
 
@@ -190,17 +199,30 @@ class Tracked:
 
 
 prompt_tokens = st.integers(min_value=3, max_value=VOCAB - 2)
+SHARED = ([], [], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [5, 6, 7, 8, 9, 10, 11, 12, 40, 41, 42, 43, 44, 45])
 
 
 class EngineLoopMachine(RuleBasedStateMachine):
-    """Random adds, aborts and steps over random loop configurations; invariants after every rule."""
+    """Random adds, aborts and steps over random loop configurations (slot layout, or paged memory of few blocks:
+    preemptions, shared prompt prefixes), invariants after every rule: no block leaked or owned twice, no cached
+    block written, each slot caching exactly its sequence's tokens."""
 
-    @initialize(max_running=st.integers(1, 4), extra_budget=st.integers(0, 40), min_chunk=st.integers(1, 24))
-    def setup(self, max_running: int, extra_budget: int, min_chunk: int) -> None:
+    @initialize(max_running=st.integers(1, 4), extra_budget=st.integers(0, 40), min_chunk=st.integers(1, 24),
+                block_size=st.sampled_from([0, 0, 2, 4, 8]), capacity=st.integers(48, 128),
+                prefix_caching=st.booleans(), headroom=st.sampled_from([0, 1]))
+    def setup(self, max_running: int, extra_budget: int, min_chunk: int, block_size: int, capacity: int,
+              prefix_caching: bool, headroom: int) -> None:
         self.config = RuntimeConfig(max_running=max_running, kv_budget_mb=1,
-                                 max_step_tokens=max_running + extra_budget, min_chunk=min_chunk)
-        self.engine = FakeEngine()
+                                    max_step_tokens=max_running + extra_budget, min_chunk=min_chunk,
+                                    prefix_caching=prefix_caching)
+        self.paged = block_size > 0
+        self.token_bytes = 2**20 // capacity if self.paged else 0  # about `capacity` tokens of KV memory
+        self.engine = FakeEngine(block_size=block_size, token_bytes=self.token_bytes)
         self.loop = EngineLoop(self.engine, None, self.config)
+        if isinstance(self.loop.kv, FakePagedKVCache):
+            self.loop.kv.frozen = self.loop.scheduler.blocks.is_cached
+        # no headroom: admission fills the memory and decodes preempt often
+        self.loop.scheduler.config = replace(self.loop.scheduler.config, decode_headroom=headroom)
         self.requests: dict[str, Tracked] = {}
         self.streamed: dict[str, list[int]] = {}  # seq_id -> tokens from updates
         self.finals: dict[str, int] = {}  # seq_id -> final updates seen
@@ -208,12 +230,16 @@ class EngineLoopMachine(RuleBasedStateMachine):
         self.queued_work = 0
 
     # -- rules ----------------------------------------------------------------------------------------------
-    @rule(prompt=st.lists(prompt_tokens, min_size=1, max_size=50), max_tokens=st.integers(1, 10),
+    @rule(prompt=st.lists(prompt_tokens, min_size=1, max_size=50), max_tokens=st.integers(1, 24),
           n=st.sampled_from([1, 1, 1, 2, 3]), kind=st.sampled_from(["greedy", "greedy", "no_eos", "seeded", "poison"]),
-          seed=st.integers(0, 2**32), fail_after=st.integers(0, 60))
-    def add(self, prompt: list[int], max_tokens: int, n: int, kind: str, seed: int, fail_after: int) -> None:
+          seed=st.integers(0, 2**32), fail_after=st.integers(0, 60), shared=st.sampled_from(SHARED))
+    def add(self, prompt: list[int], max_tokens: int, n: int, kind: str, seed: int, fail_after: int,
+            shared: list[int]) -> None:
+        prompt = shared + prompt
         if kind == "poison":
             prompt = [POISON, fail_after, *prompt]
+        if len(prompt) + max_tokens > self.loop.max_len:
+            return  # refused (LimitError), tested elsewhere
         sampled = kind == "seeded"
         params = SamplingParams(max_tokens=max_tokens, n=n, temperature=0.7 if sampled else 0.0,
                                 seed=seed if sampled else None, ignore_eos=kind == "no_eos")
@@ -261,14 +287,17 @@ class EngineLoopMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not hasattr(self, "loop"):
             return
-        limit = self.steps + self.queued_work + 1
+        # preempted sequences compute their tokens again: a looser bound, still finite
+        limit = self.steps + (4 * self.queued_work + 10 if self.paged else self.queued_work + 1)
         while self.loop.has_work:
             assert self.steps <= limit, "requests still running after all their work"
             self.step()
             check_invariants(self.loop)
         assert self.loop.scheduler.slots.used == 0 and not self.loop.scheduler.running
-        assert isinstance(self.loop.kv, FakeKVCache)
-        assert not self.loop.kv.lengths.any() and not any(self.loop.kv.tokens)
+        kv, blocks = self.loop.kv, self.loop.scheduler.blocks
+        assert isinstance(kv, (FakeKVCache, FakePagedKVCache))
+        assert not kv.lengths.any() and not any(kv.history(s) for s in range(kv.num_slots))
+        assert blocks.num_free == blocks.num_blocks and not any(blocks.refs)
         for tracked in self.requests.values():
             self.check_request(tracked)
 
@@ -284,7 +313,8 @@ class EngineLoopMachine(RuleBasedStateMachine):
             assert (seq.finish_reason is FinishReason.ERROR) <= (tracked.prompt[0] == POISON)
         if tracked.aborted or tracked.prompt[0] == POISON:
             return
-        assert tracked.finished_at is not None and tracked.finished_at <= tracked.deadline, "request starved"
+        assert tracked.finished_at is not None
+        assert self.paged or tracked.finished_at <= tracked.deadline, "request starved"
         self.check_alone(tracked, seqs)
 
     def check_alone(self, tracked: Tracked, seqs: list[Sequence]) -> None:
@@ -294,7 +324,8 @@ class EngineLoopMachine(RuleBasedStateMachine):
             want = greedy_reference(tracked.prompt, p.max_tokens, (EOS,), p.ignore_eos)
             assert all(s.output_ids == want for s in seqs)
             return
-        alone = EngineLoop(FakeEngine(), None, self.config)
+        alone = EngineLoop(FakeEngine(block_size=self.engine.block_size, token_bytes=self.token_bytes), None,
+                           self.config)
         rid = alone.add_request(tracked.prompt, p)
         while alone.has_work:
             alone.step()
@@ -304,3 +335,83 @@ class EngineLoopMachine(RuleBasedStateMachine):
 TestEngineLoopMachine = EngineLoopMachine.TestCase
 TestEngineLoopMachine.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- paged memory: preemption and prefix caching over the FakeEngine -------------------------------------------
+
+def paged_loop(capacity: int, block_size: int = 4, max_running: int = 4, headroom: int = 1,
+               prefix_caching: bool = True) -> EngineLoop:
+    engine = FakeEngine(block_size=block_size, token_bytes=2**20 // capacity)
+    loop = EngineLoop(engine, None, RuntimeConfig(max_running=max_running, kv_budget_mb=1, max_step_tokens=64,
+                                                  prefix_caching=prefix_caching))
+    assert isinstance(loop.kv, FakePagedKVCache)
+    loop.kv.frozen = loop.scheduler.blocks.is_cached
+    loop.scheduler.config = replace(loop.scheduler.config, decode_headroom=headroom)
+    return loop
+
+
+def run_all(loop: EngineLoop) -> None:
+    while loop.has_work:
+        loop.step()
+        check_invariants(loop)
+
+
+def test_preempted_sequence_resumes_to_the_uninterrupted_output() -> None:
+    loop = paged_loop(capacity=32, headroom=0, max_running=2)  # 8 blocks of 4
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+    a, b = [3 + i for i in range(12)], [20 + i for i in range(12)]
+    ra, rb = loop.add_request(a, params), loop.add_request(b, params)
+    run_all(loop)
+    assert loop.stats().preemptions >= 1
+    assert loop.result(ra).outputs[0].token_ids == greedy_reference(a, 14, ignore_eos=True)
+    assert loop.result(rb).outputs[0].token_ids == greedy_reference(b, 14, ignore_eos=True)
+
+
+def test_shared_prefix_is_computed_once_and_outputs_are_unchanged() -> None:
+    loop = paged_loop(capacity=256)
+    system = [5 + i % 50 for i in range(40)]  # 10 full blocks
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    first = loop.add_request(system + [9, 9, 9], params)
+    run_all(loop)
+    loop.engine.calls.clear()  # type: ignore[attr-defined]
+    rids = [loop.add_request(system + [10 + i, 11], params) for i in range(3)]
+    run_all(loop)
+    prompt_calls = [c for c in loop.engine.calls if any(len(t) > 1 for t in c.tokens)]  # type: ignore[attr-defined]
+    assert all(c.kind == "decode" for c in prompt_calls)  # after the cached prefix: no prefill from 0
+    assert sum(len(t) for c in prompt_calls for t in c.tokens) == 3 * 2  # only the questions were computed
+    for rid, i in zip(rids, range(3)):
+        out = loop.result(rid).outputs[0].token_ids
+        assert out == greedy_reference(system + [10 + i, 11], 5, ignore_eos=True)
+        assert loop.requests[rid][0].cached_tokens == 40
+    assert loop.requests[first][0].cached_tokens == 0
+    stats = loop.stats()
+    assert stats.prefix_hit_tokens == 120 and stats.prefix_queried_tokens == 43 + 3 * 42
+    assert stats.kv_blocks_used == 0 and stats.kv_blocks_cached > 10
+
+
+def test_multi_turn_computes_only_the_new_tokens() -> None:
+    loop = paged_loop(capacity=256)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    history = [7 + i % 40 for i in range(21)]
+    previous = 0  # tokens of the previous turn's prompt and answer
+    for turn in range(3):
+        rid = loop.add_request(history, params)
+        hit_before = loop.stats().prefix_hit_tokens
+        run_all(loop)
+        cached = loop.stats().prefix_hit_tokens - hit_before
+        out = loop.result(rid).outputs[0].token_ids
+        # the previous turn's prompt and answer (all but its last token, never fed) are cached, to a block edge
+        assert cached == (max(previous - 1, 0) // 4 * 4 if turn else 0)
+        previous = len(history) + len(out)
+        history = history + out + [8, 9, 10]
+
+
+def test_prefix_caching_off_and_slot_engines_share_nothing() -> None:
+    loop = paged_loop(capacity=256, prefix_caching=False)
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    for _ in range(2):
+        loop.add_request(list(range(3, 30)), params)
+        run_all(loop)
+    assert loop.stats().prefix_hit_tokens == 0
+    slots = EngineLoop(FakeEngine(), None, RuntimeConfig(max_running=2, kv_budget_mb=1))
+    assert not slots.scheduler.blocks.prefix_caching and not slots.scheduler.config.paged
