@@ -16,7 +16,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
     def build_command(
         export_dir: Annotated[Path, typer.Argument(help="A folder written by `llmc export`.")],
         out: Annotated[Path, typer.Option("-o", "--out", help="Engine folder.")],
-        backend: Annotated[Backend, typer.Option(help="ort: ONNX Runtime CPU; trt: TensorRT (NVIDIA GPU).")] = Backend.ort,
+        backend: Annotated[Backend, typer.Option(help="ort: ONNX Runtime CPU; trt: TensorRT (NVIDIA GPU); ort-cuda: "
+                                                      "ONNX Runtime's CUDA provider (fp16, NVIDIA GPU, the gpu "
+                                                      "extra).")] = Backend.ort,
         quant: Annotated[Quant, typer.Option(help="Weight-only quantization (ort).")] = Quant.none,
         threads: Annotated[int, typer.Option(help="Threads recorded for the engine (0 = physical cores).")] = 0,
         kv_layout: Annotated[KVLayout, typer.Option(help="inplace (one past/present buffer) or concat (export "
@@ -65,7 +67,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.engines.builders import BuildConfig, build
         from llmc.progress import ConsoleSteps
 
-        ort_attention = choice(Attention, attention or "auto", "--attention") if backend is Backend.ort else \
+        ort_attention = choice(Attention, attention or "auto", "--attention") if backend is not Backend.trt else \
             Attention.auto
         cfg = BuildConfig(export_dir, out, backend.value, quant, threads, force, kv_layout=kv_layout,
                           attention=ort_attention, block_size=block_size, accuracy_level=accuracy_level,

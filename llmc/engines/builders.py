@@ -23,7 +23,13 @@ def _trt(cfg: BuildConfig | TrtBuildConfig, progress: Progress | None) -> Engine
     return build_trt(cfg, progress)
 
 
-BUILDERS: dict[str, Any] = {"ort": build_ort, "trt": _trt}
+def _ort_cuda(cfg: BuildConfig, progress: Progress | None) -> EngineManifest:
+    from llmc.engines.ort.cuda import build_ort_cuda
+
+    return build_ort_cuda(cfg, progress)
+
+
+BUILDERS: dict[str, Any] = {"ort": build_ort, "trt": _trt, "ort-cuda": _ort_cuda}
 
 
 def build(cfg: BuildConfig | TrtBuildConfig, progress: Progress | None = None) -> EngineManifest:

@@ -15,6 +15,7 @@ from llmc.errors import InputError
 class Backend(str, Enum):
     ort = "ort"
     trt = "trt"
+    ort_cuda = "ort-cuda"  # ONNX Runtime's CUDA execution provider over the in-place graphs (fp16, GQA)
 
 
 class Quant(str, Enum):

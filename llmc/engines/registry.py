@@ -28,7 +28,13 @@ def _trt(manifest: EngineManifest, directory: Path, options: EngineOptions) -> E
     return TrtEngine(manifest, directory, options)
 
 
-LOADERS: dict[str, Loader] = {"ort": _ort, "trt": _trt}
+def _ort_cuda(manifest: EngineManifest, directory: Path, options: EngineOptions) -> Engine:
+    from llmc.engines.ort.cuda import OrtCudaEngine
+
+    return OrtCudaEngine(manifest, directory, options)
+
+
+LOADERS: dict[str, Loader] = {"ort": _ort, "trt": _trt, "ort-cuda": _ort_cuda}
 
 
 def load_engine_dir(directory: Path | str, options: EngineOptions | None = None) -> Engine:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +15,8 @@ from llmc.graph import io_names
 from llmc.manifest import EngineManifest, GraphSpec, verify_files
 from llmc.onnx_store import check_external_paths
 
+CPU_PROVIDER = "CPUExecutionProvider"
+
 
 def default_threads() -> int:
     import psutil
@@ -20,8 +24,10 @@ def default_threads() -> int:
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
 
 
-def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None = None) -> object:
-    """One ONNX Runtime session; `library`: llmc's operator library to register, when the graph uses it."""
+def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None = None,
+                 providers: Sequence[Any] = (CPU_PROVIDER,)) -> object:
+    """One ONNX Runtime session; `library`: llmc's operator library to register, when the graph uses it;
+    `providers`: the execution providers in ONNX Runtime's form (ort-cuda: CUDA first)."""
     try:
         import onnxruntime as ort
     except ImportError:  # pragma: no cover - onnxruntime is a runtime dependency
@@ -41,7 +47,7 @@ def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None
 
         register(so, library, threads)
     try:
-        session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), so, providers=list(providers))
     except Exception as e:  # onnxruntime's own exception types: report one line
         raise EngineError(f"onnxruntime could not load {path.name}: {str(e).splitlines()[0]}") from e
     _check_names(path.name, spec, [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()])
@@ -61,6 +67,8 @@ def _check_names(file: str, spec: GraphSpec, inputs: list[str], outputs: list[st
 class OrtEngineBase(Engine):
     """Two ONNX Runtime sessions over the engine folder's graphs, checked against the manifest at load."""
 
+    providers: tuple[Any, ...] = (CPU_PROVIDER,)  # where the sessions run (a subclass may choose another)
+
     def __init__(self, manifest: EngineManifest, directory: Path, options: EngineOptions) -> None:
         self.manifest = manifest
         self.directory = Path(directory)
@@ -70,10 +78,10 @@ class OrtEngineBase(Engine):
 
         library = engine_library(manifest.settings, self.directory)
         self._prefill = make_session(self.directory / manifest.prefill.file, manifest.prefill, self.threads,
-                                     library)
+                                     library, self.providers)
         # one graph for both (in-place engines): one session, so the weights are prepacked and held once
         self._decode = self._prefill if manifest.decode == manifest.prefill else make_session(
-            self.directory / manifest.decode.file, manifest.decode, self.threads, library)
+            self.directory / manifest.decode.file, manifest.decode, self.threads, library, self.providers)
         self._past_names = manifest.kv.names("past")
 
 
