@@ -139,6 +139,8 @@ CASES = [  # k, n, batch, new tokens, gated, bias
     (576, 3072, 2, 7, True, False),  # its gate/up, a prompt: 14 rows = 8 + 4 + 2
     (96, 64, 13, 1, True, True),  # 13 rows = 8 + 4 + 1, gated with a bias
     (128, 100, 3, 2, False, True),  # 6 rows = 4 + 2, ragged width
+    (576, 192, 2, 13, False, True),  # a 26-row prompt chunk: 3 passes of 8 + 2, with a bias
+    (96, 64, 1, 9, True, False),  # 9 rows = 8 + 1, gated
 ]
 
 
