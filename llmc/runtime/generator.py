@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -17,6 +18,7 @@ from llmc.runtime.sampler import Sampler, SequenceSamplingState
 from llmc.runtime.scheduler import KVOp, Scheduler, SchedulerConfig, StepPlan
 from llmc.runtime.sequence import Sequence
 from llmc.runtime.stopping import StopChecker
+from llmc.runtime.structured import GrammarCompiler, GrammarState
 from llmc.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("llmc.runtime")
@@ -63,6 +65,19 @@ class EngineLoop:
         self.eos_ids = list(engine.manifest.generation.eos_token_ids)
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()  # checks run on the server's threads, sequences on the engine's
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The compiler of this model's constraints (JSON schema, regex, grammar), made at first use."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                if self.tokenizer is None:
+                    raise InputError("constrained decoding (a JSON schema, regex or grammar) needs the model's "
+                                     "tokenizer")
+                self._grammars = GrammarCompiler(self.tokenizer.to_json(), self.engine.vocab_size, self.eos_ids)
+            return self._grammars
 
     def _kv_memory(self, engine: Engine) -> tuple[KVCache, SchedulerConfig]:
         """KV memory sized from the budget: paged blocks where the engine pages, else max_running slots."""
@@ -101,6 +116,9 @@ class EngineLoop:
             raise LimitError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = "
                 f"{len(prompt_ids) + params.max_tokens} exceeds the context of {self.max_len} tokens", "max_tokens")
+        constraint = params.constraint
+        if constraint is not None:  # compiled once per distinct constraint, then cached
+            self.grammars.check(constraint)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
         self.check_request(prompt_ids, params)
@@ -112,12 +130,18 @@ class EngineLoop:
         for i in range(params.n):
             p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
             detok = self.tokenizer.decode_stream(prompt_ids) if self.tokenizer is not None else None
-            seq = Sequence(f"{request_id}/{i}", request_id, i, list(prompt_ids), p,
-                           SequenceSamplingState(p, prompt_ids, self.eos_ids), StopChecker(p, self.eos_ids), detok)
+            state = SequenceSamplingState(p, prompt_ids, self.eos_ids, self._grammar_state(p))
+            seq = Sequence(f"{request_id}/{i}", request_id, i, list(prompt_ids), p, state,
+                           StopChecker(p, self.eos_ids), detok)
             seqs.append(seq)
             self.scheduler.add(seq)
         self.requests[request_id] = seqs
         return request_id
+
+    def _grammar_state(self, params: SamplingParams) -> GrammarState | None:
+        """A sequence's own matcher; its first mask is computed meanwhile, beside the prompt's prefill."""
+        constraint = params.constraint
+        return None if constraint is None else self.grammars.state(constraint)
 
     def abort(self, request_id: str) -> None:
         for seq in self.scheduler.abort(request_id):

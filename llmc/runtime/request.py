@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from llmc.errors import InputError
+from llmc.runtime.structured import Constraint
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # entries
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's: a bias in [-100, 100]
 # A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing float32 logits by it would overflow.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 # repetition_penalty divides or multiplies float32 logits: outside this range they overflow or vanish.
@@ -50,6 +54,17 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     n: int = 1
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    # constrained decoding (at most one): a JSON schema (a dict, or its JSON text), a regular expression, or a
+    # grammar (Lark, or llama.cpp's GBNF); the output matches it whatever the model prefers
+    json_schema: dict[str, Any] | str | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    constraint_param: str | None = None  # the request field a constraint came from, for error messages
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return Constraint.of(self.json_schema, self.regex, self.grammar, self.constraint_param)
 
     @property
     def greedy(self) -> bool:
@@ -65,6 +80,8 @@ class SamplingParams:
         self._validate_sampling()
         self._validate_penalties()
         self._validate_stops(vocab_size)
+        self._validate_logit_bias(vocab_size)
+        self._validate_constraint()
 
     def _validate_counts(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -121,6 +138,35 @@ class SamplingParams:
                 raise InputError(f"stop_token_ids must be non-negative integers, got {tid!r}", "stop_token_ids")
             if vocab_size is not None and tid >= vocab_size:
                 raise InputError(f"stop_token_ids contains {tid} >= vocab size {vocab_size}", "stop_token_ids")
+
+
+    def _validate_logit_bias(self, vocab_size: int | None) -> None:
+        if not isinstance(self.logit_bias, dict):
+            raise InputError(f"logit_bias must map token ids to biases, got {type(self.logit_bias).__name__}",
+                             "logit_bias")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise InputError(f"too many logit_bias entries: {len(self.logit_bias)} > {MAX_LOGIT_BIAS}", "logit_bias")
+        for tid, bias in self.logit_bias.items():
+            if not _is_int(tid) or tid < 0:
+                raise InputError(f"logit_bias keys must be token ids (integers >= 0), got {tid!r}", "logit_bias")
+            if vocab_size is not None and tid >= vocab_size:
+                raise InputError(f"logit_bias token id {tid} >= vocab size {vocab_size}", "logit_bias")
+            if not _is_finite(bias) or abs(bias) > LOGIT_BIAS_RANGE:
+                raise InputError(f"logit_bias[{tid}] must be in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}], "
+                                 f"got {bias!r}", "logit_bias")
+
+    def _validate_constraint(self) -> None:
+        given = [n for n in ("json_schema", "regex", "grammar") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise InputError(f"give at most one of json_schema, regex and grammar, got {' and '.join(given)}",
+                             self.constraint_param or given[1])
+        if self.json_schema is not None and not isinstance(self.json_schema, dict | str):
+            raise InputError(f"json_schema must be a dict or a JSON string, got {type(self.json_schema).__name__}",
+                             self.constraint_param or "json_schema")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise InputError(f"{name} must be a non-empty string, got {v!r}", self.constraint_param or name)
 
 
 def _is_int(v: object) -> bool:

@@ -2,7 +2,8 @@
 
 Per row, in this order (the order of HF transformers' processors and warpers):
 repetition_penalty (HF: over prompt + generated tokens, positive logits divided, negative multiplied),
-frequency/presence penalties (OpenAI: over generated tokens only), then greedy argmax when temperature == 0,
+frequency/presence penalties (OpenAI: over generated tokens only), logit_bias, the constraint's mask (a row with a
+JSON schema, regex or grammar: every token it does not allow at -inf), then greedy argmax when temperature == 0,
 else temperature, top-k, top-p, min-p, and a draw from the row's own `numpy.random.Generator`.
 """
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from llmc.errors import EngineError
 from llmc.runtime.request import SamplingParams, TokenLogprob
+from llmc.runtime.structured import GrammarState, apply_mask
 
 # top-p first looks for its cut-off among this many most likely tokens, so that the usual peaked
 # distribution never pays for a full-vocabulary sort.
@@ -40,9 +42,11 @@ class SequenceSamplingState:
     """
 
     def __init__(
-        self, params: SamplingParams, prompt_ids: Sequence[int], eos_ids: Iterable[int] = ()
+        self, params: SamplingParams, prompt_ids: Sequence[int], eos_ids: Iterable[int] = (),
+        grammar: GrammarState | None = None,
     ) -> None:
         self.params = params
+        self.grammar = grammar  # the request's constraint, when it has one
         # numpy wants a non-negative seed; OpenAI clients may send any 64-bit integer.
         self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
         self.generated: list[int] = []
@@ -52,10 +56,17 @@ class SequenceSamplingState:
         # As HF's MinNewTokensLengthLogitsProcessor: these cannot be drawn before min_tokens tokens.
         blocked = set() if params.ignore_eos else {int(t) for t in eos_ids}
         self.blocked_ids = np.array(sorted(blocked | set(params.stop_token_ids)), dtype=np.int64)
+        self.bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
+        self.bias_values = np.fromiter(params.logit_bias.values(), dtype=np.float32, count=len(params.logit_bias))
 
     @property
     def num_generated(self) -> int:
         return len(self.generated)
+
+    @property
+    def plain(self) -> bool:
+        """Nothing changes this row's logits (no penalty, bias, min_tokens mask or constraint)."""
+        return not (self.params.has_penalties or self.bias_ids.size or self.grammar is not None or self.blocks_now)
 
     @property
     def blocks_now(self) -> bool:
@@ -98,7 +109,8 @@ class SamplerOutput:
 
 
 def apply_penalties(row: np.ndarray, state: SequenceSamplingState) -> None:
-    """Apply the min_tokens mask and the repetition, frequency and presence penalties to `[V]`, in place."""
+    """Apply the min_tokens mask, the repetition, frequency and presence penalties and logit_bias to `[V]`, in
+    place."""
     p = state.params
     if state.blocks_now:
         row[state.blocked_ids[state.blocked_ids < row.shape[0]]] = -np.inf
@@ -109,6 +121,9 @@ def apply_penalties(row: np.ndarray, state: SequenceSamplingState) -> None:
     if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and state.output_counts:
         ids, counts = state.output_count_arrays()
         row[ids] -= counts * p.frequency_penalty + p.presence_penalty
+    if state.bias_ids.size:
+        keep = state.bias_ids < row.shape[0]
+        row[state.bias_ids[keep]] += state.bias_values[keep]
 
 
 def _top_superset(vals: np.ndarray, k: int) -> np.ndarray:
@@ -230,6 +245,16 @@ def finite_row(row: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     raise EngineError("the engine's logits for this row hold no finite value")
 
 
+def finite_allowed(row: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """A masked row with a finite maximum, NaN and -inf left out (unlike `finite_row`, a masked token never
+    becomes finite): `row`, else the masked logits before penalties; else no allowed token can be chosen."""
+    for r in (row, fallback):
+        r = np.nan_to_num(r, nan=-np.inf, posinf=_F32_MAX, neginf=-np.inf)
+        if np.isfinite(r.max()):
+            return r
+    raise EngineError("the constraint allows no token with a finite logit")
+
+
 def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """Draw one token id from a penalised float32 row of logits `[V]` with a temperature that is not greedy."""
     temperature = np.float32(min(params.temperature, _MAX_TEMPERATURE))
@@ -274,7 +299,7 @@ class Sampler:
         assert logits.ndim == 2 and logits.shape[0] == len(states), (logits.shape, len(states))
         logits = np.asarray(logits, dtype=np.float32)
         errors: dict[int, Exception] = {}
-        if all(s.params.greedy and not s.params.has_penalties and not s.blocks_now for s in states):
+        if all(s.params.greedy and s.plain for s in states):
             token_ids = np.argmax(logits, axis=-1).astype(np.int64)  # [B], the common greedy path
         else:
             token_ids = np.zeros(len(states), dtype=np.int64)
@@ -288,6 +313,8 @@ class Sampler:
             n = state.params.logprobs
             try:
                 logprobs.append(None if n is None or i in errors else token_logprobs(row, token, n))
+                if state.grammar is not None and i not in errors:
+                    state.grammar.advance(token)  # and the next mask starts computing, beside the engine step
             except Exception as e:
                 errors[i] = e
                 logprobs.append(None)
@@ -297,10 +324,15 @@ class Sampler:
 
     @staticmethod
     def _choose(raw: np.ndarray, state: SequenceSamplingState) -> int:
-        params, row = state.params, raw
-        if params.has_penalties or state.blocks_now:
+        params, row, fallback = state.params, raw, raw
+        if params.has_penalties or state.blocks_now or state.bias_ids.size:
             row = raw.copy()
             apply_penalties(row, state)
+        if state.grammar is not None:  # never an unconstrained token: the fallback is masked too
+            allowed = state.grammar.allowed()
+            row, fallback = apply_mask(row, allowed), apply_mask(raw, allowed)
+            if not np.isfinite(row.max()):
+                row = fallback = finite_allowed(row, fallback)
         if params.greedy:
             return int(np.argmax(row))
-        return sample_row(finite_row(row, raw), params, state.rng)
+        return sample_row(finite_row(row, fallback), params, state.rng)

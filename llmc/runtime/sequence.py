@@ -82,6 +82,9 @@ class Sequence:
             self.logprobs.append(logprob)
         piece = self.detok.step(token) if self.detok is not None else ""
         emitted, reason = self.stopper.on_token(token, piece, len(self.output_ids))
+        grammar = self.sampling.grammar
+        if reason is None and grammar is not None and grammar.done:  # the constraint allows nothing more
+            emitted, reason = emitted + self.stopper.flush(), FinishReason.STOP
         self.new_text = emitted
         self.text += emitted
         if reason is not None:

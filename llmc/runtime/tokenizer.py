@@ -94,11 +94,17 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json holds it (what constrained decoding builds its token table from)."""
+        return str(self._tok.to_str())
+
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render `messages` with the chat template, as transformers' `apply_chat_template` does."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """Render `messages` with the chat template, as transformers' `apply_chat_template` does; `tools` (OpenAI's
+        `{"type": "function", "function": {...}}` entries) are the template's to render."""
         if not messages:
             raise InputError("messages must not be empty", "messages")
         for i, m in enumerate(messages):
@@ -111,6 +117,7 @@ class Tokenizer:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                **({"tools": tools} if tools else {}),
             )
         except jinja2.TemplateError as e:
             raise InputError(f"chat template ({self.chat_template_source}) failed: {_one_line(e)}") from e
