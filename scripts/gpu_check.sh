@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Every GPU check of the TensorRT backend in one call (< 8 minutes on one GPU), ending with one table.
+# Every GPU check of the TensorRT and ort-cuda backends in one call (< 10 minutes on one GPU), ending with one table.
 #
 #   scripts/gpu_check.sh                  run from anywhere; OUT=dir keeps logs, JSON and engines (default: a tmp dir)
 #   PYTHON=python3.11 scripts/gpu_check.sh
 #   LLMC_EXPORT=dir scripts/gpu_check.sh  use an existing SmolLM2 export instead of exporting (offline machines)
 #
 # Steps (each with its own time limit; a failed step is a FAIL row, the others still run):
-#   1. install   pip install -e '.[export,trt,dev]' onnxruntime-extensions triton, skipped when all import
-#   2. kernels   the Triton attention kernels vs torch scaled_dot_product_attention, fp16, GQA, prefill and decode
+#   1. install   pip install -e '.[export,gpu,dev]' (onnxruntime-gpu in place of onnxruntime), skipped when all
+#                import and ONNX Runtime offers CUDA
+#   2. versions  TensorRT, the pinned Triton (TRITON_PIN, checked as the build checks it), cuda-bindings, the ONNX
+#                Runtime providers
+#   3. kernels   the Triton attention kernels vs torch scaled_dot_product_attention, fp16, GQA, prefill and decode
 #                at several lengths: relative error (<= 1e-2) and time of both
-#   3. pytest    pytest -m "gpu or trt" tests (kernel tests, tiny TensorRT engines: parity, load checks, CUDA graphs)
-#   4. smollm2   export SmolLM2-135M-Instruct (fp32 reference), build fp16 engines with --attention plugin and,
-#                where TensorRT >= 10.15, native; golden check of each
-#   5. bench     llmc bench on each engine: batch 1 and 64, 512 prompt tokens, 64 new tokens
+#   4. cpu       the CPU checks of the TensorRT path on this machine's packages: recording stand-ins (strongly typed
+#                networks, the aliasing preview feature, static KV axes, CUDA graphs per binding, the stream
+#                handle), the onnx-static lowering against the in-place reference, the ort-cuda binding plan
+#   5. pytest    pytest -m "gpu or trt" tests: tiny TensorRT engines (parity, load checks, present aliased to past,
+#                static KV axes, CUDA graphs across re-binds and freed on close) and the tiny ort-cuda engine
+#   6. smollm2   export SmolLM2-135M-Instruct (fp32 reference), build fp16 engines with --attention plugin and,
+#                where TensorRT >= 10.15, native (the whole-buffer mask), and with --backend ort-cuda; golden check
+#   7. bench     llmc bench on each engine: batch 1 and 64, 512 prompt tokens, 64 new tokens
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -39,13 +46,36 @@ step() {  # name limit_seconds command...: run, log, add a row (the last line of
 }
 
 install() {
-  if "$PY" -c "import tensorrt, triton, torch, onnxruntime_extensions, transformers, llmc" 2>/dev/null; then
+  if "$PY" -c "import tensorrt, triton, torch, onnxruntime_extensions, transformers, llmc, onnxruntime as o, sys
+sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" 2>/dev/null; then
     echo "already installed: tensorrt $("$PY" -c 'import tensorrt; print(tensorrt.__version__)')"
     return 0
   fi
-  "$PY" -m pip install -q -e '.[export,trt,dev]' onnxruntime-extensions triton &&
-    "$PY" -c "import tensorrt, torch; print('tensorrt', tensorrt.__version__, 'torch', torch.__version__,
-               'cuda', torch.cuda.is_available())"
+  # onnxruntime-gpu and onnxruntime are one `onnxruntime` module: the CPU package goes, the GPU one is reinstalled
+  "$PY" -m pip install -q -e '.[export,gpu,dev]' &&
+    "$PY" -m pip uninstall -q -y onnxruntime &&
+    "$PY" -m pip install -q --force-reinstall --no-deps "$("$PY" -c 'import importlib.metadata as m
+print(next(r.split(";")[0].strip() for r in m.requires("llmc") if r.startswith("onnxruntime-gpu")))')" &&
+    "$PY" -c "import tensorrt, torch, onnxruntime as o; print('tensorrt', tensorrt.__version__, 'torch',
+               torch.__version__, 'cuda', torch.cuda.is_available(), 'ort', o.get_available_providers())"
+}
+
+versions() {
+  "$PY" - <<'EOF'
+import importlib.metadata as md
+import onnxruntime, tensorrt, triton
+from llmc.engines.trt.build import check_tensorrt, require_triton
+check_tensorrt(tensorrt.__version__, "plugin")
+require_triton()  # the pinned release, as llmc build checks it
+try:
+    bindings = md.version("cuda-bindings")
+except md.PackageNotFoundError:
+    bindings = md.version("cuda-python")
+providers = onnxruntime.get_available_providers()
+assert "CUDAExecutionProvider" in providers, providers
+print(f"tensorrt {tensorrt.__version__}  triton {triton.__version__}  cuda-bindings {bindings}  "
+      f"onnxruntime {onnxruntime.__version__} ({', '.join(providers)})")
+EOF
 }
 
 kernels() {
@@ -84,8 +114,22 @@ limits = TrtLimits(max_batch_size=64, max_input_len=512, max_seq_len=640, max_nu
 cfg = TrtBuildConfig(BuildConfig(out / "export", out / f"engine-{attention}", backend="trt", force=True), limits,
                      attention=attention)
 m = build_trt(cfg)
-p = m.settings["parity"]
-print(f"TensorRT {m.settings['tensorrt']} on {m.settings['gpu']}: golden top-1 {p['top1_agreement']:.0%}, "
+p = m.settings.parity
+print(f"TensorRT {m.settings.tensorrt} on {m.settings.gpu}: golden top-1 {p['top1_agreement']:.0%}, "
+      f"greedy match {p['greedy_match']:.0f}, max |logit diff| {p['max_abs_diff']:.2e}")
+EOF
+}
+
+build_ort_cuda() {
+  "$PY" - "$OUT" <<'EOF'
+import sys
+from pathlib import Path
+from llmc.engines.builders import build
+from llmc.engines.ort.config import BuildConfig
+out = Path(sys.argv[1])
+m = build(BuildConfig(out / "export", out / "engine-ort-cuda", backend="ort-cuda", force=True))
+p = m.settings.parity
+print(f"onnxruntime {m.settings.onnxruntime} CUDA: golden top-1 {p['top1_agreement']:.0%}, "
       f"greedy match {p['greedy_match']:.0f}, max |logit diff| {p['max_abs_diff']:.2e}")
 EOF
 }
@@ -106,11 +150,14 @@ print("bench done")
 EOF
 }
 
-export -f install kernels export_model build bench
+export -f install versions kernels export_model build build_ort_cuda bench
 START=$SECONDS
 step install 240 install
+step versions 30 versions
 step kernels 90 kernels
-step pytest 200 "$PY" -m pytest -m "gpu or trt" tests -q -rs -p no:cacheprovider
+step cpu 120 "$PY" -m pytest -q -rs -p no:cacheprovider tests/trt/test_trt_calls.py tests/engines/test_onnx_static.py \
+  tests/engines/test_ort_cuda.py -m "not gpu and not slow"
+step pytest 240 "$PY" -m pytest -m "gpu or trt" tests -q -rs -p no:cacheprovider
 if step export 120 export_model; then
   KINDS="plugin"
   "$PY" -c "import tensorrt as t, sys; sys.exit(tuple(map(int, t.__version__.split('.')[:2])) < (10, 15))" \
@@ -118,6 +165,7 @@ if step export 120 export_model; then
   for kind in $KINDS; do
     step "build-$kind" 150 build "$kind" && step "bench-$kind" 90 bench "$kind"
   done
+  step build-ort-cuda 120 build_ort_cuda && step bench-ort-cuda 90 bench ort-cuda
 fi
 
 "$PY" - "$ROWS" "$((SECONDS - START))" "$OUT" <<'EOF'

@@ -1,5 +1,6 @@
 """TensorRT engines of the tiny llama, built and run where TensorRT imports (an NVIDIA GPU machine): manifest fields,
-greedy parity with the ONNX Runtime engine, load checks, CUDA-graph replay. Skipped elsewhere, never faked."""
+greedy parity with the ONNX Runtime engine, load checks, present tensors aliased to past ones, static KV axes,
+CUDA-graph replay across re-binds and their release on close. Skipped elsewhere, never faked."""
 
 from __future__ import annotations
 
@@ -104,3 +105,36 @@ def test_rebuild_reuses_the_timing_cache(tiny_llama, trt_engine_dir: Path, tmp_p
     cfg = TrtBuildConfig(BuildConfig(tiny_llama.export_dir, out, backend="trt", force=True), LIMITS)
     manifest = build_trt(replace(cfg, attention=json.loads((out / "engine.json").read_text())["settings"]["attention"]))
     assert manifest.backend == "trt" and (out / "timing.cache").stat().st_size >= before
+
+
+def test_present_tensors_alias_the_past_ones(trt_engine_dir: Path) -> None:
+    """The load check (check_aliases) ran; here the engine's own answer, per graph and layer, and the static axis."""
+    engine = load_engine_dir(trt_engine_dir)
+    kv = engine.manifest.kv
+    for graph in engine._graphs.values():  # type: ignore[attr-defined]
+        plan = graph.engine
+        assert hasattr(plan, "get_aliased_input_tensor"), "these TensorRT bindings cannot report aliases"
+        assert [plan.get_aliased_input_tensor(p) for p in kv.names("present")] == kv.names("past")
+        assert plan.get_tensor_shape(kv.names("past")[0])[2] == LIMITS.max_seq_len  # static, not -1
+
+
+def test_captures_do_not_outlive_their_binding(trt_engine_dir: Path) -> None:
+    """Shapes A, A, A (captured, replayed), B, B, then A again: the same logits as an engine that never captured."""
+    def steps(engine) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
+        kv = engine.new_kv_cache(3, 128)
+        engine.prefill([0, 1, 2], PROMPTS, kv)
+        out = []
+        for rows in ([0, 1], [0, 1], [0, 1], [0, 1, 2], [0, 1, 2], [0, 1], [0, 1]):
+            out.append(engine.decode(rows, [[7 + len(out)] for _ in rows], kv))
+        return out
+
+    engine = load_engine_dir(trt_engine_dir)
+    ours = steps(engine)
+    assert engine._graphs["decode"].graphs  # type: ignore[attr-defined]
+    plain = load_engine_dir(trt_engine_dir)
+    plain._graphs["decode"].capture = False  # type: ignore[attr-defined]  # every step a plain enqueue
+    for a, b in zip(ours, steps(plain)):
+        assert np.abs(a - b).max() < 1e-3
+    engine.close()  # type: ignore[attr-defined]
+    assert not engine._graphs["decode"].graphs  # type: ignore[attr-defined]
+    plain.close()  # type: ignore[attr-defined]
