@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from llmc.cli.common import ChatTemplate, KVBudgetMB, Threads
+from llmc.runtime.tool_calls import ToolFormat
 
 
 def register(app: typer.Typer, wrap: Any) -> None:
@@ -35,6 +36,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
                  "off when empty.")] = "",
         max_request_bytes: Annotated[int, typer.Option(help="Largest request body; larger ones get 413.")]
         = 2 * 2**20,
+        tool_call_parser: Annotated[ToolFormat | None, typer.Option(
+            help="The model's tool call format (default: the one its chat template uses).")] = None,
     ) -> None:
         """Serve an engine over HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
         from llmc.pipeline import ensure_engine
@@ -52,7 +55,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
                              port=port, runtime=runtime, max_queue=max_queue, shutdown_timeout=shutdown_timeout,
                              api_key=api_key or None, protect_metrics=protect_metrics,
                              allowed_origins=tuple(o.strip() for o in allowed_origins.split(",") if o.strip()),
-                             max_request_bytes=max_request_bytes)
+                             max_request_bytes=max_request_bytes, tool_call_parser=tool_call_parser)
         run_server(engine_dir, config, log_level=log_level)
 
     @app.command("serve-bench", hidden=True)

@@ -16,6 +16,7 @@ from llmc import __version__
 from llmc.runtime.async_engine import AsyncEngine, AsyncEngineConfig
 from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.llm import LLM
+from llmc.runtime.tool_calls import ToolFormat
 from llmc.serve.chat import create_chat_completion
 from llmc.serve.completions import create_completion
 from llmc.serve.context import Served
@@ -40,6 +41,7 @@ class ServeConfig:
     protect_metrics: bool = False  # /metrics behind the key too
     allowed_origins: tuple[str, ...] = ()  # CORS: off unless origins are named ("*" for any)
     max_request_bytes: int = 2 * 2**20  # larger bodies: 413 before they are read
+    tool_call_parser: ToolFormat | None = None  # the model's tool call format; None: the chat template's
 
     def guard_config(self) -> GuardConfig:
         return GuardConfig(api_key=self.api_key, protect_metrics=self.protect_metrics,
@@ -56,7 +58,8 @@ def create_app(source: LLM | str | Path, config: ServeConfig | None = None) -> F
     config = config or ServeConfig()
     llm = source if isinstance(source, LLM) else LLM(source, config.runtime)
     engine = AsyncEngine(llm.loop, AsyncEngineConfig(config.max_queue, config.retry_after_s))
-    served = Served(engine, llm.tokenizer, config.model_name or llm.engine_dir.name, str(llm.engine_dir))
+    served = Served(engine, llm.tokenizer, config.model_name or llm.engine_dir.name, str(llm.engine_dir),
+                    config.tool_call_parser)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 from fastapi.responses import JSONResponse, Response
@@ -11,13 +12,16 @@ from starlette.requests import Request
 from llmc.runtime.request import FinishReason, TokenLogprob
 from llmc.serve.context import Served
 from llmc.serve.errors import ApiError, request_id
+from llmc.serve.formats import constraint_fields
 from llmc.serve.generation import Generation, SSEResponse, failure
 from llmc.serve.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, new_id
 from llmc.serve.sse import SSE_DONE, sse, sse_error
 
 
-def _prompts(served: Served, req: CompletionRequest) -> list[list[int]]:
-    """The request's prompts as token ids; an empty prompt is refused, never sent to the engine."""
+def _prompts(served: Served, req: CompletionRequest, constraint: dict[str, Any]) -> list[list[int]]:
+    """The request's prompts as token ids; an empty prompt is refused, never sent to the engine. The constraint
+    (response_format) is compiled here too: both take a while."""
+    served.compile_constraint(constraint)
     p = req.prompt
     items: list[str | list[int]]
     if isinstance(p, str) or (p and all(isinstance(x, int) for x in p)):
@@ -45,9 +49,10 @@ def _check(served: Served, req: CompletionRequest) -> None:
 
 async def create_completion(served: Served, req: CompletionRequest, raw: Request) -> Response:
     _check(served, req)
-    prompts = await anyio.to_thread.run_sync(_prompts, served, req)  # long texts tokenize for seconds
+    constraint = constraint_fields(req.response_format)
+    prompts = await anyio.to_thread.run_sync(_prompts, served, req, constraint)  # long texts tokenize for seconds
     max_tokens = req.max_tokens if req.max_tokens is not None else served.default_max_tokens(prompts)
-    gen = served.start(prompts, req.sampling_params(max_tokens, req.logprobs))
+    gen = served.start(prompts, req.sampling_params(max_tokens, req.logprobs, **constraint))
     rid = new_id("cmpl")
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -6,7 +6,9 @@ from functools import lru_cache
 
 from llmc.runtime.async_engine import AsyncEngine
 from llmc.runtime.request import MAX_LOGPROBS, SamplingParams
+from llmc.runtime.structured import Constraint
 from llmc.runtime.tokenizer import Tokenizer
+from llmc.runtime.tool_calls import ToolFormat
 from llmc.serve.errors import ApiError
 from llmc.serve.generation import Generation
 from llmc.serve.metrics import ServerMetrics
@@ -16,8 +18,10 @@ from llmc.serve.protocol import SamplingFields, Usage
 class Served:
     """One model served: engine, tokenizer and metrics under a name."""
 
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, model_name: str, root: str | None) -> None:
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, model_name: str, root: str | None,
+                 tool_format: ToolFormat | None = None) -> None:
         self.engine = engine
+        self.tool_format = tool_format  # None: the chat template's
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.root = root
@@ -38,8 +42,14 @@ class Served:
                            param="model", code="model_not_found")
         if req.stream_options is not None and not req.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
-        if req.logit_bias:
-            raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+
+    def compile_constraint(self, fields: dict[str, object]) -> None:
+        """Compile (or find cached) a request's constraint; run it in a worker thread: a large schema takes a
+        while, and the first one builds the tokenizer's token table."""
+        constraint = Constraint.of(fields.get("json_schema"), fields.get("regex"), fields.get("grammar"),  # type: ignore[arg-type]
+                                   fields.get("constraint_param"))  # type: ignore[arg-type]
+        if constraint is not None:
+            self.engine.loop.grammars.check(constraint)
 
     def check_logprobs(self, value: int | None, name: str) -> None:
         if value is not None and not 0 <= value <= MAX_LOGPROBS:

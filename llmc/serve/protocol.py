@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llmc.errors import InputError
 from llmc.runtime.request import SamplingParams
 
 
@@ -66,6 +67,9 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # {"type": "text" | "json_object" | "json_schema" | "regex" | "grammar", ...} (regex, grammar: llmc's own);
+    # checked by llmc.serve.formats, which names the field at fault
+    response_format: dict[str, Any] | None = None
     # extras (vLLM's names), sent by the openai client through `extra_body`
     top_k: int = 0
     min_p: float = 0.0
@@ -81,14 +85,27 @@ class SamplingFields(_Request):
         _check_text(data, [])
         return data
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, **constraint: Any) -> SamplingParams:
+        """The request's sampling parameters; `constraint`: SamplingParams' json_schema / regex / grammar fields."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(
+        return SamplingParams(**constraint, logit_bias=_logit_bias(self.logit_bias),
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, seed=self.seed, stop=stop,
             stop_token_ids=list(self.stop_token_ids or []), min_tokens=self.min_tokens,
             ignore_eos=self.ignore_eos, logprobs=logprobs, n=self.n)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias (token ids as JSON object keys) with integer keys; the values are checked by
+    SamplingParams.validate."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise InputError(f"logit_bias keys must be token ids (integers), got {key!r}", "logit_bias") from None
+    return out
 
 
 class CompletionRequest(SamplingFields):
@@ -116,8 +133,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # checked by llmc.serve.tools (errors name the tool at fault)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 # -- responses ---------------------------------------------------------------------------------------------
@@ -148,14 +166,41 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """One piece of a streamed call: the first has its id, type and name, the next its arguments (as OpenAI)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChoice(BaseModel):
