@@ -26,8 +26,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         attention: Annotated[str | None, typer.Option(
             help="Attention lowering. ort: auto (default: llmc where its AVX-512 path runs and the export is fp32, "
                  "else gqa), gqa (GroupQueryAttention), llmc (llmc's own operator: reads the cache once per KV head, "
-                 "takes --kv-dtype float16|int8) or onnx (Attention + TensorScatter); trt: plugin (llmc::attention, "
-                 "default) or native (TensorRT >= 10.15 layers).")] = None,
+                 "takes --kv-dtype float16|int8), onnx (Attention + TensorScatter) or onnx-static (the same over "
+                 "the whole buffer, a fixed key length); ort-cuda: auto or gqa; trt: plugin (llmc::attention, "
+                 "default) or native (TensorRT >= 10.15 layers, the onnx-static graph).")] = None,
         kv_dtype: Annotated[KVDtype, typer.Option(help="ort: the KV cache's dtype: auto (float16 with llmc "
                                                       "attention, else the export's), float32, float16 (half the "
                                                       "bytes a step reads) or int8 (~0.27 of them).")]
