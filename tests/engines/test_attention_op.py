@@ -340,7 +340,7 @@ def test_int4_engine_with_the_llmc_operator_generates(tiny_llama: Built, tmp_pat
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"attention": "gqa", "kv_dtype": "float16"}, "--kv-dtype float16 needs --attention llmc"),
-    ({"attention": "flash"}, "--attention must be one of auto, gqa, llmc, onnx, got 'flash'"),
+    ({"attention": "flash"}, "--attention must be one of auto, gqa, llmc, onnx, onnx-static, got 'flash'"),
     ({"attention": "onnx", "kv_dtype": "int8"}, "--kv-dtype int8 needs --attention llmc"),
     ({"attention": "llmc", "kv_dtype": "int4"}, "--kv-dtype must be one of auto, float32, float16, int8, got 'int4'"),
     ({"attention": "llmc", "kv_dtype": "float16", "kv_layout": "concat"}, "only --attention llmc \\(in place\\)"),
@@ -353,3 +353,114 @@ def test_bad_attention_settings_are_refused(tiny_llama: Built, tmp_path: Path, c
         build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", **changes))
 
 
+
+
+# --- paged KV memory: block tables over a shared pool
+
+
+def _paged_graph(path: Path, H: int, Hkv: int, cache: str, rope: bool, **attrs: Any) -> Path:
+    """The cache's op over pools [N, Hkv, block_size, row] and a block_table [B, max_blocks] input."""
+    kv_type, llmc_op = CACHES[cache]
+    pool = ["N", Hkv, "BS", "D"]
+    inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["B", "S", "W"]),
+              helper.make_tensor_value_info("past_key", kv_type, pool),
+              helper.make_tensor_value_info("past_value", kv_type, pool),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["P", "R"]) for n in ("cos", "sin") if rope]
+    inputs.append(helper.make_tensor_value_info("block_table", TensorProto.INT32, ["B", "M"]))
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", "S", "HD"]),
+               helper.make_tensor_value_info("present_key", kv_type, pool),
+               helper.make_tensor_value_info("present_value", kv_type, pool)]
+    names = [i.name for i in inputs[:5]] + (["cos", "sin"] if rope else ["", ""]) + ["block_table"]
+    node = helper.make_node(llmc_op, names, [o.name for o in outputs], domain="ai.llmc", num_heads=H,
+                            kv_num_heads=Hkv, scale=0.3, **attrs)
+    model = helper.make_model(helper.make_graph([node], "attn", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+def _to_pool(feeds: dict[str, np.ndarray], past: list[int], bs: int,
+             rng: np.random.Generator) -> tuple[np.ndarray, list[int]]:
+    """Rows' caches [B, Hkv, L, row] scattered into shuffled blocks of a pool (with spare blocks): a block table,
+    and the rows' first full blocks shared with row 0 (their contents made equal first). Changes `feeds`."""
+    B, L = feeds["past_key"].shape[0], feeds["past_key"].shape[2]
+    M = -(-L // bs)
+    shared = [0] + [min(past[0], p) // bs for p in past[1:]]
+    for name in ("past_key", "past_value"):
+        slot = np.concatenate([feeds[name], np.zeros_like(feeds[name][:, :, : M * bs - L])], axis=2)
+        for b in range(1, B):
+            slot[b, :, : shared[b] * bs] = slot[0, :, : shared[b] * bs]
+        feeds[name] = slot
+    order = iter(rng.permutation(B * M + 3).tolist())
+    table = np.zeros((B, M), np.int32)
+    for b in range(B):
+        for i in range(M):
+            table[b, i] = table[0, i] if i < shared[b] else next(order)
+    return table, shared
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
+@pytest.mark.parametrize("cache", ["fp16", "int8"])
+@pytest.mark.parametrize("name", ["prompt-right-padded", "decode-split-rows", "chunk-after-past",
+                                  "decode-window-split-rows-softcap"])
+def test_paged_matches_reference_reading_blocks_in_place(library: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch, name: str, cache: str,
+                                                         generic: bool) -> None:
+    """Block tables over a shuffled pool, rows sharing their prefix blocks: the same output as the reference, the
+    new K/V written into the rows' own blocks, shared and spare blocks untouched."""
+    import onnxruntime as ort
+
+    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
+    case, bs = CASES[name], 16
+    (B, _, H, Hkv), (past, new) = case[:4], case[6:8]
+    feeds, _ = _inputs(case, cache, True, seed=3)
+    table, shared = _to_pool(feeds, past, bs, np.random.default_rng(4))
+    opts = _options(case)
+    out, k, v = _reference(feeds["qkv"], _cache_values(feeds["past_key"]), _cache_values(feeds["past_value"]), past,
+                           new, H, Hkv, feeds["cos"], feeds["sin"], opts.get("window", 0), opts.get("softcap", 0.0))
+    row = feeds["past_key"].shape[-1]
+    pools = {}
+    for name_in in ("past_key", "past_value"):
+        pool = np.random.default_rng(5).integers(-9, 9, (int(table.max()) + 4, Hkv, bs, row)).astype(
+            feeds[name_in].dtype)
+        for b in range(B):
+            for i, block in enumerate(table[b]):
+                pool[block] = feeds[name_in][b, :, i * bs:(i + 1) * bs]
+        pools[name_in] = pool
+    before = {n: p.copy() for n, p in pools.items()}
+    session = _session(library, _paged_graph(tmp_path / "p.onnx", H, Hkv, cache, True, **_attrs(case)))
+    binding = session.io_binding()  # type: ignore[attr-defined]
+    binding.bind_output("out")
+    values = []
+    for name_in, array in {**feeds, **pools, "block_table": table}.items():
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        values.append(value)
+        binding.bind_ortvalue_input(name_in, value)
+        if name_in in pools:
+            binding.bind_ortvalue_output(name_in.replace("past_", "present_"), value)
+    session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+    tol = {"fp16": 3e-3, "int8": 2.5e-2}[cache]
+    np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], out, atol=tol, rtol=0)
+    written = set()
+    for name_in, want in (("past_key", k), ("past_value", v)):
+        for b in range(B):
+            end = past[b] + new[b]
+            rows = np.concatenate([pools[name_in][blk] for blk in table[b]], axis=1)[:, :end]
+            np.testing.assert_allclose(_cache_values(rows), want[b, :, :end], atol=tol, rtol=0)
+            written |= {int(table[b, t // bs]) for t in range(past[b], end)}
+            assert all(int(table[b, i]) not in written or i >= shared[b] for i in range(shared[b]))
+        untouched = [blk for blk in range(len(before[name_in])) if blk not in written]
+        np.testing.assert_array_equal(pools[name_in][untouched], before[name_in][untouched])
+
+
+def test_paged_block_outside_the_pool_is_refused_naming_it(library: Path, tmp_path: Path) -> None:
+    case = CASES["chunk-after-past"]
+    feeds, _ = _inputs(case, "fp16", True)
+    pool = np.zeros((3, case[3], 16, case[4]), np.float16)
+    feeds.update(past_key=pool, past_value=pool.copy(), block_table=np.array([[0, 7, 1]], np.int32))  # 22 positions: blocks 0 and 1
+    session = _session(library, _paged_graph(tmp_path / "p.onnx", case[2], case[3], "fp16", True))
+    with pytest.raises(Exception, match=r"block_table\[0\]\[1\] = 7 is outside the pool of 3 blocks"):
+        session.run(None, feeds)  # type: ignore[attr-defined]

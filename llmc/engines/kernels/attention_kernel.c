@@ -62,6 +62,19 @@ static inline float load1(const char* row, int d, int kind, int D) {
   return ((const float*)row)[d];
 }
 
+/* Where one row's keys (or values) of one KV head live: contiguous rows (table NULL) or the blocks of a pool. */
+typedef struct {
+  const char* base;      /* slot layout: the head's first row; paged: the pool + head * block_size rows */
+  const int32_t* table;  /* paged: the row's block table */
+  size_t rb, block_step; /* bytes per cache row; paged: per block (Hkv * block_size rows) */
+  int shift, mask;       /* paged: block_size = 1 << shift */
+} rows_t;
+
+static inline const char* row_at(const rows_t* r, int t) {
+  if (!r->table) return r->base + (size_t)t * r->rb;
+  return r->base + (size_t)r->table[t >> r->shift] * r->block_step + (size_t)(t & r->mask) * r->rb;
+}
+
 static inline float flushed_exp(float x) { return x < -80.f ? 0.f : expf(x); } /* see exp512 */
 
 /* y = x * mul with the first 2R dims rotated at position pos (pairs (d, d + R), d < R; R = 0 or no table: none). */
@@ -87,9 +100,8 @@ static __attribute__((noinline)) void cap_scores(float* s, int n, float cap) {
 }
 
 /* Keys [t0, t1) of one KV head for G query heads q[G][D]: online softmax; m[G], l[G], acc[G][D] out. */
-static void attend_generic(const float* q, const char* K, const char* V, int kind, int G, int D, int t0, int t1,
+static void attend_generic(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0, int t1,
                            float softcap, float* m, float* l, float* acc) {
-  size_t rb = row_bytes(kind, D);
   float s[CHUNK * 64];
   for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
   memset(acc, 0, sizeof(float) * G * D);
@@ -97,7 +109,7 @@ static void attend_generic(const float* q, const char* K, const char* V, int kin
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
     for (int t = 0; t < n; t++)
       for (int g = 0; g < G; g++) {
-        const char* row = K + (size_t)(c0 + t) * rb;
+        const char* row = row_at(K, c0 + t);
         float dot = 0.f;
         for (int d = 0; d < D; d++) dot += q[g * D + d] * load1(row, d, kind, D);
         s[g * CHUNK + t] = dot;
@@ -114,7 +126,7 @@ static void attend_generic(const float* q, const char* K, const char* V, int kin
     }
     for (int t = 0; t < n; t++)
       for (int g = 0; g < G; g++) {
-        const char* row = V + (size_t)(c0 + t) * rb;
+        const char* row = row_at(V, c0 + t);
         float p = s[g * CHUNK + t];
         for (int d = 0; d < D; d++) acc[g * D + d] += p * load1(row, d, kind, D);
       }
@@ -189,33 +201,35 @@ static inline void prefetch_row(const char* row, size_t bytes) {
 
 /* acc[g][:] += sum over the chunk's n keys of p[g][t] * V[c0 + t][:], one 16-wide column block of V at a time so
  * the G accumulators of that block stay in registers (G is a constant in each expansion). */
-AVX512 static inline __attribute__((always_inline)) void sum_values(const float* p, const char* V, int kind, int D,
-                                                                     int c0, int n, float* acc, const int G) {
-  size_t rb = row_bytes(kind, D);
+AVX512 static inline __attribute__((always_inline)) void sum_values(const float* p, const char* const* vrow, int kind,
+                                                                     int D, int n, float* acc, const int G) {
   for (int j = 0; j < D; j += 16) {
     __m512 a[8];
     for (int g = 0; g < G; g++) a[g] = _mm512_loadu_ps(acc + g * D + j);
     for (int t = 0; t < n; t++) {
-      __m512 vv = load16(V + (size_t)(c0 + t) * rb, j, kind, D);
+      __m512 vv = load16(vrow[t], j, kind, D);
       for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * CHUNK + t]), vv, a[g]);
     }
     for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + j, a[g]);
   }
 }
 
-AVX512 static void attend_avx512(const float* q, const char* K, const char* V, int kind, int G, int D, int t0, int t1,
-                                 float softcap, float* m, float* l, float* acc) {
+AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0,
+                                 int t1, float softcap, float* m, float* l, float* acc) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
+  const char* vrow[CHUNK]; /* the chunk's value rows (contiguous, or across its blocks) */
   int nv = D / 16;
   size_t rb = row_bytes(kind, D);
   for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
   memset(acc, 0, sizeof(float) * G * D);
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
+    for (int t = 0; t < n; t++) vrow[t] = row_at(V, c0 + t);
     for (int t = 0; t < n; t++) {
-      const char* row = K + (size_t)(c0 + t) * rb;
-      prefetch_row(row + PREFETCH_ROWS * rb, rb);
-      if (t + PREFETCH_ROWS >= n) prefetch_row(V + (size_t)(c0 + t + PREFETCH_ROWS - n) * rb, rb);
+      const char* row = row_at(K, c0 + t);
+      int pk = c0 + t + PREFETCH_ROWS, pv = c0 + t + PREFETCH_ROWS - n; /* a block table is read only in range */
+      if (!K->table || pk < t1) prefetch_row(row_at(K, pk), rb);
+      if (t + PREFETCH_ROWS >= n && (!V->table || pv < t1)) prefetch_row(row_at(V, pv), rb);
       if (nv == 4) { /* D = 64: the key row in 4 registers, reused by every query head */
         __m512 k0 = load16(row, 0, kind, D), k1 = load16(row, 16, kind, D), k2 = load16(row, 32, kind, D),
                k3 = load16(row, 48, kind, D);
@@ -266,17 +280,17 @@ AVX512 static void attend_avx512(const float* q, const char* K, const char* V, i
       }
     }
     switch (G) { /* the accumulators in registers for the usual group sizes */
-      case 1: sum_values(s, V, kind, D, c0, n, acc, 1); break;
-      case 2: sum_values(s, V, kind, D, c0, n, acc, 2); break;
-      case 3: sum_values(s, V, kind, D, c0, n, acc, 3); break;
-      case 4: sum_values(s, V, kind, D, c0, n, acc, 4); break;
-      case 5: sum_values(s, V, kind, D, c0, n, acc, 5); break;
-      case 6: sum_values(s, V, kind, D, c0, n, acc, 6); break;
-      case 7: sum_values(s, V, kind, D, c0, n, acc, 7); break;
-      case 8: sum_values(s, V, kind, D, c0, n, acc, 8); break;
+      case 1: sum_values(s, vrow, kind, D, n, acc, 1); break;
+      case 2: sum_values(s, vrow, kind, D, n, acc, 2); break;
+      case 3: sum_values(s, vrow, kind, D, n, acc, 3); break;
+      case 4: sum_values(s, vrow, kind, D, n, acc, 4); break;
+      case 5: sum_values(s, vrow, kind, D, n, acc, 5); break;
+      case 6: sum_values(s, vrow, kind, D, n, acc, 6); break;
+      case 7: sum_values(s, vrow, kind, D, n, acc, 7); break;
+      case 8: sum_values(s, vrow, kind, D, n, acc, 8); break;
       default:
         for (int t = 0; t < n; t++) {
-          const char* row = V + (size_t)(c0 + t) * rb;
+          const char* row = vrow[t];
           for (int j = 0; j < nv; j++) {
             __m512 vv = load16(row, 16 * j, kind, D);
             for (int g = 0; g < G; g++) {
@@ -336,6 +350,29 @@ static void store_row(char* row, const float* x, int D, int kind, int f16c) {
   }
 }
 
+/* Cache row of (row b, KV head h, position t) in k or v: [B, Hkv, L, row], or a block of the pool. */
+static inline char* cache_row(const llmc_attention_args* a, void* base, int b, int h, int t) {
+  size_t rb = row_bytes(a->kv_kind, a->D);
+  if (!a->block_table) return (char*)base + (((size_t)b * a->Hkv + h) * a->L + t) * rb;
+  int block = a->block_table[(size_t)b * a->max_blocks + t / a->block_size];
+  return (char*)base + (((size_t)block * a->Hkv + h) * a->block_size + t % a->block_size) * rb;
+}
+
+static rows_t head_rows(const llmc_attention_args* a, const void* base, int b, int h) {
+  rows_t r = {0};
+  r.rb = row_bytes(a->kv_kind, a->D);
+  if (!a->block_table) {
+    r.base = (const char*)base + ((size_t)b * a->Hkv + h) * a->L * r.rb;
+    return r;
+  }
+  r.base = (const char*)base + (size_t)h * a->block_size * r.rb;
+  r.table = a->block_table + (size_t)b * a->max_blocks;
+  r.block_step = (size_t)a->Hkv * a->block_size * r.rb;
+  while ((1 << r.shift) < a->block_size) r.shift++;
+  r.mask = a->block_size - 1;
+  return r;
+}
+
 /* New K (rotated) and V of every valid token into the cache; zeros for the padded query rows' output. */
 static void write_new(const job* j) {
   const llmc_attention_args* a = j->a;
@@ -350,10 +387,9 @@ static void write_new(const job* j) {
         continue;
       }
       for (int h = 0; h < a->Hkv; h++) {
-        size_t at = (((size_t)b * a->Hkv + h) * a->L + past + i) * row_bytes(a->kv_kind, D);
         rotate(src + (size_t)(a->H + h) * D, tmp, a->cos, a->sin, past + i, D, a->R, 1.f);
-        store_row((char*)a->k + at, tmp, D, a->kv_kind, j->f16c);
-        store_row((char*)a->v + at, src + (size_t)(a->H + a->Hkv + h) * D, D, a->kv_kind, j->f16c);
+        store_row(cache_row(a, a->k, b, h, past + i), tmp, D, a->kv_kind, j->f16c);
+        store_row(cache_row(a, a->v, b, h, past + i), src + (size_t)(a->H + a->Hkv + h) * D, D, a->kv_kind, j->f16c);
       }
     }
   }
@@ -380,9 +416,8 @@ static void run_unit(void* data, size_t u) {
   const float* src = a->qkv + ((size_t)b * a->S + i) * j->W;
   for (int g = 0; g < G; g++)
     rotate(src + (size_t)(h * G + g) * D, q + g * D, a->cos, a->sin, past + i, D, a->R, a->scale);
-  size_t head_off = (((size_t)b * a->Hkv + h) * a->L) * row_bytes(a->kv_kind, D);
-  const char* K = (const char*)a->k + head_off;
-  const char* V = (const char*)a->v + head_off;
+  rows_t Kr = head_rows(a, a->k, b, h), Vr = head_rows(a, a->v, b, h);
+  const rows_t *K = &Kr, *V = &Vr;
   if (t0 >= t1) {
     for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
     memset(acc, 0, sizeof(float) * G * D);
@@ -487,6 +522,12 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
     snprintf(err_buf, sizeof err_buf, "softcap %g: must be 0 (off) or positive and finite", (double)a->softcap);
     return err_buf;
   }
+  if (a->block_table && (a->block_size < 1 || (a->block_size & (a->block_size - 1)) || a->max_blocks < 1 ||
+                        a->L != a->max_blocks * a->block_size)) {
+    snprintf(err_buf, sizeof err_buf, "block size %d, %d blocks per row: a power of 2 and at least 1 block",
+             a->block_size, a->max_blocks);
+    return err_buf;
+  }
   int max_keys = 0;
   for (int b = 0; b < a->B; b++) {
     int past = past_of(a, b), n = new_of(a, b);
@@ -500,6 +541,15 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
       return err_buf;
     }
     max_keys = past + n > max_keys ? past + n : max_keys;
+    if (a->block_table) /* every block the row reads or writes is in the pool */
+      for (int i = 0; i < (past + n + a->block_size - 1) / a->block_size; i++) {
+        int block = a->block_table[(size_t)b * a->max_blocks + i];
+        if (block < 0 || block >= a->num_blocks) {
+          snprintf(err_buf, sizeof err_buf, "block_table[%d][%d] = %d is outside the pool of %d blocks", b, i, block,
+                   a->num_blocks);
+          return err_buf;
+        }
+      }
   }
   int max_span = a->window > 0 && a->window < max_keys ? a->window : max_keys; /* the most keys a row reads */
   job j = {a, a->H / a->Hkv, (a->H + 2 * a->Hkv) * a->D, 1, max_span, 0, 0, NULL, 0, 0};

@@ -15,6 +15,10 @@
  *         0: all keys up to p
  *   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2); 0: off
  *   out   [B, S, H D] fp32; padded query rows get zeros.
+ *   block_table [B, max_blocks] int32 or NULL: paged KV memory. Then k, v are pools [num_blocks, Hkv, block_size,
+ *         row] shared by all rows, and position t of row b sits in block block_table[b][t / block_size] at
+ *         t % block_size (L = max_blocks * block_size; block_size a power of 2); blocks holding a row's cached
+ *         prefix may be shared with other rows: only positions from the row's past on are written.
  */
 #ifndef LLMC_ATTENTION_KERNEL_H
 #define LLMC_ATTENTION_KERNEL_H
@@ -42,6 +46,8 @@ typedef struct {
   float scale;
   float softcap; /* 0: off */
   float* out;
+  const int32_t* block_table; /* NULL: k, v are [B, Hkv, L, row] */
+  int block_size, max_blocks, num_blocks;
 } llmc_attention_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. `parallel` runs fn(data, i) for

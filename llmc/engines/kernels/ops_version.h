@@ -2,6 +2,7 @@
  * it was built with and refuses a library of another one. Raise it whenever an operator's contract changes. */
 #ifndef LLMC_OPS_VERSION_H
 #define LLMC_OPS_VERSION_H
-/* 2: CachedAttention's local_window_size, softcap and partial rotary; 3: MatMulQ4's act_bits (16: two int8 levels) */
-#define LLMC_OPS_VERSION "3"
+/* 2: CachedAttention's local_window_size, softcap and partial rotary; 3: MatMulQ4's act_bits (16: two int8 levels);
+ * 4: CachedAttention's block_table (paged KV memory) */
+#define LLMC_OPS_VERSION "4"
 #endif

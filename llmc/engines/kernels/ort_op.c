@@ -7,6 +7,9 @@
  * neither; R <= D/2: the first 2R dims of each q / k head are rotated, rotate-half within them, the rest pass
  * unchanged). Outputs: output [B, S, H D] fp32, present_key, present_value [B, Hkv, L, D]: bind them to the same
  * memory as the past inputs and nothing is copied; otherwise the past is copied into them first.
+ * block_table [B, max_blocks] int32 (optional, after sin_cache): paged KV memory; then past and present are pools
+ * [num_blocks, Hkv, block_size, D] shared by the batch's rows, row b's position t in block block_table[b][t / block_size]
+ * (block_size a power of 2), so a cached prompt prefix is read where it is, from blocks other rows may share.
  * Attributes: num_heads, kv_num_heads (int), scale (float); optional, as GroupQueryAttention's: local_window_size
  * (int, default -1 = none; W >= 1: the query at position p sees keys p - W < t <= p only, and the kernel reads no
  * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale).
@@ -134,7 +137,7 @@ typedef struct {
   int kv_kind; /* LLMC_KV_* */
 } Kernel;
 
-enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, N_INPUTS };
+enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, IN_BLOCKS, N_INPUTS };
 enum { OUT_ATTN, OUT_PRESENT_K, OUT_PRESENT_V, N_OUTPUTS };
 
 static const char* op_name(const OrtCustomOp* op) { return ((const LlmcOp*)op)->name; }
@@ -143,14 +146,14 @@ static size_t op_input_count(const OrtCustomOp* op) { (void)op; return N_INPUTS;
 static size_t op_output_count(const OrtCustomOp* op) { (void)op; return N_OUTPUTS; }
 static int op_input_type(const OrtCustomOp* op, size_t i) {
   if (i == IN_PAST_K || i == IN_PAST_V) return ((const LlmcOp*)op)->kv_type;
-  return i == IN_SEQLENS || i == IN_TOTAL ? T_INT32 : T_FLOAT;
+  return i == IN_SEQLENS || i == IN_TOTAL || i == IN_BLOCKS ? T_INT32 : T_FLOAT;
 }
 static int op_output_type(const OrtCustomOp* op, size_t i) {
   return i == OUT_ATTN ? T_FLOAT : ((const LlmcOp*)op)->kv_type;
 }
 static int op_input_characteristic(const OrtCustomOp* op, size_t i) {
   (void)op;
-  return i == IN_COS || i == IN_SIN ? IO_OPTIONAL : IO_REQUIRED;
+  return i == IN_COS || i == IN_SIN || i == IN_BLOCKS ? IO_OPTIONAL : IO_REQUIRED;
 }
 static int op_output_characteristic(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
 static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; /* default */ }
@@ -281,8 +284,13 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   int64_t D = dims[IN_PAST_K][3]; /* int8 rows: D values, then 2 bytes of scale per group of LLMC_KV_I8_GROUP */
   if (k->kv_kind == LLMC_KV_I8) /* the D with D + 2 ceil(D / group) = the row's width (it grows with D) */
     while (D > 0 && D + 2 * ((D + LLMC_KV_I8_GROUP - 1) / LLMC_KV_I8_GROUP) > dims[IN_PAST_K][3]) D--;
-  int64_t L = dims[IN_PAST_K][2];
-  if (memcmp(dims[IN_PAST_K], dims[IN_PAST_V], sizeof(dims[0])) || dims[IN_PAST_K][0] != B ||
+  int paged = rank[IN_BLOCKS] >= 0;
+  if (paged && (rank[IN_BLOCKS] != 2 || dims[IN_BLOCKS][0] != B)) {
+    snprintf(msg, sizeof msg, "CachedAttention: block_table must be [B, max_blocks] with B = %lld", (long long)B);
+    return fail(api, ERR_INVALID_ARGUMENT, msg);
+  }
+  int64_t L = paged ? dims[IN_BLOCKS][1] * dims[IN_PAST_K][2] : dims[IN_PAST_K][2];
+  if (memcmp(dims[IN_PAST_K], dims[IN_PAST_V], sizeof(dims[0])) || (!paged && dims[IN_PAST_K][0] != B) ||
       dims[IN_PAST_K][1] != Hkv || W != (H + 2 * Hkv) * D || dims[IN_SEQLENS][0] != B) {
     snprintf(msg, sizeof msg, "CachedAttention: qkv width %lld, past [%lld, %lld, %lld, %lld], seqlens_k [%lld] do "
              "not fit batch %lld, %d heads, %d KV heads", (long long)W, (long long)dims[IN_PAST_K][0],
@@ -311,7 +319,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   CHECK(get_output(ctx, OUT_ATTN, out_dims, 3, &out));
   CHECK(mutable_data(out, &out_data));
   size_t item = k->kv_kind == LLMC_KV_F32 ? 4 : k->kv_kind == LLMC_KV_F16 ? 2 : 1;
-  size_t cache_bytes = (size_t)(B * Hkv * L) * (size_t)dims[IN_PAST_K][3] * item;
+  size_t cache_bytes = (size_t)(dims[IN_PAST_K][0] * Hkv * dims[IN_PAST_K][2]) * (size_t)dims[IN_PAST_K][3] * item;
   for (int i = 0; i < 2; i++) {
     CHECK(get_output(ctx, OUT_PRESENT_K + i, dims[IN_PAST_K], 4, &present[i]));
     CHECK(mutable_data(present[i], &present_data[i]));
@@ -326,7 +334,10 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .softcap = k->softcap,
       .qkv = (const float*)data[IN_QKV], .k = present_data[0], .v = present_data[1],
       .seqlens = (const int32_t*)data[IN_SEQLENS], .cos = (const float*)data[IN_COS],
-      .sin = (const float*)data[IN_SIN], .scale = k->scale, .out = (float*)out_data};
+      .sin = (const float*)data[IN_SIN], .scale = k->scale, .out = (float*)out_data,
+      .block_table = paged ? (const int32_t*)data[IN_BLOCKS] : NULL,
+      .block_size = paged ? (int)dims[IN_PAST_K][2] : 0, .max_blocks = paged ? (int)dims[IN_BLOCKS][1] : 0,
+      .num_blocks = paged ? (int)dims[IN_PAST_K][0] : 0};
   Pool pool = {api, ctx, NULL};
   const char* err = llmc_attention(&a, run_parallel, &pool);
   return outcome(&pool, "CachedAttention", err);
