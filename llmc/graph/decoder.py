@@ -36,7 +36,7 @@ from llmc.graph.layers import (
     softcap,
 )
 from llmc.graph.moe import moe_mlp
-from llmc.graph.quant import Q4TILES, Q4TILES_GATED, QWEIGHT
+from llmc.graph.quant import EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q4TILES_GATED, QWEIGHT
 from llmc.manifest import GraphSpec
 
 __all__ = ["LLMC_DOMAIN", "MS", "GraphOptions", "build_graph"]
@@ -50,7 +50,7 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
     c = Ctx(GraphBuilder(opset, dtype), ckpt.spec, ckpt, opts, with_past=io.PAST_KEY.format(i=0) in names
             and opts.attention == "decomposed")
     b, m = c.b, c.m
-    x = b.op("Gather", b.weight("embed.weight"), io.INPUT_IDS)  # [B, S, Hd]
+    x = _embed(c)  # [B, S, Hd]
     if m.embedding_scale != 1.0:
         x = b.op("Mul", x, b.scalar(m.embedding_scale))
     if m.positions == "learned":
@@ -153,6 +153,23 @@ def _mlp(c: Ctx, i: int, h: str) -> str:
         return linear(c, matmul_q4(c, h, f"{p}.gate_up", gated=True), f"{p}.down")
     gate, up = c.b.split(linear(c, h, f"{p}.gate_up"), [c.m.intermediate_size] * 2)
     return linear(c, c.b.op("Mul", _activation(c, gate), up), f"{p}.down")
+
+
+def _embed(c: Ctx) -> str:
+    """The token embeddings [B, S, Hd]: a Gather from the fp32 table, or from its exact compact form where the
+    engine stores one (quant.compact_table: int8 rows with an fp16 scale per 32, or bfloat16), widened after."""
+    b, w = c.b, "embed.weight"
+    if c.has(w + EMBED_Q8):
+        q = b.op("Cast", b.op("Gather", b.weight(w + EMBED_Q8), io.INPUT_IDS), to=DTYPES["float32"])
+        d = b.op("Cast", b.op("Gather", b.weight(w + EMBED_Q8_SCALES), io.INPUT_IDS), to=DTYPES["float32"])
+        lead = b.op("Shape", q, end=-1)  # [B, S]
+        blocked = b.op("Reshape", q, b.op("Concat", lead, b.ints(-1, 32), axis=0))
+        x = b.op("Reshape", b.op("Mul", blocked, b.unsqueeze(d, -1)), b.op("Concat", lead, b.ints(-1), axis=0))
+        return b.to_compute(x)
+    if c.has(w + EMBED_BF16):
+        rows = b.op("Gather", b.weight(w + EMBED_BF16), io.INPUT_IDS)
+        return b.to_compute(b.op("Cast", rows, to=DTYPES["float32"]))
+    return b.op("Gather", b.weight(w), io.INPUT_IDS)
 
 
 def _lm_head(c: Ctx, x: str) -> None:

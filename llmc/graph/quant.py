@@ -31,6 +31,7 @@ from llmc.errors import InputError
 
 QWEIGHT, SCALES, OFFSETS = ".qweight", ".scales", ".offsets"
 BLOCKSUMS, BLOCKSUM_SCALES = ".blocksums", ".blocksum_scales"  # folded: the 0/1 matrix giving the block sums
+EMBED_Q8, EMBED_Q8_SCALES, EMBED_BF16 = ".q8", ".q8scales", ".bf16"  # the embedding's lookup table, compact
 Q4TILES, Q4TILES_GATED = ".q4tiles", ".q4tiles_gated"  # llmc's MatMulQ4 layout (gated: SwiGLU gate/up tiles)
 SCHEMES = ("auto", "folded", "minmax", "symmetric")
 KERNELS = ("ort", "llmc")
@@ -268,3 +269,27 @@ def quantize_as(w: np.ndarray, name: str, precision: str, spec: QuantSpec, gated
     scheme = "minmax" if precision == "int4-fp32act" else spec.scheme
     sub = QuantSpec(bits, spec.block_size, spec.head_bits, spec.accuracy_level, scheme, spec.kernel)
     return {name + suffix: array for suffix, array in quantize(w, sub, name).items()}
+
+
+def compact_table(w: np.ndarray, name: str) -> dict[str, np.ndarray]:
+    """An fp32 lookup table [V, H] in the smallest form that holds it exactly, as the arrays the graph's Gather reads
+    (empty when none does): int8 with an fp16 scale per 32 values (GGUF Q8_0's form: q * d is exact in fp32) or
+    bfloat16 (a bf16 checkpoint's own values); the Gather reads a quarter or half of the bytes, and a tied head's
+    fp32 copy (its Gemm's, prepacked) is no longer held twice."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    v, h = w.shape
+    if h % 32 == 0:
+        blocks = w.reshape(v, h // 32, 32)
+        d = (np.abs(blocks).max(-1) / 127.0).astype(np.float16)
+        d32 = d.astype(np.float32)
+        safe = np.where(d32 > 0, d32, 1.0)[..., None]
+        q = np.rint(blocks / safe)
+        if np.all(np.isfinite(d32)) and np.all(np.abs(q) <= 127) and np.array_equal(
+                (q * d32[..., None]).astype(np.float32), blocks):
+            return {name + EMBED_Q8: q.astype(np.int8).reshape(v, h), name + EMBED_Q8_SCALES: d}
+    bits = w.view(np.uint32)
+    if not np.any(bits & 0xFFFF):
+        import ml_dtypes  # onnx's own dependency: the numpy dtype onnx stores as BFLOAT16
+
+        return {name + EMBED_BF16: (bits >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)}
+    return {}

@@ -73,3 +73,42 @@ def test_an_option_llmc_does_not_implement_is_refused_by_name(tmp_path: Path, co
     with pytest.raises(UnsupportedModelError) as e:
         export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def _snap_to_q8_0(model: Any) -> None:
+    """The input embedding on GGUF Q8_0's grid (int8 per value, an fp16 scale per 32 with its block's max at 127)."""
+    with torch.no_grad():
+        w = model.get_input_embeddings().weight
+        blocks = w.reshape(w.shape[0], -1, 32)
+        d = (blocks.abs().amax(-1, keepdim=True) / 127).to(torch.float16).to(torch.float32)
+        safe = torch.where(d > 0, d, torch.ones_like(d))  # the padding row's zeros stay zeros
+        w.copy_((torch.round(blocks / safe) * d).reshape(w.shape))
+
+
+@pytest.mark.parametrize("table", ["bf16", "q8_0", "fp32"])
+def test_the_engine_looks_embeddings_up_in_their_exact_compact_form(tmp_path: Path, table: str) -> None:
+    """A bf16 checkpoint's embedding is looked up as bf16, a Q8_0-grid one as int8 + fp16 scales (a quarter of the
+    bytes), any other in fp32; the built engine's logits are transformers' either way."""
+    import onnx
+    from transformers import AutoModelForCausalLM
+
+    from llmc.engines.ort.build import BuildConfig, build_ort
+    from llmc.engines.registry import load_engine_dir
+
+    model = _tiny(tmp_path / "hf", torch.bfloat16 if table == "bf16" else torch.float32, None)
+    if table == "q8_0":
+        _snap_to_q8_0(model)
+        model.save_pretrained(str(tmp_path / "hf"))
+    export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    build_ort(BuildConfig(tmp_path / "export", tmp_path / "engine", attention="gqa"))
+    graph = onnx.load(str(tmp_path / "engine" / "model.onnx"), load_external_data=False).graph
+    names = {i.name for i in graph.initializer}
+    want = {"bf16": {"embed.weight.bf16"}, "q8_0": {"embed.weight.q8", "embed.weight.q8scales"}, "fp32": set()}
+    assert {n for n in names if n.startswith("embed.weight.")} == want[table]
+    engine = load_engine_dir(tmp_path / "engine")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    ids = np.random.default_rng(1).integers(3, 320, 24).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]
+    assert float(np.abs(ours - ref).max()) <= 1e-4

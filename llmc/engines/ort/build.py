@@ -12,7 +12,13 @@ from llmc.engines.base import EngineOptions
 from llmc.engines.choices import KVLayout, MatMul, Quant
 from llmc.engines.kernels import library_path, ops_version, register
 from llmc.engines.ort.config import BuildConfig, check_build_config, conservative, resolve
-from llmc.engines.ort.graphs import load_checkpoint, quantizable, quantized, write_inplace_graphs
+from llmc.engines.ort.graphs import (
+    load_checkpoint,
+    quantizable,
+    quantized,
+    with_compact_embedding,
+    write_inplace_graphs,
+)
 from llmc.engines.ort.run import OrtEngine, default_threads
 from llmc.errors import EngineError
 from llmc.golden import GOLDEN_STEPS, Golden
@@ -166,6 +172,7 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         quant = cfg.quant_spec()
         if quant is not None:
             ckpt = quantized(ckpt, quant)
+        ckpt = with_compact_embedding(ckpt)
         src_dir = scratch / "lowered"
         src_dir.mkdir()
         kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention.value,

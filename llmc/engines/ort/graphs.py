@@ -14,7 +14,7 @@ from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
 from llmc.graph.moe import with_moe_weights
-from llmc.graph.quant import QuantSpec, quantize_weights
+from llmc.graph.quant import QuantSpec, compact_table, quantize_weights
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
 
@@ -49,6 +49,16 @@ def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
     return Checkpoint(ckpt.spec, quantize_weights(weights, names, quant, head="lm_head.weight", gated=gated))
+
+
+def with_compact_embedding(ckpt: Checkpoint) -> Checkpoint:
+    """The embedding's lookup table also in its exact compact form where it has one (quant.compact_table); the
+    graph's Gather reads that, and the fp32 table stays only where a tied fp32 head reads it."""
+    table = ckpt.weights.get("embed.weight")
+    if table is None or table.dtype != np.float32:
+        return ckpt
+    compact = compact_table(table, "embed.weight")
+    return Checkpoint(ckpt.spec, {**ckpt.weights, **compact}) if compact else ckpt
 
 
 ONNX_ATTENTION_OPSET = 24  # Attention with GQA + TensorScatter
