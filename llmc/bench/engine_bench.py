@@ -39,6 +39,9 @@ class BenchConfig:
     bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
     repeat: int = 3  # timed runs per configuration; the median run (by decode speed) is reported
     against: Path | None = None  # a second engine, run right after this one in every round (its rows follow)
+    # each configuration also runs constrained to this schema, right after the plain run (greedy, EOS ignored
+    # until the schema's end): its decode speed against the plain run's is the cost of constrained decoding
+    json_schema: dict[str, Any] | None = None
 
     def check(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
@@ -67,23 +70,33 @@ def synthetic_prompts(llm: LLM, batch: int, length: int) -> list[list[int]]:
     return [ids[row : row + length] for row in range(batch)]
 
 
-def measure(loop: EngineLoop, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
-    """Run one batch to full length (EOS ignored); TTFT is the prefill step, ITL each decode step."""
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+def measure(loop: EngineLoop, prompts: list[list[int]], new_tokens: int,
+            json_schema: dict[str, Any] | None = None) -> dict[str, float]:
+    """Run one batch to full length (EOS ignored); TTFT is the prefill step, ITL each decode step. Constrained to
+    `json_schema`, a row ends with the schema (it may end early): only the steps that decode every row are timed,
+    so that a shrinking batch does not look faster."""
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True, json_schema=json_schema)
     rids = [loop.add_request(p, params) for p in prompts]
     start = time.perf_counter()
     loop.step()  # every prompt fits the step budget: one prefill step, first token of each row
     ttft = time.perf_counter() - start
     steps = []
     while loop.has_work:
+        full = loop.stats().running == len(prompts)
         t0 = time.perf_counter()
         loop.step()
-        steps.append(time.perf_counter() - t0)
-    for rid in rids:
-        assert len(loop.pop(rid).outputs[0].token_ids) == new_tokens
+        if full:
+            steps.append(time.perf_counter() - t0)
+    waits = [s.sampling.grammar.wait_s for rid in rids for s in loop.requests[rid] if s.sampling.grammar is not None]
+    lengths = [len(loop.pop(rid).outputs[0].token_ids) for rid in rids]
+    assert json_schema is not None or lengths == [new_tokens] * len(prompts), lengths
+    if not steps:
+        raise InputError(f"the constrained run generated {min(lengths)} token(s): give --json-schema a schema "
+                         "whose answers take many tokens (e.g. an array with minItems)")
     itl = np.array(steps) * 1e3
     return {"ttft_ms": ttft * 1e3, "tpot_ms": float(itl.mean()), "itl_ms_median": float(np.median(itl)),
-            "itl_ms_p90": float(np.percentile(itl, 90)), "itl_ms_p99": float(np.percentile(itl, 99))}
+            "itl_ms_p90": float(np.percentile(itl, 90)), "itl_ms_p99": float(np.percentile(itl, 99)),
+            "tokens": float(np.mean(lengths)), "mask_wait_ms": sum(waits) * 1e3 / max(1, len(steps) + 1)}
 
 
 def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None,
@@ -119,9 +132,12 @@ class _Bench:
     weights: int
     prompts: dict[tuple[int, int, int], list[list[int]]]
     timings: dict[tuple[int, int, int], list[dict[str, float]]]
+    json_schema: dict[str, Any] | None = None
+    constrained: dict[tuple[int, int, int], list[dict[str, float]]] | None = None
 
     @classmethod
-    def of(cls, llm: LLM, directory: Path, runs: list[tuple[int, int, int]]) -> _Bench:
+    def of(cls, llm: LLM, directory: Path, runs: list[tuple[int, int, int]],
+           json_schema: dict[str, Any] | None = None) -> _Bench:
         max_batch = max(b for b, _, _ in runs)
         longest = max(p + n for _, p, n in runs)
         budget = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8) // 2**20 + 1
@@ -130,12 +146,17 @@ class _Bench:
         if loop.max_len < longest:
             raise InputError(f"the longest run needs {longest} positions, {directory} allows {loop.max_len}")
         return cls(llm, directory, loop, weight_bytes_per_step(directory, llm.engine.manifest),
-                   {run: synthetic_prompts(llm, run[0], run[1]) for run in runs}, {run: [] for run in runs})
+                   {run: synthetic_prompts(llm, run[0], run[1]) for run in runs}, {run: [] for run in runs},
+                   json_schema, None if json_schema is None else {run: [] for run in runs})
 
     def measure(self, run: tuple[int, int, int], first_round: bool) -> None:
         if first_round:  # warm-up at this shape: the runtime's first-run allocations are not timed
             measure(self.loop, self.prompts[run], 2)
+            if self.json_schema is not None:  # and the schema compiled (once: later runs find it cached)
+                measure(self.loop, self.prompts[run], 4, self.json_schema)
         self.timings[run].append(measure(self.loop, self.prompts[run], run[2]))
+        if self.constrained is not None:
+            self.constrained[run].append(measure(self.loop, self.prompts[run], run[2], self.json_schema))
         if first_round:  # the process's peak so far, the configurations' first runs in their order
             self.timings[run][0]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -143,13 +164,28 @@ class _Bench:
         runs_t = sorted(self.timings[run], key=lambda t: t["tpot_ms"])
         timing = {**runs_t[len(runs_t) // 2], "tpot_ms_best": runs_t[0]["tpot_ms"],
                   "tpot_ms_worst": runs_t[-1]["tpot_ms"], "peak_rss_mb": self.timings[run][0]["peak_rss_mb"]}
-        return {"engine": str(self.directory), **_report(self.llm, cfg, *run, timing, self.weights)}
+        row = {"engine": str(self.directory), **_report(self.llm, cfg, *run, timing, self.weights)}
+        if self.constrained is not None:
+            row.update(constrained_report(self.constrained[run], self.timings[run]))
+        return row
+
+
+def constrained_report(runs: list[dict[str, float]], plain: list[dict[str, float]]) -> dict[str, Any]:
+    """The constrained runs' median decode speed, and the median over rounds of its ratio to the plain run just
+    before it (paired: on a shared machine the speed drifts between rounds more than between two runs)."""
+    median = sorted(runs, key=lambda t: t["tpot_ms"])[len(runs) // 2]
+    ratios = sorted(p["tpot_ms"] / c["tpot_ms"] for p, c in zip(plain, runs))
+    return {"json_schema_decode_tok_s_per_seq": round(1e3 / median["tpot_ms"], 1),
+            "json_schema_vs_plain": round(ratios[len(ratios) // 2], 3),
+            "json_schema_vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
+            "json_schema_tokens": round(median["tokens"], 1),
+            "json_schema_mask_wait_ms_per_step": round(median["mask_wait_ms"], 3)}
 
 
 def _run_bench(cfg: BenchConfig, llm: LLM, other: LLM | None, peer: TorchPeer | None,
                on_progress: Callable[[], None] | None) -> list[dict[str, Any]]:
     runs = cfg.runs()
-    benches = [_Bench.of(llm, cfg.engine_dir, runs)]
+    benches = [_Bench.of(llm, cfg.engine_dir, runs, cfg.json_schema)]
     if other is not None and cfg.against is not None:
         benches.append(_Bench.of(other, cfg.against, runs))
     # the host's read bandwidth (what a CPU engine's step is bound by), at the start and the end of the run
@@ -266,6 +302,10 @@ def _ratio_note(r: dict[str, Any]) -> str:
         note = f"  {r['aggregate_vs_batch1']:.2f}x batch 1"
     elif r["batch"] == 1 and r.get("decode_vs_base_context", 1.0) != 1.0:
         note = f"  {r['decode_vs_base_context']:.2f}x of the base context"
+    if "json_schema_vs_plain" in r:
+        note += (f"  | json schema {r['json_schema_decode_tok_s_per_seq']:.1f} tok/s/seq, "
+                 f"{r['json_schema_vs_plain']:.2f}x plain ({r['json_schema_tokens']:.0f} tokens, "
+                 f"{r['json_schema_mask_wait_ms_per_step']:.2f} ms/step waiting for masks)")
     if "decode_vs_against" in r:
         note += f"  | {r['decode_vs_against']:.2f}x the --against engine's decode, {r['ttft_vs_against']:.2f}x its TTFT"
     return note

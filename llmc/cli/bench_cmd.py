@@ -45,6 +45,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         against: Annotated[Path | None, typer.Option(
             help="A second engine folder, run right after ENGINE_DIR in every round: both engines' rows and the "
                  "ratios between them.")] = None,
+        json_schema: Annotated[Path | None, typer.Option(
+            help="A JSON schema file: every configuration also runs constrained to it, and the ratio of its decode "
+                 "speed to the plain run's is reported (pick a schema with long answers).")] = None,
     ) -> None:
         """Measure TTFT, TPOT, ITL, decode tokens/s and peak memory against the bandwidth limit."""
         if serve is not None:
@@ -56,9 +59,11 @@ def register(app: typer.Typer, wrap: Any) -> None:
         if engine_dir is None:
             raise InputError("pass an ENGINE_DIR (or --serve URL)")
         from llmc.bench.engine_bench import BenchConfig
+        from llmc.cli.common import read_json_schema
 
         cfg = BenchConfig(engine_dir, _ints(batch_sizes, "--batch-sizes"), prompt_len, new_tokens,
-                          _ints(contexts, "--contexts"), threads, bandwidth_gbs, repeat, against)
+                          _ints(contexts, "--contexts"), threads, bandwidth_gbs, repeat, against,
+                          read_json_schema(json_schema) if json_schema is not None else None)
         _bench_engine(cfg, compare_torch, as_json, plot)
 
 

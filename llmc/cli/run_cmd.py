@@ -43,6 +43,11 @@ def register(app: typer.Typer, wrap: Any) -> None:
         output_file: Annotated[Path | None, typer.Option("--output", help="JSONL of results, in input order "
                                                          "(with --input); an interrupted run resumes.")] = None,
         max_running: Annotated[int, typer.Option(help="With --input: sequences decoding together.")] = 8,
+        json_schema: Annotated[Path | None, typer.Option(
+            help="A JSON schema file: the answer is JSON that matches it (constrained decoding).")] = None,
+        regex: Annotated[str | None, typer.Option(help="The answer matches this regular expression.")] = None,
+        grammar: Annotated[Path | None, typer.Option(
+            help="A grammar file (Lark or GBNF): the answer is a sentence of it.")] = None,
     ) -> None:
         """Generate with an engine, streaming text as it comes; or run a JSONL file of prompts (--input)."""
         from llmc.pipeline import ensure_engine
@@ -51,7 +56,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.runtime.llm import LLM
 
         params = SamplingParams(max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop or []))
+                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop or []),
+                                **_constraint(json_schema, regex, grammar))
         params.validate()
         batch = _batch_config(prompt, input_file, output_file, params)
         runtime = RuntimeConfig(threads=threads, max_running=max_running if batch else 1, kv_budget_mb=kv_budget_mb,
@@ -67,6 +73,21 @@ def register(app: typer.Typer, wrap: Any) -> None:
             _stream(llm, ids, _fit(llm, ids, params, max_tokens is None))
         else:
             _chat(llm, system, params, max_tokens is None)
+
+
+def _constraint(json_schema: Path | None, regex: str | None, grammar: Path | None) -> dict[str, Any]:
+    """SamplingParams' constraint fields from the flags (the schema and grammar read from their files)."""
+    from llmc.cli.common import read_json_schema
+
+    fields: dict[str, Any] = {"regex": regex}
+    if json_schema is not None:
+        fields["json_schema"] = read_json_schema(json_schema)
+    if grammar is not None:
+        try:
+            fields["grammar"] = grammar.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"cannot read the grammar file {grammar}: {e}") from None
+    return fields
 
 
 def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path | None,

@@ -330,9 +330,10 @@ class Sampler:
             apply_penalties(row, state)
         if state.grammar is not None:  # never an unconstrained token: the fallback is masked too
             allowed = state.grammar.allowed()
-            row, fallback = apply_mask(row, allowed), apply_mask(raw, allowed)
-            if not np.isfinite(row.max()):
-                row = fallback = finite_allowed(row, fallback)
+            masked = apply_mask(row, allowed)
+            if not np.isfinite(masked.max()):  # (rare) every allowed token penalised away, or non-finite logits
+                masked = finite_allowed(masked, apply_mask(raw, allowed) if row is not raw else masked)
+            row = fallback = masked
         if params.greedy:
             return int(np.argmax(row))
         return sample_row(finite_row(row, fallback), params, state.rng)

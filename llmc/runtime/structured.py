@@ -149,12 +149,14 @@ class GrammarState:
         self._bitmask = np.full((vocab_size + 31) // 32, -1, dtype=np.int32)  # [ceil(V / 32)], bit i: token i
         self._future: Future[None] | None = None
         self.wait_s = 0.0  # time the sampler spent waiting for masks (0 when they are ready in time)
+        self._done = False
         self._submit()
 
     @property
     def done(self) -> bool:
-        """The grammar has ended (it accepted EOS, or a stop): nothing more may be generated."""
-        return bool(self._matcher.is_stopped())
+        """The grammar has ended (it accepted EOS, or a stop): nothing more may be generated. (Kept from the last
+        `advance`: the matcher must not be touched while a worker computes its mask.)"""
+        return self._done
 
     def allowed(self) -> np.ndarray:
         """`[V]` bool: the tokens the constraint allows next. Raises EngineError when the matcher failed."""
@@ -175,7 +177,8 @@ class GrammarState:
         if not self._matcher.consume_token(int(token_id)):
             raise EngineError(f"constrained decoding rejected token {token_id}: "
                               f"{_one_line(self._matcher.get_error())}")
-        if not self._matcher.is_stopped():
+        self._done = bool(self._matcher.is_stopped())
+        if not self._done:
             self._submit()
 
     def _submit(self) -> None:
