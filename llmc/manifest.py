@@ -138,6 +138,9 @@ class KVSpec:
     past_value: str
     present_key: str
     present_value: str
+    # "inplace" only: the buffers are pools of KV blocks [num_blocks, Hkv, block_size, row] shared by the batch's
+    # rows, addressed through a block_table [B, max_blocks] input (llmc's attention operator): paged KV memory
+    paged: bool = False
 
     @property
     def row_width(self) -> int:

@@ -33,6 +33,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
                                                       "attention, else the export's), float32, float16 (half the "
                                                       "bytes a step reads) or int8 (~0.27 of them).")]
         = KVDtype.auto,
+        kv_paged: Annotated[bool, typer.Option(help="ort, llmc attention: paged KV memory (blocks shared by all "
+                                                    "sequences, prefix caching); --no-kv-paged: one slot of the "
+                                                    "longest context per sequence.")] = True,
         block_size: Annotated[int, typer.Option(help="--quant: weights per scale along the input axis.")] = 32,
         accuracy_level: Annotated[int, typer.Option(help="--quant: MatMulNBits compute (4 = int8 activations, "
                                                          "0 = fp32).")] = 4,
@@ -74,7 +77,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
                           attention=ort_attention, block_size=block_size, accuracy_level=accuracy_level,
                           quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul, moe=moe,
                           allow_divergence=allow_divergence, quality_target=quality_target,
-                          quality_bytes=quality_bytes)
+                          quality_bytes=quality_bytes, kv_paged=kv_paged)
         if backend is Backend.trt:
             from llmc.engines.trt.build import trt_config_from
             from llmc.engines.trt.profiles import TrtLimits

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmc.engines.base import KVCache
+from llmc.engines.base import KVCache, PagedKVCache
 from llmc.manifest import KVSpec
 
 
@@ -45,3 +45,56 @@ class HostKVCache(KVCache):
             rows = slice(slots[0], slots[0] + len(slots))
             return [buf[rows, :, :past_len] for buf in self.buffers()]
         return [buf[slots][:, :, :past_len] for buf in self.buffers()]
+
+
+class HostPagedKVCache(PagedKVCache):
+    """Per layer one K and one V pool [num_blocks, Hkv, block_size, D] (int8: D + scales), allocated once and
+    shared by all slots through their block tables.
+
+    `fixed` (HostPagedKVCache.slots): slot s owns blocks [s * M, (s + 1) * M) for good, M = ceil(max_len /
+    block_size): the slot interface over paged memory, for callers without a block manager."""
+
+    def __init__(self, spec: KVSpec, num_slots: int, max_len: int, num_blocks: int, block_size: int,
+                 fixed: bool = False) -> None:
+        super().__init__(num_slots, max_len, num_blocks, block_size)
+        dtype = {"float16": np.float16, "int8": np.int8}.get(spec.dtype, np.float32)
+        shape = (num_blocks, spec.num_kv_heads, block_size, spec.row_width)
+        self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+        self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+        self.fixed = fixed
+        if fixed:
+            per = num_blocks // num_slots
+            self.tables = [list(range(s * per, (s + 1) * per)) for s in range(num_slots)]
+
+    @classmethod
+    def slots(cls, spec: KVSpec, num_slots: int, max_len: int, block_size: int) -> HostPagedKVCache:
+        return cls(spec, num_slots, max_len, num_slots * -(-max_len // block_size), block_size, fixed=True)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+    def buffers(self) -> list[np.ndarray]:
+        """K and V pools interleaved by layer, in the order of KVSpec.names()."""
+        return [buf for pair in zip(self.keys, self.values) for buf in pair]
+
+    def move(self, src: int, dst: int) -> None:
+        if not self.fixed:
+            super().move(src, dst)
+            return
+        self.tables[dst], self.tables[src] = self.tables[src], self.tables[dst]  # dst's blocks are free: src's now
+        self.lengths[dst], self.lengths[src] = self.lengths[src], 0
+
+    def free(self, slot: int) -> None:
+        if self.fixed:
+            self.lengths[slot] = 0
+        else:
+            super().free(slot)
+
+    def block_table(self, slots: list[int]) -> np.ndarray:
+        """[B, max blocks of the rows] int32, each row's table zero-padded (the operator reads only its blocks)."""
+        width = max(1, max(len(self.tables[s]) for s in slots))
+        table = np.zeros((len(slots), width), np.int32)
+        for row, slot in enumerate(slots):
+            table[row, : len(self.tables[slot])] = self.tables[slot]
+        return table

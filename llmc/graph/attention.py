@@ -263,6 +263,8 @@ class CachedAttention(GroupQueryAttention):
         op = {"float16": "CachedAttentionF16Cache", "int8": "CachedAttentionI8Cache"}.get(self.c.opts.kv_dtype,
                                                                                           "CachedAttention")
         inputs = [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope]
+        if self.c.opts.paged:
+            inputs = [*inputs, *[""] * (2 - len(rope)), io.BLOCK_TABLE]
         return self._node(op, i, inputs, self._attrs(i), LLMC_DOMAIN)
 
 

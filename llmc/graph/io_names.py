@@ -18,10 +18,12 @@ PAST_KEY = "past_key_values.{i}.key"
 PAST_VALUE = "past_key_values.{i}.value"
 PRESENT_KEY = "present.{i}.key"
 PRESENT_VALUE = "present.{i}.value"
+BLOCK_TABLE = "block_table"  # [B, max_blocks] int32: paged KV memory, row b's position t in block [b, t // block]
 
 STANDARD_INPLACE = ("onnx", "onnx-static")  # in-place lowerings of standard ops: Attention + TensorScatter
 
 BATCH, SEQ, PAST, TOTAL, MAX_SEQ = "batch", "sequence", "past_sequence", "total_sequence", "max_sequence"
+NUM_BLOCKS, BLOCK, MAX_BLOCKS = "num_blocks", "block_size", "max_blocks"
 
 
 def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
@@ -47,7 +49,8 @@ def _token_inputs(mask_len: str) -> list[TensorSpec]:
 
 
 def _kv(kv: KVSpec, kind: str, length: str) -> list[TensorSpec]:
-    shape = (BATCH, kv.num_kv_heads, length, kv.row_width)
+    lead = (NUM_BLOCKS, kv.num_kv_heads, BLOCK) if kv.paged else (BATCH, kv.num_kv_heads, length)
+    shape = (*lead, kv.row_width)  # paged: a pool of blocks [num_blocks, Hkv, block_size, row]
     return [TensorSpec(n, kv.dtype, shape) for n in kv.names(kind)]
 
 
@@ -88,6 +91,8 @@ def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[Tensor
         inputs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
     if attention in ("gqa", "llmc"):
         inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]
+    if kv.paged:
+        inputs.append(TensorSpec(BLOCK_TABLE, "int32", (BATCH, MAX_BLOCKS)))
     return inputs + _kv(kv, "past", MAX_SEQ)
 
 

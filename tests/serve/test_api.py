@@ -52,7 +52,7 @@ def _greedy(server: Server, ids: list[int], n: int) -> list[int]:
     from llmc.runtime.generator import EngineLoop
 
     loop = EngineLoop(server.llm.engine, server.llm.tokenizer, RuntimeConfig(max_running=1, kv_budget_mb=16))
-    kv, out = loop.kv, []
+    kv, out = server.llm.engine.new_kv_cache(1, loop.max_len), []  # (the loop's KV memory is its block manager's)
     logits = server.llm.engine.prefill([0], [ids], kv)
     for _ in range(n):
         out.append(int(np.argmax(logits[0])))

@@ -177,7 +177,7 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         src_dir.mkdir()
         kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention.value,
                                             fuse_norms=True, one_graph=True, kv_dtype=cfg.kv_dtype.value,
-                                            moe=cfg.moe.value)
+                                            moe=cfg.moe.value, paged=cfg.kv_paged and cfg.attention.value == "llmc")
         graphs = (lowered[0], lowered[1])
     progress.step("optimizing graphs with ONNX Runtime (offline, saved)")
     graph_files = list(dict.fromkeys(g.file for g in graphs))  # in-place engines: one graph for both

@@ -31,6 +31,7 @@ class BuildConfig:
     kv_layout: KVLayout = KVLayout.inplace
     attention: Attention = Attention.auto  # the in-place lowering
     kv_dtype: KVDtype = KVDtype.auto  # the KV cache's dtype (float16 / int8: llmc attention on fp32 exports)
+    kv_paged: bool = True  # llmc attention: paged KV memory (block pools, block tables); False: a slot per sequence
     block_size: int = 32
     accuracy_level: int = 4
     quant_scheme: str = "auto"

@@ -5,11 +5,13 @@ export; only the lowering differs), so every engine is built from the one export
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from llmc.errors import InputError
 from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
@@ -66,20 +68,25 @@ ONNX_ATTENTION_OPSET = 24  # Attention with GQA + TensorScatter
 
 def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, quant: QuantSpec | None,
                          attention: str = "gqa", fuse_norms: bool = False, one_graph: bool = False,
-                         kv_dtype: str | None = None, moe: str = "ort") -> tuple[KVSpec, GraphSpec, GraphSpec]:
+                         kv_dtype: str | None = None, moe: str = "ort",
+                         paged: bool | None = None) -> tuple[KVSpec, GraphSpec, GraphSpec]:
     """Write prefill.onnx + decode.onnx (or, `one_graph`, model.onnx for both), one weights.bin, for the in-place
     KV layout into `out`.
 
     `fuse_norms` uses ONNX Runtime's Skip*LayerNormalization contrib ops (ONNX Runtime engines only). `kv_dtype`:
     the cache's dtype when it differs from the graph's (an fp16 cache under fp32 compute: "llmc" attention only).
-    `moe`: the mixture-of-experts lowering (llmc/graph/moe.py).
+    `moe`: the mixture-of-experts lowering (llmc/graph/moe.py). `paged` (default: with "llmc" attention, the only
+    lowering that can page): the KV buffers are block pools addressed through a block table.
     """
     ckpt = with_moe_weights(ckpt, moe)
-    kv = io_names.kv_spec(ckpt.spec, kv_dtype or dtype, layout="inplace")
+    paged = attention == "llmc" if paged is None else paged
+    if paged and attention != "llmc":
+        raise InputError(f"paged KV memory needs --attention llmc, got {attention}")
+    kv = replace(io_names.kv_spec(ckpt.spec, kv_dtype or dtype, layout="inplace"), paged=paged)
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
     if attention in io_names.STANDARD_INPLACE:
         opset = max(opset, ONNX_ATTENTION_OPSET)
-    opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe=moe)
+    opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe=moe, paged=paged)
     graphs = {spec.file: (spec, *build_graph(ckpt, spec, dtype, opset, opts)) for spec in (prefill, decode)}
     llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
     domains = {MS: 1, LLMC_DOMAIN: 1} if llmc_ops else {MS: 1}

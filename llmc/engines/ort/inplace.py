@@ -1,6 +1,7 @@
 """ONNX Runtime engine over the "inplace" KV layout: the graph (GroupQueryAttention, or Attention + TensorScatter)
 writes each step's K/V into buffers that are bound (IOBinding, OrtValue over our own numpy memory) as both past and
-present. Nothing copies the cache.
+present. Nothing copies the cache. With llmc's attention operator the buffers are paged (paged.py: block pools and
+block tables, the default there); the other lowerings keep a slot of max_len positions per sequence.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from pathlib import Path
 import numpy as np
 
 from llmc.engines.base import EngineOptions, KVCache
-from llmc.engines.host_kv import HostKVCache
+from llmc.engines.host_kv import HostKVCache, HostPagedKVCache
+from llmc.engines.ort.paged import PagedRuns
 from llmc.engines.ort.run import OrtEngineBase
 from llmc.errors import EngineError, LimitError
 from llmc.graph import io_names
 from llmc.manifest import EngineManifest
 
 
-class OrtInplaceEngine(OrtEngineBase):
+class OrtInplaceEngine(PagedRuns, OrtEngineBase):
     def __init__(self, manifest: EngineManifest, directory: Path, options: EngineOptions) -> None:
         super().__init__(manifest, directory, options)
         import onnxruntime as ort
@@ -29,10 +31,16 @@ class OrtInplaceEngine(OrtEngineBase):
         self._bindings: dict[tuple[int, int, int, int], tuple[object, list[object]]] = {}
         # (kv, first, stop) -> the decode binding above with its step inputs and logits bound as well
         self._steps: dict[tuple[int, int, int], tuple[object, dict[str, np.ndarray], list[object]]] = {}
+        self._block_size = options.kv_block_size if manifest.kv.paged else 0  # PagedRuns
+        self._pool_bindings = {}
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         self._bindings.clear()
         self._steps.clear()
+        self._pool_bindings.clear()
+        if self._block_size:  # paged memory, each slot its own blocks for good
+            return HostPagedKVCache.slots(self.manifest.kv, num_slots, min(max_len, self.max_positions),
+                                          self._block_size)
         return HostKVCache(self.manifest.kv, num_slots, min(max_len, self.max_positions))
 
     def _binding(self, session: object, kv: HostKVCache, first: int, stop: int) -> object:
@@ -79,6 +87,8 @@ class OrtInplaceEngine(OrtEngineBase):
         return logits
 
     def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
+        if isinstance(kv, HostPagedKVCache):
+            return self._paged_prefill(slots, prompts, kv)
         assert isinstance(kv, HostKVCache)
         lens = np.array([len(p) for p in prompts], np.int64)
         kv.check_room(slots, lens.tolist())
@@ -92,6 +102,8 @@ class OrtInplaceEngine(OrtEngineBase):
         return logits[:, 0, :]
 
     def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
+        if isinstance(kv, HostPagedKVCache):
+            return self._paged_decode(slots, tokens, kv)
         assert isinstance(kv, HostKVCache)
         if any(len(t) != 1 for t in tokens):  # prompt chunks: GQA wants equal new lengths, so one run per row
             kv.check_room(slots, [len(t) for t in tokens])

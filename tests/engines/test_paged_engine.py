@@ -1,0 +1,101 @@
+"""The in-place engine over paged KV memory (llmc's attention operator with block tables) against the same operator
+over one slot per sequence: tokens of mixed-length batches, logits after a cached prefix, and a preempted sequence
+resuming to the uninterrupted greedy output (tiny llama, fp32 caches)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import Built
+
+from llmc.engines.base import PagedKVCache
+from llmc.engines.host_kv import HostPagedKVCache
+from llmc.engines.registry import load_engine_dir
+from llmc.runtime.block_manager import BlockManager
+from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.generator import EngineLoop
+from llmc.runtime.request import SamplingParams
+
+PROMPTS = [[5, 9, 11, 3, 7, 2, 8, 8, 4, 19, 21, 6, 5, 9, 30, 31, 12, 13, 40, 41, 7], [4, 8], [3, 5, 7, 9, 11, 13],
+           list(range(3, 40))]
+
+
+@pytest.fixture(scope="module")
+def slot_engine(tiny_llama: Built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llmc.engines.ort.build import BuildConfig, build_ort
+
+    out = tmp_path_factory.mktemp("slots") / "e"
+    manifest = build_ort(BuildConfig(tiny_llama.export_dir, out, attention="llmc", kv_dtype="float32",
+                                     kv_paged=False))
+    assert not manifest.kv.paged
+    return out
+
+
+def generate(engine_dir: Path, prompts: list[list[int]], config: RuntimeConfig, max_tokens: int = 12) -> list:
+    loop = EngineLoop(load_engine_dir(engine_dir, config.engine_options()), None, config)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    rids = [loop.add_request(p, params) for p in prompts]
+    while loop.has_work:
+        loop.step()
+    return [loop.result(r).outputs[0].token_ids for r in rids]
+
+
+@pytest.mark.parametrize("block_size", [16, 4])
+def test_paged_tokens_equal_slot_tokens_for_mixed_lengths(tiny_llama: Built, slot_engine: Path,
+                                                          block_size: int) -> None:
+    paged = load_engine_dir(tiny_llama.engine("llmc"))
+    assert paged.manifest.kv.paged and paged.kv_block_size == 16
+    config = RuntimeConfig(max_running=4, kv_budget_mb=4, max_step_tokens=24, min_chunk=4, kv_block_size=block_size)
+    want = generate(slot_engine, PROMPTS, config)
+    assert generate(tiny_llama.engine("llmc"), PROMPTS, config) == want
+    assert generate(tiny_llama.engine("llmc"), PROMPTS[::-1], config) == want[::-1]
+
+
+def test_prefix_cached_logits_equal_uncached(tiny_llama: Built) -> None:
+    engine = load_engine_dir(tiny_llama.engine("llmc"))
+    system, question = list(range(3, 35)), [40, 41, 42, 7]  # 32 tokens: two blocks of 16
+    kv = engine.new_paged_kv_cache(2, 128, 16)
+    assert isinstance(kv, HostPagedKVCache)
+    kv.tables[0], kv.tables[1] = [0, 1, 2], [3, 4, 5]
+    alone = engine.prefill([0], [system + question], kv)  # uncached: the whole prompt
+    engine.prefill([1], [system + [9, 9]], kv)
+    kv.tables[0], kv.lengths[0] = [3, 4, 6], 32  # the other sequence's two prefix blocks, then its own
+    before = [buf[3:5].copy() for buf in kv.buffers()]
+    cached = engine.decode([0], [question], kv)
+    assert np.abs(cached - alone).max() <= 1e-5
+    for buf, old in zip(kv.buffers(), before):  # the shared prefix blocks were read, never written
+        np.testing.assert_array_equal(buf[3:5], old)
+
+
+def test_prefix_caching_in_the_loop_computes_only_the_rest_with_the_same_tokens(tiny_llama: Built) -> None:
+    system = list(range(3, 51))  # 48 tokens: three blocks
+    prompts = [system + [60 + i, 61] for i in range(3)]
+    on, off = (RuntimeConfig(max_running=4, kv_budget_mb=4, prefix_caching=p) for p in (True, False))
+    loop = EngineLoop(load_engine_dir(tiny_llama.engine("llmc")), None, on)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    first = loop.add_request(prompts[0], params)
+    while loop.has_work:
+        loop.step()
+    rids = [loop.add_request(p, params) for p in prompts[1:]]
+    while loop.has_work:
+        loop.step()
+    assert [s.cached_tokens for r in rids for s in loop.requests[r]] == [48, 48]
+    got = [loop.result(r).outputs[0].token_ids for r in (first, *rids)]
+    assert got == generate(tiny_llama.engine("llmc"), prompts, off, max_tokens=6)
+
+
+def test_preempted_sequence_resumes_to_the_same_greedy_output(tiny_llama: Built) -> None:
+    config = RuntimeConfig(max_running=3, kv_budget_mb=4)
+    loop = EngineLoop(load_engine_dir(tiny_llama.engine("llmc")), None, config)
+    assert isinstance(loop.kv, PagedKVCache)
+    loop.scheduler.blocks = BlockManager(9, loop.kv.block_size)  # 144 tokens for three sequences of 60
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(3 + i, 23 + i)) for i in range(3)]
+    rids = [loop.add_request(p, params) for p in prompts]
+    while loop.has_work:
+        loop.step()
+    assert loop.stats().preemptions > 0
+    got = [loop.result(r).outputs[0].token_ids for r in rids]
+    assert got == generate(tiny_llama.engine("llmc"), prompts, RuntimeConfig(max_running=3, kv_budget_mb=4), 40)
