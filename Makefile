@@ -17,14 +17,21 @@ BUILD_ARGS ?=
 BENCH_ARGS ?= --compare-torch --plot $(OUT)/bench.png
 HOST ?= 127.0.0.1
 PORT ?= 8000
+TARGET ?= docker
+PACKAGE_DIR ?= $(OUT)/package-$(TARGET)
+PACKAGE_ARGS ?=
+REPLICAS ?= 2
+RAY_ARGS ?=
 
-.PHONY: help install compiler demo export build run verify test lint bench serve clean
+.PHONY: help install compiler demo export build run verify test lint bench serve package serve-ray clean
 
 help:
 	@echo "make demo                 install, export + build the default model, answer a chat prompt"
 	@echo "make test                 install and run the test suite"
 	@echo "make export MODEL=... OUT=...   make build BACKEND=ort QUANT=none   make run PROMPT=..."
 	@echo "make build QUANT=int4      the default build is the fastest one this CPU runs (BUILD_ARGS for others)"
+	@echo "make package TARGET=docker|triton|kserve|ray   deployable artifacts of ENGINE_DIR in PACKAGE_DIR"
+	@echo "make serve-ray REPLICAS=2  Ray Serve: an OpenAI-compatible ingress and REPLICAS engine replicas"
 
 KERNELS := $(wildcard llmc/engines/kernels/*.c llmc/engines/kernels/*.h)
 
@@ -34,7 +41,7 @@ $(BIN)/llmc: pyproject.toml setup.py | compiler
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: a bare requirement would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[export,serve,bench,dev]'
+	$(BIN)/pip install -q -e '.[export,serve,bench,dev,ray,kserve]'
 	touch $(BIN)/llmc $(VENV)/.ops-built
 
 # the operator library again when its sources change (an editable install does not rebuild it by itself)
@@ -79,6 +86,12 @@ bench: install
 
 serve: install
 	$(BIN)/llmc serve $(ENGINE_DIR) --host $(HOST) --port $(PORT)
+
+package: install
+	$(BIN)/llmc package $(ENGINE_DIR) --target $(TARGET) -o $(PACKAGE_DIR) --force $(PACKAGE_ARGS)
+
+serve-ray: install
+	$(BIN)/llmc deploy ray $(ENGINE_DIR) --replicas $(REPLICAS) --host $(HOST) --port $(PORT) $(RAY_ARGS)
 
 lint: install
 	$(BIN)/ruff check llmc tests

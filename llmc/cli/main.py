@@ -47,7 +47,7 @@ def main(version: bool = typer.Option(False, "--version", callback=version_callb
     """llmc: export -> build -> run."""
 
 
-COMMAND_MODULES = ("export_cmd", "build_cmd", "run_cmd", "verify_cmd", "bench_cmd", "serve_cmd")
+COMMAND_MODULES = ("export_cmd", "build_cmd", "run_cmd", "verify_cmd", "bench_cmd", "serve_cmd", "deploy_cmd")
 
 
 def _register() -> None:

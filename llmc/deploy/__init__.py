@@ -1,0 +1,1 @@
+"""Deployment: `llmc package` (Docker, Triton, KServe, Ray Serve artifacts) and the Ray Serve scale-out app."""

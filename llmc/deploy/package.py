@@ -1,0 +1,130 @@
+"""`llmc package ENGINE_DIR --target ...`: what a platform deploys, written whole into OUT_DIR (or not at all).
+
+Each target is one module with a `write(config, facts, work_dir)` function, found through `TARGETS`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from llmc.errors import InputError
+from llmc.manifest import ENGINE_MANIFEST, load_engine
+from llmc.outdir import atomic_dir, check_out_dir
+
+RUNTIME_OVERHEAD_MB = 512  # the Python process, ONNX Runtime's arenas, the tokenizer, activations
+
+
+class Target(str, Enum):
+    docker = "docker"
+    triton = "triton"
+    kserve = "kserve"
+    ray = "ray"
+
+
+@dataclass(frozen=True)
+class PackageConfig:
+    """What `llmc package` writes; built once by the CLI."""
+
+    engine_dir: Path
+    target: Target
+    out_dir: Path
+    force: bool = False
+    name: str | None = None  # the served model name (and Kubernetes object names); None: the engine folder's
+    image: str | None = None  # the container image the manifests run; None: `llmc-<name>:latest`
+    port: int = 8000
+    threads: int = 0  # engine threads per process (0: the container's cores)
+    kv_budget_mb: int = 1024
+    max_running: int = 8
+    replicas: int = 1  # ray / kubernetes: replicas (the minimum when autoscaling)
+    max_replicas: int | None = None  # ray: autoscale up to this many
+    mount_engine: bool = False  # docker: the engine is mounted at /engine at run time, not copied in
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise InputError(f"--port must be in [1, 65535], got {self.port}")
+        for flag, value, low in (("--threads", self.threads, 0), ("--kv-budget-mb", self.kv_budget_mb, 1),
+                                 ("--max-running", self.max_running, 1), ("--replicas", self.replicas, 1)):
+            if value < low:
+                raise InputError(f"{flag} must be >= {low}, got {value}")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise InputError(f"--max-replicas ({self.max_replicas}) must be >= --replicas ({self.replicas})")
+        if self.name is not None and not _dns_label(self.name):
+            raise InputError(f"--name {self.name!r} must be a DNS label: lowercase letters, digits and '-', "
+                             "at most 63 characters, starting and ending with a letter or digit")
+
+    @property
+    def served_name(self) -> str:
+        return self.name or dns_name(self.engine_dir.resolve().name)
+
+    @property
+    def image_ref(self) -> str:
+        return self.image or f"llmc-{self.served_name}:latest"
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What a deployment needs to know of an engine folder, read from its manifest and its files."""
+
+    model_name: str
+    backend: str
+    precision: str
+    files_bytes: int
+
+    @classmethod
+    def read(cls, engine_dir: Path) -> EngineFacts:
+        if not (engine_dir / ENGINE_MANIFEST).is_file():
+            raise InputError(f"{engine_dir} is not an engine folder (no {ENGINE_MANIFEST}); build one with "
+                             "`llmc build`")
+        m = load_engine(engine_dir)
+        size = sum(p.stat().st_size for p in engine_dir.rglob("*") if p.is_file())
+        return cls(m.model_name, m.backend, m.precision, size)
+
+    def memory_mb(self, kv_budget_mb: int) -> int:
+        """Resident memory of one serving process: the engine files (weights are read into memory), the KV
+        budget, and the runtime's own."""
+        return math.ceil(self.files_bytes / 2**20) + kv_budget_mb + RUNTIME_OVERHEAD_MB
+
+
+Writer = Callable[[PackageConfig, EngineFacts, Path], list[str]]
+
+
+def _writers() -> dict[Target, Writer]:
+    from llmc.deploy import docker, kserve, ray_config, triton
+
+    return {Target.docker: docker.write, Target.triton: triton.write, Target.kserve: kserve.write,
+            Target.ray: ray_config.write}
+
+
+def package(config: PackageConfig) -> list[str]:
+    """Write the target's files into `config.out_dir` (replacing it with --force); returns their paths, relative."""
+    engine_dir = Path(config.engine_dir)
+    if not engine_dir.is_dir():
+        raise InputError(f"engine folder {engine_dir} does not exist")
+    facts = EngineFacts.read(engine_dir)
+    if facts.backend != "ort" and config.target is not Target.ray:
+        raise InputError(f"engine {engine_dir} is a {facts.backend!r} engine; the {config.target.value} target "
+                         "packages ONNX Runtime CPU engines ('ort')")
+    check_out_dir(config.out_dir, config.force)
+    with atomic_dir(config.out_dir, engine_dir, "engine folder") as work:
+        written = _writers()[config.target](config, facts, work)
+        (work / "llmc-package.json").write_text(json.dumps({
+            "target": config.target.value, "engine": str(engine_dir.resolve()), "model_name": facts.model_name,
+            "served_name": config.served_name, "files": sorted(written)}, indent=2) + "\n")
+    return sorted(written) + ["llmc-package.json"]
+
+
+def dns_name(text: str) -> str:
+    """`text` as a DNS label (Kubernetes object names): lowercase, '-' for anything else, at most 63 chars."""
+    out = "".join(c if c.isalnum() and c.isascii() else "-" for c in text.lower()).strip("-")
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out[:63].strip("-") or "llmc"
+
+
+def _dns_label(text: str) -> bool:
+    return 0 < len(text) <= 63 and dns_name(text) == text

@@ -1,0 +1,77 @@
+"""The Ray Serve application's settings: one frozen config, from the CLI or a Ray Serve config file's `args`
+(importable without Ray)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from llmc.errors import InputError
+from llmc.runtime.config import RuntimeConfig
+
+
+@dataclass(frozen=True)
+class RayAppConfig:
+    engine_dir: str
+    model_name: str | None = None  # what clients pass as `model`; None: the engine folder's name
+    replicas: int = 1  # engine replicas (the initial count when autoscaling)
+    min_replicas: int | None = None  # autoscaling bounds: set either to hand the count to Ray Serve's autoscaler
+    max_replicas: int | None = None
+    target_ongoing_requests: float = 4.0  # autoscaling: requests in flight per replica Ray Serve aims at
+    threads: int = 1  # engine threads per replica (and the CPUs Ray reserves for it)
+    max_running: int = 8
+    max_queue: int = 16  # per replica: Ray routes at most max_running + max_queue requests to one replica
+    kv_budget_mb: int = 512
+    max_step_tokens: int = 512
+    chat_template: str | None = None
+    api_key: str | None = None
+    max_queued_requests: int = 256  # requests waiting at the ingress for a free replica; past it: 429
+
+    def __post_init__(self) -> None:
+        self.runtime()  # the engine's own checks (threads, step tokens against max running), before any replica
+        for name in ("replicas", "threads", "max_running", "kv_budget_mb", "max_step_tokens", "max_queued_requests"):
+            if getattr(self, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue < 0:
+            raise InputError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.target_ongoing_requests <= 0:
+            raise InputError(f"--target-ongoing-requests must be > 0, got {self.target_ongoing_requests}")
+        lo, hi = self.min_replicas, self.max_replicas
+        if lo is not None and lo < 0:
+            raise InputError(f"--min-replicas must be >= 0, got {lo}")
+        if hi is not None and hi < max(1, lo or 0):
+            raise InputError(f"--max-replicas ({hi}) must be >= max(1, --min-replicas ({lo or 0}))")
+        if self.autoscaling and not (lo or 0) <= self.replicas <= (hi or self.replicas):
+            raise InputError(f"--replicas ({self.replicas}) must lie within [--min-replicas {lo or 0}, "
+                             f"--max-replicas {hi}]")
+
+    def runtime(self) -> RuntimeConfig:
+        return RuntimeConfig(threads=self.threads, max_running=self.max_running, kv_budget_mb=self.kv_budget_mb,
+                             max_step_tokens=self.max_step_tokens, chat_template=self.chat_template)
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.min_replicas is not None or self.max_replicas is not None
+
+    def autoscaling_config(self) -> dict[str, Any] | None:
+        if not self.autoscaling:
+            return None
+        return {"min_replicas": self.min_replicas if self.min_replicas is not None else 1,
+                "max_replicas": self.max_replicas or max(self.replicas, self.min_replicas or 1),
+                "initial_replicas": self.replicas, "target_ongoing_requests": self.target_ongoing_requests}
+
+    @property
+    def capacity(self) -> int:
+        return self.max_running + self.max_queue
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> RayAppConfig:
+        """From a Ray Serve config file's `args`; an unknown or missing key is a one-line error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(args) - names)
+        if unknown:
+            raise InputError(f"unknown llmc Ray Serve arg {unknown[0]!r}; known: {', '.join(sorted(names))}")
+        if "engine_dir" not in args:
+            raise InputError("the llmc Ray Serve app needs args.engine_dir (an engine folder)")
+        return cls(**args)
