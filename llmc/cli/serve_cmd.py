@@ -18,9 +18,13 @@ def register(app: typer.Typer, wrap: Any) -> None:
         model: Annotated[str, typer.Argument(help="Engine folder, export folder, or a model (exported on first use).")],
         host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-        max_running: Annotated[int, typer.Option(help="Sequences decoding together (KV slots).")] = 8,
+        max_running: Annotated[int, typer.Option(help="Most sequences decoding together (a cap: engines with "
+                                                     "paged KV memory admit while KV blocks are free).")] = 8,
         max_queue: Annotated[int, typer.Option(help="Sequences waiting beyond those; past it: 429.")] = 64,
         kv_budget_mb: KVBudgetMB = 1024,
+        kv_block_size: Annotated[int, typer.Option(help="Tokens per KV block (paged engines).")] = 16,
+        prefix_caching: Annotated[bool, typer.Option(help="Reuse the KV blocks of a prompt prefix computed "
+                                                          "before (paged engines).")] = True,
         max_step_tokens: Annotated[int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")] = 512,
         threads: Threads = 0,
         chat_template: ChatTemplate = None,
@@ -48,7 +52,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
 
         _check_flags(max_queue, port, shutdown_timeout, max_request_bytes, api_key)
         runtime = RuntimeConfig(threads=threads, max_running=max_running, kv_budget_mb=kv_budget_mb,
-                                max_step_tokens=max_step_tokens,
+                                max_step_tokens=max_step_tokens, kv_block_size=kv_block_size,
+                                prefix_caching=prefix_caching,
                                 chat_template=str(chat_template) if chat_template else None)
         engine_dir = ensure_engine(model, ConsoleSteps(8, prefix="setup "))
         config = ServeConfig(model_name=served_model_name or _default_name(model, engine_dir), host=host,

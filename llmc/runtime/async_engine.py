@@ -13,10 +13,10 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmc.errors import EngineError, InputError, LlmcError
-from llmc.runtime.generator import EngineLoop, SeqUpdate
+from llmc.runtime.generator import EngineLoop, LoopStats, SeqUpdate
 from llmc.runtime.request import FinishReason, SamplingParams
 
 log = logging.getLogger("llmc.serve")
@@ -42,9 +42,11 @@ class AsyncEngineConfig:
 
 @dataclass(frozen=True)
 class StreamUpdate(SeqUpdate):
-    """A `SeqUpdate` plus when the engine produced it (monotonic seconds)."""
+    """A `SeqUpdate` plus when the engine produced it (monotonic seconds) and how many of its prompt's tokens
+    came from the prefix cache."""
 
     time: float = 0.0
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,16 @@ class EngineStats:
     waiting: int  # sequences admitted but not yet holding a slot
     kv_used_tokens: int
     kv_capacity_tokens: int
+    kv_blocks_used: int = 0  # held by running sequences
+    kv_blocks_cached: int = 0  # held by none, kept for prefix reuse
+    kv_blocks_total: int = 0
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache since start
+    prefix_hit_tokens: int = 0  # of those, found there (not computed)
+    preemptions: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -120,7 +132,7 @@ class AsyncEngine:
         self._accepting = True
         self._stopping = False
         self._ids = itertools.count()
-        self._stats = EngineStats(0, 0, 0, self.loop.stats().kv_capacity_tokens)
+        self._stats = _engine_stats(self.loop.stats())
         self._thread = threading.Thread(target=self._run, name="llmc-engine", daemon=True)
         self._thread.start()
 
@@ -172,7 +184,7 @@ class AsyncEngine:
         s = self._stats
         with self._cond:
             waiting = max(0, self._in_flight - s.running)
-        return EngineStats(s.running, waiting, s.kv_used_tokens, s.kv_capacity_tokens)
+        return replace(s, waiting=waiting)
 
     async def shutdown(self, timeout: float) -> bool:
         """Refuse new requests, wait up to `timeout` s for those in flight, abort the rest, stop the thread.
@@ -269,7 +281,8 @@ class AsyncEngine:
             if u.finish_reason is not None:
                 self._streams[u.request_id].ended.add(u.index)
             by_request.setdefault(u.request_id, []).append(
-                StreamUpdate(u.request_id, u.index, u.text, u.token_ids, u.finish_reason, u.logprobs, now))
+                StreamUpdate(u.request_id, u.index, u.text, u.token_ids, u.finish_reason, u.logprobs, now,
+                             self.loop.requests[u.request_id][u.index].cached_tokens))
         for rid, items in by_request.items():
             stream = self._streams[rid]
             if stream.scheduled is None:  # admitted and finished within this one step
@@ -304,5 +317,10 @@ class AsyncEngine:
         self.loop.release_finished()
 
     def _publish(self) -> None:
-        s = self.loop.stats()
-        self._stats = EngineStats(s.running, s.waiting, s.kv_used_tokens, s.kv_capacity_tokens)
+        self._stats = _engine_stats(self.loop.stats())
+
+
+def _engine_stats(s: LoopStats) -> EngineStats:
+    return EngineStats(s.running, s.waiting, s.kv_used_tokens, s.kv_capacity_tokens, s.kv_blocks_used,
+                       s.kv_blocks_cached, s.kv_blocks_total, s.prefix_queried_tokens, s.prefix_hit_tokens,
+                       s.preemptions)

@@ -284,7 +284,7 @@ class EngineLoop:
         outputs = [CompletionOutput(s.text, list(s.output_ids), s.finish_reason, s.logprobs or None, s.index)
                    for s in seqs]
         return RequestOutput(request_id, prompt, list(seqs[0].prompt_ids), outputs,
-                             finished=all(s.finished for s in seqs))
+                             finished=all(s.finished for s in seqs), cached_tokens=seqs[0].cached_tokens)
 
     def pop(self, request_id: str) -> RequestOutput:
         out = self.result(request_id)

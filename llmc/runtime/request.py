@@ -216,3 +216,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = False
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (not computed)

@@ -12,7 +12,7 @@ from llmc.runtime.tool_calls import ToolFormat
 from llmc.serve.errors import ApiError
 from llmc.serve.generation import Generation
 from llmc.serve.metrics import ServerMetrics
-from llmc.serve.protocol import SamplingFields, Usage
+from llmc.serve.protocol import PromptTokensDetails, SamplingFields, Usage
 
 
 class Served:
@@ -85,4 +85,5 @@ class Served:
     @staticmethod
     def usage(gen: Generation) -> Usage:
         return Usage(prompt_tokens=gen.prompt_tokens, completion_tokens=gen.completion_tokens,
-                     total_tokens=gen.prompt_tokens + gen.completion_tokens)
+                     total_tokens=gen.prompt_tokens + gen.completion_tokens,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=gen.cached_tokens))

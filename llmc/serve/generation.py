@@ -59,17 +59,18 @@ class Generation:
         self.prompt_tokens = sum(len(ids) for ids in prompts)
         self.num_choices = len(prompts) * self.n
         self.finished_choices = 0
+        self._cached: dict[int, int] = {}  # prompt -> its tokens found in the prefix cache
 
     async def updates(self) -> AsyncIterator[tuple[int, StreamUpdate]]:
         """(choice index, update) pairs in arrival order; closes the generation when done or abandoned."""
         try:
             if len(self.streams) == 1:
                 async for u in self.streams[0]:
-                    self._count(u)
+                    self._count(u, 0)
                     yield u.index, u
             else:
                 async for i, u in _merge(self.streams):
-                    self._count(u)
+                    self._count(u, i)
                     yield i * self.n + u.index, u
         finally:
             self.close()
@@ -99,7 +100,9 @@ class Generation:
                 raise failure(r.finish_reason)
         return results
 
-    def _count(self, u: StreamUpdate) -> None:
+    def _count(self, u: StreamUpdate, prompt: int) -> None:
+        if u.index == 0 and u.cached_tokens:  # the prompt's first sequence: the one its usage counts
+            self._cached[prompt] = u.cached_tokens
         self.tracker.on_update(u)
         if u.finish_reason is not None:
             self.finished_choices += 1
@@ -113,6 +116,10 @@ class Generation:
     def _abort(self) -> None:
         for s in self.streams:
             s.close()
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self._cached.values())
 
     @property
     def completion_tokens(self) -> int:

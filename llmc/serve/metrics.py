@@ -27,6 +27,18 @@ class ServerMetrics:
             "llmc_num_requests_waiting": ("Sequences waiting for a KV slot.", lambda: engine.stats().waiting),
             "llmc_kv_cache_usage_perc": ("KV cache usage: cached tokens / capacity (1 = full).",
                                          lambda: engine.stats().kv_usage),
+            "llmc_kv_blocks_used": ("KV blocks held by running sequences.", lambda: engine.stats().kv_blocks_used),
+            "llmc_kv_blocks_cached": ("KV blocks held by none, kept for prefix reuse.",
+                                      lambda: engine.stats().kv_blocks_cached),
+            "llmc_kv_blocks_total": ("KV blocks in the engine's memory.", lambda: engine.stats().kv_blocks_total),
+            "llmc_prefix_cache_queried_tokens": ("Prompt tokens looked up in the prefix cache since start.",
+                                                 lambda: engine.stats().prefix_queried_tokens),
+            "llmc_prefix_cache_hit_tokens": ("Prompt tokens found in the prefix cache since start (not computed).",
+                                             lambda: engine.stats().prefix_hit_tokens),
+            "llmc_prefix_cache_hit_rate": ("Prefix cache hits / prompt tokens looked up, since start.",
+                                           lambda: engine.stats().prefix_hit_rate),
+            "llmc_num_preemptions": ("Sequences preempted (blocks given back, recomputed later) since start.",
+                                     lambda: engine.stats().preemptions),
         }
         for name, (doc, fn) in gauges.items():
             Gauge(name, doc, labels, registry=r).labels(model_name).set_function(fn)

@@ -28,7 +28,9 @@ def test_health_version_and_metrics_answer(server: Server) -> None:
     for name in ("llmc_num_requests_running", "llmc_num_requests_waiting", "llmc_kv_cache_usage_perc",
                  "llmc_time_to_first_token_seconds", "llmc_inter_token_latency_seconds",
                  "llmc_time_per_output_token_seconds", "llmc_e2e_request_latency_seconds",
-                 "llmc_request_queue_time_seconds", "llmc_prompt_tokens_total", "llmc_generation_tokens_total"):
+                 "llmc_request_queue_time_seconds", "llmc_prompt_tokens_total", "llmc_generation_tokens_total",
+                 "llmc_kv_blocks_used", "llmc_kv_blocks_cached", "llmc_kv_blocks_total", "llmc_prefix_cache_hit_rate",
+                 "llmc_prefix_cache_hit_tokens", "llmc_prefix_cache_queried_tokens", "llmc_num_preemptions"):
         assert name in text
 
 
@@ -181,3 +183,25 @@ def test_metrics_count_tokens_and_finished_requests(server: Server) -> None:
     assert delta("llmc_time_to_first_token_seconds_count") == 1
     assert delta("llmc_inter_token_latency_seconds_count") == 6
     assert after["llmc_num_requests_running"] == 0 and after["llmc_kv_cache_usage_perc"] == 0
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens_and_the_metrics_count_them(server: Server) -> None:
+    messages = [{"role": "system", "content": "Answer in one word, and be kind about it. " * 3}, *CHAT]
+
+    def hits() -> float:
+        return next(v for k, v in server.metrics().items() if k.startswith("llmc_prefix_cache_hit_tokens"))
+
+    before = hits()
+    usages = [server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
+                                                      temperature=0).usage for _ in range(2)]
+    assert usages[0] is not None and usages[1] is not None
+    details = [u.prompt_tokens_details for u in usages]
+    assert details[0] is not None and details[1] is not None
+    n = usages[1].prompt_tokens
+    if server.engine.loop.scheduler.config.prefix_caching:  # type: ignore[attr-defined]
+        block = server.engine.loop.scheduler.config.block_size  # type: ignore[attr-defined]
+        assert details[1].cached_tokens == (n - 1) // block * block > 0  # all but the last token, to a block edge
+        assert hits() - before >= details[1].cached_tokens
+        assert next(v for k, v in server.metrics().items() if k.startswith("llmc_kv_blocks_total")) > 0
+    else:  # an engine that keeps the slot layout (GroupQueryAttention where llmc's operator does not run)
+        assert details[1].cached_tokens == 0 and hits() == before == 0
