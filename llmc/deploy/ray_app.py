@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -30,8 +31,9 @@ log = logging.getLogger("llmc.serve")
 APP_NAME = "llmc"
 
 
+# an engine folder that fails to load fails again: two tries, then the deployment fails with the cause
 @serve.deployment(name="LLMEngine", health_check_period_s=2, health_check_timeout_s=10,
-                  graceful_shutdown_timeout_s=20)
+                  max_constructor_retry_count=2, graceful_shutdown_timeout_s=20)
 class EngineReplica:
     """One engine and its engine thread; streams each request's updates as ("start", replica id), then
     ("update", StreamUpdate)..., or ("error", (kind, message, param, retry_after)) when refused."""
@@ -140,23 +142,50 @@ def build_app(args: dict[str, Any] | RayAppConfig) -> Any:
 
 def start(cfg: RayAppConfig, host: str, port: int, address: str | None = None) -> None:
     """Connect to (or start) a Ray cluster and deploy the app; returns once every replica is up."""
+    connect(address)
+    serve.start(http_options={"host": host, "port": port})
+    deploy(cfg)
+
+
+def connect(address: str | None = None) -> None:
     import ray
 
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
                  namespace="llmc", log_to_driver=False)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(cfg), name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def deploy(cfg: RayAppConfig) -> None:
+    """Run the app on the connected cluster (blocks until it is up); a replica that cannot start (a bad engine
+    folder, too little memory) is a one-line error naming its cause, after the app is deleted."""
+    try:
+        serve.run(build_app(cfg), name=APP_NAME, route_prefix="/", blocking=False)
+    except RuntimeError as e:
+        cause = _failure(str(e))
+        serve.delete(APP_NAME)
+        raise LlmcError(f"Ray Serve could not deploy {cfg.engine_dir}: {cause}") from None
+
+
+def _failure(fallback: str) -> str:
+    """The last line of a failed deployment's message: the exception its replica raised."""
+    status = serve.status().applications.get(APP_NAME)
+    for name, d in (status.deployments.items() if status else ()):
+        lines = [x.strip() for x in (d.message or "").splitlines() if x.strip()]
+        if d.status.value == "DEPLOY_FAILED" and lines:
+            return f"{name}: {lines[-1]}"
+    return fallback.splitlines()[-1] if fallback else "unknown error"
 
 
 def run_until_signal(cfg: RayAppConfig, host: str, port: int, address: str | None = None) -> None:
     """`llmc deploy ray`: deploy, serve until SIGTERM/SIGINT, then delete the app and stop Serve (exit 0)."""
     stop = threading.Event()
+    connect(address)  # Ray installs signal handlers of its own: ours go after
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         start(cfg, host, port, address)
-        log.warning("llmc on Ray Serve: http://%s:%d (%s replicas)", host, port,
-                    f"{cfg.min_replicas}-{cfg.max_replicas}" if cfg.autoscaling else cfg.replicas)
+        count = f"{cfg.min_replicas or 1}-{cfg.max_replicas} replicas" if cfg.autoscaling else f"{cfg.replicas} replicas"
+        print(f"llmc on Ray Serve: http://{host}:{port} ({count}); SIGTERM or Ctrl-C to stop", file=sys.stderr,
+              flush=True)
         stop.wait()
     finally:
         shutdown()

@@ -43,7 +43,7 @@ def cluster() -> Iterator[str]:
 
 def _deploy(engine_dir: Path, **kw: Any) -> None:
     cfg = RayAppConfig(engine_dir=str(engine_dir), replicas=2, threads=1, kv_budget_mb=128, model_name="m", **kw)
-    serve.run(ray_app.build_app(cfg), name=ray_app.APP_NAME, route_prefix="/", blocking=False)
+    ray_app.deploy(cfg)
 
 
 def _undeploy() -> None:
@@ -141,6 +141,21 @@ def test_same_validation_and_error_format_as_llmc_serve(tiny_app: str, deploy_en
         assert httpx.get(tiny_app + "/v1/models").json()["data"][0]["max_model_len"] == \
             client.get("/v1/models").json()["data"][0]["max_model_len"]
     assert httpx.get(tiny_app + "/health").status_code == 200
+
+
+def test_a_replica_that_cannot_start_is_a_one_line_error(cluster: str, deploy_engine_dir: Path,
+                                                          tmp_path: Path) -> None:
+    import shutil
+
+    from llmc.errors import LlmcError
+
+    broken = tmp_path / "engine"
+    shutil.copytree(deploy_engine_dir, broken)
+    (broken / "weights.bin").write_bytes(b"")
+    with pytest.raises(LlmcError, match=r"Ray Serve could not deploy .*: LLMEngine: .*weights\.bin") as e:
+        _deploy(broken)
+    assert "\n" not in str(e.value)
+    assert ray_app.APP_NAME not in serve.status().applications
 
 
 @pytest.mark.slow
