@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from llmc.bench.bandwidth import probe as probe_bandwidth
+from llmc.bench.constrained import constrained_report, grammar_times, timed_sampler
 from llmc.bench.limits import DEFAULT_BANDWIDTH_GBS, kv_bytes_copied_per_step, weight_bytes_per_step
 from llmc.errors import InputError
 from llmc.runtime.config import RuntimeConfig
@@ -77,26 +78,38 @@ def measure(loop: EngineLoop, prompts: list[list[int]], new_tokens: int,
     so that a shrinking batch does not look faster."""
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True, json_schema=json_schema)
     rids = [loop.add_request(p, params) for p in prompts]
+    with timed_sampler(loop) as sampler:
+        timing = _timed_steps(loop, len(prompts))
+    masks = grammar_times(loop, rids)
+    lengths = [len(loop.pop(rid).outputs[0].token_ids) for rid in rids]
+    assert json_schema is not None or lengths == [new_tokens] * len(prompts), lengths
+    if "tpot_ms" not in timing:
+        raise InputError(f"the constrained run generated {min(lengths)} token(s): give --json-schema a schema "
+                         "whose answers take many tokens (e.g. an array with minItems)")
+    per_step = 1e3 / timing.pop("num_steps")
+    return {**timing, "tokens": float(np.mean(lengths)), "sampler_ms": sampler.seconds * per_step,
+            "mask_wait_ms": masks[0] * per_step, "mask_cpu_ms": masks[1] * per_step}
+
+
+def _timed_steps(loop: EngineLoop, batch: int) -> dict[str, float]:
+    """Step until done: TTFT (the first step) and the decode steps that ran every row of the batch."""
     start = time.perf_counter()
     loop.step()  # every prompt fits the step budget: one prefill step, first token of each row
     ttft = time.perf_counter() - start
-    steps = []
+    steps, num_steps = [], 1
     while loop.has_work:
-        full = loop.stats().running == len(prompts)
+        full = loop.stats().running == batch
         t0 = time.perf_counter()
         loop.step()
+        num_steps += 1
         if full:
             steps.append(time.perf_counter() - t0)
-    waits = [s.sampling.grammar.wait_s for rid in rids for s in loop.requests[rid] if s.sampling.grammar is not None]
-    lengths = [len(loop.pop(rid).outputs[0].token_ids) for rid in rids]
-    assert json_schema is not None or lengths == [new_tokens] * len(prompts), lengths
     if not steps:
-        raise InputError(f"the constrained run generated {min(lengths)} token(s): give --json-schema a schema "
-                         "whose answers take many tokens (e.g. an array with minItems)")
+        return {"ttft_ms": ttft * 1e3, "num_steps": num_steps}
     itl = np.array(steps) * 1e3
     return {"ttft_ms": ttft * 1e3, "tpot_ms": float(itl.mean()), "itl_ms_median": float(np.median(itl)),
             "itl_ms_p90": float(np.percentile(itl, 90)), "itl_ms_p99": float(np.percentile(itl, 99)),
-            "tokens": float(np.mean(lengths)), "mask_wait_ms": sum(waits) * 1e3 / max(1, len(steps) + 1)}
+            "num_steps": num_steps}
 
 
 def run_bench(cfg: BenchConfig, on_progress: Callable[[], None] | None = None,
@@ -168,18 +181,6 @@ class _Bench:
         if self.constrained is not None:
             row.update(constrained_report(self.constrained[run], self.timings[run]))
         return row
-
-
-def constrained_report(runs: list[dict[str, float]], plain: list[dict[str, float]]) -> dict[str, Any]:
-    """The constrained runs' median decode speed, and the median over rounds of its ratio to the plain run just
-    before it (paired: on a shared machine the speed drifts between rounds more than between two runs)."""
-    median = sorted(runs, key=lambda t: t["tpot_ms"])[len(runs) // 2]
-    ratios = sorted(p["tpot_ms"] / c["tpot_ms"] for p, c in zip(plain, runs))
-    return {"json_schema_decode_tok_s_per_seq": round(1e3 / median["tpot_ms"], 1),
-            "json_schema_vs_plain": round(ratios[len(ratios) // 2], 3),
-            "json_schema_vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
-            "json_schema_tokens": round(median["tokens"], 1),
-            "json_schema_mask_wait_ms_per_step": round(median["mask_wait_ms"], 3)}
 
 
 def _run_bench(cfg: BenchConfig, llm: LLM, other: LLM | None, peer: TorchPeer | None,
@@ -304,8 +305,10 @@ def _ratio_note(r: dict[str, Any]) -> str:
         note = f"  {r['decode_vs_base_context']:.2f}x of the base context"
     if "json_schema_vs_plain" in r:
         note += (f"  | json schema {r['json_schema_decode_tok_s_per_seq']:.1f} tok/s/seq, "
-                 f"{r['json_schema_vs_plain']:.2f}x plain ({r['json_schema_tokens']:.0f} tokens, "
-                 f"{r['json_schema_mask_wait_ms_per_step']:.2f} ms/step waiting for masks)")
+                 f"{r['json_schema_vs_plain']:.2f}x plain ({r['json_schema_tokens']:.0f} tokens; adds at most "
+                 f"{r['json_schema_cost_bound']:.1%} of a step: sampler {r['json_schema_sampler_ms_per_step']:.2f} vs "
+                 f"{r['plain_sampler_ms_per_step']:.2f} ms, masks {r['json_schema_mask_cpu_ms_per_step']:.2f} ms CPU, "
+                 f"{r['json_schema_mask_wait_ms_per_step']:.2f} ms waited)")
     if "decode_vs_against" in r:
         note += f"  | {r['decode_vs_against']:.2f}x the --against engine's decode, {r['ttft_vs_against']:.2f}x its TTFT"
     return note

@@ -329,10 +329,10 @@ class Sampler:
             row = raw.copy()
             apply_penalties(row, state)
         if state.grammar is not None:  # never an unconstrained token: the fallback is masked too
-            allowed = state.grammar.allowed()
-            masked = apply_mask(row, allowed)
+            mask = state.grammar.mask()
+            masked = apply_mask(row, mask)
             if not np.isfinite(masked.max()):  # (rare) every allowed token penalised away, or non-finite logits
-                masked = finite_allowed(masked, apply_mask(raw, allowed) if row is not raw else masked)
+                masked = finite_allowed(masked, apply_mask(raw, mask) if row is not raw else masked)
             row = fallback = masked
         if params.greedy:
             return int(np.argmax(row))

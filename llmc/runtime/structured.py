@@ -44,7 +44,10 @@ class Constraint:
            param: str | None = None) -> Constraint | None:
         """The one constraint among the three (at most one may be set; validated by SamplingParams)."""
         if json_schema is not None:
-            text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+            try:
+                text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+            except (TypeError, ValueError) as e:  # a set, an object, a NaN...: not JSON
+                raise InputError(f"{param or 'json_schema'} is not JSON: {e}", param or "json_schema") from None
             return cls("json_schema", text, param or "json_schema")
         if regex is not None:
             return cls("regex", regex, param or "regex")
@@ -140,15 +143,21 @@ class GrammarCompiler:
 
 
 class GrammarState:
-    """One sequence's constraint: the tokens allowed next, computed ahead on a worker thread."""
+    """One sequence's constraint: the tokens allowed next, computed ahead on a worker thread.
+
+    The worker turns llguidance's bitmask into an additive mask (0 where allowed, -inf elsewhere), so that the
+    sampler's part, on the decode loop's critical path, is one add."""
 
     def __init__(self, matcher: Any, vocab_size: int, executor: ThreadPoolExecutor) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
         self._executor = executor
         self._bitmask = np.full((vocab_size + 31) // 32, -1, dtype=np.int32)  # [ceil(V / 32)], bit i: token i
+        self._mask = np.zeros(vocab_size, dtype=np.float32)  # [V] 0 / -inf
+        self._error: str | None = None
         self._future: Future[None] | None = None
         self.wait_s = 0.0  # time the sampler spent waiting for masks (0 when they are ready in time)
+        self.compute_s = 0.0  # CPU time of the masks (on the workers, beside the engine step)
         self._done = False
         self._submit()
 
@@ -158,16 +167,21 @@ class GrammarState:
         `advance`: the matcher must not be touched while a worker computes its mask.)"""
         return self._done
 
-    def allowed(self) -> np.ndarray:
-        """`[V]` bool: the tokens the constraint allows next. Raises EngineError when the matcher failed."""
+    def mask(self) -> np.ndarray:
+        """`[V]` float32: 0 for the tokens the constraint allows next, -inf for the others. Raises EngineError when
+        the matcher failed."""
         if self._future is not None:
             t0 = time.perf_counter()
             self._future.result()
             self.wait_s += time.perf_counter() - t0
             self._future = None
-        if self._matcher.is_error():
-            raise EngineError(f"constrained decoding failed: {_one_line(self._matcher.get_error())}")
-        return np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self._vocab].view(bool)
+        if self._error is not None:
+            raise EngineError(f"constrained decoding failed: {self._error}")
+        return self._mask
+
+    def allowed(self) -> np.ndarray:
+        """`[V]` bool: the tokens the constraint allows next."""
+        return self.mask() == 0
 
     def advance(self, token_id: int) -> None:
         """Consume the chosen token and start computing the next mask (unless the grammar ended)."""
@@ -185,12 +199,23 @@ class GrammarState:
         self._future = self._executor.submit(self._compute)
 
     def _compute(self) -> None:
+        t0 = time.thread_time()
         self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        if self._matcher.is_error():
+            self._error = _one_line(self._matcher.get_error())
+        bits = np.unpackbits(self._bitmask.view(np.uint8), count=self._vocab, bitorder="little")  # [V] 0 / 1
+        np.take(_ADDITIVE, bits, out=self._mask)
+        self.compute_s += time.thread_time() - t0
 
 
-def apply_mask(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """`row` `[V]` with every token not allowed at -inf (a new array)."""
-    return np.where(allowed[: row.shape[0]], row, np.float32(-np.inf))
+_ADDITIVE = np.array([-np.inf, 0.0], dtype=np.float32)  # bit -> what it adds to a logit
+
+
+def apply_mask(row: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """`row` `[V]` plus an additive mask (a new array): every token not allowed at -inf (a +inf logit there becomes
+    NaN, which the sampler treats as not allowed)."""
+    with np.errstate(invalid="ignore"):
+        return row + mask[: row.shape[0]]
 
 
 def _describe(c: Constraint) -> str:

@@ -61,3 +61,5 @@ def test_bench_reports_the_constrained_speed_against_the_plain_run(tiny_llama: B
     for r in rows:
         assert r["json_schema_decode_tok_s_per_seq"] > 0 and r["json_schema_tokens"] == 24
         assert r["json_schema_vs_plain"] > 0 and r["json_schema_mask_wait_ms_per_step"] >= 0
+        assert r["json_schema_mask_cpu_ms_per_step"] > 0 and r["json_schema_sampler_ms_per_step"] > 0
+        assert "json_schema_cost_bound" in r

@@ -167,3 +167,62 @@ def test_a_grammar_file_in_gbnf_compiles_and_holds(compiler: GrammarCompiler, to
 def test_tokenizer_json_round_trips(tokenizer: Tokenizer, tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text(tokenizer.to_json())
     assert Tokenizer.from_dir(tmp_path).encode("hello world") == tokenizer.encode("hello world")
+
+
+class _SlowMatcher:
+    """A matcher whose mask takes `delay` seconds (allowing every token), to time where the mask is computed."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def unsafe_compute_mask_ptr(self, ptr: int, size: int) -> None:
+        import time
+
+        time.sleep(self.delay)
+
+    def consume_token(self, token: int) -> bool:
+        return True
+
+    def is_stopped(self) -> bool:
+        return False
+
+    def is_error(self) -> bool:
+        return False
+
+
+def test_the_next_mask_is_computed_while_the_engine_step_runs(compiler: GrammarCompiler) -> None:
+    import time
+
+    from llmc.runtime.structured import GrammarState
+
+    state = GrammarState(_SlowMatcher(0.05), VOCAB, compiler.executor())
+    time.sleep(0.08)  # the prompt's prefill: the first mask is computed meanwhile
+    state.allowed()
+    t0 = time.perf_counter()
+    state.advance(5)  # returns at once: the mask is computed on a worker thread
+    assert time.perf_counter() - t0 < 0.03
+    time.sleep(0.08)  # the engine step
+    waited = state.wait_s
+    state.allowed()
+    assert state.wait_s - waited < 0.03  # ready: the sampler did not wait for it
+    state.advance(6)
+    state.allowed()  # no engine step in between: now the sampler waits
+    assert state.wait_s - waited > 0.03
+
+
+def test_a_schema_that_is_not_json_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="json_schema is not JSON") as e:
+        SamplingParams(json_schema={"enum": {1, 2}}).constraint  # noqa: B018
+    assert e.value.param == "json_schema"
+
+
+def test_an_inf_or_nan_logit_outside_the_mask_is_never_chosen(compiler: GrammarCompiler) -> None:
+    for value in (np.inf, np.nan):
+        for temperature in (0.0, 1.0):
+            state = _state(compiler, SamplingParams(temperature=temperature, regex="[0-9]"))
+            assert state.grammar is not None
+            allowed = state.grammar.allowed()
+            logits = np.zeros((1, VOCAB), np.float32)
+            logits[0, np.flatnonzero(~allowed)[:5]] = value
+            token = int(Sampler().sample(logits, [state]).token_ids[0])
+            assert allowed[token], (value, temperature, token)
