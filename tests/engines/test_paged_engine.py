@@ -99,3 +99,15 @@ def test_preempted_sequence_resumes_to_the_same_greedy_output(tiny_llama: Built)
     assert loop.stats().preemptions > 0
     got = [loop.result(r).outputs[0].token_ids for r in rids]
     assert got == generate(tiny_llama.engine("llmc"), prompts, RuntimeConfig(max_running=3, kv_budget_mb=4), 40)
+
+
+def test_equal_length_chunks_run_together_and_equal_one_row_runs(tiny_llama: Built) -> None:
+    engine = load_engine_dir(tiny_llama.engine("llmc"))
+    prompts, chunks = [[5, 9, 11], list(range(3, 40)), [4, 8, 30, 31, 2]], [[7, 8, 9, 10], [11, 12, 13, 14], [3, 3]]
+    logits = []
+    for together in (True, False):
+        kv = engine.new_kv_cache(3, 64)
+        engine.prefill([0, 1, 2], prompts, kv)
+        calls = [([0, 1, 2], chunks)] if together else [([s], [chunks[s]]) for s in range(3)]
+        logits.append(np.concatenate([engine.decode(slots, toks, kv) for slots, toks in calls]))
+    np.testing.assert_allclose(logits[0], logits[1], atol=1e-5, rtol=0)

@@ -89,18 +89,21 @@ class PagedRuns:
 
     def _paged_decode(self, slots: list[int], tokens: list[list[int]], kv: HostPagedKVCache) -> np.ndarray:
         kv.check_room(slots, [len(t) for t in tokens])
-        if any(len(t) != 1 for t in tokens):  # prompt chunks: the operator wants equal new lengths, one run per row
-            return np.concatenate([self._paged_extend(s, t, kv) for s, t in zip(slots, tokens)])
-        start = kv.lengths[slots].copy()
-        ids = np.array([t[0] for t in tokens], np.int64)[:, None]
-        logits = self._run_paged(self._decode, kv, slots, ids, start, np.ones_like(start), int(start.max()) + 1, 1)
-        kv.lengths[slots] += 1
-        return logits[:, 0, :]
+        # rows after a past take the same number of new tokens in one run (the operator's form): one run per length
+        # (decode rows all at once; prompt chunks of equal length, e.g. questions after a cached prefix, together)
+        by_len: dict[int, list[int]] = {}
+        for row, t in enumerate(tokens):
+            by_len.setdefault(len(t), []).append(row)
+        out = np.empty((len(slots), self.manifest.model.vocab_size), np.float32)
+        for rows in by_len.values():
+            out[rows] = self._paged_extend([slots[r] for r in rows], [tokens[r] for r in rows], kv)
+        return out
 
-    def _paged_extend(self, slot: int, toks: list[int], kv: HostPagedKVCache) -> np.ndarray:
-        start = kv.lengths[slot : slot + 1].copy()
-        rows = len(toks) if self.manifest.decode.logits == "all" else 1
-        logits = self._run_paged(self._decode, kv, [slot], np.array([toks], np.int64), start,
-                                 np.array([len(toks)], np.int64), int(start[0]) + len(toks), rows)
-        kv.lengths[slot] += len(toks)
+    def _paged_extend(self, slots: list[int], toks: list[list[int]], kv: HostPagedKVCache) -> np.ndarray:
+        """Rows of equal new lengths S after their cached tokens: logits after each row's last."""
+        start, n = kv.lengths[slots].copy(), len(toks[0])
+        logit_rows = n if self.manifest.decode.logits == "all" else 1
+        logits = self._run_paged(self._decode, kv, slots, np.array(toks, np.int64), start,
+                                 np.full(len(slots), n, np.int64), int(start.max()) + n, logit_rows)
+        kv.lengths[slots] += n
         return logits[:, -1, :]
