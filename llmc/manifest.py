@@ -205,6 +205,7 @@ class EngineSettings:
     # ONNX Runtime engines
     optimization: str = ""
     quant: str = "none"
+    dtype: str = ""  # the linear layers' weights (bfloat16: llmc's MatMulBF16)
     kv_dtype: str = ""
     matmul: str = ""
     moe: str = ""

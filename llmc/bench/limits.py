@@ -12,7 +12,7 @@ from llmc.onnx_store import load_graph
 # Measured on the development machine (2 cores): ~35 GB/s memory bandwidth. Override with --bandwidth-gbs.
 DEFAULT_BANDWIDTH_GBS = 35.0
 WEIGHT_OPS = {"MatMul", "MatMulNBits", "Gemm", "FusedMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
-              "MatMulQ4", "MoE"}  # llmc's own 4-bit operator (ai.llmc), ONNX Runtime's mixture of experts
+              "MatMulQ4", "MatMulBF16", "MoE"}  # llmc's own operators (ai.llmc), ONNX Runtime's mixture of experts
 
 
 def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
@@ -47,5 +47,6 @@ def kv_bytes_copied_per_step(manifest: EngineManifest, batch: int, context: int,
 
 def _itemsize(data_type: int) -> int:
     sizes: dict[int, int] = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.UINT8: 1,
-            onnx.TensorProto.INT8: 1, onnx.TensorProto.INT64: 8, onnx.TensorProto.INT32: 4}
+            onnx.TensorProto.INT8: 1, onnx.TensorProto.INT64: 8, onnx.TensorProto.INT32: 4,
+            onnx.TensorProto.BFLOAT16: 2}
     return sizes.get(data_type, 4)

@@ -7,7 +7,17 @@ from typing import Annotated, Any
 
 import typer
 
-from llmc.engines.choices import Attention, Backend, KVDtype, KVLayout, MatMul, MoELowering, Quant, choice
+from llmc.engines.choices import (
+    Attention,
+    Backend,
+    KVDtype,
+    KVLayout,
+    MatMul,
+    MoELowering,
+    Quant,
+    WeightsDtype,
+    choice,
+)
 
 
 def register(app: typer.Typer, wrap: Any) -> None:
@@ -29,6 +39,10 @@ def register(app: typer.Typer, wrap: Any) -> None:
                  "takes --kv-dtype float16|int8), onnx (Attention + TensorScatter) or onnx-static (the same over "
                  "the whole buffer, a fixed key length); ort-cuda: auto or gqa; trt: plugin (llmc::attention, "
                  "default) or native (TensorRT >= 10.15 layers, the onnx-static graph).")] = None,
+        dtype: Annotated[WeightsDtype, typer.Option(
+            help="ort: the linear layers' weights: auto (the export's) or bfloat16 (half the bytes of float32, "
+                 "through llmc's bf16 operator: AMX-BF16 tiles for prompts and AVX-512 BF16 for decode where the "
+                 "CPU has them; activations, norms and softmax stay float32)")] = WeightsDtype.auto,
         kv_dtype: Annotated[KVDtype, typer.Option(help="ort: the KV cache's dtype: auto (float16 with llmc "
                                                       "attention, else the export's), float32, float16 (half the "
                                                       "bytes a step reads) or int8 (~0.27 of them).")]
@@ -75,7 +89,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
             Attention.auto
         cfg = BuildConfig(export_dir, out, backend.value, quant, threads, force, kv_layout=kv_layout,
                           attention=ort_attention, block_size=block_size, accuracy_level=accuracy_level,
-                          quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul, moe=moe,
+                          quant_scheme=quant_scheme, kv_dtype=kv_dtype, matmul=matmul, moe=moe, dtype=dtype,
                           allow_divergence=allow_divergence, quality_target=quality_target,
                           quality_bytes=quality_bytes, kv_paged=kv_paged)
         if backend is Backend.trt:

@@ -24,6 +24,12 @@ class Quant(str, Enum):
     int4 = "int4"
 
 
+class WeightsDtype(str, Enum):
+    auto = "auto"  # the export's dtype
+    float32 = "float32"
+    bfloat16 = "bfloat16"  # bf16 weights through llmc's MatMulBF16, fp32 activations, norms and softmax
+
+
 class KVLayout(str, Enum):
     inplace = "inplace"  # one [B, Hkv, max_len, D] buffer per layer bound as past and present
     concat = "concat"  # the export's own graphs (past in, past + new out)

@@ -36,7 +36,7 @@ from llmc.graph.layers import (
     softcap,
 )
 from llmc.graph.moe import moe_mlp
-from llmc.graph.quant import EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q4TILES_GATED, QWEIGHT
+from llmc.graph.quant import BF16TILES, EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q4TILES_GATED, QWEIGHT
 from llmc.manifest import GraphSpec
 
 __all__ = ["LLMC_DOMAIN", "MS", "GraphOptions", "build_graph"]
@@ -176,7 +176,7 @@ def _lm_head(c: Ctx, x: str) -> None:
     """logits = x @ W^T with W [V, Hd] (the embedding when tied: stored once, read transposed by Gemm), then the
     model's logit scaling and soft-cap, in fp32."""
     b, m = c.b, c.m
-    if c.has("lm_head.weight" + QWEIGHT) or c.has("lm_head.weight" + Q4TILES):
+    if any(c.has("lm_head.weight" + suffix) for suffix in (QWEIGHT, Q4TILES, BF16TILES)):
         logits = linear(c, x, "lm_head")
     else:
         w = b.weight("embed.weight" if m.tie_embeddings else "lm_head.weight")

@@ -11,6 +11,7 @@ from onnx import helper
 from llmc.graph.builder import GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.quant import (
+    BF16TILES,
     BLOCKSUM_SCALES,
     BLOCKSUMS,
     OFFSETS,
@@ -63,6 +64,8 @@ def linear(c: Ctx, x: str, name: str) -> str:
         share = b.op("Gather", CALIBRATE_INPUT, b.const(np.array(c.opts.calibrate.index(name), np.int64)))
         return b.op("Add", exact, b.op("Mul", share, b.op("Sub", low, exact)))  # share 1: the low precision
     w = f"{name}.weight"
+    if c.has(w + BF16TILES):
+        return matmul_bf16(c, x, name)
     return _product(c, x, name, quantized=c.has(w + Q4TILES) or c.has(w + QWEIGHT))
 
 
@@ -108,6 +111,15 @@ def matmul_q4(c: Ctx, x: str, name: str, gated: bool) -> str:
     act_bits = q.act_bits_of(name) if q is not None else 8
     return b.op("MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,
                 K=blocks * TILE_BLOCK, N=n, gated=int(gated), **({"act_bits": act_bits} if act_bits != 8 else {}))
+
+
+def matmul_bf16(c: Ctx, x: str, name: str) -> str:
+    """ai.llmc.MatMulBF16 over the packed bf16 tiles (fp32 activations rounded to bf16, fp32 sums), the bias inside."""
+    b, w = c.b, f"{name}.weight" + BF16TILES
+    _, pairs, _ = c.ckpt.weights[w].shape
+    bias = f"{name}.bias"
+    return b.op("MatMulBF16", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,
+                K=2 * pairs, N=_out_width(c.m, name))
 
 
 def _matmul_nbits(c: Ctx, x: str, qname: str, sname: str, qweight: np.ndarray, bits: int) -> str:

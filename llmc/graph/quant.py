@@ -31,6 +31,7 @@ from llmc.errors import InputError
 
 QWEIGHT, SCALES, OFFSETS = ".qweight", ".scales", ".offsets"
 BLOCKSUMS, BLOCKSUM_SCALES = ".blocksums", ".blocksum_scales"  # folded: the 0/1 matrix giving the block sums
+BF16TILES = ".bf16tiles"  # llmc's MatMulBF16 layout
 EMBED_Q8, EMBED_Q8_SCALES, EMBED_BF16 = ".q8", ".q8scales", ".bf16"  # the embedding's lookup table, compact
 Q4TILES, Q4TILES_GATED = ".q4tiles", ".q4tiles_gated"  # llmc's MatMulQ4 layout (gated: SwiGLU gate/up tiles)
 SCHEMES = ("auto", "folded", "minmax", "symmetric")
@@ -293,3 +294,24 @@ def compact_table(w: np.ndarray, name: str) -> dict[str, np.ndarray]:
 
         return {name + EMBED_BF16: (bits >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)}
     return {}
+
+
+def to_bf16_bits(w: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 bits (uint16), to nearest, ties to even (as the operator rounds x)."""
+    u = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def pack_bf16_tiles(w_kn: np.ndarray) -> np.ndarray:
+    """W [K, N] -> MatMulBF16's tiles [ceil(N / 16), K / 2, 32] bfloat16 (matmul_bf16.h): per tile of 16 columns and
+    pair of rows p, each column's w[2p], w[2p + 1] side by side; columns past N are zeros."""
+    import ml_dtypes
+
+    k, n = w_kn.shape
+    if k % 2:
+        raise ValueError(f"MatMulBF16 needs an even K, got {k}")
+    tiles = -(-n // 16)
+    padded = np.zeros((k, tiles * 16), np.uint16)
+    padded[:, :n] = to_bf16_bits(w_kn)
+    packed = padded.reshape(k // 2, 2, tiles, 16).transpose(2, 0, 3, 1).reshape(tiles, k // 2, 32)
+    return np.ascontiguousarray(packed).view(ml_dtypes.bfloat16)

@@ -1,5 +1,5 @@
-"""llmc's own ONNX Runtime CPU operators: `ai.llmc.CachedAttention` (attention_kernel.c) and `ai.llmc.MatMulQ4`
-(matmul_q4.c; each file says why it exists).
+"""llmc's own ONNX Runtime CPU operators: `ai.llmc.CachedAttention` (attention_kernel.c), `ai.llmc.MatMulQ4`
+(matmul_q4.c) and `ai.llmc.MatMulBF16` (matmul_bf16.c; each file says why it exists).
 
 They are built with the package (setup.py: one shared library, `_llmc_ops*.so`, beside these sources) when llmc is
 installed, so `llmc build` and a deployment need no compiler. An engine that uses them records the library's
@@ -32,6 +32,7 @@ from llmc.manifest import EngineSettings
 
 HERE = Path(__file__).parent
 Q4_PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni"}
+BF16_PATHS = {0: "portable", 1: "avx512-bf16", 2: "amx-bf16"}
 
 
 def library_path() -> Path:
@@ -61,7 +62,8 @@ def cpu_paths() -> dict[str, str]:
     """The code paths the operators take on this CPU (as the environment overrides them now)."""
     lib = _library()
     return {"attention": "avx512" if lib.llmc_ops_attention_path() else "portable",
-            "matmul_q4": Q4_PATHS.get(int(lib.llmc_ops_q4_path()), "portable")}
+            "matmul_q4": Q4_PATHS.get(int(lib.llmc_ops_q4_path()), "portable"),
+            "matmul_bf16": BF16_PATHS.get(int(lib.llmc_ops_bf16_path()), "portable")}
 
 
 def engine_library(settings: EngineSettings, directory: Path) -> Path | None:

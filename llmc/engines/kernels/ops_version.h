@@ -3,6 +3,6 @@
 #ifndef LLMC_OPS_VERSION_H
 #define LLMC_OPS_VERSION_H
 /* 2: CachedAttention's local_window_size, softcap and partial rotary; 3: MatMulQ4's act_bits (16: two int8 levels);
- * 4: CachedAttention's block_table (paged KV memory) */
-#define LLMC_OPS_VERSION "4"
+ * 4: CachedAttention's block_table (paged KV memory); 5: MatMulBF16 */
+#define LLMC_OPS_VERSION "5"
 #endif

@@ -18,6 +18,9 @@
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated;
  * optional act_bits (default 8: int8 activations; 16: two int8 levels, ~15 bits, twice the integer work).
  *
+ * MatMulBF16 (matmul_bf16.h): A [..., K] fp32, B bfloat16 [ceil(N / 16), K / 2, 32] (the packed tiles), bias [N]
+ * fp32 (optional) -> Y [..., N] fp32. Attributes: K, N.
+ *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
  * version 17 (ONNX Runtime 1.17, the first with KernelContext_ParallelFor), which any later runtime also serves.
@@ -29,6 +32,7 @@
 #include <string.h>
 
 #include "attention_kernel.h"
+#include "matmul_bf16.h"
 #include "matmul_q4.h"
 #include "ops_version.h"
 
@@ -45,7 +49,7 @@ typedef struct OrtCustomOpDomain OrtCustomOpDomain;
 typedef struct OrtShapeInferContext OrtShapeInferContext;
 typedef void OrtApi; /* used only through the slots below */
 
-enum { T_UNDEFINED = 0, T_FLOAT = 1, T_UINT8 = 2, T_INT8 = 3, T_INT32 = 6, T_FLOAT16 = 10 };
+enum { T_UNDEFINED = 0, T_FLOAT = 1, T_UINT8 = 2, T_INT8 = 3, T_INT32 = 6, T_FLOAT16 = 10, T_BFLOAT16 = 16 };
 enum { IO_REQUIRED = 0, IO_OPTIONAL = 1 };
 enum { ERR_FAIL = 1, ERR_INVALID_ARGUMENT = 2 };
 
@@ -126,7 +130,7 @@ typedef struct OrtCustomOp {
 typedef struct {
   OrtCustomOp base;
   const char* name;
-  int kv_type; /* attention: the cache's element type */
+  int kv_type; /* attention: the cache's element type; matmul: its weights' (T_UINT8: MatMulQ4, T_BFLOAT16) */
   int threads; /* the session's intra-op threads (its "llmc.threads" config entry), 0 when not given */
 } LlmcOp;
 
@@ -350,13 +354,16 @@ typedef struct {
   const OrtApi* api;
   int64_t K, N, gated, act_bits;
   int threads;
+  int bf16; /* MatMulBF16, else MatMulQ4 */
 } MatMulKernel;
 
 enum { MM_A, MM_B, MM_BIAS, MM_INPUTS };
 
 static size_t mm_input_count(const OrtCustomOp* op) { (void)op; return MM_INPUTS; }
 static size_t mm_output_count(const OrtCustomOp* op) { (void)op; return 1; }
-static int mm_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i == MM_B ? T_UINT8 : T_FLOAT; }
+static int mm_input_type(const OrtCustomOp* op, size_t i) {
+  return i == MM_B ? ((const LlmcOp*)op)->kv_type : T_FLOAT; /* B: the weights' type */
+}
 static int mm_output_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return T_FLOAT; }
 static int mm_input_characteristic(const OrtCustomOp* op, size_t i) {
   (void)op;
@@ -365,12 +372,23 @@ static int mm_input_characteristic(const OrtCustomOp* op, size_t i) {
 
 static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
   MatMulKernel* k = (MatMulKernel*)calloc(1, sizeof(MatMulKernel));
-  if (!k) return fail(api, ERR_FAIL, "MatMulQ4: out of memory");
+  if (!k) return fail(api, ERR_FAIL, "MatMul: out of memory");
   k->api = api;
   k->threads = ((const LlmcOp*)op)->threads;
+  k->bf16 = ((const LlmcOp*)op)->kv_type == T_BFLOAT16;
   GetAttributeInt64_t get = (GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64);
   OrtStatus* s = get(info, "K", &k->K);
   if (!s) s = get(info, "N", &k->N);
+  if (k->bf16) {
+    if (!s && (k->K <= 0 || k->K % 2 || k->N <= 0))
+      s = fail(api, ERR_INVALID_ARGUMENT, "MatMulBF16: K must be positive and even, N positive");
+    if (s) {
+      free(k);
+      return s;
+    }
+    *out = k;
+    return NULL;
+  }
   if (!s) s = get(info, "gated", &k->gated);
   if (!s && (k->K <= 0 || k->K % LLMC_Q4_BLOCK || k->N <= 0 || (k->gated && k->N % (2 * LLMC_Q4_TILE))))
     s = fail(api, ERR_INVALID_ARGUMENT, "MatMulQ4: K must be a positive multiple of 32, N positive (gated: a "
@@ -400,28 +418,39 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   int rank[MM_INPUTS];
   CHECK(inputs(api, ctx, MM_INPUTS, data, dims, rank));
   char msg[256];
-  int64_t pairs = (k->N + 2 * LLMC_Q4_TILE - 1) / (2 * LLMC_Q4_TILE), blocks = k->K / LLMC_Q4_BLOCK;
-  if (rank[MM_A] < 1 || dims[MM_A][rank[MM_A] - 1] != k->K || rank[MM_B] != 3 || dims[MM_B][0] != pairs ||
-      dims[MM_B][1] != blocks || dims[MM_B][2] != LLMC_Q4_PAIR_BYTES ||
+  const char* name = k->bf16 ? "MatMulBF16" : "MatMulQ4";
+  /* B's shape: Q4 [pairs of tiles, blocks, pair bytes]; bf16 [tiles, K / 2, 32] */
+  int64_t b0 = k->bf16 ? (k->N + LLMC_BF16_TILE - 1) / LLMC_BF16_TILE
+                       : (k->N + 2 * LLMC_Q4_TILE - 1) / (2 * LLMC_Q4_TILE);
+  int64_t b1 = k->bf16 ? k->K / 2 : k->K / LLMC_Q4_BLOCK, b2 = k->bf16 ? 2 * LLMC_BF16_TILE : LLMC_Q4_PAIR_BYTES;
+  if (rank[MM_A] < 1 || dims[MM_A][rank[MM_A] - 1] != k->K || rank[MM_B] != 3 || dims[MM_B][0] != b0 ||
+      dims[MM_B][1] != b1 || dims[MM_B][2] != b2 ||
       (rank[MM_BIAS] >= 0 && (rank[MM_BIAS] != 1 || dims[MM_BIAS][0] != k->N))) {
-    snprintf(msg, sizeof msg, "MatMulQ4: expected A [..., %lld], B [%lld, %lld, %d], bias [%lld] for K %lld, N %lld",
-             (long long)k->K, (long long)pairs, (long long)blocks, LLMC_Q4_PAIR_BYTES, (long long)k->N,
+    snprintf(msg, sizeof msg, "%s: expected A [..., %lld], B [%lld, %lld, %lld], bias [%lld] for K %lld, N %lld",
+             name, (long long)k->K, (long long)b0, (long long)b1, (long long)b2, (long long)k->N,
              (long long)k->K, (long long)k->N);
     return fail(api, ERR_INVALID_ARGUMENT, msg);
   }
   int64_t out_dims[4], M = 1;
   for (int i = 0; i < rank[MM_A] - 1; i++) out_dims[i] = dims[MM_A][i], M *= dims[MM_A][i];
-  out_dims[rank[MM_A] - 1] = k->gated ? k->N / 2 : k->N;
+  out_dims[rank[MM_A] - 1] = k->gated ? k->N / 2 : k->N; /* (bf16: never gated) */
   OrtValue* out = NULL;
   void* out_data = NULL;
   CHECK(((GetOutput_t)SLOT(api, KernelContext_GetOutput))(ctx, 0, out_dims, (size_t)rank[MM_A], &out));
   CHECK(((GetTensorMutableData_t)SLOT(api, GetTensorMutableData))(out, &out_data));
-  llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],
-                    .w = (const uint8_t*)data[MM_B], .bias = (const float*)data[MM_BIAS], .y = (float*)out_data,
-                    .threads = k->threads, .act_bits = (int)k->act_bits};
   Pool pool = {api, ctx, NULL};
-  const char* err = llmc_q4_matmul(&a, run_parallel, &pool);
-  return outcome(&pool, "MatMulQ4", err);
+  const char* err;
+  if (k->bf16) {
+    llmc_bf16_args a = {.M = M, .K = k->K, .N = k->N, .x = (const float*)data[MM_A], .w = (const uint16_t*)data[MM_B],
+                        .bias = (const float*)data[MM_BIAS], .y = (float*)out_data, .threads = k->threads};
+    err = llmc_bf16_matmul(&a, run_parallel, &pool);
+  } else {
+    llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],
+                      .w = (const uint8_t*)data[MM_B], .bias = (const float*)data[MM_BIAS], .y = (float*)out_data,
+                      .threads = k->threads, .act_bits = (int)k->act_bits};
+    err = llmc_q4_matmul(&a, run_parallel, &pool);
+  }
+  return outcome(&pool, name, err);
 }
 
 static LlmcOp make_op(const char* name, int kv_type) {
@@ -447,8 +476,8 @@ static LlmcOp make_op(const char* name, int kv_type) {
   return op;
 }
 
-static LlmcOp make_matmul_op(void) {
-  LlmcOp op = make_op("MatMulQ4", T_UNDEFINED);
+static LlmcOp make_matmul_op(const char* name, int weight_type) {
+  LlmcOp op = make_op(name, weight_type);
   op.base.GetInputType = mm_input_type;
   op.base.GetInputTypeCount = mm_input_count;
   op.base.GetOutputType = mm_output_type;
@@ -459,7 +488,7 @@ static LlmcOp make_matmul_op(void) {
   return op;
 }
 
-#define N_OPS 4
+#define N_OPS 5
 #define MAX_THREADS 256
 static LlmcOp op_sets[MAX_THREADS + 1][N_OPS]; /* one set per thread count: ONNX Runtime keeps pointers to them */
 
@@ -482,6 +511,7 @@ EXPORT const char* llmc_ops_version(void) { return LLMC_OPS_VERSION; }
 /* The code paths this CPU takes: attention (1 AVX-512, 0 portable) and the 4-bit product (llmc_q4_path). */
 EXPORT int llmc_ops_attention_path(void) { return llmc_attention_uses_avx512(); }
 EXPORT int llmc_ops_q4_path(void) { return llmc_q4_path(); }
+EXPORT int llmc_ops_bf16_path(void) { return llmc_bf16_path(); }
 
 EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(ORT_API_VERSION_USED);
@@ -495,7 +525,8 @@ EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase
     ops[0] = make_op("CachedAttention", T_FLOAT);
     ops[1] = make_op("CachedAttentionF16Cache", T_FLOAT16);
     ops[3] = make_op("CachedAttentionI8Cache", T_INT8);
-    ops[2] = make_matmul_op();
+    ops[2] = make_matmul_op("MatMulQ4", T_UINT8);
+    ops[4] = make_matmul_op("MatMulBF16", T_BFLOAT16);
     for (int i = 0; i < N_OPS; i++) ops[i].threads = threads;
   }
   /* One domain object per registration: ONNX Runtime keeps a pointer to it in the session options. */

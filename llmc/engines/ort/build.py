@@ -13,6 +13,7 @@ from llmc.engines.choices import KVLayout, MatMul, Quant
 from llmc.engines.kernels import library_path, ops_version, register
 from llmc.engines.ort.config import BuildConfig, check_build_config, conservative, resolve
 from llmc.engines.ort.graphs import (
+    bf16_weights,
     load_checkpoint,
     quantizable,
     quantized,
@@ -172,6 +173,8 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         quant = cfg.quant_spec()
         if quant is not None:
             ckpt = quantized(ckpt, quant)
+        if cfg.bf16():
+            ckpt = bf16_weights(ckpt)
         ckpt = with_compact_embedding(ckpt)
         src_dir = scratch / "lowered"
         src_dir.mkdir()
@@ -195,7 +198,8 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
         attention=cfg.attention.value if kv.layout == "inplace" else "decomposed", block_size=cfg.block_size,
         accuracy_level=cfg.accuracy_level, onnxruntime=ort.__version__,
         llmc_ops=ops_version() if library is not None else "")  # the contract the graphs were built for
-    precision = export.dtype if cfg.quant is Quant.none else f"{cfg.quant.value}-{export.dtype}"
+    precision = "bfloat16" if cfg.bf16() else export.dtype if cfg.quant is Quant.none else \
+        f"{cfg.quant.value}-{export.dtype}"
     manifest = engine_manifest(export, export_dir, "ort", precision, settings, files, graphs, kv)
     progress.step("checking the engine against the golden outputs")
     from llmc.engines.registry import load_engine_dir

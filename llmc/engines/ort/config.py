@@ -7,7 +7,16 @@ from dataclasses import dataclass, fields, replace
 from enum import Enum
 from pathlib import Path
 
-from llmc.engines.choices import Attention, KVDtype, KVLayout, MatMul, MoELowering, Quant, choice
+from llmc.engines.choices import (
+    Attention,
+    KVDtype,
+    KVLayout,
+    MatMul,
+    MoELowering,
+    Quant,
+    WeightsDtype,
+    choice,
+)
 from llmc.errors import BackendUnavailableError, InputError
 from llmc.graph.quant import SCHEMES, TILE_BLOCK, QuantSpec
 from llmc.manifest import ExportManifest
@@ -15,7 +24,8 @@ from llmc.outdir import check_out_dir
 
 MOE_UNROLL_MAX = 32  # experts per layer up to which the "standard" (unrolled) mixture lowering is the default
 _FLAGS: dict[str, tuple[str, type[Enum]]] = {
-    "quant": ("--quant", Quant), "kv_layout": ("--kv-layout", KVLayout), "attention": ("--attention", Attention),
+    "quant": ("--quant", Quant), "dtype": ("--dtype", WeightsDtype), "kv_layout": ("--kv-layout", KVLayout),
+    "attention": ("--attention", Attention),
     "kv_dtype": ("--kv-dtype", KVDtype), "matmul": ("--matmul", MatMul), "moe": ("--moe", MoELowering)}
 
 
@@ -41,6 +51,7 @@ class BuildConfig:
     quality_target: float = 0.99  # --quant: top-1 agreement with the model the layer precisions are chosen for
     quality_bytes: float = 1.15  # --quant: most weight bytes per step the raised layers may take, x all at --quant
     layout: tuple[tuple[str, str], ...] = ()  # --quant: per-layer precisions (chosen by measurement, quality.py)
+    dtype: WeightsDtype = WeightsDtype.auto  # the linear layers' weights: the export's, or bfloat16
 
     def __post_init__(self) -> None:
         for name, (flag, kind) in _FLAGS.items():  # strings from callers become the Enums, or a one-line error
@@ -58,7 +69,11 @@ class BuildConfig:
     def uses_llmc_ops(self) -> bool:
         """Whether the engine's graphs hold llmc's own operators (a resolved config)."""
         return self.kv_layout is KVLayout.inplace and (self.attention is Attention.llmc or
-                                                        self.matmul is MatMul.llmc)
+                                                        self.matmul is MatMul.llmc or self.bf16())
+
+    def bf16(self) -> bool:
+        """bf16 weights (llmc's MatMulBF16)."""
+        return self.dtype is WeightsDtype.bfloat16
 
     def choices(self) -> dict[str, str]:
         """The resolved choices as engine.json records them (EngineSettings fields)."""
@@ -72,6 +87,8 @@ def check_build_config(cfg: BuildConfig) -> None:
     if explicit_kv and cfg.attention not in (Attention.llmc, Attention.auto):
         raise InputError(f"--kv-dtype {cfg.kv_dtype.value} needs --attention llmc (got --attention "
                          f"{cfg.attention.value})")
+    if cfg.bf16() and (cfg.quant is not Quant.none or cfg.kv_layout is KVLayout.concat):
+        raise InputError("--dtype bfloat16 is the weights' precision: it takes neither --quant nor --kv-layout concat")
     if cfg.quant is not Quant.none and cfg.kv_layout is KVLayout.concat:
         raise InputError("--quant needs --kv-layout inplace (the concat layout runs the export's graphs as they are)")
     if cfg.block_size not in (16, 32, 64, 128, 256):
@@ -115,7 +132,11 @@ def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
     moe = cfg.moe
     if moe is MoELowering.auto:
         moe = MoELowering.standard if export.model.num_experts <= MOE_UNROLL_MAX else MoELowering.ort
-    resolved = replace(cfg, attention=attention, kv_dtype=kv_dtype, matmul=matmul, moe=moe)
+    dtype = WeightsDtype(export.dtype) if cfg.dtype is WeightsDtype.auto and export.dtype in (
+        "float32", "bfloat16") else cfg.dtype
+    if dtype is WeightsDtype.bfloat16 and not fp32:
+        raise InputError(f"--dtype bfloat16 builds from a float32 export, got a {export.dtype} one")
+    resolved = replace(cfg, attention=attention, kv_dtype=kv_dtype, matmul=matmul, moe=moe, dtype=dtype)
     if resolved.kv_dtype.value != export.dtype and not (inplace and attention is Attention.llmc):
         raise InputError(f"--kv-dtype {kv_dtype.value} differs from the export's {export.dtype}: only "
                          "--attention llmc (in place) takes another cache dtype")

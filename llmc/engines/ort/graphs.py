@@ -16,7 +16,7 @@ from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
 from llmc.graph.moe import with_moe_weights
-from llmc.graph.quant import QuantSpec, compact_table, quantize_weights
+from llmc.graph.quant import BF16TILES, QuantSpec, compact_table, pack_bf16_tiles, quantize_weights
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
 
@@ -51,6 +51,19 @@ def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
     return Checkpoint(ckpt.spec, quantize_weights(weights, names, quant, head="lm_head.weight", gated=gated))
+
+
+def bf16_weights(ckpt: Checkpoint) -> Checkpoint:
+    """Linear layers and the LM head as MatMulBF16 tiles (bf16, to nearest even); the embedding stays for the
+    Gather, norms and biases fp32."""
+    weights = dict(ckpt.weights)
+    for name in quantizable(ckpt):
+        weights[name + BF16TILES] = pack_bf16_tiles(weights.pop(name))
+    head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
+    weights["lm_head.weight" + BF16TILES] = pack_bf16_tiles(np.ascontiguousarray(head.T))  # [Hd, V] as tiles
+    if not ckpt.spec.tie_embeddings:
+        weights.pop("lm_head.weight")
+    return Checkpoint(ckpt.spec, weights)
 
 
 def with_compact_embedding(ckpt: Checkpoint) -> Checkpoint:

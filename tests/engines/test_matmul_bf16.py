@@ -1,0 +1,85 @@
+"""llmc's bf16 operator (ai.llmc.MatMulBF16): the packed layout, and the operator against a numpy reference of its
+arithmetic (x rounded to bf16 to nearest-even, exact products, fp32 sums) through ONNX Runtime, on its AMX-BF16,
+AVX-512 BF16 and portable paths, over one and several threads, with and without a bias, widths off the tile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from llmc.graph.quant import pack_bf16_tiles, to_bf16_bits
+
+RNG = np.random.default_rng(5)
+
+
+def _from_bits(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, threads: int) -> object:
+    import onnxruntime as ort
+
+    inputs = ["x", "w"] + (["bias"] if bias is not None else [])
+    node = helper.make_node("MatMulBF16", inputs, ["y"], domain="ai.llmc", K=k, N=n)
+    inits = [numpy_helper.from_array(packed, "w")] + ([numpy_helper.from_array(bias, "bias")] if bias is not None
+                                                      else [])
+    graph = helper.make_graph([node], "bf16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", "K"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("llmc.threads", str(threads))
+    so.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def test_packing_keeps_each_value_in_its_place() -> None:
+    w = RNG.standard_normal((6, 20)).astype(np.float32)
+    packed = pack_bf16_tiles(w).view(np.uint16)
+    assert packed.shape == (2, 3, 32)
+    bits = to_bf16_bits(w)
+    for k in range(6):
+        for col in range(20):
+            assert packed[col // 16, k // 2, 2 * (col % 16) + k % 2] == bits[k, col]
+    assert not packed[1, :, 2 * 4:].any()  # columns 20..31: zeros
+
+
+def test_rounding_is_to_nearest_even() -> None:
+    x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 1.0 + 2 ** -9, -2.5], np.float32)
+    np.testing.assert_array_equal(_from_bits(to_bf16_bits(x)), [1.0, 1.0, 1.0 + 2 ** -6, 1.0, -2.5])
+
+
+CASES = [(64, 48, 1, False), (576, 960, 1, True), (1536, 576, 8, False), (96, 40, 13, True), (2, 3, 5, False),
+         (576, 200, 37, True),  # AMX where granted: 2 row blocks + a tail, 13 tiles (the last unit one tile)
+         (64, 32, 16, False), (30, 16, 20, False)]  # AMX: one row block exactly; K off its 32: AVX-512
+PATHS = {"native": {}, "avx512": {"LLMC_KERNELS_NO_AMX": "1"}, "portable": {"LLMC_KERNELS_GENERIC": "1"}}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(("k", "n", "rows", "with_bias"), CASES)
+def test_operator_matches_its_arithmetic(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, threads: int,
+                                         k: int, n: int, rows: int, with_bias: bool) -> None:
+    for name, value in PATHS[path].items():  # native: the best this CPU has (AMX-BF16 from 16 rows where granted)
+        monkeypatch.setenv(name, value)
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
+    x = RNG.standard_normal((1, rows, k)).astype(np.float32)
+    y = _session(llmc_ops, k, n, pack_bf16_tiles(w), bias, threads).run(None, {"x": x})[0]
+    wq, xq = _from_bits(to_bf16_bits(w)).astype(np.float64), _from_bits(to_bf16_bits(x)).astype(np.float64)
+    expected = xq @ wq + (bias if bias is not None else 0)
+    assert y.shape == (1, rows, n)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    # against the fp32 product: bf16's 8 bits of mantissa on both sides, ~1e-2 of the largest output at most
+    exact = x.astype(np.float64) @ w + (bias if bias is not None else 0)
+    assert np.abs(y - exact).max() < 2e-2 * np.abs(exact).max()
+
+
+def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
+    w = pack_bf16_tiles(RNG.standard_normal((64, 32)).astype(np.float32))
+    with pytest.raises(Exception, match=r"MatMulBF16: expected A \[\.\.\., 64\], B \[2, 32, 32\]"):
+        _session(llmc_ops, 64, 32, w, None, 1).run(None, {"x": np.zeros((1, 1, 62), np.float32)})
