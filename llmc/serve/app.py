@@ -17,6 +17,7 @@ from llmc.runtime.async_engine import AsyncEngine, AsyncEngineConfig
 from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.llm import LLM
 from llmc.runtime.tool_calls import ToolFormat
+from llmc.serve import chat_page
 from llmc.serve.chat import create_chat_completion
 from llmc.serve.completions import create_completion
 from llmc.serve.context import Served
@@ -80,6 +81,8 @@ def create_app(source: LLM | str | Path, config: ServeConfig | None = None) -> F
 
 
 def _routes(app: FastAPI, served: Served) -> None:
+    chat_page.install(app)  # GET /: the chat page
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
         return await create_chat_completion(served, req, raw)
