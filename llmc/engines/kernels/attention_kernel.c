@@ -217,19 +217,21 @@ AVX512 static inline __attribute__((always_inline)) void sum_values(const float*
 AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0,
                                  int t1, float softcap, float* m, float* l, float* acc) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
-  const char* vrow[CHUNK]; /* the chunk's value rows (contiguous, or across its blocks) */
+  const char *krow[CHUNK], *vrow[CHUNK]; /* the chunk's key and value rows (contiguous, or across its blocks) */
   int nv = D / 16;
   size_t rb = row_bytes(kind, D);
   for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
   memset(acc, 0, sizeof(float) * G * D);
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
-    for (int t = 0; t < n; t++) vrow[t] = row_at(V, c0 + t);
+    for (int t = 0; t < n; t++) krow[t] = row_at(K, c0 + t), vrow[t] = row_at(V, c0 + t);
     for (int t = 0; t < n; t++) {
-      const char* row = row_at(K, c0 + t);
-      int pk = c0 + t + PREFETCH_ROWS, pv = c0 + t + PREFETCH_ROWS - n; /* a block table is read only in range */
-      if (!K->table || pk < t1) prefetch_row(row_at(K, pk), rb);
-      if (t + PREFETCH_ROWS >= n && (!V->table || pv < t1)) prefetch_row(row_at(V, pv), rb);
+      const char* row = krow[t];
+      if (t + PREFETCH_ROWS < n) /* the chunk's own rows; past its end: the next chunk's (a table only in range) */
+        prefetch_row(krow[t + PREFETCH_ROWS], rb);
+      else if (!K->table || c0 + t + PREFETCH_ROWS < t1)
+        prefetch_row(row_at(K, c0 + t + PREFETCH_ROWS), rb);
+      if (t + PREFETCH_ROWS >= n && t + PREFETCH_ROWS - n < n) prefetch_row(vrow[t + PREFETCH_ROWS - n], rb);
       if (nv == 4) { /* D = 64: the key row in 4 registers, reused by every query head */
         __m512 k0 = load16(row, 0, kind, D), k1 = load16(row, 16, kind, D), k2 = load16(row, 32, kind, D),
                k3 = load16(row, 48, kind, D);
