@@ -196,12 +196,12 @@ def test_the_next_mask_is_computed_while_the_engine_step_runs(compiler: GrammarC
     from llmc.runtime.structured import GrammarState
 
     state = GrammarState(_SlowMatcher(0.05), VOCAB, compiler.executor())
-    time.sleep(0.08)  # the prompt's prefill: the first mask is computed meanwhile
+    time.sleep(0.2)  # the prompt's prefill: the first mask is computed meanwhile
     state.allowed()
     t0 = time.perf_counter()
     state.advance(5)  # returns at once: the mask is computed on a worker thread
     assert time.perf_counter() - t0 < 0.03
-    time.sleep(0.08)  # the engine step
+    time.sleep(0.2)  # the engine step (4x the mask's time: room for a loaded machine)
     waited = state.wait_s
     state.allowed()
     assert state.wait_s - waited < 0.03  # ready: the sampler did not wait for it
