@@ -30,8 +30,9 @@ class EngineOptions:
             raise InputError(f"--threads must be >= 0 (0 = physical cores), got {self.threads}", "threads")
         if self.kv_budget_mb < 1:
             raise InputError(f"--kv-budget-mb must be >= 1, got {self.kv_budget_mb}", "kv_budget_mb")
-        if not 1 <= self.kv_block_size <= 256:
-            raise InputError(f"--kv-block-size must be 1 .. 256, got {self.kv_block_size}", "kv_block_size")
+        if not 1 <= self.kv_block_size <= 256 or self.kv_block_size & (self.kv_block_size - 1):
+            raise InputError(f"--kv-block-size must be a power of 2 from 1 to 256, got {self.kv_block_size}",
+                             "kv_block_size")
 
 
 class KVCache(ABC):

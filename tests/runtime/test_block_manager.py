@@ -166,3 +166,11 @@ def test_random_operations_keep_every_block_accounted_for() -> None:
         for table, _ in tables:
             bm.release(table)
         assert bm.num_free == bm.num_blocks and not any(bm.refs)
+
+
+@pytest.mark.parametrize("size", [0, 24, 512])
+def test_a_block_size_the_operator_cannot_page_is_refused_naming_it(size: int) -> None:
+    from llmc.runtime.config import RuntimeConfig
+
+    with pytest.raises(InputError, match=f"--kv-block-size must be a power of 2 from 1 to 256, got {size}"):
+        RuntimeConfig(kv_block_size=size)
