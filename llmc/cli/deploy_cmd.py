@@ -42,8 +42,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
                                threads=threads, kv_budget_mb=kv_budget_mb, max_running=max_running,
                                replicas=replicas, max_replicas=max_replicas, mount_engine=mount_engine)
         files = package(config)
-        typer.echo(f"wrote {len(files)} files into {out} ({target.value}): "
-                   + ", ".join(f for f in files if not f.startswith(("engine/", f"{config.served_name}/1/engine/"))))
+        tops = sorted({f.split("/")[0] + ("/" if "/" in f else "") for f in files})
+        typer.echo(f"wrote {len(files)} files into {out} ({target.value}): {', '.join(tops)}")
 
     deploy = typer.Typer(no_args_is_help=True, help="Serve at scale on a distributed engine.")
     app.add_typer(deploy, name="deploy")

@@ -1,8 +1,9 @@
 """`--target triton`: a Triton Inference Server model repository for the Python backend.
 
-OUT/<name>/config.pbtxt (decoupled: one request streams many responses), OUT/<name>/1/model.py (llmc's runtime,
-one engine with continuous batching across every Triton request), OUT/<name>/1/engine/, and the wheel +
-requirements the Triton image needs to install (`pip install -r requirements.txt wheels/llmc-*.whl`).
+OUT/models/<name>/config.pbtxt (decoupled: one request streams many responses), OUT/models/<name>/1/model.py
+(llmc's runtime, one engine with continuous batching across every Triton request), OUT/models/<name>/1/engine/;
+and a Dockerfile that adds llmc's runtime to a Triton image (from llmc-src/, compiled there for the image's own
+Python, with the pinned requirements.txt).
 """
 
 from __future__ import annotations
@@ -11,24 +12,42 @@ import shutil
 from pathlib import Path
 
 from llmc.deploy.package import EngineFacts, PackageConfig
-from llmc.deploy.wheel import build_wheel, runtime_requirements
+from llmc.deploy.wheel import copy_sources, runtime_requirements
 
 MODEL_PY = Path(__file__).with_name("triton_model.py")
 
 
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.01-py3"  # any release with the Python backend
+
+
 def write(config: PackageConfig, facts: EngineFacts, work: Path) -> list[str]:
     name = config.served_name
-    version = work / name / "1"
+    version = work / "models" / name / "1"
     version.mkdir(parents=True)
     shutil.copy2(MODEL_PY, version / "model.py")
     shutil.copytree(config.engine_dir, version / "engine")
-    (work / name / "config.pbtxt").write_text(config_pbtxt(config, facts))
-    wheel = build_wheel(work / "wheels")
+    (work / "models" / name / "config.pbtxt").write_text(config_pbtxt(config, facts))
+    copy_sources(work / "llmc-src")
     # the Python backend's own interpreter runs model.py: llmc's runtime only (no server, no torch)
     (work / "requirements.txt").write_text("\n".join(runtime_requirements(extras=())) + "\n")
-    engine_files = [f"{name}/1/engine/{p.relative_to(version / 'engine')}"
-                    for p in sorted((version / "engine").rglob("*")) if p.is_file()]
-    return [f"{name}/config.pbtxt", f"{name}/1/model.py", "requirements.txt", f"wheels/{wheel.name}", *engine_files]
+    (work / "Dockerfile").write_text(dockerfile(config))
+    return [p.relative_to(work).as_posix() for p in sorted(work.rglob("*")) if p.is_file()]
+
+
+def dockerfile(config: PackageConfig) -> str:
+    return f"""\
+# Triton Inference Server with llmc's runtime for the Python backend; written by `llmc package --target triton`.
+# Build: docker build -t {config.served_name}-triton .   Run: docker run -p 8000:8000 -p 8001:8001 {config.served_name}-triton
+ARG TRITON_IMAGE={TRITON_IMAGE}
+FROM ${{TRITON_IMAGE}}
+# llmc's operators compile here, for this image's Python (the Python backend runs it)
+RUN apt-get update && apt-get install -y --no-install-recommends gcc && rm -rf /var/lib/apt/lists/*
+COPY requirements.txt /tmp/requirements.txt
+COPY llmc-src/ /tmp/llmc-src/
+RUN pip install --no-cache-dir -r /tmp/requirements.txt /tmp/llmc-src && rm -rf /tmp/requirements.txt /tmp/llmc-src
+COPY models/ /models/
+CMD ["tritonserver", "--model-repository=/models"]
+"""
 
 
 def config_pbtxt(config: PackageConfig, facts: EngineFacts) -> str:

@@ -30,15 +30,8 @@ def source_root() -> Path:
 
 def build_wheel(dest: Path) -> Path:
     """Build llmc's wheel into `dest` from a clean copy of its sources (never the checkout's build outputs)."""
-    root = source_root()
     with tempfile.TemporaryDirectory(prefix="llmc-wheel-") as tmp:
-        src = Path(tmp) / "src"
-        src.mkdir()
-        for name in _SOURCE_FILES:
-            if (root / name).is_file():
-                shutil.copy2(root / name, src / name)
-        shutil.copytree(root / "llmc", src / "llmc",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", "*.egg-info"))
+        src = copy_sources(Path(tmp) / "src")
         dest.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest),
                str(src)]
@@ -50,6 +43,18 @@ def build_wheel(dest: Path) -> Path:
     if not wheels:
         raise LlmcError(f"building llmc's wheel left no llmc-*.whl in {dest}")
     return wheels[-1]
+
+
+def copy_sources(dest: Path) -> Path:
+    """llmc's sources (what `pip install DEST` builds from; its operators compile there), no build outputs."""
+    root = source_root()
+    dest.mkdir(parents=True)
+    for name in _SOURCE_FILES:
+        if (root / name).is_file():
+            shutil.copy2(root / name, dest / name)
+    shutil.copytree(root / "llmc", dest / "llmc",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", "*.egg-info"))
+    return dest
 
 
 def runtime_requirements(extras: tuple[str, ...] = SERVED_EXTRAS) -> list[str]:

@@ -31,16 +31,32 @@ def repo(deploy_engine_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
+def _model_config_pb2() -> Any:
+    """tritonclient's ModelConfig schema, loaded alone: the `tritonclient.grpc` package also registers the KServe
+    v2 service protos, which the kserve SDK (imported by other tests in this process) registers too."""
+    if "tritonclient.grpc.model_config_pb2" in sys.modules:
+        return sys.modules["tritonclient.grpc.model_config_pb2"]
+    spec = importlib.util.find_spec("tritonclient")
+    if spec is None or spec.origin is None:
+        pytest.skip("tritonclient is not installed (the dev extra has it)")
+    path = Path(spec.origin).parent / "grpc" / "model_config_pb2.py"
+    module_spec = importlib.util.spec_from_file_location("tritonclient.grpc.model_config_pb2", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    sys.modules["tritonclient.grpc.model_config_pb2"] = module
+    return module
+
+
 def _parse_config(repo: Path) -> Any:
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
 
-    return text_format.Parse((repo / NAME / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    text = (repo / "models" / NAME / "config.pbtxt").read_text()
+    return text_format.Parse(text, _model_config_pb2().ModelConfig())
 
 
 def test_config_pbtxt_is_a_decoupled_python_model(repo: Path) -> None:
-    from tritonclient.grpc import model_config_pb2 as mc
-
+    mc = _model_config_pb2()
     cfg = _parse_config(repo)
     assert (cfg.name, cfg.backend, cfg.max_batch_size) == (NAME, "python", 0)
     assert cfg.model_transaction_policy.decoupled
@@ -50,10 +66,14 @@ def test_config_pbtxt_is_a_decoupled_python_model(repo: Path) -> None:
     assert {o.name: o.data_type for o in cfg.output} == {"text_output": mc.TYPE_STRING, "finish_reason": mc.TYPE_STRING}
     assert [(g.count, g.kind) for g in cfg.instance_group] == [(1, mc.ModelInstanceGroup.KIND_CPU)]
     assert cfg.parameters["engine_dir"].string_value == "engine"
-    assert (repo / NAME / "1" / "engine" / "engine.json").is_file()
-    assert (repo / NAME / "1" / "model.py").is_file()
+    assert (repo / "models" / NAME / "1" / "engine" / "engine.json").is_file()
+    assert (repo / "models" / NAME / "1" / "model.py").is_file()
     reqs = (repo / "requirements.txt").read_text()
     assert "onnxruntime==" in reqs and "torch" not in reqs and "fastapi" not in reqs
+    docker = (repo / "Dockerfile").read_text()
+    assert "COPY models/ /models/" in docker and 'CMD ["tritonserver", "--model-repository=/models"]' in docker
+    assert (repo / "llmc-src" / "setup.py").is_file() and (repo / "llmc-src" / "llmc" / "deploy").is_dir()
+    assert not list((repo / "llmc-src").rglob("*.so"))  # sources only: they compile for the image's Python
 
 
 @pytest.fixture
@@ -62,13 +82,14 @@ def model(repo: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from google.protobuf import json_format
 
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    spec = importlib.util.spec_from_file_location("triton_llmc_model", repo / NAME / "1" / "model.py")
+    spec = importlib.util.spec_from_file_location("triton_llmc_model", repo / "models" / NAME / "1" / "model.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     m = module.TritonPythonModel()
     config = json_format.MessageToDict(_parse_config(repo), preserving_proto_field_name=True)
-    m.initialize({"model_config": json.dumps(config), "model_repository": str(repo / NAME), "model_version": "1",
+    m.initialize({"model_config": json.dumps(config), "model_repository": str(repo / "models" / NAME),
+                  "model_version": "1",
                   "model_name": NAME, "model_instance_kind": "CPU", "model_instance_name": f"{NAME}_0"})
     yield m
     m.finalize()
@@ -87,7 +108,13 @@ def _wait(requests: list[pb.Request], timeout: float = 60) -> None:
         assert r.done.wait(timeout), f"request {r.request_id()} got no final response"
 
 
-def test_streams_each_request_and_batches_across_them(model: Any, deploy_engine_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def reference(deploy_engine_dir: Path) -> LLM:
+    """The same engine outside Triton (the model's own LLM belongs to its engine thread)."""
+    return LLM(deploy_engine_dir, RuntimeConfig(threads=1, kv_budget_mb=64, max_running=4))
+
+
+def test_streams_each_request_and_batches_across_them(model: Any, reference: LLM) -> None:
     batch_sizes: list[int] = []
     decode = model.llm.engine.decode
 
@@ -101,7 +128,6 @@ def test_streams_each_request_and_batches_across_them(model: Any, deploy_engine_
     requests = [_request(i, p, max_tokens=12, temperature=0.0) for i, p in enumerate(prompts)]
     assert model.execute(requests) is None  # decoupled: everything goes through the senders
     _wait(requests)
-    reference = LLM(deploy_engine_dir, RuntimeConfig(threads=1, kv_budget_mb=64, max_running=4))
     expected = reference.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))
     for r, out in zip(requests, expected):
         assert r.closed and not any(x.has_error() for x in r.responses)
@@ -111,12 +137,12 @@ def test_streams_each_request_and_batches_across_them(model: Any, deploy_engine_
     assert max(batch_sizes) > 1, f"Triton's requests never shared an engine step: {batch_sizes}"
 
 
-def test_chat_input_applies_the_template(model: Any) -> None:
+def test_chat_input_applies_the_template(model: Any, reference: LLM) -> None:
     r = _request(0, "What is the capital of France?", max_tokens=5, chat=True, temperature=0.0)
     model.execute([r])
     _wait([r])
-    ids = model.llm.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
-    want = model.llm.generate([ids], SamplingParams(max_tokens=5, temperature=0.0))[0].outputs[0].text
+    ids = reference.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    want = reference.generate([ids], SamplingParams(max_tokens=5, temperature=0.0))[0].outputs[0].text
     assert "".join(r.texts()) == want
 
 
