@@ -8,7 +8,22 @@ from llmc.engines.base import KVCache, PagedKVCache
 from llmc.manifest import KVSpec
 
 
-class HostKVCache(KVCache):
+class _HostBuffers:
+    """One K and one V numpy buffer per layer (slots or block pools) in host RAM."""
+
+    keys: list[np.ndarray]
+    values: list[np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+    def buffers(self) -> list[np.ndarray]:
+        """K and V buffers interleaved by layer, in the order of KVSpec.names()."""
+        return [buf for pair in zip(self.keys, self.values) for buf in pair]
+
+
+class HostKVCache(_HostBuffers, KVCache):
     """Per layer one K and one V buffer [num_slots, Hkv, max_len, D], allocated once."""
 
     def __init__(self, spec: KVSpec, num_slots: int, max_len: int) -> None:
@@ -19,13 +34,6 @@ class HostKVCache(KVCache):
         self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
         self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
-
-    def buffers(self) -> list[np.ndarray]:
-        """K and V buffers interleaved by layer, in the order of KVSpec.names()."""
-        return [buf for pair in zip(self.keys, self.values) for buf in pair]
 
     def move(self, src: int, dst: int) -> None:
         n = int(self.lengths[src])
@@ -47,7 +55,7 @@ class HostKVCache(KVCache):
         return [buf[slots][:, :, :past_len] for buf in self.buffers()]
 
 
-class HostPagedKVCache(PagedKVCache):
+class HostPagedKVCache(_HostBuffers, PagedKVCache):
     """Per layer one K and one V pool [num_blocks, Hkv, block_size, D] (int8: D + scales), allocated once and
     shared by all slots through their block tables.
 
@@ -70,13 +78,6 @@ class HostPagedKVCache(PagedKVCache):
     def slots(cls, spec: KVSpec, num_slots: int, max_len: int, block_size: int) -> HostPagedKVCache:
         return cls(spec, num_slots, max_len, num_slots * -(-max_len // block_size), block_size, fixed=True)
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
-
-    def buffers(self) -> list[np.ndarray]:
-        """K and V pools interleaved by layer, in the order of KVSpec.names()."""
-        return [buf for pair in zip(self.keys, self.values) for buf in pair]
 
     def move(self, src: int, dst: int) -> None:
         if not self.fixed:
