@@ -9,7 +9,6 @@ requests in flight. `build_app` is also the import path of a Ray Serve config fi
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -27,7 +26,6 @@ from llmc.errors import InputError, LlmcError
 from llmc.runtime.async_engine import AsyncEngine, AsyncEngineConfig, OverloadedError, ShuttingDownError
 from llmc.runtime.request import SamplingParams
 
-log = logging.getLogger("llmc.serve")
 APP_NAME = "llmc"
 
 
@@ -49,9 +47,6 @@ class EngineReplica:
         loop = self.llm.loop
         return EngineFacts(loop.max_len, loop.max_running, self.engine.config.max_queue, self.llm.engine.vocab_size,
                            tuple(loop.eos_ids), self.engine.stats().kv_capacity_tokens)
-
-    def pid(self) -> int:
-        return os.getpid()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[tuple[str, Any]]:
         try:
