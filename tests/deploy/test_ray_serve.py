@@ -141,6 +141,24 @@ def test_same_validation_and_error_format_as_llmc_serve(tiny_app: str, deploy_en
         assert httpx.get(tiny_app + "/v1/models").json()["data"][0]["max_model_len"] == \
             client.get("/v1/models").json()["data"][0]["max_model_len"]
     assert httpx.get(tiny_app + "/health").status_code == 200
+    page = httpx.get(tiny_app + "/")  # the chat page comes with llmc's routes
+    assert page.status_code == 200 and "static/chat.js" in page.text
+
+
+def _engine_deployment(cfg: RayAppConfig) -> Any:
+    """The engine deployment the app binds (the ingress's first argument), as Ray Serve will run it."""
+    return ray_app.build_app(cfg)._bound_deployment.init_args[0]._bound_deployment
+
+
+def test_replica_count_and_autoscaling_go_to_ray_serve() -> None:
+    fixed = _engine_deployment(RayAppConfig(engine_dir="/e", replicas=3, threads=2, max_running=4, max_queue=6))
+    assert (fixed.name, fixed.num_replicas, fixed.ray_actor_options) == ("LLMEngine", 3, {"num_cpus": 2})
+    assert (fixed.max_ongoing_requests, fixed.max_queued_requests) == (10, 256)  # a replica's capacity
+    assert fixed._deployment_config.autoscaling_config is None
+    auto = _engine_deployment(RayAppConfig(engine_dir="/e", replicas=2, min_replicas=1, max_replicas=5,
+                                           target_ongoing_requests=3))
+    a = auto._deployment_config.autoscaling_config
+    assert (a.min_replicas, a.initial_replicas, a.max_replicas, a.target_ongoing_requests) == (1, 2, 5, 3.0)
 
 
 def test_a_replica_that_cannot_start_is_a_one_line_error(cluster: str, deploy_engine_dir: Path,
