@@ -163,6 +163,9 @@ static TARGET_AMX void amx_configure(void) {
   memset(&cfg, 0, sizeof cfg);
   cfg.palette = 1;
   for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = AMX_ROWS;
+  /* a compiler barrier: GCC 12 may drop the stores of colsb and rows as dead before _tile_loadconfig's asm (seen
+   * once the function was no longer inlined: only the palette byte reached memory, and the tiles faulted) */
+  __asm__ volatile("" ::: "memory");
   _tile_loadconfig(&cfg);
   amx_configured = 1;
 }
