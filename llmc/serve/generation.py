@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from llmc.runtime.async_engine import AsyncEngine, RequestStream, StreamUpdate
 from llmc.runtime.request import FinishReason, SamplingParams, TokenLogprob
-from llmc.serve.errors import ApiError
+from llmc.serve.errors import ApiError, to_api_error
 from llmc.serve.metrics import RequestTracker
 from llmc.serve.sse import sse_error
 
@@ -202,10 +202,9 @@ async def _guarded(content: AsyncIterator[str], request_id: str | None) -> Async
     try:
         async for line in content:
             yield line
-    except Exception as e:
-        log.exception("request %s: the stream failed", request_id)
-        err = ApiError(500, f"internal error: {type(e).__name__} (request id {request_id}; see the server log)",
-                       code="internal_error")
+    except Exception as e:  # its own status where it has one (a refusal that came late, as Ray's back-pressure:
+        # 429 overloaded), else an internal error, logged with the request id
+        err = to_api_error(e, request_id)
         async for line in sse_error(err):
             yield line
     finally:

@@ -167,6 +167,27 @@ def test_a_fault_after_the_stream_started_ends_it_with_an_error_event(start_serv
     server.wait_idle()
 
 
+def test_a_late_refusal_in_a_stream_keeps_its_own_status(start_server: ServerFactory) -> None:
+    """A refusal that arrives after the 200 went out (Ray Serve's back-pressure when every replica is full) ends the
+    stream with its own error, 429 overloaded with the retry hint in the message, not an internal error."""
+    from llmc.runtime.async_engine import OverloadedError
+
+    server = start_server()
+    served = server.app.state.served
+
+    def full(token_id: int) -> str:
+        raise OverloadedError("server overloaded: every engine replica is busy", 2.0)
+
+    served.token_text = full
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "logprobs": 1, "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+    err = json.loads(lines[-2][6:])["error"]
+    assert err["code"] == "overloaded" and "every engine replica is busy" in err["message"]
+    server.wait_idle()
+
+
 # -- large bodies ------------------------------------------------------------------------------------------------
 
 def test_a_body_over_the_limit_is_413(start_server: ServerFactory) -> None:
