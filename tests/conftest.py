@@ -97,6 +97,20 @@ def tiny(request: pytest.FixtureRequest, tiny_factory: Callable[[str], Built]) -
 
 
 @pytest.fixture(scope="session")
+def serve_engine_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama (with tokenizer and chat template), exported and built once with the defaults: the
+    engine the server and deployment tests run."""
+    from llmc.engines.ort.build import BuildConfig, build_ort
+    from llmc.export.exporter import ExportConfig, export
+
+    root = tmp_path_factory.mktemp("serve-tiny")
+    hf = make_model("llama", root / "hf")
+    export(ExportConfig(str(hf), root / "export"))
+    build_ort(BuildConfig(root / "export", root / "engine", force=True))
+    return root / "engine"
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(tiny_factory: Callable[[str], Built]) -> Built:
     return tiny_factory("llama")
 

@@ -8,14 +8,6 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def deploy_engine_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny_models import make_model
-
-    from llmc.engines.ort.build import BuildConfig, build_ort
-    from llmc.export.exporter import ExportConfig, export
-
-    root = tmp_path_factory.mktemp("deploy-tiny")
-    hf = make_model("llama", root / "hf")
-    export(ExportConfig(str(hf), root / "export"))
-    build_ort(BuildConfig(root / "export", root / "engine", force=True))
-    return root / "engine"
+def deploy_engine_dir(serve_engine_dir: Path) -> Path:
+    """The server tests' tiny engine (tests/conftest.py), built once for both."""
+    return serve_engine_dir

@@ -21,21 +21,6 @@ from llmc.serve.app import ServeConfig, create_app
 MODEL = "tiny"
 
 
-@pytest.fixture(scope="session")
-def serve_engine_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama (with tokenizer and chat template), exported and built once."""
-    from tiny_models import make_model
-
-    from llmc.engines.ort.build import BuildConfig, build_ort
-    from llmc.export.exporter import ExportConfig, export
-
-    root = tmp_path_factory.mktemp("serve-tiny")
-    hf = make_model("llama", root / "hf")
-    export(ExportConfig(str(hf), root / "export"))
-    build_ort(BuildConfig(root / "export", root / "engine", force=True))
-    return root / "engine"
-
-
 class Server:
     """An app served by uvicorn in a background thread on a free loopback port."""
 
