@@ -23,7 +23,7 @@ PACKAGE_ARGS ?=
 REPLICAS ?= 2
 RAY_ARGS ?=
 
-.PHONY: help install compiler demo export build run verify test lint bench serve package serve-ray clean
+.PHONY: help install compiler browser demo export build run verify test lint bench serve package serve-ray clean
 
 help:
 	@echo "make demo                 install, export + build the default model, answer a chat prompt"
@@ -75,7 +75,15 @@ compiler:
 	    apt-get install -y -q gcc >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q gcc >/dev/null; }; \
 	  else echo "make: a C compiler is needed (llmc's own operators and their tests): install gcc" >&2; exit 1; fi; }
 
-test: install
+# the chat page's browser test drives Debian's chromium with its driver (Selenium; no browser download)
+browser:
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; export DEBIAN_FRONTEND=noninteractive; \
+	  $$SUDO apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || { $$SUDO apt-get update -q >/dev/null && \
+	  $$SUDO apt-get install -y -q chromium chromium-driver >/dev/null; } || { \
+	  echo "make: the chat page's test needs chromium and chromium-driver: install them" >&2; exit 1; }; }
+
+test: install browser
 	$(BIN)/ruff check llmc tests
 	$(BIN)/mypy llmc
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -3,7 +3,6 @@ and every error (a bad target, a missing engine, a bad replica count) exits non-
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,8 +17,6 @@ def _make(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["make", "-s", "-C", str(ROOT), "-o", "install", *args], capture_output=True, text=True,
                           timeout=300)
 
-
-pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
 def test_package_target_writes_the_ray_config(deploy_engine_dir: Path, tmp_path: Path) -> None:

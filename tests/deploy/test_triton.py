@@ -37,8 +37,7 @@ def _model_config_pb2() -> Any:
     if "tritonclient.grpc.model_config_pb2" in sys.modules:
         return sys.modules["tritonclient.grpc.model_config_pb2"]
     spec = importlib.util.find_spec("tritonclient")
-    if spec is None or spec.origin is None:
-        pytest.skip("tritonclient is not installed (the dev extra has it)")
+    assert spec is not None and spec.origin is not None, "tritonclient is not installed (the dev extra has it)"
     path = Path(spec.origin).parent / "grpc" / "model_config_pb2.py"
     module_spec = importlib.util.spec_from_file_location("tritonclient.grpc.model_config_pb2", path)
     assert module_spec is not None and module_spec.loader is not None

@@ -16,7 +16,7 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 
 class TritonModelException(Exception):
-    pass
+    """What Triton's Python backend raises for a misused API (the stand-in raises it the same way)."""
 
 
 class TritonError:

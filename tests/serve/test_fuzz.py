@@ -8,11 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
+import schemathesis  # the dev extra
 from hypothesis import HealthCheck, given, settings
 
 from .conftest import MODEL, Server, ServerFactory
-
-schemathesis = pytest.importorskip("schemathesis")  # in the dev extra
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 
