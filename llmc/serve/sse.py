@@ -9,7 +9,6 @@ from pydantic import BaseModel
 
 from llmc.serve.errors import ApiError, error_body
 
-
 # Characters a JSON encoder may leave raw in a string that line splitters other than SSE's own (Python's
 # str.splitlines, httpx's iter_lines) break a line at: escaped, so a model's text never splits its event.
 _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
