@@ -61,3 +61,38 @@ def compare(kind: str, batch: int, heads: int, kv_heads: int, dim: int, length: 
     ours_ms = _time_ms(lambda: launch_attention(q, k_new, v_new, cache_k, cache_v, pos, scale, block_m))
     return {"kind": kind, "batch": batch, "heads": f"{heads}/{kv_heads}", "dim": dim, "length": length,
             "rel_err": err, "triton_ms": ours_ms, "sdpa_ms": _time_ms(sdpa)}
+
+
+def compare_paged(kind: str, batch: int, heads: int, kv_heads: int, dim: int, length: int,
+                  block_size: int = 16) -> dict[str, Any]:
+    """The paged kernel against the slot kernel on the same caches (the slots' blocks shuffled into one pool):
+    relative max error of the outputs, whether the written K/V read back equal, and both kernels' times."""
+    import torch
+
+    from llmc.engines.trt.lower import BLOCK_M
+    from llmc.engines.trt.plugin import launch_attention, launch_paged_attention
+
+    torch.manual_seed(0)
+    dev, f16 = "cuda", torch.float16
+    seq = length if kind == "prefill" else 1
+    q = torch.randn(batch, heads, seq, dim, device=dev, dtype=f16)
+    k_new, v_new = (torch.randn(batch, kv_heads, seq, dim, device=dev, dtype=f16) for _ in range(2))
+    cache_k, cache_v = (torch.randn(batch, kv_heads, MAX_SEQ, dim, device=dev, dtype=f16) for _ in range(2))
+    pos = (length - seq + torch.arange(seq, device=dev)).expand(batch, seq).contiguous()
+    max_blocks = MAX_SEQ // block_size
+    table = torch.randperm(batch * max_blocks, device=dev).to(torch.int32).view(batch, max_blocks)
+
+    def pool(cache: Any) -> Any:  # [B, Hkv, MAX_SEQ, D] -> [num_blocks, Hkv, block_size, D] through the table
+        blocks = cache.view(batch, kv_heads, max_blocks, block_size, dim).transpose(1, 2).flatten(0, 1)
+        return torch.empty_like(blocks).index_copy_(0, table.flatten().long(), blocks)
+
+    pool_k, pool_v = pool(cache_k), pool(cache_v)
+    block_m, scale = BLOCK_M["prefill" if kind == "prefill" else "decode"], dim ** -0.5
+    ref = launch_attention(q, k_new, v_new, cache_k, cache_v, pos, scale, block_m)
+    out = launch_paged_attention(q, k_new, v_new, pool_k, pool_v, table, pos, scale, block_m)
+    err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+    return {"kind": kind, "batch": batch, "heads": f"{heads}/{kv_heads}", "dim": dim, "length": length,
+            "rel_err": err, "kv_equal": bool(torch.equal(pool(cache_k), pool_k) and torch.equal(pool(cache_v), pool_v)),
+            "slot_ms": _time_ms(lambda: launch_attention(q, k_new, v_new, cache_k, cache_v, pos, scale, block_m)),
+            "paged_ms": _time_ms(lambda: launch_paged_attention(q, k_new, v_new, pool_k, pool_v, table, pos, scale,
+                                                                block_m))}

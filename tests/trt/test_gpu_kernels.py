@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from .kernel_bench import CASES, compare
+from .kernel_bench import CASES, compare, compare_paged
 
 
 def _cuda() -> bool:
@@ -27,3 +27,10 @@ def test_triton_kernel_matches_sdpa(case: tuple) -> None:
     result = compare(*case)
     print(result)
     assert result["rel_err"] <= 1e-2, result
+
+
+@pytest.mark.parametrize("case", CASES[1::2], ids=[f"{c[0]}-b{c[1]}-h{c[2]}/{c[3]}-d{c[4]}-t{c[5]}" for c in CASES[1::2]])
+def test_paged_kernel_matches_the_slot_kernel(case: tuple) -> None:
+    result = compare_paged(*case)
+    print(result)
+    assert result["rel_err"] <= 1e-3 and result["kv_equal"], result

@@ -31,6 +31,10 @@ from llmc.onnx_store import load_graph
 PLUGIN_NAMESPACE = "llmc"
 PLUGIN_NAME = "attention"
 PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}"
+# The same attention over a paged KV cache (pools [num_blocks, Hkv, block_size, D] read and written through a
+# block table, llmc.engines.trt.plugin.register_trt_plugin); no lowering writes it yet (the engine binds slots).
+PAGED_PLUGIN_NAME = "paged_attention"
+PAGED_PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{PAGED_PLUGIN_NAME}"
 BLOCK_M = {"prefill": 64, "decode": 16}  # decode: one tile holds the G query heads of one KV head
 
 

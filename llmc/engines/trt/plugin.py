@@ -9,6 +9,12 @@ Semantics (those of the TensorScatter x2 + Slice x2 + Attention subgraph it repl
   transformers' sliding-window mask). Scores are q.k * scale, then, with softcap c > 0, c * tanh(score / c) (Gemma 2).
   Head h reads KV head h // (H // Hkv). Outputs: attn [B, H, S, D] and the updated caches.
 
+`llmc::paged_attention` is the same attention over a paged cache: past_key / past_value become pools
+  key_pool / value_pool [num_blocks, Hkv, block_size, D] and a block_table [B, max_blocks] int32 comes before
+  position_ids; row b's position t sits in block block_table[b, t // block_size] at offset t % block_size (rows may
+  share blocks: a cached prefix). Only a row's real new tokens are written (s = 0 and every s with a position > 0;
+  right-padded pads may have no block to land in), and only blocks holding positions a row reads are read.
+
 No `from __future__ import annotations` here: tensorrt.plugin reads the decorated functions' annotations as types.
 Triton, torch, tensorrt and onnxruntime-extensions are imported only inside the functions that need them.
 """
@@ -20,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from llmc.engines.trt.lower import PLUGIN_ID
+from llmc.engines.trt.lower import PAGED_PLUGIN_ID, PLUGIN_ID
 
 # Tile sizes: key block, and compile options shared by both configurations (decode: BLOCK_M 16, prefill: 64).
 BLOCK_N = 64
@@ -59,6 +65,39 @@ def attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, pas
     probs /= probs.sum(axis=-1, keepdims=True)
     out = np.einsum("bkgst,bktd->bkgsd", probs, v).reshape(batch, heads, seq, dim)
     return out.astype(q.dtype), present_k, present_v
+
+
+def real_tokens(position_ids: np.ndarray) -> np.ndarray:
+    """[B] how many of each row's S tokens are real: s = 0 always, s > 0 iff its position is > 0 (pads carry 0)."""
+    return 1 + (position_ids[:, 1:] > 0).sum(axis=1).astype(np.int64)
+
+
+def paged_attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, key_pool: np.ndarray,
+                              value_pool: np.ndarray, block_table: np.ndarray, position_ids: np.ndarray,
+                              scale: float, window: int = 0,
+                              softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(attn, present_key_pool, present_value_pool): `attention_reference` over pools [num_blocks, Hkv, block_size, D]
+    read and written through block_table [B, max_blocks] (updated copies of the pools, as attention_reference's).
+
+    Each row's blocks holding positions 0..max(position) are gathered into a slot view (later table entries, which
+    may be padding, are not read: zeros), the slot reference runs on the views, and the row's real new tokens
+    (`real_tokens`; writes past max_blocks * block_size are skipped, as past max_seq) are scattered back into their
+    blocks: nothing else in the pools changes, and a block two rows share is read the same by both.
+    """
+    batch, (kv_heads, block_size, dim), max_blocks = q.shape[0], key_pool.shape[1:], block_table.shape[1]
+    views = [np.zeros((batch, kv_heads, max_blocks * block_size, dim), key_pool.dtype) for _ in range(2)]
+    for b in range(batch):
+        for i in range(min(max_blocks, -(-(int(position_ids[b].max()) + 1) // block_size))):
+            at = slice(i * block_size, (i + 1) * block_size)
+            views[0][b, :, at], views[1][b, :, at] = key_pool[block_table[b, i]], value_pool[block_table[b, i]]
+    out, present_k, present_v = attention_reference(q, k_new, v_new, views[0], views[1], position_ids, scale,
+                                                    window=window, softcap=softcap)
+    pool_k, pool_v = key_pool.copy(), value_pool.copy()
+    for b, n in enumerate(real_tokens(position_ids)):
+        for t in range(int(position_ids[b, 0]), min(int(position_ids[b, 0]) + int(n), max_blocks * block_size)):
+            block, off = block_table[b, t // block_size], t % block_size
+            pool_k[block, :, off], pool_v[block, :, off] = present_k[b, :, t], present_v[b, :, t]
+    return out, pool_k, pool_v
 
 
 _ORT_REGISTERED = False
@@ -229,14 +268,165 @@ def compile_attention(dtype: str, num_heads: int, kv_num_heads: int, head_dim: i
     return compiled
 
 
+@functools.cache
+def paged_attention_kernel() -> Any:
+    """`attention_kernel` over a paged cache: the same tiles, grouped heads, online softmax, WINDOW and SOFTCAP.
+
+    Key positions t of a block of BLOCK_N are found one by one: block block_table[b, t // BLOCK_SIZE] (constexpr,
+    a power of 2, any size against BLOCK_N), offset t % BLOCK_SIZE in the pools KP / VP [num_blocks, Hkv,
+    BLOCK_SIZE, D]. The table is read only at positions the tile's rows may see (t <= its largest position, from
+    the window's first block), so padding entries and blocks wholly before the window are never touched; keys at
+    the row's new positions come from k_new / v_new as in the slot kernel. The group's first head's rows then store
+    the row's real new tokens (s = 0 or position > 0, inside MAX_BLOCKS * BLOCK_SIZE) into their blocks (KP_OUT
+    aliases KP). Blocks shared by rows (a cached prefix) are only read.
+    """
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def llmc_paged_attention_fwd(Q, KN, VN, KP, VP, BT, POS, S, MAX_BLOCKS, OUT, KP_OUT, VP_OUT,
+                                 HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
+                                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        b = (pid_bh // HKV).to(tl.int64)
+        kvh = pid_bh % HKV
+        kv_head = b * HKV + kvh
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < S * G
+        s = rows // G
+        h = kvh * G + rows % G
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < D
+        q_rows = ((b * HKV * G + h) * S + s)[:, None] * D + d[None, :]  # [BLOCK_M, BLOCK_D]
+        q = tl.load(Q + q_rows, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        pos = tl.load(POS + b * S + s, mask=row_ok, other=-1)  # [BLOCK_M] each query's position
+        start = tl.load(POS + b * S)  # where this row's new tokens are written
+        table = BT + b * MAX_BLOCKS  # this row's block table
+        capacity = MAX_BLOCKS * BLOCK_SIZE
+        real = row_ok & ((s == 0) | (pos > 0))  # right-padded pads (s > 0 at position 0) are neither written nor kept
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        log2e = 1.4426950408889634
+        hi = (tl.max(pos, axis=0) + 1).to(tl.int32)
+        lo = 0
+        if WINDOW > 0:  # as attention_kernel: the earliest position a real row of the tile sees
+            first_pos = tl.min(tl.where(real, pos, hi - 1), axis=0)
+            lo = (tl.maximum(first_pos - WINDOW + 1, 0) // BLOCK_N * BLOCK_N).to(tl.int32)
+        for first in range(lo, hi, BLOCK_N):
+            t = first + tl.arange(0, BLOCK_N)  # key positions
+            rel = t - start
+            is_new = (rel >= 0) & (rel < S)
+            is_old = ~is_new & (t < hi) & (t < capacity)
+            block = tl.load(table + t // BLOCK_SIZE, mask=is_old, other=0).to(tl.int64)
+            new_mask = is_new[:, None] & d_ok[None, :]
+            old_mask = is_old[:, None] & d_ok[None, :]
+            new_at = (kv_head * S + rel)[:, None] * D + d[None, :]
+            old_at = ((block * HKV + kvh) * BLOCK_SIZE + t % BLOCK_SIZE)[:, None] * D + d[None, :]
+            k = tl.where(new_mask, tl.load(KN + new_at, mask=new_mask, other=0.0),
+                         tl.load(KP + old_at, mask=old_mask, other=0.0))  # [BLOCK_N, BLOCK_D]
+            qk = tl.dot(q, tl.trans(k))
+            if SOFTCAP > 0:
+                x = qk * (SCALE / SOFTCAP)
+                e = tl.exp2(tl.abs(x) * (-2.0 * log2e))
+                th = (1.0 - e) / (1.0 + e)
+                qk = tl.where(x < 0, -th, th) * (SOFTCAP * log2e)
+            else:
+                qk = qk * (SCALE * log2e)
+            visible = t[None, :] <= pos[:, None]
+            if WINDOW > 0:
+                visible = visible & (t[None, :] > pos[:, None] - WINDOW)
+            qk = tl.where(visible, qk, -1.0e30)
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.where(new_mask, tl.load(VN + new_at, mask=new_mask, other=0.0),
+                         tl.load(VP + old_at, mask=old_mask, other=0.0))
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(OUT + q_rows, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        at = start + s  # each real new token's position, its block and offset
+        write = real & (rows % G == 0) & (at < capacity)
+        w_block = tl.load(table + at // BLOCK_SIZE, mask=write, other=0).to(tl.int64)
+        writes = write[:, None] & d_ok[None, :]
+        src = (kv_head * S + s)[:, None] * D + d[None, :]
+        dst = ((w_block * HKV + kvh) * BLOCK_SIZE + at % BLOCK_SIZE)[:, None] * D + d[None, :]
+        tl.store(KP_OUT + dst, tl.load(KN + src, mask=writes, other=0.0), mask=writes)
+        tl.store(VP_OUT + dst, tl.load(VN + src, mask=writes, other=0.0), mask=writes)
+
+    return llmc_paged_attention_fwd
+
+
+def paged_kernel_constants(num_heads: int, kv_num_heads: int, head_dim: int, scale: float, block_m: int,
+                           block_size: int, window: int = 0, softcap: float = 0.0) -> dict[str, int | float]:
+    """The paged kernel's constexprs (in its parameter order): `kernel_constants` plus BLOCK_SIZE (a power of 2)."""
+    if block_size < 1 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of 2, got {block_size}")
+    consts = kernel_constants(num_heads, kv_num_heads, head_dim, scale, block_m, window, softcap)
+    return {**consts, "BLOCK_SIZE": int(block_size)}
+
+
+def launch_paged_attention(q: Any, k_new: Any, v_new: Any, key_pool: Any, value_pool: Any, block_table: Any,
+                           position_ids: Any, scale: float, block_m: int, window: int = 0,
+                           softcap: float = 0.0) -> Any:
+    """Run the paged kernel on torch tensors (CUDA, or CPU under TRITON_INTERPRET=1); writes the pools in place.
+    block_table: [B, max_blocks] int32 (contiguous), position_ids [B, S] int64."""
+    import torch
+
+    batch, heads, seq, dim = q.shape
+    kv_heads, block_size = key_pool.shape[1], key_pool.shape[2]
+    if block_table.dtype != torch.int32 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table must be [{batch}, max_blocks] int32, got {block_table.dtype} "
+                         f"{tuple(block_table.shape)}")
+    out = torch.empty_like(q)
+    consts = paged_kernel_constants(heads, kv_heads, dim, scale, block_m, block_size, window, softcap)
+    grid = (math.ceil(seq * consts["G"] / block_m), batch * kv_heads)
+    paged_attention_kernel()[grid](q, k_new, v_new, key_pool, value_pool, block_table, position_ids, seq,
+                                   block_table.shape[1], out, key_pool, value_pool, **consts, num_warps=NUM_WARPS,
+                                   num_stages=NUM_STAGES)
+    return out
+
+
+PAGED_SIGNATURE = ("Q", "KN", "VN", "KP", "VP", "BT", "POS", "S", "MAX_BLOCKS", "OUT", "KP_OUT", "VP_OUT")
+
+
+def compile_paged_attention(dtype: str, num_heads: int, kv_num_heads: int, head_dim: int, scale: float,
+                            block_m: int, block_size: int, target: Any = None, *, window: int = 0,
+                            softcap: float = 0.0) -> Any:
+    """Compile the paged kernel ahead of time (PTX) for `target` (default: this machine's GPU), as
+    `compile_attention` does; BT is *i32, S and MAX_BLOCKS are i32 (the pools' num_blocks is not a parameter)."""
+    import triton
+
+    ty = {"float16": "fp16", "float32": "fp32"}[dtype]
+    consts = paged_kernel_constants(num_heads, kv_num_heads, head_dim, scale, block_m, block_size, window, softcap)
+    special = {"S": "i32", "MAX_BLOCKS": "i32", "POS": "*i64", "BT": "*i32"}
+    types = {n: special.get(n, f"*{ty}") for n in PAGED_SIGNATURE}
+    signature = {**types, **{name: "constexpr" for name in consts}}
+    params = inspect.signature(triton.compiler.ASTSource).parameters
+    key = "constexprs" if "constexprs" in params else "constants"
+    src = triton.compiler.ASTSource(fn=paged_attention_kernel(), signature=signature, **{key: consts})
+    compiled = triton.compile(src, target=target, options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+    for scratch in ("global_scratch_size", "profile_scratch_size"):
+        if getattr(compiled.metadata, scratch, 0):
+            raise RuntimeError(f"the paged attention kernel needs {scratch}: TensorRT AOT plugins cannot provide it")
+    return compiled
+
+
 _TRT_REGISTERED = False
 
 
 def register_trt_plugin() -> None:
-    """Register `llmc::attention` with TensorRT (shape/type description, formats, AOT Triton kernel). Idempotent.
+    """Register `llmc::attention` and `llmc::paged_attention` with TensorRT (shape/type description, formats, AOT
+    Triton kernel). Idempotent.
 
     The plugin's attributes, in schema order: num_heads, kv_num_heads, head_dim (int), scale (float), block_m,
     window (int), softcap (float); `_describe` and `_aot` declare the same list (trt_lower writes every one).
+    The paged plugin: inputs q, k_new, v_new, key_pool, value_pool [num_blocks, Hkv, block_size, D], block_table
+    [B, max_blocks] int32, position_ids; outputs attn and the pools (aliased); the same attributes then block_size.
     """
     global _TRT_REGISTERED
     if _TRT_REGISTERED:
@@ -277,6 +467,42 @@ def register_trt_plugin() -> None:
         launch.block_x = compiled.metadata.num_warps * 32
         launch.shared_mem = compiled.metadata.shared
         extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(seq), trtp.SymInt32(past_key.shape_expr[2])])
+        return compiled.metadata.name, compiled.asm["ptx"], launch, extra
+
+    @trtp.register(PAGED_PLUGIN_ID)
+    def _describe_paged(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc,
+                        key_pool: trtp.TensorDesc, value_pool: trtp.TensorDesc, block_table: trtp.TensorDesc,
+                        position_ids: trtp.TensorDesc, num_heads: int, kv_num_heads: int, head_dim: int,
+                        scale: float, block_m: int, window: int, softcap: float,
+                        block_size: int) -> Tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:  # noqa: UP006
+        return q.like(), key_pool.aliased(), value_pool.aliased()
+
+    @trtp.autotune(PAGED_PLUGIN_ID)
+    def _formats_paged(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc,
+                       key_pool: trtp.TensorDesc, value_pool: trtp.TensorDesc, block_table: trtp.TensorDesc,
+                       position_ids: trtp.TensorDesc,
+                       outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTuneCombination]:  # noqa: UP006
+        return [trtp.AutoTuneCombination("FP16, FP16, FP16, FP16, FP16, INT32, INT64, FP16, FP16, FP16", "LINEAR")]
+
+    @trtp.aot_impl(PAGED_PLUGIN_ID)
+    def _aot_paged(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc, key_pool: trtp.TensorDesc,
+                   value_pool: trtp.TensorDesc, block_table: trtp.TensorDesc, position_ids: trtp.TensorDesc,
+                   num_heads: int, kv_num_heads: int, head_dim: int, scale: float, block_m: int, window: int,
+                   softcap: float, block_size: int,
+                   outputs: Tuple[trtp.TensorDesc],  # noqa: UP006
+                   tactic: int) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams,  # noqa: UP006, UP007
+                                         trtp.SymExprs]:
+        if q.dtype != trt.float16:
+            raise ValueError(f"llmc::paged_attention runs in fp16, got {q.dtype}")
+        compiled = compile_paged_attention("float16", num_heads, kv_num_heads, head_dim, scale, block_m, block_size,
+                                           window=window, softcap=softcap)
+        seq, groups = q.shape_expr[2], num_heads // kv_num_heads
+        launch = trtp.KernelLaunchParams()
+        launch.grid_x = trtp.cdiv(seq * groups, block_m)
+        launch.grid_y = q.shape_expr[0] * kv_num_heads
+        launch.block_x = compiled.metadata.num_warps * 32
+        launch.shared_mem = compiled.metadata.shared
+        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(seq), trtp.SymInt32(block_table.shape_expr[1])])
         return compiled.metadata.name, compiled.asm["ptx"], launch, extra
 
     _TRT_REGISTERED = True
