@@ -1,4 +1,4 @@
-"""The TensorRT engine's step logic (`SlotSteps`) over the lowered graphs, run on the CPU by ONNX Runtime with the
+"""The TensorRT engine's step logic (the step core under `window_layout`) over the lowered graphs, run on the CPU by ONNX Runtime with the
 reference `llmc::attention` custom op: what `TrtEngine` does on a GPU, minus TensorRT.
 
 Like `TrtEngine`, every run is checked against the planned optimization profiles, and the KV buffers are
@@ -16,10 +16,11 @@ from llmc.engines.base import KVCache
 from llmc.engines.host_kv import HostKVCache
 from llmc.engines.ort.build import engine_manifest
 from llmc.engines.ort.graphs import load_checkpoint, write_inplace_graphs
+from llmc.engines.steps import StepCore, StepLayout, StepRows
 from llmc.engines.trt.lower import lower_file
 from llmc.engines.trt.plugin import register_ort_reference
 from llmc.engines.trt.profiles import GRAPHS, TrtLimits, check_shapes, plan_profiles
-from llmc.engines.trt.run import SlotSteps
+from llmc.engines.trt.run import window_layout
 from llmc.graph import io_names as io
 from llmc.manifest import load_export
 
@@ -49,7 +50,7 @@ def session(path: Path) -> object:
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-class OrtPluginEngine(SlotSteps):
+class OrtPluginEngine(StepCore):
     def __init__(self, export_dir: Path, graph_dir: Path, limits: TrtLimits) -> None:
         export = load_export(export_dir)
         kv = io.kv_spec(export.model, "float32", layout="inplace")
@@ -66,9 +67,12 @@ class OrtPluginEngine(SlotSteps):
         kv.max_len = min(max_len, self.limits.max_seq_len)
         return kv
 
-    def _run(self, graph: str, kv: KVCache, first: int, ids: np.ndarray, pos: np.ndarray,
-             logits_rows: int) -> np.ndarray:
+    def step_layout(self, kv: KVCache) -> StepLayout:
+        return window_layout(self.limits)
+
+    def _run(self, graph: str, kv: KVCache, rows: StepRows) -> np.ndarray:
         assert isinstance(kv, HostKVCache)
+        first, ids, pos, logits_rows = rows.first, rows.ids, rows.positions, rows.logits_rows
         batch = ids.shape[0]
         buffers = [buf[first:first + batch] for buf in kv.buffers()]
         past, present = self.manifest.kv.names("past"), self.manifest.kv.names("present")
@@ -85,9 +89,9 @@ class OrtPluginEngine(SlotSteps):
             value = ort.OrtValue.ortvalue_from_numpy(buf)
             binding.bind_ortvalue_input(past_name, value)
             binding.bind_ortvalue_output(present_name, value)
-        rows = 1 if graph == "prefill" else ids.shape[1]
-        logits = np.empty((batch, rows, self.vocab_size), np.float32)
+        out_rows = 1 if graph == "prefill" else ids.shape[1]  # what the graph gives
+        logits = np.empty((batch, out_rows, self.vocab_size), np.float32)
         binding.bind_output(io.LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         sess.run_with_iobinding(binding)  # type: ignore[attr-defined]
-        assert rows == logits_rows or graph == "prefill"
+        assert out_rows == logits_rows
         return logits

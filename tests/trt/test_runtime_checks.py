@@ -13,15 +13,9 @@ from runtime.fake_engine import fake_manifest
 from llmc.engines.base import KVCache
 from llmc.engines.host_kv import HostKVCache
 from llmc.engines.registry import load_engine_dir
+from llmc.engines.steps import StepCore, StepLayout, StepRows
 from llmc.engines.trt.profiles import TrtLimits, plan_profiles
-from llmc.engines.trt.run import (
-    SlotSteps,
-    check_build_env,
-    check_profile,
-    check_tensor_names,
-    inplace_inputs,
-    runs,
-)
+from llmc.engines.trt.run import check_build_env, check_profile, check_tensor_names, window_layout
 from llmc.errors import BackendUnavailableError, ManifestError
 from llmc.graph import io_names as io
 from llmc.manifest import EngineSettings, save
@@ -59,19 +53,9 @@ def test_engine_profile_must_be_the_recorded_one() -> None:
         check_profile("decode.plan", profile, engine)
 
 
-def test_runs_of_consecutive_slots() -> None:
-    assert runs([0, 1, 2], 8) == [[0, 1, 2]]
-    assert runs([0, 1, 2, 3, 4], 2) == [[0, 1], [2, 3], [4]]
-    assert runs([3, 4, 0, 1, 7], 8) == [[0, 1], [2, 3], [4]]
-
-
-def test_inplace_inputs_right_pad_with_position_zero() -> None:
-    ids, pos = inplace_inputs([[5, 6, 7], [8]], np.array([0, 4]))
-    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and pos.tolist() == [[0, 1, 2], [4, 0, 0]]
-
-
-class RecordingSteps(SlotSteps):
-    """SlotSteps over a `_run` that records its inputs; logits row b is filled with first + b (the cache row)."""
+class RecordingSteps(StepCore):
+    """The step core under TensorRT's layout over a `_run` that records its inputs; logits row b is filled with
+    first + b (the cache row)."""
 
     def __init__(self, limits: TrtLimits) -> None:
         self.manifest = replace(fake_manifest(vocab_size=8))
@@ -81,11 +65,14 @@ class RecordingSteps(SlotSteps):
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         return HostKVCache(self.manifest.kv, num_slots, max_len)
 
-    def _run(self, graph: str, kv: KVCache, first: int, ids: np.ndarray, pos: np.ndarray,
-             logits_rows: int) -> np.ndarray:
-        self.calls.append((graph, first, ids.tolist(), pos.tolist()))
-        rows = np.arange(first, first + ids.shape[0], dtype=np.float32)
-        return np.broadcast_to(rows[:, None, None], (ids.shape[0], logits_rows, self.vocab_size)).copy()
+    def step_layout(self, kv: KVCache) -> StepLayout:
+        return window_layout(self.limits)
+
+    def _run(self, graph: str, kv: KVCache, rows: StepRows) -> np.ndarray:
+        first, ids = rows.first, rows.ids
+        self.calls.append((graph, first, ids.tolist(), rows.positions.tolist()))
+        at = np.arange(first, first + ids.shape[0], dtype=np.float32)
+        return np.broadcast_to(at[:, None, None], (ids.shape[0], rows.logits_rows, self.vocab_size)).copy()
 
 
 def test_decode_runs_dummy_rows_at_their_length() -> None:

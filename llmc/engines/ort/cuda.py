@@ -23,7 +23,7 @@ import numpy as np
 
 from llmc.engines.base import EngineOptions, KVCache
 from llmc.engines.choices import Attention, KVDtype, KVLayout, MatMul, Quant
-from llmc.engines.host_kv import HostKVCache
+from llmc.engines.host_kv import HostKVCache, HostPagedKVCache
 from llmc.engines.ort.build import RUNTIME_FILES, engine_manifest
 from llmc.engines.ort.config import BuildConfig
 from llmc.engines.ort.inplace import OrtInplaceEngine
@@ -158,7 +158,7 @@ class OrtCudaEngine(OrtInplaceEngine):
         return DeviceKVCache(self.manifest.kv, num_slots, min(max_len, self.max_positions), self.device,
                              self.device_id)
 
-    def _kv_binding(self, session: object, kv: HostKVCache, first: int, stop: int) -> tuple[object, list[object]]:
+    def _kv_binding(self, session: object, kv: HostKVCache | HostPagedKVCache, first: int, stop: int) -> tuple[object, list[object]]:
         if not isinstance(kv, DeviceKVCache):
             raise EngineError("an ort-cuda engine runs on its own KV cache (new_kv_cache)")
         binding = session.io_binding()  # type: ignore[attr-defined]

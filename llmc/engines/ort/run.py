@@ -10,6 +10,7 @@ import numpy as np
 
 from llmc.engines.base import Engine, EngineOptions, KVCache
 from llmc.engines.host_kv import HostKVCache
+from llmc.engines.steps import StepCore, StepLayout, StepRows
 from llmc.errors import BackendUnavailableError, EngineError, ManifestError
 from llmc.graph import io_names
 from llmc.manifest import EngineManifest, GraphSpec, verify_files
@@ -85,58 +86,32 @@ class OrtEngineBase(Engine):
         self._past_names = manifest.kv.names("past")
 
 
-class OrtEngine(OrtEngineBase):
+class OrtEngine(StepCore, OrtEngineBase):
     """The "concat" KV layout: past [B, Hkv, P, D] in, present [B, Hkv, P+S, D] out; we keep each slot compact."""
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         return HostKVCache(self.manifest.kv, num_slots, min(max_len, self.max_positions))
 
-    def _run(self, session: object, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def step_layout(self, kv: KVCache) -> StepLayout:
+        return StepLayout(window=False, equal_new=False)  # any rows (the past is gathered), mixed new counts
+
+    def _run(self, graph: str, kv: KVCache, rows: StepRows) -> np.ndarray:
+        """Rows' past gathered to the longest (holes masked), the new positions of each present written back."""
+        assert isinstance(kv, HostKVCache)
+        past_len = int(rows.start.max())
+        width = rows.ids.shape[1]
+        mask = np.zeros((len(rows.slots), past_len + width), np.int64)
+        for b, (cached, n) in enumerate(zip(rows.start, rows.counts)):
+            mask[b, :cached] = 1
+            mask[b, past_len:past_len + n] = 1
+        feeds = {io_names.INPUT_IDS: rows.ids, io_names.ATTENTION_MASK: mask, io_names.POSITION_IDS: rows.positions}
+        if graph == "decode":
+            feeds.update(zip(self._past_names, kv.gather(rows.slots, past_len)))
+        session = self._decode if graph == "decode" else self._prefill
         try:
-            return session.run(None, feeds)  # type: ignore[attr-defined, no-any-return]
+            logits, *present = session.run(None, feeds)  # type: ignore[attr-defined]
         except Exception as e:  # onnxruntime raises its own exception types; surface one line
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
-
-    def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
-        assert isinstance(kv, HostKVCache)
-        lens = [len(p) for p in prompts]
-        kv.check_room(slots, lens)
-        ids, mask, pos = _right_padded(prompts, start=np.zeros(len(prompts), np.int64), past=0)
-        feeds = {io_names.INPUT_IDS: ids, io_names.ATTENTION_MASK: mask, io_names.POSITION_IDS: pos}
-        logits, *present = self._run(self._prefill, feeds)
-        for row, (slot, n) in enumerate(zip(slots, lens)):
-            kv.write(slot, 0, present, row, slice(0, n))
-            kv.lengths[slot] = n
-        return logits[:, 0, :]  # type: ignore[no-any-return]
-
-    def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
-        assert isinstance(kv, HostKVCache)
-        counts = [len(t) for t in tokens]
-        kv.check_room(slots, counts)
-        start = kv.lengths[slots].copy()
-        past_len = int(start.max())
-        ids, new_mask, pos = _right_padded(tokens, start=start, past=past_len)
-        feeds = {io_names.INPUT_IDS: ids, io_names.ATTENTION_MASK: new_mask, io_names.POSITION_IDS: pos}
-        feeds.update(zip(self._past_names, kv.gather(slots, past_len)))
-        logits, *present = self._run(self._decode, feeds)
-        for row, (slot, n) in enumerate(zip(slots, counts)):
-            kv.write(slot, int(start[row]), present, row, slice(past_len, past_len + n))
-            kv.lengths[slot] += n
-        return logits[np.arange(len(tokens)), np.array(counts) - 1]  # type: ignore[no-any-return]
-
-
-def _right_padded(rows: list[list[int]], start: np.ndarray, past: int) -> tuple[np.ndarray, ...]:
-    """input_ids [B, S], attention_mask [B, past + S], position_ids [B, S] for right-padded rows.
-
-    Row b has start[b] cached tokens (positions 0..start[b]-1 of the past, the rest of the past is a hole).
-    """
-    batch, width = len(rows), max(len(r) for r in rows)
-    ids = np.zeros((batch, width), np.int64)
-    mask = np.zeros((batch, past + width), np.int64)
-    pos = np.zeros((batch, width), np.int64)
-    for b, row in enumerate(rows):
-        ids[b, : len(row)] = row
-        mask[b, : start[b]] = 1
-        mask[b, past : past + len(row)] = 1
-        pos[b, : len(row)] = start[b] + np.arange(len(row))
-    return ids, mask, pos
+        for b, (slot, n) in enumerate(zip(rows.slots, rows.counts)):
+            kv.write(slot, int(rows.start[b]), present, b, slice(past_len, past_len + int(n)))
+        return logits  # type: ignore[no-any-return]

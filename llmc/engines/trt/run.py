@@ -12,14 +12,14 @@ tensorrt and cuda are imported lazily so the load checks and the step logic impo
 from __future__ import annotations
 
 import ctypes
-from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from llmc.engines.base import Engine, EngineOptions, KVCache
+from llmc.engines.base import EngineOptions, KVCache
+from llmc.engines.steps import StepCore, StepLayout, StepRows
 from llmc.engines.trt.profiles import GRAPHS, Profile, TrtLimits, check_shapes
 from llmc.errors import BackendUnavailableError, EngineError, LimitError, ManifestError
 from llmc.graph import io_names as io
@@ -63,87 +63,9 @@ def check_aliases(file: str, engine: Any, past: Sequence[str], present: Sequence
                               f"{why}: rebuild the engine with this llmc")
 
 
-# -- step logic (pure): the in-place semantics of OrtInplaceEngine, split to fit the engine's limits -------------
-
-
-def inplace_inputs(rows: list[list[int]], start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """input_ids and position_ids [B, S] for right-padded rows after start[b] cached tokens (pads: position 0)."""
-    ids = np.zeros((len(rows), max(len(r) for r in rows)), np.int64)
-    pos = np.zeros_like(ids)
-    for b, row in enumerate(rows):
-        ids[b, : len(row)] = row
-        pos[b, : len(row)] = start[b] + np.arange(len(row))
-    return ids, pos
-
-
-def runs(slots: list[int], size: int) -> list[list[int]]:
-    """Indices of `slots` grouped into runs of consecutive slots, each at most `size` long."""
-    groups: list[list[int]] = []
-    for i, slot in enumerate(slots):
-        if groups and slot == slots[groups[-1][-1]] + 1 and len(groups[-1]) < size:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-class SlotSteps(Engine):
-    """prefill/decode in terms of one primitive: run rows first..first+B-1 of the cache through a graph."""
-
-    limits: TrtLimits
-
-    @abstractmethod
-    def _run(self, graph: str, kv: KVCache, first: int, ids: np.ndarray, pos: np.ndarray,
-             logits_rows: int) -> np.ndarray:
-        """ids, pos [B, S] -> logits [B, logits_rows, V] float32 (prefill: 1 row, the last token)."""
-
-    def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
-        lens = np.array([len(p) for p in prompts], np.int64)
-        kv.check_room(slots, lens.tolist())
-        groups = runs(slots, self.limits.max_batch_size)
-        if len(groups) > 1:  # prompts write their rows in place: one run per group of consecutive slots
-            return np.concatenate([self.prefill([slots[i] for i in g], [prompts[i] for i in g], kv) for g in groups])
-        ids, pos = inplace_inputs(prompts, np.zeros_like(lens))
-        logits = self._run("prefill", kv, slots[0], ids, pos, 1)
-        kv.lengths[slots] = lens
-        return logits[:, 0, :]
-
-    def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
-        kv.check_room(slots, [len(t) for t in tokens])
-        if any(len(t) != 1 for t in tokens):  # prompt chunks: one run per row
-            return np.stack([self._extend(s, t, kv) for s, t in zip(slots, tokens)])
-        first, stop = min(slots), max(slots) + 1
-        if stop - first > self.limits.max_batch_size:  # windows of at most max_batch_size rows
-            cut = first + self.limits.max_batch_size
-            low = [i for i, s in enumerate(slots) if s < cut]
-            high = [i for i, s in enumerate(slots) if s >= cut]
-            out = np.empty((len(slots), self.vocab_size), np.float32)
-            for part in (low, high):
-                out[part] = self.decode([slots[i] for i in part], [tokens[i] for i in part], kv)
-            return out
-        # Rows of the window that are not in this step run a harmless dummy token at their current length, which
-        # their next real token overwrites.
-        start = kv.lengths[first:stop].copy()
-        if np.any(start + 1 > kv.max_len):
-            raise LimitError(f"a KV slot in rows {first}..{stop - 1} is full ({kv.max_len} tokens)")
-        rows = [[0] for _ in range(stop - first)]
-        for slot, toks in zip(slots, tokens):
-            rows[slot - first] = toks
-        ids, pos = inplace_inputs(rows, start)
-        logits = self._run("decode", kv, first, ids, pos, 1)
-        kv.lengths[slots] += 1
-        return logits[np.array(slots) - first, 0, :]
-
-    def _extend(self, slot: int, toks: list[int], kv: KVCache) -> np.ndarray:
-        """Append a prompt chunk through the decode graph, at most max_num_tokens tokens per run."""
-        step = self.limits.decode_tokens
-        logits = np.empty(0, np.float32)
-        for i in range(0, len(toks), step):
-            chunk = toks[i:i + step]
-            ids, pos = inplace_inputs([chunk], kv.lengths[slot:slot + 1])
-            logits = self._run("decode", kv, slot, ids, pos, len(chunk))[0, -1, :]
-            kv.lengths[slot] += len(chunk)
-        return logits
+def window_layout(limits: TrtLimits) -> StepLayout:
+    """TensorRT's runs: windows of consecutive slots (the plugin's slot buffers) within the profiles' limits."""
+    return StepLayout(window=True, equal_new=True, max_rows=limits.max_batch_size, max_new=limits.decode_tokens)
 
 
 # -- CUDA through cuda-python ------------------------------------------------------------------------------------
@@ -365,7 +287,9 @@ def _tensorrt() -> Any:
     return tensorrt
 
 
-class TrtEngine(SlotSteps):
+class TrtEngine(StepCore):
+    """The step core (steps.py) over TensorRT plans: windows of consecutive slots, split to the engine's limits."""
+
     def __init__(self, manifest: EngineManifest, directory: Path, options: EngineOptions) -> None:
         self.manifest, self.directory = manifest, Path(directory)
         verify_files(self.directory, manifest.files)
@@ -414,11 +338,14 @@ class TrtEngine(SlotSteps):
             graph.reset()
         return TrtKVCache(self.manifest, num_slots, min(max_len, self.max_positions), self.limits.max_seq_len)
 
-    def _run(self, graph: str, kv: KVCache, first: int, ids: np.ndarray, pos: np.ndarray,
-             logits_rows: int) -> np.ndarray:
+    def step_layout(self, kv: KVCache) -> StepLayout:
+        return window_layout(self.limits)
+
+    def _run(self, graph: str, kv: KVCache, rows: StepRows) -> np.ndarray:
         assert isinstance(kv, TrtKVCache)
         m = self.manifest.kv
+        ids, pos = rows.ids, rows.positions
         shapes = {io.INPUT_IDS: ids.shape, io.POSITION_IDS: pos.shape,
                   **{n: (ids.shape[0], m.num_kv_heads, self.limits.max_seq_len, m.head_dim) for n in kv.names}}
         check_shapes(self._graphs[graph].profile, shapes)
-        return self._graphs[graph].run(kv, first, ids, pos, logits_rows, shapes)
+        return self._graphs[graph].run(kv, rows.first, ids, pos, rows.logits_rows, shapes)
