@@ -17,22 +17,34 @@ from llmc.errors import InputError
 SETTLE_S = 0.2  # before and after each transformers run: the other side's spinning threads go back to sleep
 
 
+class _TokenClock:
+    """A `generate` streamer that only timestamps: put() is called with the prompt, then with each new token."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
 def torch_decode(torch: Any, model: Any, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
-    """TTFT (one forward over the prompts) and decode tokens/s per sequence of `generate` (greedy, no EOS)."""
+    """TTFT and decode tokens/s per sequence of one `generate` call (greedy, no EOS), both timed inside that call:
+    the first token's arrival splits prefill from decode (timing a separate forward pass for the prompt and
+    subtracting it from the call's total goes wrong on a loaded machine, where the two drift apart)."""
     ids = torch.tensor(prompts, dtype=torch.long)
     mask = torch.ones_like(ids)
     kwargs: dict[str, Any] = {"attention_mask": mask, "do_sample": False, "eos_token_id": None, "pad_token_id": 0}
     with torch.inference_mode():
         model.generate(ids[:, :8], max_new_tokens=2, min_new_tokens=2, **{**kwargs, "attention_mask": mask[:, :8]})
+        clock = _TokenClock()
         t0 = time.perf_counter()
-        model(ids, attention_mask=mask)
-        ttft = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
-        total = time.perf_counter() - t0
-    assert out.shape[1] - ids.shape[1] == new_tokens
-    decode = max(total - ttft, 1e-9)
-    return {"torch_ttft_ms": ttft * 1e3, "torch_decode_tok_s_per_seq": (new_tokens - 1) / decode}
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, streamer=clock, **kwargs)
+    assert out.shape[1] - ids.shape[1] == new_tokens and len(clock.times) == new_tokens + 1
+    ttft, decode = clock.times[1] - t0, clock.times[-1] - clock.times[1]  # times[0]: the prompt, before prefill
+    return {"torch_ttft_ms": ttft * 1e3, "torch_decode_tok_s_per_seq": (new_tokens - 1) / max(decode, 1e-9)}
 
 
 def _first_line(e: Exception) -> str:
