@@ -42,6 +42,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         num_prompts: Annotated[int, typer.Option(help="--serve: requests per level.")] = 32,
         request_rate: Annotated[float, typer.Option(help="--serve: Poisson rate (req/s); 0 = as fast as allowed.")] = 0.0,
         output: Annotated[Path | None, typer.Option(help="--serve: save results as JSON.")] = None,
+        peer: Annotated[str | None, typer.Option(
+            help="--serve: a second server's URL (e.g. llama.cpp's llama-server), loaded the same way in interleaved "
+                 "rounds (--repeat) at each level: both servers' figures and llmc's ratios.")] = None,
         against: Annotated[Path | None, typer.Option(
             help="A second engine folder, run right after ENGINE_DIR in every round: both engines' rows and the "
                  "ratios between them.")] = None,
@@ -54,10 +57,12 @@ def register(app: typer.Typer, wrap: Any) -> None:
             from llmc.cli.bench_serve import bench_serve
 
             bench_serve(serve, _ints(concurrency, "--concurrency"), num_prompts, prompt_len, new_tokens,
-                        request_rate, output, as_json)
+                        request_rate, output, as_json, peer, repeat if peer is not None else 1)
             return
         if engine_dir is None:
             raise InputError("pass an ENGINE_DIR (or --serve URL)")
+        if peer is not None:
+            raise InputError("--peer compares servers: use it with --serve URL (--against compares engine folders)")
         from llmc.bench.engine_bench import BenchConfig
         from llmc.cli.common import read_json_schema
 

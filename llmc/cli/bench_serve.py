@@ -1,32 +1,85 @@
-"""`llmc bench --serve URL`: load a running OpenAI-compatible server at several concurrency levels."""
+"""`llmc bench --serve URL [--peer URL]`: load a running OpenAI-compatible server at several concurrency levels,
+and, with --peer, a second server (llama.cpp's llama-server, vLLM, another llmc) the same way in the same run."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from llmc.errors import InputError
 
+# what the comparison table shows per level: (report key, column title, higher is better)
+COMPARED = (("output_throughput", "output tok/s", True), ("median_ttft_ms", "TTFT p50 ms", False),
+            ("median_tpot_ms", "TPOT p50 ms", False))
+
 
 def bench_serve(url: str, levels: tuple[int, ...], num_prompts: int, prompt_len: int, new_tokens: int,
-                request_rate: float, output: Path | None, as_json: bool) -> None:
+                request_rate: float, output: Path | None, as_json: bool, peer: str | None = None,
+                repeat: int = 1, warmup: int = 2) -> None:
     from llmc.bench.serve_client import BenchConfig, format_report, run_bench
 
     if not levels or min(levels) < 1:
         raise InputError(f"--concurrency must be >= 1, got {list(levels)}")
     if num_prompts < 1 or request_rate < 0:
         raise InputError(f"--num-prompts must be >= 1 and --request-rate >= 0, got {num_prompts}, {request_rate}")
-    reports = []
+    if repeat < 1:
+        raise InputError(f"--repeat must be >= 1, got {repeat}")
+    servers = {"llmc": url} if peer is None else {"llmc": url, "peer": peer}
+    reports: list[dict[str, Any]] = []
+    rows = []
     for level in levels:
-        cfg = BenchConfig(url=url, num_prompts=max(num_prompts, level), concurrency=level,
-                          request_rate=request_rate or float("inf"), prompt_len=prompt_len, max_tokens=new_tokens)
-        report = asyncio.run(run_bench(cfg))
-        report["concurrency"] = level
-        reports.append(report)
-        typer.echo(json.dumps({k: v for k, v in report.items() if not isinstance(v, list)}) if as_json
-                   else f"--- concurrency {level} ---\n{format_report(report)}")
+        per: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+        for base in servers.values():  # untimed warm-up requests, one at a time
+            if warmup:
+                asyncio.run(run_bench(BenchConfig(url=base, num_prompts=warmup, concurrency=1, prompt_len=prompt_len,
+                                                  max_tokens=min(new_tokens, 16))))
+        for _ in range(repeat):
+            for name, base in servers.items():  # interleaved rounds: both servers see the same machine state
+                cfg = BenchConfig(url=base, num_prompts=max(num_prompts, level), concurrency=level,
+                                  request_rate=request_rate or float("inf"), prompt_len=prompt_len,
+                                  max_tokens=new_tokens)
+                report = asyncio.run(run_bench(cfg))
+                report["concurrency"], report["server"] = level, name
+                per[name].append(report)
+                reports.append(report)
+                if peer is None:
+                    typer.echo(json.dumps({k: v for k, v in report.items() if not isinstance(v, list)}) if as_json
+                               else f"--- concurrency {level} ---\n{format_report(report)}")
+        if peer is not None:
+            row = compare_level(level, per["llmc"], per["peer"])
+            rows.append(row)
+            if as_json:
+                typer.echo(json.dumps(row))
+    if peer is not None and not as_json:
+        typer.echo(format_comparison(rows, url, peer, repeat))
     if output is not None:
-        output.write_text(json.dumps(reports, indent=2))
+        output.write_text(json.dumps({"runs": reports, "comparison": rows} if peer is not None else reports,
+                                     indent=2))
+
+
+def compare_level(level: int, ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the rounds of each compared figure for both servers, and llmc's ratio (llmc / peer)."""
+    row: dict[str, Any] = {"concurrency": level, "rounds": len(ours),
+                           "failed": sum(r["failed"] for r in ours), "peer_failed": sum(r["failed"] for r in theirs)}
+    for key, _, _ in COMPARED:
+        a, b = statistics.median(r[key] for r in ours), statistics.median(r[key] for r in theirs)
+        row[key], row[f"peer_{key}"] = a, b
+        row[f"ratio_{key}"] = a / b if b else float("inf")
+    return row
+
+
+def format_comparison(rows: list[dict[str, Any]], url: str, peer: str, repeat: int) -> str:
+    lines = [f"llmc {url} against peer {peer}: medians of {repeat} interleaved rounds per level (ratio = llmc / peer)",
+             f"{'concurrency':>11} " + " ".join(f"{title:>14} {'peer':>9} {'ratio':>6}" for _, title, _ in COMPARED)]
+    for row in rows:
+        cells = " ".join(f"{row[key]:>14.1f} {row[f'peer_{key}']:>9.1f} {row[f'ratio_{key}']:>5.2f}x"
+                         for key, _, _ in COMPARED)
+        failed = f"  (failed: llmc {row['failed']}, peer {row['peer_failed']})" if row["failed"] or row[
+            "peer_failed"] else ""
+        lines.append(f"{row['concurrency']:>11} {cells}{failed}")
+    return "\n".join(lines)

@@ -41,3 +41,23 @@ def test_bench_counts_failures(server: Server) -> None:
     cfg = BenchConfig(url=server.url, model="no-such-model", num_prompts=2, max_tokens=2, prompt_len=4)
     report = asyncio.run(run_bench(cfg))
     assert report["completed"] == 0 and report["failed"] == 2 and "404" in report["errors"][0]
+
+
+def test_bench_serve_against_a_peer_prints_both_and_the_ratios(server: Server, tmp_path: Path,
+                                                              capsys: object) -> None:
+    from llmc.cli.bench_serve import bench_serve
+
+    out = tmp_path / "cmp.json"
+    # the same server as its own peer: both columns measure one server, so each ratio is near 1
+    bench_serve(server.url, (1, 2), 2, 8, 4, 0.0, out, False, peer=server.url, repeat=2, warmup=1)
+    text = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert "against peer" in text and "medians of 2 interleaved rounds" in text
+    saved = json.loads(out.read_text())
+    assert [r["concurrency"] for r in saved["comparison"]] == [1, 2]
+    assert len(saved["runs"]) == 2 * 2 * 2 and {r["server"] for r in saved["runs"]} == {"llmc", "peer"}
+    for row in saved["comparison"]:
+        assert row["rounds"] == 2 and row["failed"] == row["peer_failed"] == 0
+        assert row["ratio_output_throughput"] == row["output_throughput"] / row["peer_output_throughput"]
+        assert 0.2 < row["ratio_output_throughput"] < 5
+        assert f"{row['concurrency']:>11} " in text
+    server.wait_idle()
