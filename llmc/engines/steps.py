@@ -13,8 +13,9 @@ What a run may hold is the backend's `StepLayout` for a cache:
   in groups of consecutive slots, and prompt chunks one row per run. Otherwise a run takes any rows (paged memory
   through block tables, the concat layout's gathered past).
 - `equal_new`: rows after a cached past take the same number of new tokens in one run (GroupQueryAttention,
-  llmc's operator); rows are then grouped by their number of new tokens. The concat graph takes mixed counts
-  under its attention mask.
+  llmc's operator before contract 6); rows are then grouped by their number of new tokens. The concat graph (its
+  attention mask) and llmc's paged operator (new_tokens) take mixed counts, right-padded: rows are then grouped so
+  that little is padding (`padded_groups`).
 - `max_rows` / `max_new`: rows per run and new tokens per row per decode run (0: no limit; TensorRT's profiles).
 """
 
@@ -98,6 +99,22 @@ def windows(slots: list[int], size: int) -> list[tuple[int, int, list[int]]]:
     return [(first, slots[idx[-1]] + 1, idx) for first, _, idx in out]
 
 
+def padded_groups(counts: list[int]) -> list[list[int]]:
+    """Indices of rows grouped for runs that take rows of different counts (right-padded to the group's longest):
+    from the longest row down, a row joins the open group while the pad it adds, width - its count, is at most
+    max(8, width / 4) tokens, so one-token decode rows never pad out to a prompt chunk's width (a 128-token chunk
+    would make 16 decode rows compute 2,048 positions), while chunks of similar lengths share one run."""
+    groups: list[list[int]] = []
+    width = 0
+    for i in sorted(range(len(counts)), key=lambda r: -counts[r]):
+        if groups and width - counts[i] <= max(8, width // 4):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+            width = counts[i]
+    return groups
+
+
 def _chunks(items: list[int], size: int) -> list[list[int]]:
     return [items[i:i + size] for i in range(0, len(items), size)] if size else [items]
 
@@ -155,7 +172,7 @@ class StepCore(Engine):
                 by_len.setdefault(n, []).append(i)
             groups = [g for rows in by_len.values() for g in _chunks(rows, layout.max_rows)]
         else:
-            groups = _chunks(list(range(len(slots))), layout.max_rows)
+            groups = [g for rows in padded_groups(counts) for g in _chunks(rows, layout.max_rows)]
         for g in groups:
             out[g] = self._extend(kv, [slots[i] for i in g], [tokens[i] for i in g], layout.max_new)
         return out

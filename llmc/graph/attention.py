@@ -263,9 +263,18 @@ class CachedAttention(GroupQueryAttention):
         op = {"float16": "CachedAttentionF16Cache", "int8": "CachedAttentionI8Cache"}.get(self.c.opts.kv_dtype,
                                                                                           "CachedAttention")
         inputs = [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope]
-        if self.c.opts.paged:
-            inputs = [*inputs, *[""] * (2 - len(rope)), io.BLOCK_TABLE]
+        if self.c.opts.paged:  # rows of different counts after a past run together (new_tokens)
+            inputs = [*inputs, *[""] * (2 - len(rope)), io.BLOCK_TABLE, io.NEW_TOKENS]
         return self._node(op, i, inputs, self._attrs(i), LLMC_DOMAIN)
+
+    def last_token(self, x: str) -> str:
+        """Paged graphs: row b's last new token is at new_tokens[b] - 1 (any row, past or not); otherwise as
+        GroupQueryAttention's."""
+        if not self.c.opts.paged:
+            return super().last_token(x)
+        b = self.c.b
+        last = b.unsqueeze(b.op("Sub", b.cast(io.NEW_TOKENS, "int64"), b.const(np.array(1, np.int64))), 1)
+        return b.unsqueeze(b.op("GatherND", x, last, batch_dims=1), 1)
 
 
 class OnnxAttention(DecomposedAttention):

@@ -19,6 +19,7 @@ PAST_VALUE = "past_key_values.{i}.value"
 PRESENT_KEY = "present.{i}.key"
 PRESENT_VALUE = "present.{i}.value"
 BLOCK_TABLE = "block_table"  # [B, max_blocks] int32: paged KV memory, row b's position t in block [b, t // block]
+NEW_TOKENS = "new_tokens"  # [B] int32 (paged graphs): row b's new tokens in this run, right-padded to the width
 
 STANDARD_INPLACE = ("onnx", "onnx-static")  # in-place lowerings of standard ops: Attention + TensorScatter
 
@@ -92,7 +93,7 @@ def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[Tensor
     if attention in ("gqa", "llmc"):
         inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]
     if kv.paged:
-        inputs.append(TensorSpec(BLOCK_TABLE, "int32", (BATCH, MAX_BLOCKS)))
+        inputs += [TensorSpec(BLOCK_TABLE, "int32", (BATCH, MAX_BLOCKS)), TensorSpec(NEW_TOKENS, "int32", (BATCH,))]
     return inputs + _kv(kv, "past", MAX_SEQ)
 
 

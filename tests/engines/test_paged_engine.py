@@ -13,6 +13,8 @@ from conftest import Built
 from llmc.engines.base import PagedKVCache
 from llmc.engines.host_kv import HostPagedKVCache
 from llmc.engines.registry import load_engine_dir
+from llmc.engines.steps import StepRows
+from llmc.graph import io_names
 from llmc.runtime.block_manager import BlockManager
 from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.generator import EngineLoop
@@ -101,13 +103,28 @@ def test_preempted_sequence_resumes_to_the_same_greedy_output(tiny_llama: Built)
     assert got == generate(tiny_llama.engine("llmc"), prompts, RuntimeConfig(max_running=3, kv_budget_mb=4), 40)
 
 
-def test_equal_length_chunks_run_together_and_equal_one_row_runs(tiny_llama: Built) -> None:
+def test_chunks_of_different_lengths_run_together_and_equal_one_row_runs(tiny_llama: Built,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows after a past with 4, 4, 2 and 1 new tokens: one run (new_tokens), the same logits as one run per row."""
     engine = load_engine_dir(tiny_llama.engine("llmc"))
-    prompts, chunks = [[5, 9, 11], list(range(3, 40)), [4, 8, 30, 31, 2]], [[7, 8, 9, 10], [11, 12, 13, 14], [3, 3]]
+    assert io_names.NEW_TOKENS in engine.manifest.decode.input_names()
+    runs: list[list[int]] = []
+    real_run = engine._run
+
+    def counting(graph: str, kv: object, rows: StepRows) -> np.ndarray:
+        runs.append(rows.counts.tolist())
+        return real_run(graph, kv, rows)
+
+    monkeypatch.setattr(engine, "_run", counting)
+    prompts = [[5, 9, 11], list(range(3, 40)), [4, 8, 30, 31, 2], [6, 7]]
+    chunks = [[7, 8, 9, 10], [11, 12, 13, 14], [3, 3], [9]]
     logits = []
     for together in (True, False):
-        kv = engine.new_kv_cache(3, 64)
-        engine.prefill([0, 1, 2], prompts, kv)
-        calls = [([0, 1, 2], chunks)] if together else [([s], [chunks[s]]) for s in range(3)]
+        kv = engine.new_kv_cache(4, 64)
+        engine.prefill([0, 1, 2, 3], prompts, kv)
+        runs.clear()
+        calls = [([0, 1, 2, 3], chunks)] if together else [([s], [chunks[s]]) for s in range(4)]
         logits.append(np.concatenate([engine.decode(slots, toks, kv) for slots, toks in calls]))
+        assert runs == ([[4, 4, 2, 1]] if together else [[4], [4], [2], [1]])
+        assert kv.lengths.tolist() == [7, 41, 7, 3]
     np.testing.assert_allclose(logits[0], logits[1], atol=1e-5, rtol=0)

@@ -12,7 +12,7 @@ from runtime.fake_engine import fake_manifest
 
 from llmc.engines.base import KVCache
 from llmc.engines.host_kv import HostKVCache
-from llmc.engines.steps import StepCore, StepLayout, StepRows, runs, windows
+from llmc.engines.steps import StepCore, StepLayout, StepRows, padded_groups, runs, windows
 from llmc.errors import LimitError
 
 
@@ -27,6 +27,14 @@ def test_windows_cover_every_slot_from_the_lowest() -> None:
     assert windows([4, 0, 1], 2) == [(0, 2, [1, 2]), (4, 5, [0])]
     assert windows([5, 0, 3], 0) == [(0, 6, [1, 2, 0])]
     assert windows([7, 1, 2, 3], 2) == [(1, 3, [1, 2]), (3, 4, [3]), (7, 8, [0])]
+
+
+def test_padded_groups_keep_decode_rows_out_of_long_chunks() -> None:
+    assert padded_groups([1, 1, 1]) == [[0, 1, 2]]
+    assert padded_groups([1, 128, 1, 100]) == [[1, 3], [0, 2]]  # 128 and 100: 28 <= 32 pads; decode rows apart
+    assert padded_groups([15, 13, 17, 1, 14]) == [[2, 0, 4, 1], [3]]
+    assert padded_groups([40, 20, 1]) == [[0], [1], [2]]  # 20 pads > max(8, 10); 19 > max(8, 5)
+    assert padded_groups([9, 1]) == [[0, 1]]  # 8 pads: within the floor
 
 
 def test_positions_pad_with_zero_and_seqlens() -> None:
@@ -56,7 +64,7 @@ class Recording(StepCore):
         return np.repeat(value[:, :, None], self.vocab_size, axis=2).astype(np.float32)
 
 
-def test_any_rows_mixed_counts_one_run_and_each_rows_last_logits() -> None:
+def test_any_rows_mixed_counts_run_together_and_each_rows_last_logits() -> None:
     core = Recording(StepLayout(window=False, equal_new=False))
     kv = core.new_kv_cache(6, 64)
     out = core.prefill([5, 2], [[1, 2, 3], [4]], kv)

@@ -58,6 +58,16 @@ def ops_version() -> str:
     return str(fn().decode())
 
 
+def ops_serves() -> tuple[str, ...]:
+    """The contract versions whose graphs the installed library runs (its own and older ones it only added to)."""
+    lib = _library()
+    fn = getattr(lib, "llmc_ops_serves", None)
+    if fn is None:
+        return (ops_version(),)
+    fn.restype = ctypes.c_char_p
+    return tuple(fn().decode().split())
+
+
 def cpu_paths() -> dict[str, str]:
     """The code paths the operators take on this CPU (as the environment overrides them now)."""
     lib = _library()
@@ -71,10 +81,10 @@ def engine_library(settings: EngineSettings, directory: Path) -> Path | None:
     operator); a library of another contract version is a clear error."""
     version = settings.llmc_ops
     if version:
-        have = ops_version()
-        if str(version) != have:
+        if str(version) not in ops_serves():
             raise ManifestError(f"{directory} was built with llmc's operators version {version}; this installation "
-                                f"has version {have}: build the engine again with this llmc")
+                                f"has version {ops_version()} (it runs versions {', '.join(ops_serves())}): build the "
+                                "engine again with this llmc")
         return library_path()
     legacy = settings.custom_ops
     if legacy:

@@ -36,11 +36,11 @@ typedef struct {
   size_t next; /* the next unit to claim (atomic) */
 } job;
 
-static inline int past_of(const llmc_attention_args* a, int b) {
-  return a->first_prompt ? 0 : a->seqlens[b] + 1 - a->S;
-}
 static inline int new_of(const llmc_attention_args* a, int b) {
-  return a->first_prompt ? a->seqlens[b] + 1 : a->S;
+  return a->first_prompt ? a->seqlens[b] + 1 : a->new_lens ? a->new_lens[b] : a->S;
+}
+static inline int past_of(const llmc_attention_args* a, int b) {
+  return a->first_prompt ? 0 : a->seqlens[b] + 1 - new_of(a, b);
 }
 
 /* ---------------------------------------------------------------- portable C */

@@ -7,7 +7,8 @@
  *         and V are written at their positions
  *   seqlens[b] = tokens of row b after this step - 1
  *   first prompt (total_sequence_length == S): row b has seqlens[b] + 1 new tokens (right-padded), no past;
- *   otherwise row b has S new tokens after seqlens[b] + 1 - S cached ones.
+ *   otherwise row b has S new tokens after seqlens[b] + 1 - S cached ones, or, with new_lens, new_lens[b] new
+ *   tokens (right-padded to S) after seqlens[b] + 1 - new_lens[b] cached ones (first_prompt is then 0).
  *   cos, sin [max_pos, R] (rotary, rotate-half form within each head's first 2R dims: pairs (d, d + R) for d < R;
  *         dims 2R .. D-1 pass unchanged; R = D/2 rotates the whole head) or NULL
  *   window > 0: the query at absolute position p sees keys t with p - window < t <= p only (window keys, itself
@@ -48,6 +49,7 @@ typedef struct {
   float* out;
   const int32_t* block_table; /* NULL: k, v are [B, Hkv, L, row] */
   int block_size, max_blocks, num_blocks;
+  const int32_t* new_lens; /* NULL: S new tokens per row (or the first-prompt form); else row b's count, 1..S */
 } llmc_attention_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. `parallel` runs fn(data, i) for

@@ -10,6 +10,9 @@
  * block_table [B, max_blocks] int32 (optional, after sin_cache): paged KV memory; then past and present are pools
  * [num_blocks, Hkv, block_size, D] shared by the batch's rows, row b's position t in block block_table[b][t / block_size]
  * (block_size a power of 2), so a cached prompt prefix is read where it is, from blocks other rows may share.
+ * new_tokens [B] int32 (optional, after block_table): row b's new tokens in this run (1..S, right-padded to S) after
+ * seqlens_k[b] + 1 - new_tokens[b] cached ones, so rows of different counts run together; without it, rows have S new
+ * tokens each, or, when total_sequence_length == S, seqlens_k[b] + 1 of a first prompt.
  * Attributes: num_heads, kv_num_heads (int), scale (float); optional, as GroupQueryAttention's: local_window_size
  * (int, default -1 = none; W >= 1: the query at position p sees keys p - W < t <= p only, and the kernel reads no
  * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale).
@@ -141,7 +144,7 @@ typedef struct {
   int kv_kind; /* LLMC_KV_* */
 } Kernel;
 
-enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, IN_BLOCKS, N_INPUTS };
+enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, IN_BLOCKS, IN_NEW, N_INPUTS };
 enum { OUT_ATTN, OUT_PRESENT_K, OUT_PRESENT_V, N_OUTPUTS };
 
 static const char* op_name(const OrtCustomOp* op) { return ((const LlmcOp*)op)->name; }
@@ -150,14 +153,14 @@ static size_t op_input_count(const OrtCustomOp* op) { (void)op; return N_INPUTS;
 static size_t op_output_count(const OrtCustomOp* op) { (void)op; return N_OUTPUTS; }
 static int op_input_type(const OrtCustomOp* op, size_t i) {
   if (i == IN_PAST_K || i == IN_PAST_V) return ((const LlmcOp*)op)->kv_type;
-  return i == IN_SEQLENS || i == IN_TOTAL || i == IN_BLOCKS ? T_INT32 : T_FLOAT;
+  return i == IN_SEQLENS || i == IN_TOTAL || i == IN_BLOCKS || i == IN_NEW ? T_INT32 : T_FLOAT;
 }
 static int op_output_type(const OrtCustomOp* op, size_t i) {
   return i == OUT_ATTN ? T_FLOAT : ((const LlmcOp*)op)->kv_type;
 }
 static int op_input_characteristic(const OrtCustomOp* op, size_t i) {
   (void)op;
-  return i == IN_COS || i == IN_SIN || i == IN_BLOCKS ? IO_OPTIONAL : IO_REQUIRED;
+  return i == IN_COS || i == IN_SIN || i == IN_BLOCKS || i == IN_NEW ? IO_OPTIONAL : IO_REQUIRED;
 }
 static int op_output_characteristic(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
 static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; /* default */ }
@@ -293,6 +296,10 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
     snprintf(msg, sizeof msg, "CachedAttention: block_table must be [B, max_blocks] with B = %lld", (long long)B);
     return fail(api, ERR_INVALID_ARGUMENT, msg);
   }
+  if (rank[IN_NEW] >= 0 && (rank[IN_NEW] != 1 || dims[IN_NEW][0] != B)) {
+    snprintf(msg, sizeof msg, "CachedAttention: new_tokens must be [B] with B = %lld", (long long)B);
+    return fail(api, ERR_INVALID_ARGUMENT, msg);
+  }
   int64_t L = paged ? dims[IN_BLOCKS][1] * dims[IN_PAST_K][2] : dims[IN_PAST_K][2];
   if (memcmp(dims[IN_PAST_K], dims[IN_PAST_V], sizeof(dims[0])) || (!paged && dims[IN_PAST_K][0] != B) ||
       dims[IN_PAST_K][1] != Hkv || W != (H + 2 * Hkv) * D || dims[IN_SEQLENS][0] != B) {
@@ -331,7 +338,8 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   }
   llmc_attention_args a = {
       .B = (int)B, .S = (int)S, .H = H, .Hkv = Hkv, .D = (int)D, .L = (int)L,
-      .first_prompt = *(const int32_t*)data[IN_TOTAL] == S, .kv_kind = k->kv_kind,
+      /* with new_tokens every row says its own count: no first-prompt form to infer */
+      .first_prompt = rank[IN_NEW] < 0 && *(const int32_t*)data[IN_TOTAL] == S, .kv_kind = k->kv_kind,
       .max_pos = rank[IN_COS] >= 0 ? (int)dims[IN_COS][0] : 0, .R = rank[IN_COS] >= 0 ? (int)dims[IN_COS][1] : 0,
       /* a window at least as long as any cache is no window */
       .window = k->local_window_size > 0 && k->local_window_size < L ? (int)k->local_window_size : 0,
@@ -341,7 +349,8 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .sin = (const float*)data[IN_SIN], .scale = k->scale, .out = (float*)out_data,
       .block_table = paged ? (const int32_t*)data[IN_BLOCKS] : NULL,
       .block_size = paged ? (int)dims[IN_PAST_K][2] : 0, .max_blocks = paged ? (int)dims[IN_BLOCKS][1] : 0,
-      .num_blocks = paged ? (int)dims[IN_PAST_K][0] : 0};
+      .num_blocks = paged ? (int)dims[IN_PAST_K][0] : 0,
+      .new_lens = rank[IN_NEW] >= 0 ? (const int32_t*)data[IN_NEW] : NULL};
   Pool pool = {api, ctx, NULL};
   const char* err = llmc_attention(&a, run_parallel, &pool);
   return outcome(&pool, "CachedAttention", err);
@@ -507,6 +516,8 @@ static int session_threads(const OrtApi* api, const OrtSessionOptions* options) 
 
 /* The operators' contract version (ops_version.h): engines record it and refuse a library of another. */
 EXPORT const char* llmc_ops_version(void) { return LLMC_OPS_VERSION; }
+/* The contract versions whose graphs this library runs (space separated): its changes since them only add. */
+EXPORT const char* llmc_ops_serves(void) { return LLMC_OPS_SERVES; }
 
 /* The code paths this CPU takes: attention (1 AVX-512, 0 portable) and the 4-bit product (llmc_q4_path). */
 EXPORT int llmc_ops_attention_path(void) { return llmc_attention_uses_avx512(); }

@@ -58,9 +58,12 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         return HostPagedKVCache(self.manifest.kv, num_slots, max_len, num_blocks, self._block_size)
 
     def step_layout(self, kv: KVCache) -> StepLayout:
-        # GroupQueryAttention and llmc's operator take rows after a past with equal numbers of new tokens; slot
-        # memory binds a window of consecutive rows, paged memory any rows through their block tables
-        return StepLayout(window=not isinstance(kv, HostPagedKVCache), equal_new=True)
+        # slot memory binds a window of consecutive rows, and GroupQueryAttention takes rows after a past with equal
+        # numbers of new tokens; paged memory takes any rows through their block tables, and rows of different
+        # counts together where the graph has new_tokens (llmc's operators from contract 6 on)
+        if isinstance(kv, HostPagedKVCache):
+            return StepLayout(window=False, equal_new=io_names.NEW_TOKENS not in self._input_names)
+        return StepLayout(window=True, equal_new=True)
 
     def _binding(self, session: object, kv: HostKVCache | HostPagedKVCache, first: int, stop: int) -> object:
         """An IOBinding over rows first..stop-1 of every KV buffer (OrtValues over contiguous views: no copy), or
@@ -86,6 +89,7 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
                  io_names.TOTAL_SEQ_LEN: np.array(int(seqlens.max()), dtype=np.int32)}
         if isinstance(kv, HostPagedKVCache):
             feeds[io_names.BLOCK_TABLE] = kv.block_table(rows.slots)
+            feeds[io_names.NEW_TOKENS] = rows.counts.astype(np.int32)
         return {name: feeds[name] for name in self._input_names}
 
     def _run(self, graph: str, kv: KVCache, rows: StepRows) -> np.ndarray:
