@@ -34,6 +34,7 @@ class BenchConfig:
     ignore_eos: bool = True
     endpoint: str = "chat"  # "chat" | "completions"
     seed: int = 0
+    first_prompt: int = 0  # index of the first prompt: distinct ranges give prompts no cache has seen
     timeout_s: float = 600.0
     output: Path | None = None
 
@@ -124,7 +125,7 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
         async def limited(i: int) -> RequestResult:
             async with gate:
-                return await _one(client, path, _body(cfg, model, make_prompt(cfg.prompt_len, i)))
+                return await _one(client, path, _body(cfg, model, make_prompt(cfg.prompt_len, cfg.first_prompt + i)))
 
         start = time.perf_counter()
         tasks = []

@@ -32,15 +32,20 @@ def bench_serve(url: str, levels: tuple[int, ...], num_prompts: int, prompt_len:
     servers = {"llmc": url} if peer is None else {"llmc": url, "peer": peer}
     reports: list[dict[str, Any]] = []
     rows = []
+    # Every round sends prompts no earlier round sent (both servers the same ones): a prompt cache then saves what
+    # it would for new users (the chat template's prefix), not a whole prompt it has seen before.
+    first = 0
     for level in levels:
         per: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
         for base in servers.values():  # untimed warm-up requests, one at a time
             if warmup:
                 asyncio.run(run_bench(BenchConfig(url=base, num_prompts=warmup, concurrency=1, prompt_len=prompt_len,
-                                                  max_tokens=min(new_tokens, 16))))
+                                                  max_tokens=min(new_tokens, 16), first_prompt=first)))
+        first += warmup
         for _ in range(repeat):
+            n = max(num_prompts, level)
             for name, base in servers.items():  # interleaved rounds: both servers see the same machine state
-                cfg = BenchConfig(url=base, num_prompts=max(num_prompts, level), concurrency=level,
+                cfg = BenchConfig(url=base, num_prompts=n, concurrency=level, first_prompt=first,
                                   request_rate=request_rate or float("inf"), prompt_len=prompt_len,
                                   max_tokens=new_tokens)
                 report = asyncio.run(run_bench(cfg))
@@ -50,6 +55,7 @@ def bench_serve(url: str, levels: tuple[int, ...], num_prompts: int, prompt_len:
                 if peer is None:
                     typer.echo(json.dumps({k: v for k, v in report.items() if not isinstance(v, list)}) if as_json
                                else f"--- concurrency {level} ---\n{format_report(report)}")
+            first += n
         if peer is not None:
             row = compare_level(level, per["llmc"], per["peer"])
             rows.append(row)
