@@ -116,7 +116,10 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     import httpx
 
     limit = cfg.concurrency or cfg.num_prompts
-    limits = httpx.Limits(max_connections=limit + 4, max_keepalive_connections=limit + 4)
+    # A connection per request: a kept-alive one the server has closed while idle fails the next request with
+    # "Server disconnected without sending a response" (llama-server does this between sequential requests); a new
+    # local connection costs well under a millisecond of TTFT.
+    limits = httpx.Limits(max_connections=limit + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=cfg.url.rstrip("/"), timeout=cfg.timeout_s, limits=limits) as client:
         model = cfg.model or await _first_model(client)
         path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
