@@ -1,5 +1,7 @@
-"""The machine's memory read bandwidth right now, read the way a decode step reads its weights: ONNX Runtime
-streaming a buffer far larger than the caches, with the engine's thread count.
+"""The machine's memory read bandwidth right now, read the way a decode step reads its weights: the engine's
+thread count streaming a buffer far larger than the caches with wide loads and software prefetch (llmc's operator
+library, bandwidth.c), or, where that library is not built, ONNX Runtime's ReduceSum over it (which reads about half
+as fast on some VMs: 10 against 19-25 GB/s on 2 cores of an Intel Xeon VM).
 
 `llmc bench` runs it in a child process (`python -m llmc.bench.bandwidth THREADS`) at the start and at the end of a
 run, so that its buffer stays out of the bench's peak RSS. On a shared machine the bandwidth moves from one minute to
@@ -15,7 +17,27 @@ import time
 import numpy as np
 
 
-def measure_read_gbs(threads: int, mib: int = 256, repeats: int = 10) -> float:
+def measure_read_gbs(threads: int, mib: int = 512, repeats: int = 9) -> float:
+    """Median GB/s of `repeats` reads of `mib` MiB by `threads` threads (0: physical cores)."""
+    import ctypes
+
+    from llmc.engines.kernels import library_path
+    from llmc.errors import BackendUnavailableError
+
+    if threads < 1:
+        from llmc.engines.ort.run import default_threads
+
+        threads = default_threads()
+    try:
+        fn = ctypes.CDLL(str(library_path())).llmc_read_gbs
+    except (BackendUnavailableError, OSError, AttributeError):
+        return ort_read_gbs(threads, mib, repeats)
+    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+    gbs = float(fn(threads, mib * 2**20, repeats))
+    return gbs if gbs > 0 else ort_read_gbs(threads, mib, repeats)
+
+
+def ort_read_gbs(threads: int, mib: int = 256, repeats: int = 10) -> float:
     """Median GB/s of a ReduceSum over `mib` MiB of float32 bound in place (nothing copied in or out)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper

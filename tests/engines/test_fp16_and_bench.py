@@ -119,6 +119,27 @@ def test_bandwidth_probe_measures_in_a_child_process(monkeypatch: pytest.MonkeyP
     assert bandwidth.probe(1) is None  # the bench goes on without the figure
 
 
+def test_the_read_probe_streams_with_wide_loads_and_falls_back_to_onnx_runtime(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+
+    from llmc.engines import kernels
+
+    fn = ctypes.CDLL(str(kernels.library_path())).llmc_read_gbs
+    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+    assert fn(2, 64 * 2**20, 3) > 0.5
+    assert fn(0, 64 * 2**20, 3) == fn(1, 100, 3) == fn(1, 2**20, 0) == -1.0  # bad arguments: no figure
+    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1")  # the portable loop
+    assert fn(1, 16 * 2**20, 2) > 0.5
+    monkeypatch.delenv("LLMC_KERNELS_GENERIC")
+    assert bandwidth.ort_read_gbs(1, mib=16, repeats=2) > 0.5
+    monkeypatch.setattr(kernels, "library_path", lambda: (_ for _ in ()).throw(
+        kernels.BackendUnavailableError("not built")))
+    calls: list[int] = []
+    monkeypatch.setattr(bandwidth, "ort_read_gbs", lambda t, m, r: calls.append(t) or 7.0)
+    assert bandwidth.measure_read_gbs(2, mib=16, repeats=2) == 7.0 and calls == [2]  # no library: ReduceSum
+
+
 def test_bench_text_output_names_the_bandwidth(tiny_llama: Built) -> None:
     result = CliRunner().invoke(app, ["bench", str(tiny_llama.engine_dir), "--batch-sizes", "1",
                                       "--prompt-len", "8", "--new-tokens", "4", "--repeat", "1"])
