@@ -178,6 +178,12 @@ def _lm_head(c: Ctx, x: str) -> None:
     b, m = c.b, c.m
     if any(c.has("lm_head.weight" + suffix) for suffix in (QWEIGHT, Q4TILES, BF16TILES)):
         logits = linear(c, x, "lm_head")
+    elif c.has("lm_head.part0"):  # row slices of an fp32 head (engines/ort/graphs.py with_head_parts)
+        flat_x = b.op("Reshape", x, b.ints(-1, m.hidden_size))
+        parts = [b.op("Gemm", flat_x, b.weight(f"lm_head.part{i}"), transB=1)
+                 for i in range(sum(1 for k in c.ckpt.weights if k.startswith("lm_head.part")))]
+        out_shape = b.op("Concat", b.op("Shape", x, start=0, end=2), b.ints(m.vocab_size), axis=0)
+        logits = b.op("Reshape", b.op("Concat", *parts, axis=1), out_shape)
     else:
         w = b.weight("embed.weight" if m.tie_embeddings else "lm_head.weight")
         flat = b.op("Gemm", b.op("Reshape", x, b.ints(-1, m.hidden_size)), w, transB=1)  # [B*S, V]

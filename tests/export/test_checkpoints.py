@@ -23,7 +23,7 @@ def _tiny(out: Path, dtype: torch.dtype, shard: str | None, **config: Any) -> An
     torch.manual_seed(0)
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False, **config))
+    model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**{**common, "head_dim": 32, "tie_word_embeddings": False, **config}))
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(4.0)
@@ -108,6 +108,42 @@ def test_the_engine_looks_embeddings_up_in_their_exact_compact_form(tmp_path: Pa
     engine = load_engine_dir(tmp_path / "engine")
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
     ids = np.random.default_rng(1).integers(3, 320, 24).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]
+    assert float(np.abs(ours - ref).max()) <= 1e-4
+
+
+@pytest.mark.parametrize("case", ["untied", "tied", "tied-q8_0"])
+def test_a_large_fp32_head_runs_as_row_slices_with_the_same_logits(tmp_path: Path, case: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fp32 head over HEAD_PART_BYTES is stored and run as row slices (one Gemm each, logits concatenated, so
+    loading peaks at one slice above the engine), the head stored once either way: a tied head is sliced only when
+    the embedding is looked up in its compact form. The logits are transformers'."""
+    import onnx
+    from transformers import AutoModelForCausalLM
+
+    from llmc.engines.ort import graphs
+    from llmc.engines.ort.build import BuildConfig, build_ort
+    from llmc.engines.registry import load_engine_dir
+
+    model = _tiny(tmp_path / "hf", torch.float32, None, tie_word_embeddings=case != "untied")
+    if case == "tied-q8_0":
+        _snap_to_q8_0(model)
+        model.save_pretrained(str(tmp_path / "hf"))
+    export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    head = 320 * 64 * 4  # the tiny model's [V, Hd] fp32 bytes
+    monkeypatch.setattr(graphs, "HEAD_PART_BYTES", head // 3 + 1)  # 3 slices, the last one shorter
+    build_ort(BuildConfig(tmp_path / "export", tmp_path / "engine", attention="gqa"))
+    graph = onnx.load(str(tmp_path / "engine" / "model.onnx"), load_external_data=False).graph
+    sizes = {i.name: int(np.prod(i.dims)) for i in graph.initializer}
+    parts = sorted(n for n in sizes if n.startswith("lm_head.part"))
+    assert parts == ([] if case == "tied" else ["lm_head.part0", "lm_head.part1", "lm_head.part2"])
+    fp32_heads = sum(v for n, v in sizes.items() if n.startswith("lm_head.") or n in ("embed.weight", "lm_head.weight"))
+    assert fp32_heads == 320 * 64 * (2 if case == "untied" else 1)  # untied: the embedding and the head
+    engine = load_engine_dir(tmp_path / "engine")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    ids = np.random.default_rng(2).integers(3, 320, 24).tolist()
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
     ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]

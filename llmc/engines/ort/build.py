@@ -18,6 +18,7 @@ from llmc.engines.ort.graphs import (
     quantizable,
     quantized,
     with_compact_embedding,
+    with_head_parts,
     write_inplace_graphs,
 )
 from llmc.engines.ort.run import OrtEngine, default_threads
@@ -175,7 +176,7 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
             ckpt = quantized(ckpt, quant)
         if cfg.bf16():
             ckpt = bf16_weights(ckpt)
-        ckpt = with_compact_embedding(ckpt)
+        ckpt = with_head_parts(with_compact_embedding(ckpt))
         src_dir = scratch / "lowered"
         src_dir.mkdir()
         kv, *lowered = write_inplace_graphs(ckpt, src_dir, export.dtype, export.opset, quant, cfg.attention.value,
