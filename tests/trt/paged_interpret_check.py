@@ -11,10 +11,6 @@ p @ v). The pools must come back equal to the reference's bit for bit, poison an
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 import numpy as np
 
 CASES = [  # name, batch, heads, kv_heads, seq, dim, block_size, starts, counts, block_m, window, softcap, shared
@@ -84,15 +80,7 @@ def run_case(case: tuple, dtype: str) -> dict[str, object]:
             "scale": float(np.abs(want).max()), "skipped": max(skipped)}
 
 
-def main() -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    from llmc.engines.trt.plugin import BLOCK_N
-
-    assert BLOCK_N == 64, BLOCK_N
-    for dtype in sys.argv[1:] or ["float32", "float16"]:
-        for case in CASES:
-            print(json.dumps(run_case(case, dtype)), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    from interpreter_run import interpret_main  # this folder: the script's own, first on sys.path
+
+    interpret_main(run_case, CASES)

@@ -4,9 +4,6 @@ ahead-of-time compile to PTX, and the TensorRT plugin's registration against a s
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -20,6 +17,8 @@ import torch  # noqa: F401
 import triton  # noqa: F401
 
 from llmc.engines.trt.plugin import attention_reference, paged_attention_reference
+
+from .interpreter_run import run_interpreter
 
 SCRIPT = Path(__file__).with_name("paged_interpret_check.py")
 BS = 4  # block size of the reference checks
@@ -100,10 +99,7 @@ def test_paged_reference_writes_only_the_new_tokens() -> None:
 
 
 def test_paged_kernel_matches_reference_in_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    results = run_interpreter(SCRIPT)
     assert len(results) == 2 * 7  # fp32 and fp16: the 7 cases of CASES
     for r in results:
         bound = 1e-5 if r["dtype"] == "float32" else 1e-2 * r["scale"]

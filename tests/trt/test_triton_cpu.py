@@ -4,11 +4,7 @@ Skipped where triton is not installed (it comes with torch on GPU machines; `pip
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,14 +13,13 @@ import pytest
 import torch  # noqa: F401
 import triton  # noqa: F401
 
+from .interpreter_run import run_interpreter
+
 SCRIPT = Path(__file__).with_name("triton_interpret_check.py")
 
 
 def test_kernel_matches_reference_in_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    results = run_interpreter(SCRIPT)
     assert len(results) == 2 * 9  # fp32 and fp16: the 9 cases of CASES
     for r in results:
         bound = 1e-5 if r["dtype"] == "float32" else 1e-2 * r["scale"]

@@ -143,80 +143,7 @@ def attention_kernel() -> Any:
     SOFTCAP c > 0 (constexpr): natural-scale scores s become c * tanh(s / c) before the online softmax, which then
     runs in the log2 domain (exp2).
     """
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def llmc_attention_fwd(Q, KN, VN, KC, VC, POS, S, MAX_SEQ, OUT, KC_OUT, VC_OUT,
-                           HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
-                           WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        b = (pid_bh // HKV).to(tl.int64)
-        kv_head = b * HKV + pid_bh % HKV
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < S * G
-        s = rows // G
-        h = (pid_bh % HKV) * G + rows % G
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < D
-        q_rows = ((b * HKV * G + h) * S + s)[:, None] * D + d[None, :]  # [BLOCK_M, BLOCK_D]
-        q = tl.load(Q + q_rows, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        pos = tl.load(POS + b * S + s, mask=row_ok, other=-1)  # [BLOCK_M] each query's position
-        start = tl.load(POS + b * S)  # where this row's new tokens are written
-        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        log2e = 1.4426950408889634  # exp2 instead of exp: scores go to the log2 domain
-        hi = (tl.max(pos, axis=0) + 1).to(tl.int32)
-        lo = 0
-        if WINDOW > 0:
-            # A right-padded pad (s > 0 at position 0) is left out: its output is garbage by contract, and with it
-            # a tile holding a row's last tokens and its pads would start at block 0 (there the pads' rows, seeing
-            # nothing, average the block's values: finite). Each real row sees itself, so no real row is left
-            # without a key; a tile of pads only falls back to hi - 1 = 0 (block 0, the reference's answer), never
-            # to an empty loop (0 / 0: NaN pads would write NaN K/V that 0 * NaN spreads to real rows).
-            real = row_ok & ((s == 0) | (pos > 0))
-            first_pos = tl.min(tl.where(real, pos, hi - 1), axis=0)
-            lo = (tl.maximum(first_pos - WINDOW + 1, 0) // BLOCK_N * BLOCK_N).to(tl.int32)
-        for first in range(lo, hi, BLOCK_N):
-            t = first + tl.arange(0, BLOCK_N)  # key positions
-            rel = t - start
-            is_new = (rel >= 0) & (rel < S)
-            new_mask = is_new[:, None] & d_ok[None, :]
-            old_mask = (~is_new & (t < MAX_SEQ))[:, None] & d_ok[None, :]
-            new_at = (kv_head * S + rel)[:, None] * D + d[None, :]
-            old_at = (kv_head * MAX_SEQ + t)[:, None] * D + d[None, :]
-            k = tl.where(new_mask, tl.load(KN + new_at, mask=new_mask, other=0.0),
-                         tl.load(KC + old_at, mask=old_mask, other=0.0))  # [BLOCK_N, BLOCK_D]
-            qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N], fp32 accumulate
-            if SOFTCAP > 0:  # c * tanh(x), x = s / c; tanh via exp(-2|x|) (no overflow; CUDA and interpreter)
-                x = qk * (SCALE / SOFTCAP)
-                e = tl.exp2(tl.abs(x) * (-2.0 * log2e))
-                th = (1.0 - e) / (1.0 + e)
-                qk = tl.where(x < 0, -th, th) * (SOFTCAP * log2e)
-            else:
-                qk = qk * (SCALE * log2e)
-            visible = t[None, :] <= pos[:, None]
-            if WINDOW > 0:
-                visible = visible & (t[None, :] > pos[:, None] - WINDOW)
-            qk = tl.where(visible, qk, -1.0e30)
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.where(new_mask, tl.load(VN + new_at, mask=new_mask, other=0.0),
-                         tl.load(VC + old_at, mask=old_mask, other=0.0))
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        out = acc / l_i[:, None]
-        tl.store(OUT + q_rows, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-        writes = (row_ok & (rows % G == 0) & (start + s < MAX_SEQ))[:, None] & d_ok[None, :]
-        src = (kv_head * S + s)[:, None] * D + d[None, :]
-        dst = (kv_head * MAX_SEQ + start + s)[:, None] * D + d[None, :]
-        tl.store(KC_OUT + dst, tl.load(KN + src, mask=writes, other=0.0), mask=writes)
-        tl.store(VC_OUT + dst, tl.load(VN + src, mask=writes, other=0.0), mask=writes)
+    from llmc.engines.trt.triton_attention import llmc_attention_fwd
 
     return llmc_attention_fwd
 
@@ -252,19 +179,26 @@ SIGNATURE = ("Q", "KN", "VN", "KC", "VC", "POS", "S", "MAX_SEQ", "OUT", "KC_OUT"
 def compile_attention(dtype: str, num_heads: int, kv_num_heads: int, head_dim: int, scale: float, block_m: int,
                       target: Any = None, *, window: int = 0, softcap: float = 0.0) -> Any:
     """Compile the kernel ahead of time (PTX) for `target` (default: this machine's GPU)."""
+    consts = kernel_constants(num_heads, kv_num_heads, head_dim, scale, block_m, window, softcap)
+    special = {"S": "i32", "MAX_SEQ": "i32", "POS": "*i64"}
+    return _compile(attention_kernel(), "attention", SIGNATURE, special, dtype, consts, target)
+
+
+def _compile(kernel: Any, what: str, parameters: tuple[str, ...], special: dict[str, str], dtype: str,
+             consts: dict[str, int | float], target: Any) -> Any:
+    """triton.compile of `kernel` with every parameter a pointer to `dtype` but the `special` ones, and `consts`
+    as its constexprs; a kernel that would need scratch memory TensorRT's AOT plugins cannot give is refused."""
     import triton
 
     ty = {"float16": "fp16", "float32": "fp32"}[dtype]
-    consts = kernel_constants(num_heads, kv_num_heads, head_dim, scale, block_m, window, softcap)
-    types = {n: "i32" if n in ("S", "MAX_SEQ") else ("*i64" if n == "POS" else f"*{ty}") for n in SIGNATURE}
-    signature = {**types, **{name: "constexpr" for name in consts}}
+    signature = {**{n: special.get(n, f"*{ty}") for n in parameters}, **{name: "constexpr" for name in consts}}
     params = inspect.signature(triton.compiler.ASTSource).parameters
     key = "constexprs" if "constexprs" in params else "constants"
-    src = triton.compiler.ASTSource(fn=attention_kernel(), signature=signature, **{key: consts})
+    src = triton.compiler.ASTSource(fn=kernel, signature=signature, **{key: consts})
     compiled = triton.compile(src, target=target, options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
     for scratch in ("global_scratch_size", "profile_scratch_size"):
         if getattr(compiled.metadata, scratch, 0):
-            raise RuntimeError(f"the attention kernel needs {scratch}: TensorRT AOT plugins cannot provide it")
+            raise RuntimeError(f"the {what} kernel needs {scratch}: TensorRT AOT plugins cannot provide it")
     return compiled
 
 
@@ -280,83 +214,7 @@ def paged_attention_kernel() -> Any:
     the row's real new tokens (s = 0 or position > 0, inside MAX_BLOCKS * BLOCK_SIZE) into their blocks (KP_OUT
     aliases KP). Blocks shared by rows (a cached prefix) are only read.
     """
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def llmc_paged_attention_fwd(Q, KN, VN, KP, VP, BT, POS, S, MAX_BLOCKS, OUT, KP_OUT, VP_OUT,
-                                 HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
-                                 WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        b = (pid_bh // HKV).to(tl.int64)
-        kvh = pid_bh % HKV
-        kv_head = b * HKV + kvh
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < S * G
-        s = rows // G
-        h = kvh * G + rows % G
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < D
-        q_rows = ((b * HKV * G + h) * S + s)[:, None] * D + d[None, :]  # [BLOCK_M, BLOCK_D]
-        q = tl.load(Q + q_rows, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        pos = tl.load(POS + b * S + s, mask=row_ok, other=-1)  # [BLOCK_M] each query's position
-        start = tl.load(POS + b * S)  # where this row's new tokens are written
-        table = BT + b * MAX_BLOCKS  # this row's block table
-        capacity = MAX_BLOCKS * BLOCK_SIZE
-        real = row_ok & ((s == 0) | (pos > 0))  # right-padded pads (s > 0 at position 0) are neither written nor kept
-        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        log2e = 1.4426950408889634
-        hi = (tl.max(pos, axis=0) + 1).to(tl.int32)
-        lo = 0
-        if WINDOW > 0:  # as attention_kernel: the earliest position a real row of the tile sees
-            first_pos = tl.min(tl.where(real, pos, hi - 1), axis=0)
-            lo = (tl.maximum(first_pos - WINDOW + 1, 0) // BLOCK_N * BLOCK_N).to(tl.int32)
-        for first in range(lo, hi, BLOCK_N):
-            t = first + tl.arange(0, BLOCK_N)  # key positions
-            rel = t - start
-            is_new = (rel >= 0) & (rel < S)
-            is_old = ~is_new & (t < hi) & (t < capacity)
-            block = tl.load(table + t // BLOCK_SIZE, mask=is_old, other=0).to(tl.int64)
-            new_mask = is_new[:, None] & d_ok[None, :]
-            old_mask = is_old[:, None] & d_ok[None, :]
-            new_at = (kv_head * S + rel)[:, None] * D + d[None, :]
-            old_at = ((block * HKV + kvh) * BLOCK_SIZE + t % BLOCK_SIZE)[:, None] * D + d[None, :]
-            k = tl.where(new_mask, tl.load(KN + new_at, mask=new_mask, other=0.0),
-                         tl.load(KP + old_at, mask=old_mask, other=0.0))  # [BLOCK_N, BLOCK_D]
-            qk = tl.dot(q, tl.trans(k))
-            if SOFTCAP > 0:
-                x = qk * (SCALE / SOFTCAP)
-                e = tl.exp2(tl.abs(x) * (-2.0 * log2e))
-                th = (1.0 - e) / (1.0 + e)
-                qk = tl.where(x < 0, -th, th) * (SOFTCAP * log2e)
-            else:
-                qk = qk * (SCALE * log2e)
-            visible = t[None, :] <= pos[:, None]
-            if WINDOW > 0:
-                visible = visible & (t[None, :] > pos[:, None] - WINDOW)
-            qk = tl.where(visible, qk, -1.0e30)
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.where(new_mask, tl.load(VN + new_at, mask=new_mask, other=0.0),
-                         tl.load(VP + old_at, mask=old_mask, other=0.0))
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        out = acc / l_i[:, None]
-        tl.store(OUT + q_rows, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-        at = start + s  # each real new token's position, its block and offset
-        write = real & (rows % G == 0) & (at < capacity)
-        w_block = tl.load(table + at // BLOCK_SIZE, mask=write, other=0).to(tl.int64)
-        writes = write[:, None] & d_ok[None, :]
-        src = (kv_head * S + s)[:, None] * D + d[None, :]
-        dst = ((w_block * HKV + kvh) * BLOCK_SIZE + at % BLOCK_SIZE)[:, None] * D + d[None, :]
-        tl.store(KP_OUT + dst, tl.load(KN + src, mask=writes, other=0.0), mask=writes)
-        tl.store(VP_OUT + dst, tl.load(VN + src, mask=writes, other=0.0), mask=writes)
+    from llmc.engines.trt.triton_attention import llmc_paged_attention_fwd
 
     return llmc_paged_attention_fwd
 
@@ -399,24 +257,26 @@ def compile_paged_attention(dtype: str, num_heads: int, kv_num_heads: int, head_
                             softcap: float = 0.0) -> Any:
     """Compile the paged kernel ahead of time (PTX) for `target` (default: this machine's GPU), as
     `compile_attention` does; BT is *i32, S and MAX_BLOCKS are i32 (the pools' num_blocks is not a parameter)."""
-    import triton
-
-    ty = {"float16": "fp16", "float32": "fp32"}[dtype]
     consts = paged_kernel_constants(num_heads, kv_num_heads, head_dim, scale, block_m, block_size, window, softcap)
     special = {"S": "i32", "MAX_BLOCKS": "i32", "POS": "*i64", "BT": "*i32"}
-    types = {n: special.get(n, f"*{ty}") for n in PAGED_SIGNATURE}
-    signature = {**types, **{name: "constexpr" for name in consts}}
-    params = inspect.signature(triton.compiler.ASTSource).parameters
-    key = "constexprs" if "constexprs" in params else "constants"
-    src = triton.compiler.ASTSource(fn=paged_attention_kernel(), signature=signature, **{key: consts})
-    compiled = triton.compile(src, target=target, options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
-    for scratch in ("global_scratch_size", "profile_scratch_size"):
-        if getattr(compiled.metadata, scratch, 0):
-            raise RuntimeError(f"the paged attention kernel needs {scratch}: TensorRT AOT plugins cannot provide it")
-    return compiled
+    return _compile(paged_attention_kernel(), "paged attention", PAGED_SIGNATURE, special, dtype, consts, target)
 
 
 _TRT_REGISTERED = False
+
+
+def _aot_launch(trtp: Any, compiled: Any, q: Any, groups: int, kv_num_heads: int, block_m: int,
+                last_int: Any) -> tuple[Any, Any, Any, Any]:
+    """The AOT plugin's answer for a compiled kernel: its name, PTX, launch grid (tiles of block_m query rows x
+    batch rows x KV heads) and its two int32 arguments, S and `last_int` (MAX_SEQ or MAX_BLOCKS)."""
+    seq = q.shape_expr[2]
+    launch = trtp.KernelLaunchParams()
+    launch.grid_x = trtp.cdiv(seq * groups, block_m)
+    launch.grid_y = q.shape_expr[0] * kv_num_heads
+    launch.block_x = compiled.metadata.num_warps * 32
+    launch.shared_mem = compiled.metadata.shared
+    extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(seq), trtp.SymInt32(last_int)])
+    return compiled.metadata.name, compiled.asm["ptx"], launch, extra
 
 
 def register_trt_plugin() -> None:
@@ -460,14 +320,8 @@ def register_trt_plugin() -> None:
             raise ValueError(f"llmc::attention runs in fp16, got {q.dtype}")
         compiled = compile_attention("float16", num_heads, kv_num_heads, head_dim, scale, block_m, window=window,
                                      softcap=softcap)
-        seq, groups = q.shape_expr[2], num_heads // kv_num_heads
-        launch = trtp.KernelLaunchParams()
-        launch.grid_x = trtp.cdiv(seq * groups, block_m)
-        launch.grid_y = q.shape_expr[0] * kv_num_heads
-        launch.block_x = compiled.metadata.num_warps * 32
-        launch.shared_mem = compiled.metadata.shared
-        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(seq), trtp.SymInt32(past_key.shape_expr[2])])
-        return compiled.metadata.name, compiled.asm["ptx"], launch, extra
+        return _aot_launch(trtp, compiled, q, num_heads // kv_num_heads, kv_num_heads, block_m,
+                           past_key.shape_expr[2])
 
     @trtp.register(PAGED_PLUGIN_ID)
     def _describe_paged(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc,
@@ -496,13 +350,7 @@ def register_trt_plugin() -> None:
             raise ValueError(f"llmc::paged_attention runs in fp16, got {q.dtype}")
         compiled = compile_paged_attention("float16", num_heads, kv_num_heads, head_dim, scale, block_m, block_size,
                                            window=window, softcap=softcap)
-        seq, groups = q.shape_expr[2], num_heads // kv_num_heads
-        launch = trtp.KernelLaunchParams()
-        launch.grid_x = trtp.cdiv(seq * groups, block_m)
-        launch.grid_y = q.shape_expr[0] * kv_num_heads
-        launch.block_x = compiled.metadata.num_warps * 32
-        launch.shared_mem = compiled.metadata.shared
-        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(seq), trtp.SymInt32(block_table.shape_expr[1])])
-        return compiled.metadata.name, compiled.asm["ptx"], launch, extra
+        return _aot_launch(trtp, compiled, q, num_heads // kv_num_heads, kv_num_heads, block_m,
+                           block_table.shape_expr[1])
 
     _TRT_REGISTERED = True
