@@ -128,3 +128,4 @@ def test_chunks_of_different_lengths_run_together_and_equal_one_row_runs(tiny_ll
         assert runs == ([[4, 4, 2, 1]] if together else [[4], [4], [2], [1]])
         assert kv.lengths.tolist() == [7, 41, 7, 3]
     np.testing.assert_allclose(logits[0], logits[1], atol=1e-5, rtol=0)
+    assert engine._logits.shape[0] == 4  # runs of 4 and of 1 row shared one logits buffer, as large as the largest

@@ -37,7 +37,7 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         self._bindings: dict[tuple[int, int, int, int], tuple[object, list[object]]] = {}
         # (kv, first, stop) -> the slot window's decode binding above with its step inputs and logits bound as well
         self._steps: dict[tuple[int, int, int], tuple[object, dict[str, np.ndarray], list[object]]] = {}
-        self._logits: dict[int, np.ndarray] = {}  # batch size -> a one-row logits buffer (_logits_buffer)
+        self._logits = np.empty((0, 1, manifest.model.vocab_size), np.float32)  # _logits_buffer
 
     @property
     def kv_block_size(self) -> int:
@@ -100,13 +100,14 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         return feeds
 
     def _logits_buffer(self, batch: int, rows: int) -> np.ndarray:
-        """A logits output buffer, kept per batch size for one-row runs (the core copies what it keeps): no fresh
-        1.5 MB allocation, and its page faults, per decode step of 8 rows."""
+        """A one-row logits output buffer for `batch` rows: the first rows of one kept buffer, grown to the largest
+        batch seen (the core copies what it keeps), so a decode step of 8 rows allocates no fresh 1.5 MB (and its
+        page faults), and batches of every size share one buffer."""
         if rows != 1:
             return np.empty((batch, rows, self.vocab_size), np.float32)
-        if batch not in self._logits:
-            self._logits[batch] = np.empty((batch, 1, self.vocab_size), np.float32)
-        return self._logits[batch]
+        if self._logits.shape[0] < batch:
+            self._logits = np.empty((batch, 1, self.vocab_size), np.float32)
+        return self._logits[:batch]  # contiguous: the leading rows of a C-ordered array
 
     def _run(self, graph: str, kv: KVCache, rows: StepRows) -> np.ndarray:
         assert isinstance(kv, HostKVCache | HostPagedKVCache)
