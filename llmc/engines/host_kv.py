@@ -34,7 +34,6 @@ class HostKVCache(_HostBuffers, KVCache):
         self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
         self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
 
-
     def move(self, src: int, dst: int) -> None:
         n = int(self.lengths[src])
         for buf in self.buffers():
@@ -77,7 +76,6 @@ class HostPagedKVCache(_HostBuffers, PagedKVCache):
     @classmethod
     def slots(cls, spec: KVSpec, num_slots: int, max_len: int, block_size: int) -> HostPagedKVCache:
         return cls(spec, num_slots, max_len, num_slots * -(-max_len // block_size), block_size, fixed=True)
-
 
     def move(self, src: int, dst: int) -> None:
         if not self.fixed:

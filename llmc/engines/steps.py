@@ -150,21 +150,20 @@ class StepCore(Engine):
         kv.check_room(slots, [len(p) for p in prompts])
         layout = self.step_layout(kv)
         groups = runs(slots, layout.max_rows) if layout.window else _chunks(list(range(len(slots))), layout.max_rows)
-        out = np.empty((len(slots), self.vocab_size), np.float32)
-        for g in groups:
-            out[g] = self._run_rows("prefill", kv, [slots[i] for i in g], [prompts[i] for i in g])
-        return out
+        return self._assemble(len(slots), [(g, self._run_rows("prefill", kv, [slots[i] for i in g],
+                                                               [prompts[i] for i in g])) for g in groups])
 
     def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
         counts = [len(t) for t in tokens]
         kv.check_room(slots, counts)
         layout = self.step_layout(kv)
-        out = np.empty((len(slots), self.vocab_size), np.float32)
+        parts: list[tuple[list[int], np.ndarray]] = []
         if layout.window:
             ones = [i for i, n in enumerate(counts) if n == 1]
             for first, stop, idx in windows([slots[i] for i in ones], layout.max_rows):
                 rows = [ones[i] for i in idx]
-                out[rows] = self._window_step(kv, first, stop, [slots[i] for i in rows], [tokens[i][0] for i in rows])
+                parts.append((rows, self._window_step(kv, first, stop, [slots[i] for i in rows],
+                                                      [tokens[i][0] for i in rows])))
             groups = [[i] for i, n in enumerate(counts) if n != 1]  # prompt chunks: a window of one row each
         elif layout.equal_new:
             by_len: dict[int, list[int]] = {}
@@ -173,19 +172,30 @@ class StepCore(Engine):
             groups = [g for rows in by_len.values() for g in _chunks(rows, layout.max_rows)]
         else:
             groups = [g for rows in padded_groups(counts) for g in _chunks(rows, layout.max_rows)]
-        for g in groups:
-            out[g] = self._extend(kv, [slots[i] for i in g], [tokens[i] for i in g], layout.max_new)
+        parts += [(g, self._extend(kv, [slots[i] for i in g], [tokens[i] for i in g], layout.max_new)) for g in groups]
+        return self._assemble(len(slots), parts)
+
+    def _assemble(self, n: int, parts: list[tuple[list[int], np.ndarray]]) -> np.ndarray:
+        """Logits [n, V] from each part's (row indices, logits), written in order (a later part's row wins): a single
+        part over rows 0..n-1 in order (a decode step's usual case) is returned as it is, not copied again."""
+        if len(parts) == 1 and parts[0][0] == list(range(n)):
+            return parts[0][1]
+        out = np.empty((n, self.vocab_size), np.float32)
+        for rows, logits in parts:
+            out[rows] = logits
         return out
 
     def _extend(self, kv: KVCache, slots: list[int], toks: list[list[int]], max_new: int) -> np.ndarray:
-        """Append each row's tokens through the decode graph, at most `max_new` per row per run (0: all)."""
+        """Append each row's tokens through the decode graph, at most `max_new` per row per run (0: all); the
+        logits after each row's last token."""
         longest = max(len(t) for t in toks)
         step = max_new or longest
-        out = np.empty((len(slots), self.vocab_size), np.float32)
+        parts: list[tuple[list[int], np.ndarray]] = []
         for lo in range(0, longest, step):
             live = [i for i, t in enumerate(toks) if len(t) > lo]
-            out[live] = self._run_rows("decode", kv, [slots[i] for i in live], [toks[i][lo:lo + step] for i in live])
-        return out
+            logits = self._run_rows("decode", kv, [slots[i] for i in live], [toks[i][lo:lo + step] for i in live])
+            parts.append((live, logits))  # a row's later pass overwrites its earlier ones in _assemble
+        return self._assemble(len(slots), parts)
 
     def _window_step(self, kv: KVCache, first: int, stop: int, slots: list[int], tokens: list[int]) -> np.ndarray:
         """One token for each of `slots`, run as the window first..stop-1 (other rows: a dummy token)."""
