@@ -150,19 +150,24 @@ def test_an_exception_that_escapes_a_route_is_a_json_500_with_the_request_id(
     assert post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
-def test_a_fault_after_the_stream_started_ends_it_with_an_error_event(start_server: ServerFactory) -> None:
-    server = start_server()
-    served = server.app.state.served
-
-    def broken(token_id: int) -> str:
-        raise RuntimeError("logprob text bug")
-
-    served.token_text = broken
+def _stream_ending_in(server: Any, token_text: Any) -> tuple[dict[str, Any], httpx.Response]:
+    """Stream a completion with logprobs whose token text comes from `token_text` (raising after the 200 went
+    out); the error event the stream ended with, and the response."""
+    server.app.state.served.token_text = token_text
     with httpx.stream("POST", server.url + "/v1/completions",
                       json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "logprobs": 1, "stream": True}) as r:
         lines = [line for line in r.iter_lines() if line]
     assert r.status_code == 200 and lines[-1] == "data: [DONE]"
-    err = json.loads(lines[-2][6:])["error"]
+    return json.loads(lines[-2][6:])["error"], r
+
+
+def test_a_fault_after_the_stream_started_ends_it_with_an_error_event(start_server: ServerFactory) -> None:
+    server = start_server()
+
+    def broken(token_id: int) -> str:
+        raise RuntimeError("logprob text bug")
+
+    err, r = _stream_ending_in(server, broken)
     assert err["code"] == "internal_error" and r.headers["x-request-id"] in err["message"]
     server.wait_idle()
 
@@ -173,17 +178,11 @@ def test_a_late_refusal_in_a_stream_keeps_its_own_status(start_server: ServerFac
     from llmc.runtime.async_engine import OverloadedError
 
     server = start_server()
-    served = server.app.state.served
 
     def full(token_id: int) -> str:
         raise OverloadedError("server overloaded: every engine replica is busy", 2.0)
 
-    served.token_text = full
-    with httpx.stream("POST", server.url + "/v1/completions",
-                      json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "logprobs": 1, "stream": True}) as r:
-        lines = [line for line in r.iter_lines() if line]
-    assert r.status_code == 200 and lines[-1] == "data: [DONE]"
-    err = json.loads(lines[-2][6:])["error"]
+    err, _ = _stream_ending_in(server, full)
     assert err["code"] == "overloaded" and "every engine replica is busy" in err["message"]
     server.wait_idle()
 
