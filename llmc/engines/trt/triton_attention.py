@@ -77,6 +77,15 @@ def _key_range(pos, real, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
 
 
 @triton.jit
+def _key_block(KN, VN, KC, VC, new_at, old_at, new_mask, old_mask):
+    """A key block's keys and values [BLOCK_N, BLOCK_D]: the run's new tokens from KN / VN, the others from the
+    cache KC / VC (so no program reads what another writes)."""
+    k = tl.where(new_mask, tl.load(KN + new_at, mask=new_mask, other=0.0), tl.load(KC + old_at, mask=old_mask, other=0.0))
+    v = tl.where(new_mask, tl.load(VN + new_at, mask=new_mask, other=0.0), tl.load(VC + old_at, mask=old_mask, other=0.0))
+    return k, v
+
+
+@triton.jit
 def llmc_attention_fwd(Q, KN, VN, KC, VC, POS, S, MAX_SEQ, OUT, KC_OUT, VC_OUT,
                        HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, SCALE: tl.constexpr,
                        WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -96,10 +105,7 @@ def llmc_attention_fwd(Q, KN, VN, KC, VC, POS, S, MAX_SEQ, OUT, KC_OUT, VC_OUT,
         old_mask = (~is_new & (t < MAX_SEQ))[:, None] & d_ok[None, :]
         new_at = (kv_head * S + rel)[:, None] * D + d[None, :]
         old_at = (kv_head * MAX_SEQ + t)[:, None] * D + d[None, :]
-        k = tl.where(new_mask, tl.load(KN + new_at, mask=new_mask, other=0.0),
-                     tl.load(KC + old_at, mask=old_mask, other=0.0))  # [BLOCK_N, BLOCK_D]
-        v = tl.where(new_mask, tl.load(VN + new_at, mask=new_mask, other=0.0),
-                     tl.load(VC + old_at, mask=old_mask, other=0.0))
+        k, v = _key_block(KN, VN, KC, VC, new_at, old_at, new_mask, old_mask)
         m_i, l_i, acc = _online_softmax_block(q, k, v, t, pos, m_i, l_i, acc, SCALE, SOFTCAP, WINDOW)
     out = acc / l_i[:, None]
     tl.store(OUT + q_rows, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -134,10 +140,7 @@ def llmc_paged_attention_fwd(Q, KN, VN, KP, VP, BT, POS, S, MAX_BLOCKS, OUT, KP_
         old_mask = is_old[:, None] & d_ok[None, :]
         new_at = (kv_head * S + rel)[:, None] * D + d[None, :]
         old_at = ((block * HKV + kvh) * BLOCK_SIZE + t % BLOCK_SIZE)[:, None] * D + d[None, :]
-        k = tl.where(new_mask, tl.load(KN + new_at, mask=new_mask, other=0.0),
-                     tl.load(KP + old_at, mask=old_mask, other=0.0))  # [BLOCK_N, BLOCK_D]
-        v = tl.where(new_mask, tl.load(VN + new_at, mask=new_mask, other=0.0),
-                     tl.load(VP + old_at, mask=old_mask, other=0.0))
+        k, v = _key_block(KN, VN, KP, VP, new_at, old_at, new_mask, old_mask)
         m_i, l_i, acc = _online_softmax_block(q, k, v, t, pos, m_i, l_i, acc, SCALE, SOFTCAP, WINDOW)
     out = acc / l_i[:, None]
     tl.store(OUT + q_rows, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
