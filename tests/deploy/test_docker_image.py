@@ -80,7 +80,8 @@ def test_entry_point_serves_and_health_check_passes(image: tuple[Path, Path], tm
         url = f"http://127.0.0.1:{port}"
         models = httpx.get(url + "/v1/models").json()
         assert [m["id"] for m in models["data"]] == ["tiny"]
-        r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 5}, timeout=30)
+        r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 5,
+                                                             "ignore_eos": True}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
         bad = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": -1})
         assert bad.status_code == 400 and "max_tokens" in bad.json()["error"]["message"]

@@ -36,7 +36,7 @@ def test_deploy_ray_serves_until_sigterm(deploy_engine_dir: Path, tmp_path: Path
         assert line.strip() == f"llmc on Ray Serve: http://127.0.0.1:{port} (2 replicas); SIGTERM or Ctrl-C to stop"
         assert httpx.get(url + "/health", timeout=5).status_code == 200
         assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["tiny"]
-        r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=30)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4, "ignore_eos": True}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     finally:
         proc.send_signal(signal.SIGTERM)
