@@ -17,7 +17,8 @@ class Quiet:
 
 
 class ConsoleSteps:
-    """Numbered steps with elapsed time, on stderr so stdout stays clean for results."""
+    """Numbered steps with elapsed time, on stderr so stdout stays clean for results. A stage that takes more steps
+    than planned (a quality search raising more layers, a fallback build) moves the total along."""
 
     def __init__(self, total: int, prefix: str = "") -> None:
         self.total, self.prefix, self.n = total, prefix, 0
@@ -25,5 +26,6 @@ class ConsoleSteps:
 
     def step(self, message: str) -> None:
         self.n += 1
+        self.total = max(self.total, self.n)
         elapsed = time.perf_counter() - self.t0
         print(f"{self.prefix}[{self.n}/{self.total}] {message}  ({elapsed:.1f}s)", file=sys.stderr, flush=True)

@@ -17,9 +17,12 @@ def q4_1_like(rng: np.random.Generator, k: int, n: int, fp16: bool = False) -> n
     return (q * d[:, None, :] + m[:, None, :]).reshape(k, n).astype(np.float32)
 
 
-def q8_0_like(rng: np.random.Generator, k: int, n: int) -> np.ndarray:
-    """GGUF Q8_0's grid: per block of 32 along K, w = d * q with q in -127..127."""
+def q8_0_like(rng: np.random.Generator, k: int, n: int, fp16: bool = False) -> np.ndarray:
+    """GGUF Q8_0's grid: per block of 32 along K, w = d * q with q in -127..127 (127 in each block, as Q8_0's
+    quantizer makes it); `fp16`: d fp16 values, as the GGUF stores them."""
     d = rng.random((k // 32, n)).astype(np.float32) * 0.01 + 0.001
+    if fp16:
+        d = d.astype(np.float16).astype(np.float32)
     q = rng.integers(-127, 128, (k // 32, 32, n))
     q[:, 0, :] = 127
     return (q * d[:, None, :]).reshape(k, n).astype(np.float32)

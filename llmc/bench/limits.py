@@ -12,7 +12,7 @@ from llmc.onnx_store import load_graph
 # Measured on the development machine (2 cores): ~35 GB/s memory bandwidth. Override with --bandwidth-gbs.
 DEFAULT_BANDWIDTH_GBS = 35.0
 WEIGHT_OPS = {"MatMul", "MatMulNBits", "Gemm", "FusedMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
-              "MatMulQ4", "MatMulBF16", "MoE"}  # llmc's own operators (ai.llmc), ONNX Runtime's mixture of experts
+              "MatMulQ4", "MatMulQ8", "MatMulBF16", "MoE"}  # llmc's own operators (ai.llmc), ONNX Runtime's mixture of experts
 
 
 def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:

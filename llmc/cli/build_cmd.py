@@ -57,9 +57,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
             help="--quant: auto (folded, or symmetric where exact), folded, minmax (exact fp32 offsets), "
                  "symmetric (no offsets).")] = "auto",
         matmul: Annotated[MatMul, typer.Option(
-            help="--quant int4: the 4-bit kernel. auto (default: llmc where its VNNI or AVX2 path runs), ort (ONNX "
-                 "Runtime's MatMulNBits) or llmc (llmc's own operator: GGUF Q4_1's scale + min blocks exactly, the "
-                 "SwiGLU gate in the same node).")] = MatMul.auto,
+            help="--quant: the quantized layers' kernel. auto (default: llmc where its VNNI or AVX2 path runs), ort "
+                 "(ONNX Runtime's MatMulNBits) or llmc (llmc's own operators: GGUF Q4_1's scale + min blocks and "
+                 "Q8_0's blocks exactly, the SwiGLU gate in the same node, the 8-bit head too).")] = MatMul.auto,
         moe: Annotated[MoELowering, typer.Option(
             help="ort, mixture-of-experts models: auto (per-expert MatMuls up to 32 experts, else ONNX Runtime's "
                  "MoE operator), standard (per-expert MatMuls) or ort (com.microsoft.MoE).")] = MoELowering.auto,
@@ -105,7 +105,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
                 max_seq_len=pick(max_seq_len, 2048), max_num_tokens=max_num_tokens)
             manifest = build(trt_config_from(cfg, limits, precision, attention or "plugin"), ConsoleSteps(8))
         else:
-            manifest = build(cfg, ConsoleSteps(5))
+            searched = cfg.quant is not Quant.none and cfg.quality_target > 0  # + the sensitivity step
+            manifest = build(cfg, ConsoleSteps(6 if searched else 5))
         parity = manifest.settings.parity
         typer.echo(f"built {manifest.backend} engine ({manifest.precision}) in {out}; golden check: top-1 "
                    f"{parity.get('top1_agreement', float('nan')):.0%}, max |logit diff| "

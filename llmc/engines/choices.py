@@ -51,9 +51,9 @@ class KVDtype(str, Enum):
 
 
 class MatMul(str, Enum):
-    auto = "auto"  # llmc for --quant int4 where its VNNI or AVX2 path runs, else ort
+    auto = "auto"  # llmc for --quant int4 / int8 where its VNNI or AVX2 path runs, else ort
     ort = "ort"  # MatMulNBits
-    llmc = "llmc"  # llmc's MatMulQ4
+    llmc = "llmc"  # llmc's MatMulQ4 (4-bit layers) and MatMulQ8 (8-bit ones: the head, raised layers)
 
 
 class MoELowering(str, Enum):

@@ -29,14 +29,15 @@ from llmc.graph.layers import (
     MS,
     Ctx,
     GraphOptions,
+    gated_tiles,
     linear,
-    matmul_q4,
+    matmul_tiles,
     norm,
     skip_norm,
     softcap,
 )
 from llmc.graph.moe import moe_mlp
-from llmc.graph.quant import BF16TILES, EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q4TILES_GATED, QWEIGHT
+from llmc.graph.quant import BF16TILES, EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q8TILES, QWEIGHT
 from llmc.manifest import GraphSpec
 
 __all__ = ["LLMC_DOMAIN", "MS", "GraphOptions", "build_graph"]
@@ -149,8 +150,8 @@ def _mlp(c: Ctx, i: int, h: str) -> str:
         return linear(c, _activation(c, linear(c, h, f"{p}.fc")), f"{p}.proj")
     if c.m.is_moe(i):
         return moe_mlp(c, i, h)
-    if c.has(f"{p}.gate_up.weight" + Q4TILES_GATED):  # one node: silu(h @ gate) * (h @ up)
-        return linear(c, matmul_q4(c, h, f"{p}.gate_up", gated=True), f"{p}.down")
+    if gated_tiles(c, f"{p}.gate_up"):  # one node: silu(h @ gate) * (h @ up)
+        return linear(c, matmul_tiles(c, h, f"{p}.gate_up", gated=True), f"{p}.down")
     gate, up = c.b.split(linear(c, h, f"{p}.gate_up"), [c.m.intermediate_size] * 2)
     return linear(c, c.b.op("Mul", _activation(c, gate), up), f"{p}.down")
 
@@ -176,7 +177,7 @@ def _lm_head(c: Ctx, x: str) -> None:
     """logits = x @ W^T with W [V, Hd] (the embedding when tied: stored once, read transposed by Gemm), then the
     model's logit scaling and soft-cap, in fp32."""
     b, m = c.b, c.m
-    if any(c.has("lm_head.weight" + suffix) for suffix in (QWEIGHT, Q4TILES, BF16TILES)):
+    if any(c.has("lm_head.weight" + suffix) for suffix in (QWEIGHT, Q4TILES, Q8TILES, BF16TILES)):
         logits = linear(c, x, "lm_head")
     elif c.has("lm_head.part0"):  # row slices of an fp32 head (engines/ort/graphs.py with_head_parts)
         flat_x = b.op("Reshape", x, b.ints(-1, m.hidden_size))

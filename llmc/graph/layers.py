@@ -1,5 +1,5 @@
 """What every part of the decoder graph shares: the build context, linear layers (float, MatMulNBits or llmc's
-MatMulQ4) and norms. Shapes in comments: B batch, S new tokens, Hd hidden size."""
+MatMulQ4 / MatMulQ8) and norms. Shapes in comments: B batch, S new tokens, Hd hidden size."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from llmc.graph.quant import (
     OFFSETS,
     Q4TILES,
     Q4TILES_GATED,
+    Q8TILES,
+    Q8TILES_GATED,
     QWEIGHT,
     SCALES,
     TILE_BLOCK,
@@ -56,7 +58,7 @@ class Ctx:
 
 
 def linear(c: Ctx, x: str, name: str) -> str:
-    """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits / MatMulQ4 when quantized weights are present. A layer
+    """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits / MatMulQ4 / MatMulQ8 when quantized weights are present. A layer
     being calibrated (GraphOptions.calibrate) computes both and mixes them by its entry of CALIBRATE_INPUT."""
     if name in c.opts.calibrate:
         b = c.b
@@ -66,13 +68,13 @@ def linear(c: Ctx, x: str, name: str) -> str:
     w = f"{name}.weight"
     if c.has(w + BF16TILES):
         return matmul_bf16(c, x, name)
-    return _product(c, x, name, quantized=c.has(w + Q4TILES) or c.has(w + QWEIGHT))
+    return _product(c, x, name, quantized=any(c.has(w + s) for s in (Q4TILES, Q8TILES, QWEIGHT)))
 
 
 def _product(c: Ctx, x: str, name: str, quantized: bool) -> str:
     b, w = c.b, f"{name}.weight"
-    if quantized and c.has(w + Q4TILES):
-        return matmul_q4(c, x, name, gated=False)
+    if quantized and (c.has(w + Q4TILES) or c.has(w + Q8TILES)):
+        return matmul_tiles(c, x, name, gated=False)
     if quantized:
         q = c.opts.quant
         assert q is not None, f"{w} is quantized but no QuantSpec was given"
@@ -101,15 +103,24 @@ def _out_width(m: ModelSpec, name: str) -> int:
     return widths.get(kind, m.hidden_size)  # down, proj
 
 
-def matmul_q4(c: Ctx, x: str, name: str, gated: bool) -> str:
-    """ai.llmc.MatMulQ4 over the packed 4-bit tiles, the bias inside; gated: silu(x @ gate) * (x @ up)."""
-    b, w = c.b, f"{name}.weight" + (Q4TILES_GATED if gated else Q4TILES)
+def gated_tiles(c: Ctx, name: str) -> bool:
+    """Whether a SwiGLU gate/up layer is stored in a gated form of llmc's tiles (4- or 8-bit)."""
+    return c.has(f"{name}.weight" + Q4TILES_GATED) or c.has(f"{name}.weight" + Q8TILES_GATED)
+
+
+def matmul_tiles(c: Ctx, x: str, name: str, gated: bool) -> str:
+    """ai.llmc.MatMulQ4 / MatMulQ8 over the packed 4- or 8-bit tiles, the bias inside; gated: silu(x @ gate) *
+    (x @ up)."""
+    b, w = c.b, f"{name}.weight"
+    eight = c.has(w + (Q8TILES_GATED if gated else Q8TILES))
+    w += (Q8TILES_GATED if gated else Q8TILES) if eight else (Q4TILES_GATED if gated else Q4TILES)
     _, blocks, _ = c.ckpt.weights[w].shape
     bias = f"{name}.bias"
     n = _out_width(c.m, name)
     q = c.opts.quant
     act_bits = q.act_bits_of(name) if q is not None else 8
-    return b.op("MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,
+    return b.op("MatMulQ8" if eight else "MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []),
+                domain=LLMC_DOMAIN,
                 K=blocks * TILE_BLOCK, N=n, gated=int(gated), **({"act_bits": act_bits} if act_bits != 8 else {}))
 
 

@@ -12,10 +12,13 @@ That reproduces GGUF Q4_1 weights (block 32, scale + min along K). Two ways to a
   value plus its remainder (two symmetric 4-bit rows per offset: about 8-bit precision; one 8-bit row when the
   layer is 8-bit). 3 nodes per linear layer, no fp32 weights: the fast form of the exact weights.
 
-A third form is llmc's own (`QuantSpec.kernel == "llmc"`, 4-bit layers only): the scale + min blocks as they are
+A third form is llmc's own (`QuantSpec.kernel == "llmc"`): 4-bit layers as their scale + min blocks as they are
 (fp16 scale and min per block of 32, GGUF Q4_1's own numbers), packed in the tiles the ai.llmc.MatMulQ4 operator
 reads (llmc/engines/kernels/matmul_q4.h): one node per linear layer, the min exact, and the SwiGLU MLP's gate and
-up projections in one node with the gate applied (`gated`: their tiles alternate).
+up projections in one node with the gate applied (`gated`: their tiles alternate); 8-bit layers (the head, --quant
+int8, layers a quality target raised) as 8-bit scale + min blocks in the same tiles, for ai.llmc.MatMulQ8: a GGUF
+Q8_0 block (the tied head of a Q8_0 embedding) and a 4-bit grid (a raised GGUF Q4_1 layer) come back as they were
+(up to an fp16 scale of d / 17).
 
 Layout for W [K, N] used as x @ W: qweight [N, K' / block, block * bits / 8] uint8 (4-bit: two values a byte, low
 nibble first), scales [N * K' / block] fp32 (K' = K, or K + the offset rows when folded), offsets [blocks, N] fp32.
@@ -34,6 +37,7 @@ BLOCKSUMS, BLOCKSUM_SCALES = ".blocksums", ".blocksum_scales"  # folded: the 0/1
 BF16TILES = ".bf16tiles"  # llmc's MatMulBF16 layout
 EMBED_Q8, EMBED_Q8_SCALES, EMBED_BF16 = ".q8", ".q8scales", ".bf16"  # the embedding's lookup table, compact
 Q4TILES, Q4TILES_GATED = ".q4tiles", ".q4tiles_gated"  # llmc's MatMulQ4 layout (gated: SwiGLU gate/up tiles)
+Q8TILES, Q8TILES_GATED = ".q8tiles", ".q8tiles_gated"  # llmc's MatMulQ8 layout
 SCHEMES = ("auto", "folded", "minmax", "symmetric")
 KERNELS = ("ort", "llmc")
 # A linear layer's precision: 4-bit weights with int8 activations (MatMulQ4, or MatMulNBits at the spec's accuracy),
@@ -92,6 +96,10 @@ class QuantSpec:
     def q4_tiles(self, bits: int) -> bool:
         """Whether a layer of `bits` bits goes to llmc's MatMulQ4."""
         return self.kernel == "llmc" and bits == 4
+
+    def q8_tiles(self, bits: int) -> bool:
+        """Whether a layer of `bits` bits goes to llmc's MatMulQ8."""
+        return self.kernel == "llmc" and bits == 8
 
 
 def _pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -190,16 +198,9 @@ def pack_q4_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     per block of 32 along K; matmul_q4.h): q in 0..15 with w = scale * q + min, scale and min fp16 (min = the
     block's minimum: GGUF Q4_1's numbers come back as they were). `gated`: W = [gate | up] of a SwiGLU MLP, its
     tiles interleaved."""
-    k, n = w_kn.shape
-    if k % TILE_BLOCK:
-        raise InputError(f"{name}: input size {k} is not a multiple of the 4-bit kernel's block of {TILE_BLOCK}")
-    if gated and n % (2 * TILE):
-        raise InputError(f"{name}: gate/up width {n} is not a multiple of {2 * TILE}")
-    w = _gate_up_tiles(np.asarray(w_kn, np.float32)) if gated else np.asarray(w_kn, np.float32)
-    blocks, n_pad = k // TILE_BLOCK, -(-n // (2 * TILE)) * 2 * TILE
+    wb = _tile_blocks(w_kn, gated, name, "4-bit")
+    blocks, _, n_pad = wb.shape
     tiles = n_pad // TILE
-    wb = np.zeros((blocks, TILE_BLOCK, n_pad), np.float32)
-    wb[..., :n] = w.reshape(blocks, TILE_BLOCK, n)
     lo = wb.min(axis=1).astype(np.float16)  # [blocks, N]
     scales = ((wb.max(axis=1) - lo.astype(np.float32)) / 15).astype(np.float16)
     scales[scales == 0] = 1.0
@@ -207,16 +208,73 @@ def pack_q4_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     q6 = q.astype(np.uint8).reshape(blocks, 4, 2, 4, tiles, TILE)  # k = 32 b + 8 c + 4 h + i
     nibbles = (q6[:, :, 0] | (q6[:, :, 1] << 4)).transpose(3, 0, 1, 4, 2).reshape(tiles, blocks, 256)
     per_tile = [a.reshape(blocks, tiles, TILE).transpose(1, 0, 2).copy().view(np.uint8) for a in (scales, lo)]
-    packed = np.concatenate([nibbles, *per_tile], axis=2)  # [tiles, blocks, 320]
-    return np.ascontiguousarray(packed.reshape(tiles // 2, 2, blocks, -1).transpose(0, 2, 1, 3)
+    return _pairs(np.concatenate([nibbles, *per_tile], axis=2))  # from [tiles, blocks, 320]
+
+
+def _pairs(per_tile: np.ndarray) -> np.ndarray:
+    """[tiles, blocks, bytes] -> [tiles / 2, blocks, 2 * bytes]: each pair of tiles side by side per block."""
+    tiles, blocks, _ = per_tile.shape
+    return np.ascontiguousarray(per_tile.reshape(tiles // 2, 2, blocks, -1).transpose(0, 2, 1, 3)
                                 .reshape(tiles // 2, blocks, -1))
+
+
+def _per_tile(packed: np.ndarray) -> np.ndarray:
+    """_pairs undone."""
+    pairs, blocks, _ = packed.shape
+    return packed.reshape(pairs, blocks, 2, -1).transpose(0, 2, 1, 3).reshape(2 * pairs, blocks, -1)
+
+
+def _tile_blocks(w_kn: np.ndarray, gated: bool, name: str, what: str) -> np.ndarray:
+    """W [K, N] (gated: its gate/up tiles interleaved) as [K / 32, 32, N padded to 32 columns with zeros]."""
+    k, n = w_kn.shape
+    if k % TILE_BLOCK:
+        raise InputError(f"{name}: input size {k} is not a multiple of the {what} kernel's block of {TILE_BLOCK}")
+    if gated and n % (2 * TILE):
+        raise InputError(f"{name}: gate/up width {n} is not a multiple of {2 * TILE}")
+    w = _gate_up_tiles(np.asarray(w_kn, np.float32)) if gated else np.asarray(w_kn, np.float32)
+    wb = np.zeros((k // TILE_BLOCK, TILE_BLOCK, -(-n // (2 * TILE)) * 2 * TILE), np.float32)
+    wb[..., :n] = w.reshape(k // TILE_BLOCK, TILE_BLOCK, n)
+    return wb
+
+
+def pack_q8_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -> np.ndarray:
+    """W [K, N] -> MatMulQ8's packed tiles [ceil(N / 32), K / 32, 1152] uint8 (matmul_q4.h): per block of 32 along
+    K and column, w = scale * q + min with q in 0..255, scale and min fp16. A block GGUF Q8_0's form holds exactly
+    (d = max |w| / 127 in fp16, w = d * q8) is stored as scale d, min -128 d; any other as its own grid, min = the
+    block's minimum and scale = (max - min) / 255 (a 4-bit grid's d / 17). Chunk c of a tile's block holds k = 4 c ..
+    4 c + 3 of its 16 columns, then the 16 scales and 16 mins."""
+    wb = _tile_blocks(w_kn, gated, name, "8-bit")
+    blocks, _, n_pad = wb.shape
+    tiles = n_pad // TILE
+    d = (np.abs(wb).max(axis=1) / 127).astype(np.float16).astype(np.float32)  # [blocks, N]
+    q8 = np.rint(wb / np.where(d > 0, d, 1)[:, None])
+    symmetric = np.all((q8 * d[:, None]).astype(np.float32) == wb, axis=1) & (np.abs(q8).max(axis=1) <= 127)
+    lo = wb.min(axis=1).astype(np.float16).astype(np.float32)
+    step = ((wb.max(axis=1) - lo) / 255).astype(np.float16).astype(np.float32)
+    scale, low = np.where(symmetric, d, np.where(step > 0, step, 1)), np.where(symmetric, -128 * d, lo)
+    q = np.clip(np.rint((wb - low[:, None]) / np.where(scale > 0, scale, 1)[:, None]), 0, 255).astype(np.uint8)
+    values = q.reshape(blocks, 8, 4, tiles, TILE).transpose(3, 0, 1, 4, 2).reshape(tiles, blocks, 512)  # k = 4 c + i
+    grid = [a.astype(np.float16).reshape(blocks, tiles, TILE).transpose(1, 0, 2).copy().view(np.uint8)
+            for a in (scale, low)]
+    return _pairs(np.concatenate([values, *grid], axis=2))
+
+
+def unpack_q8_tiles(packed: np.ndarray, n: int, gated: bool = False) -> np.ndarray:
+    """MatMulQ8's packed tiles -> the W [K, N] fp32 they hold."""
+    per_tile = _per_tile(packed)
+    tiles, blocks, _ = per_tile.shape
+    q = per_tile[..., :512].reshape(tiles, blocks, 8, TILE, 4).astype(np.float32)  # [t, b, c, j, i]
+    q = q.transpose(1, 2, 4, 0, 3).reshape(blocks, TILE_BLOCK, tiles * TILE)
+    scales, mins = (per_tile[..., off:off + 2 * TILE].copy().view(np.float16).astype(np.float32)
+                    .transpose(1, 0, 2).reshape(blocks, 1, tiles * TILE) for off in (512, 512 + 2 * TILE))
+    w = (q * scales + mins).reshape(blocks * TILE_BLOCK, tiles * TILE)[:, :n]
+    return _gate_up_tiles(w, inverse=True) if gated else w
 
 
 def unpack_q4_tiles(packed: np.ndarray, n: int, gated: bool = False) -> np.ndarray:
     """MatMulQ4's packed tiles -> the W [K, N] fp32 they hold."""
-    pairs, blocks, _ = packed.shape
-    tiles = 2 * pairs
-    per_tile = packed.reshape(pairs, blocks, 2, -1).transpose(0, 2, 1, 3).reshape(tiles, blocks, -1)
+    per_tile = _per_tile(packed)
+    tiles, blocks, _ = per_tile.shape
     nib = per_tile[..., :256].reshape(tiles, blocks, 4, TILE, 4)  # [t, b, c, j, i]
     q = np.stack([nib & 0xF, nib >> 4], axis=3)  # [t, b, c, h, j, i]
     q = q.transpose(1, 2, 3, 5, 0, 4).reshape(blocks, TILE_BLOCK, tiles * TILE).astype(np.float32)
@@ -266,6 +324,8 @@ def quantize_as(w: np.ndarray, name: str, precision: str, spec: QuantSpec, gated
     bits = int(precision.removeprefix("int").split("-")[0])
     if precision in ("int4", "int4-act16") and spec.q4_tiles(4):
         return {name + (Q4TILES_GATED if gated else Q4TILES): pack_q4_tiles(w, gated, name)}
+    if precision in ("int8", "int8-act16") and spec.q8_tiles(8):
+        return {name + (Q8TILES_GATED if gated else Q8TILES): pack_q8_tiles(w, gated, name)}
     # fp32 activations: the weights' exact scale + min grid (minmax) for 4 bits; as `scheme` otherwise
     scheme = "minmax" if precision == "int4-fp32act" else spec.scheme
     sub = QuantSpec(bits, spec.block_size, spec.head_bits, spec.accuracy_level, scheme, spec.kernel)

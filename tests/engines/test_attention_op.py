@@ -287,10 +287,10 @@ def test_an_engine_of_another_operator_version_is_refused_at_load(tiny_llama: Bu
     assert data["settings"]["llmc_ops"] == ops_version() and not list(engine.glob("*.so"))
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "0"}}))
     with pytest.raises(ManifestError, match=f"built with llmc's operators version 0; this installation has version "
-                                            f"{ops_version()} \\(it runs versions 5, 6\\): build the engine again"):
+                                            f"{ops_version()} \\(it runs versions 5, 6, 7\\): build the engine again"):
         load_engine_dir(engine)
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "5"}}))
-    load_engine_dir(engine)  # version 6 only added an optional input: graphs of version 5 still run
+    load_engine_dir(engine)  # versions 6 and 7 only added an optional input and an operator: version 5 runs
     legacy = {k: v for k, v in data["settings"].items() if k != "llmc_ops"} | {"custom_ops": "libllmc_ops.so"}
     (engine / "engine.json").write_text(json.dumps({**data, "settings": legacy}))  # llmc 0.1: a copy in the folder
     with pytest.raises(EngineError, match="libllmc_ops.so is missing"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import Built
 
@@ -104,9 +105,12 @@ def test_a_quality_target_build_reaches_it_and_records_the_layout(tiny_llama: Bu
     assert not plain.settings.quality
 
 
-def test_16_bit_activations_on_the_8_bit_head_are_the_weights_product(tiny_llama: Built, tmp_path: Path) -> None:
-    """int8-act16: the same 8-bit weights, the activations in two exactly-quantized int8 levels: the head's logits
-    come within ~1e-4 of the 8-bit weights' fp32 product, where one int8 level misses by ~1e-2."""
+@pytest.mark.parametrize("matmul", ["ort", "llmc"])
+def test_16_bit_activations_on_the_8_bit_head_come_closer(tiny_llama: Built, tmp_path: Path, matmul: str) -> None:
+    """int8-act16: the same 8-bit weights, the activations in two int8 levels. ONNX Runtime's 8-bit head with int8
+    activations misses the fp32 logits by ~0.6 of their largest here, with 16-bit ones by ~5e-3 (what is left is the
+    weights' 8 bits); llmc's MatMulQ8 misses by ~8e-3 with int8 activations (their error meets the weights centred
+    on 0), ~5e-3 with 16-bit ones, its node carrying act_bits 16."""
     export = load_export(tiny_llama.export_dir)
     reference = export_engine(export, tiny_llama.export_dir)
     ids = [3, 17, 29, 41, 5]
@@ -115,9 +119,18 @@ def test_16_bit_activations_on_the_8_bit_head_are_the_weights_product(tiny_llama
         layout = tuple((n.removesuffix(".weight"), "fp32") for n in quantizable(
             load_checkpoint(tiny_llama.export_dir, export))) + (("lm_head", precision),)
         out = tmp_path / precision
-        build_ort(BuildConfig(tiny_llama.export_dir, out, quant="int8", layout=layout, allow_divergence=True))
+        build_ort(BuildConfig(tiny_llama.export_dir, out, quant="int8", layout=layout, allow_divergence=True,
+                              matmul=matmul))
         engine = load_engine_dir(out)
         ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 8))[0]
         theirs = reference.prefill([0], [ids], reference.new_kv_cache(1, 8))[0]
         errors[precision] = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
-    assert errors["int8-act16"] < errors["int8"] / 20, errors
+        if matmul == "llmc":
+            head = [n for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+                    if n.op_type == "MatMulQ8"]
+            assert [{a.name: a.i for a in n.attribute}.get("act_bits", 8) for n in head] == [
+                16 if precision == "int8-act16" else 8]
+    if matmul == "ort":
+        assert errors["int8-act16"] < errors["int8"] / 20, errors
+    else:
+        assert errors["int8-act16"] < errors["int8"] < 2e-2, errors

@@ -1,17 +1,23 @@
-/* 4-bit weight matrix product (see matmul_q4.h for the contract and the packed layout).
+/* 4-bit and 8-bit weight matrix products (see matmul_q4.h for the contract and the packed layouts).
  *
  * Why it exists: ONNX Runtime's MatMulNBits has no per-block minimum (GGUF Q4_1's "scale + min"), so llmc's int4
  * graphs had to add it with extra nodes, and its int8-activation kernel unpacks the 4-bit weights once per row of
  * x (batch 8 costs ~6.5x batch 1). Here the layout is made for the instruction that does the work (AVX-512 VNNI
  * vpdpbusd: 16 columns x 4 consecutive k per register): each 64-byte load of nibbles becomes two such registers
  * with one shift and two ANDs, and each is used for up to 4 rows of x before the next is loaded; the min costs one
- * FMA per block with the exact fp32 block sums of x. The SwiGLU gate (silu(gate) * up) is applied to the tile pair
+ * FMA per block with the block sums of x. The SwiGLU gate (silu(gate) * up) is applied to the tile pair
  * as it is stored.
  *
  * Three code paths, chosen at run time from the CPU: AVX-512 VNNI, AVX2 (vpmaddubsw pairs summed in 16 bits over a
  * block, then widened once: no overflow, 8 x 2 x 15 x 127 < 2^15) and portable C. Each runs one block loop for 1
  * or 2 activation levels (act_bits 8 or 16: the level is a constant of the inlined loop, so the one-level code is
  * today's): the second level is one more int8 dot product per weight register, its own scale in the epilogue.
+ *
+ * 8-bit weights (bits 8, ai.llmc.MatMulQ8: the 8-bit LM head, --quant int8 and the layers a quality target raises
+ * to 8 bits) take the same loops with the weight width a constant too: each 64-byte load is one register of q in
+ * 0..255 (vpdpbusd's unsigned operand), centred on 128 as the 4-bit weights are on 8, and the same epilogue. ONNX
+ * Runtime's MatMulNBits, which ran them before, unpacks its weights once per row of x: SmolLM2's head took 5.8 ms
+ * at batch 8 against 1.5 here (0.9 against 0.8 at batch 1).
  */
 #include "matmul_q4.h"
 
@@ -35,11 +41,13 @@
 typedef struct {
   const llmc_q4_args* a;
   int64_t units, blocks; /* units = tile pairs */
+  int bits;            /* the weights': 4 or 8 */
+  int64_t tile_bytes;  /* LLMC_Q4_TILE_BYTES or LLMC_Q8_TILE_BYTES */
   int levels;          /* activation levels: 1 (act_bits 8) or 2 (act_bits 16) */
   const int8_t* xq;    /* [levels][M, K]: level l at xq + l M K */
   const float* xscale; /* [levels][M, blocks]: level l at xscale + l M blocks */
-  const float* xsum;   /* [M, blocks] */
-  const float* xmid;   /* [M, blocks]: 8 (xsum - sum_l xscale_l sum(xq_l)), see quantize_rows */
+  const float* xsum;   /* [M, blocks]: the block sums of x as quantized, sum_l xscale_l sum(xq_l) */
+  const float* xmid;   /* [M, blocks]: added to the dot products (0, or 128 xsum: see quantize_rows) */
   int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE */
   int64_t parts; /* contiguous parts, one per thread (0: units are claimed, or all run in this thread) */
   size_t next;   /* the next unit to claim (atomic) */
@@ -53,25 +61,18 @@ typedef struct part {
   char pad[56];
 } part;
 
-/* Tile t's block b in the packed weights. */
-static inline const uint8_t* tile_block(const uint8_t* w, int64_t blocks, int64_t t, int64_t b) {
-  return w + ((t / 2 * blocks + b) * 2 + t % 2) * LLMC_Q4_TILE_BYTES;
+/* Tile t's block b in the packed weights (tiles of `bytes` a block). */
+static inline const uint8_t* tile_block(const uint8_t* w, int64_t blocks, int64_t t, int64_t b, int64_t bytes) {
+  return w + ((t / 2 * blocks + b) * 2 + t % 2) * bytes;
 }
 
 /* ---------------------------------------------------------------- activations */
 
 #define QGROUP 8 /* blocks of x quantized side by side (see block_stats) */
 
-/* For G consecutive blocks of 32 at v: max |v| and (sum != NULL) the fp32 sum of each, each block's in its own
- * order (i = 0 .. 31 from 0, as one block alone, so the sums are what they always were): G dependency chains side
- * by side rather than one 32 long. (Quantizing x was ~30 % of a one-thread K 1536, M 8 product; now ~half that.) */
-static inline __attribute__((always_inline)) void block_stats(const float* v, const int G, float* amax, float* sum) {
-  if (sum) {
-    float sm[QGROUP] = {0};
-    for (int i = 0; i < LLMC_Q4_BLOCK; i++)
-      for (int g = 0; g < G; g++) sm[g] += v[g * LLMC_Q4_BLOCK + i];
-    for (int g = 0; g < G; g++) sum[g] = sm[g];
-  }
+/* For G consecutive blocks of 32 at v: max |v| of each, G blocks side by side. (Quantizing x was ~30 % of a
+ * one-thread K 1536, M 8 product when it also summed x; now less than half that.) */
+static inline __attribute__((always_inline)) void block_stats(const float* v, const int G, float* amax) {
   for (int g = 0; g < G; g++) { /* the max in any order is the same: 8 lanes, which vectorize */
     float mx[8] = {0};
     for (int i = 0; i < LLMC_Q4_BLOCK; i += 8)
@@ -86,11 +87,11 @@ static inline __attribute__((always_inline)) void block_stats(const float* v, co
 }
 
 /* block_stats of n <= QGROUP blocks. */
-static inline void group_stats(const float* v, int n, float* amax, float* sum) {
+static inline void group_stats(const float* v, int n, float* amax) {
   if (n == QGROUP)
-    block_stats(v, QGROUP, amax, sum);
+    block_stats(v, QGROUP, amax);
   else
-    for (int g = 0; g < n; g++) block_stats(v + g * LLMC_Q4_BLOCK, 1, amax + g, sum ? sum + g : NULL);
+    for (int g = 0; g < n; g++) block_stats(v + g * LLMC_Q4_BLOCK, 1, amax + g);
 }
 
 /* v rounded to the nearest integer, ties to even: lrintf's in the default rounding mode for |v| < 2^22 (here |v| <=
@@ -105,44 +106,49 @@ static inline int32_t quantize_block(const float* v, float amax, int8_t* q) {
   return sum;
 }
 
-/* x [M, K] -> per block of 32, `levels` int8 levels xq_l with their scales, the exact block sums xsum, and xmid.
+/* x [M, K] -> per block of 32, `levels` int8 levels xq_l with their scales, the block sums of x as quantized
+ * (xsum = sum_l xscale_l sum(xq_l)), and xmid.
  * Level 1: xq_1 = round(x / s_1), s_1 = max |x| / 127; level 2 (act_bits 16) quantizes what is left the same way,
  * r = x - s_1 xq_1 -> xq_2, s_2 = max |r| / 127 (0 where r is): x ~ s_1 xq_1 + s_2 xq_2, ~15 bits.
  *
- * Why xmid: the dot products run on q in 0..15, but the error of the int8 activations should meet the weights
- * centred, q - 8 (as in MatMulNBits: half the error, a quarter of the KL), so with x ~ sum_l xscale_l xq_l:
- *   sum_k (scale q + min) x = scale sum (q - 8) x + (min + 8 scale) xsum
- *                           ~ scale (sum_l xscale_l (q.xq_l - 8 sum(xq_l)) + 8 xsum) + min xsum
- *                           = scale (sum_l xscale_l q.xq_l + xmid) + min xsum,
- *   xmid = 8 (xsum - sum_l xscale_l sum(xq_l)).
+ * The whole product is of the quantized x: sum_k (scale q + min) x ~ scale sum_l xscale_l q.xq_l + min xsum, so
+ * the error of the activations meets the weights themselves, which are centred on 0 (as in ONNX Runtime's
+ * MatMulNBits, whose offsets take the quantized block sums). Meeting them centred on their block's grid instead
+ * (the exact sums of x for the min: the form before) costs more wherever a block's midpoint is off 0: SmolLM2's
+ * int4 engine had a mean KL of 3.8e-3 against fp32 that way, 3.1e-3 this way (686 positions).
+ * xmid is what the dot products need added: 0 where they are of q (VNNI, portable), 128 xsum where they are of the
+ * centred 8-bit weights q - 128 (`centred`: AVX2's sign trick).
  * x's blocks are consecutive across rows (block mb = m blocks + b at x + 32 mb), so they go in groups of QGROUP. */
-static void quantize_rows(const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, float* xmid) {
+static void quantize_rows(const llmc_q4_args* a, int levels, int centred, int8_t* xq, float* xscale, float* xsum,
+                          float* xmid) {
   int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K;
   for (int64_t b0 = 0; b0 < n; b0 += QGROUP) {
     int g = n - b0 < QGROUP ? (int)(n - b0) : QGROUP;
     const float* x = a->x + b0 * LLMC_Q4_BLOCK;
     int8_t* q = xq + b0 * LLMC_Q4_BLOCK;
-    float amax[QGROUP], sum[QGROUP], mid[QGROUP], r[QGROUP * LLMC_Q4_BLOCK];
-    group_stats(x, g, amax, sum);
+    float amax[QGROUP], sum[QGROUP], r[QGROUP * LLMC_Q4_BLOCK];
+    group_stats(x, g, amax);
     for (int j = 0; j < g; j++) {
       const float* v = x + j * LLMC_Q4_BLOCK;
       int8_t* qj = q + j * LLMC_Q4_BLOCK;
       float s = amax[j] / 127.f;
-      mid[j] = sum[j] - s * (float)quantize_block(v, amax[j], qj);
+      sum[j] = s * (float)quantize_block(v, amax[j], qj);
       xscale[b0 + j] = s;
-      xsum[b0 + j] = sum[j];
       if (levels == 2)
         for (int i = 0; i < LLMC_Q4_BLOCK; i++) r[j * LLMC_Q4_BLOCK + i] = v[i] - s * (float)qj[i];
     }
     if (levels == 2) {
-      group_stats(r, g, amax, NULL);
+      group_stats(r, g, amax);
       for (int j = 0; j < g; j++) {
         float s = amax[j] / 127.f;
-        mid[j] -= s * (float)quantize_block(r + j * LLMC_Q4_BLOCK, amax[j], q + xq_level + j * LLMC_Q4_BLOCK);
+        sum[j] += s * (float)quantize_block(r + j * LLMC_Q4_BLOCK, amax[j], q + xq_level + j * LLMC_Q4_BLOCK);
         xscale[n + b0 + j] = s;
       }
     }
-    for (int j = 0; j < g; j++) xmid[b0 + j] = 8.f * mid[j];
+    for (int j = 0; j < g; j++) {
+      xsum[b0 + j] = sum[j];
+      xmid[b0 + j] = centred ? 128.f * sum[j] : 0.f;
+    }
   }
 }
 
@@ -191,7 +197,7 @@ static inline __attribute__((always_inline)) void unit_generic_levels(const job*
       for (int m = 0; m < rows; m++) {
         float* acc = buf + m * UNIT_COLS + t * LLMC_Q4_TILE;
         for (int64_t b = 0; b < blocks; b++) {
-          const uint8_t* p = tile_block(a->w, blocks, u * UNIT_TILES + t, b);
+          const uint8_t* p = tile_block(a->w, blocks, u * UNIT_TILES + t, b, j->tile_bytes);
           const int8_t* xq = j->xq + (m0 + m) * a->K + b * LLMC_Q4_BLOCK;
           int64_t mb = (m0 + m) * blocks + b;
           float xsum = j->xsum[mb], xmid = j->xmid[mb];
@@ -200,14 +206,19 @@ static inline __attribute__((always_inline)) void unit_generic_levels(const job*
             for (int l = 0; l < L; l++) {
               const int8_t* r = xq + l * xq_level;
               int32_t dot = 0;
-              for (int chunk = 0; chunk < 4; chunk++)
-                for (int i = 0; i < 4; i++) {
-                  uint8_t byte = p[chunk * 64 + c * 4 + i];
-                  dot += (byte & 15) * r[8 * chunk + i] + (byte >> 4) * r[8 * chunk + 4 + i];
-                }
+              if (j->bits == 8)
+                for (int chunk = 0; chunk < 8; chunk++)
+                  for (int i = 0; i < 4; i++) dot += p[chunk * 64 + c * 4 + i] * r[4 * chunk + i];
+              else
+                for (int chunk = 0; chunk < 4; chunk++)
+                  for (int i = 0; i < 4; i++) {
+                    uint8_t byte = p[chunk * 64 + c * 4 + i];
+                    dot += (byte & 15) * r[8 * chunk + i] + (byte >> 4) * r[8 * chunk + 4 + i];
+                  }
               d += j->xscale[l * xs_level + mb] * (float)dot;
             }
-            acc[c] += half_to_float(p + 256 + 2 * c) * d + half_to_float(p + 288 + 2 * c) * xsum;
+            const uint8_t* grid = p + (j->bits == 8 ? 512 : 256); /* 16 scales, then 16 mins */
+            acc[c] += half_to_float(grid + 2 * c) * d + half_to_float(grid + 32 + 2 * c) * xsum;
           }
         }
       }
@@ -233,12 +244,13 @@ static inline int32_t load4(const int8_t* p) {
   return v;
 }
 
-/* RM rows (from m0) x NT tiles (from t0) over all blocks with L activation levels, into buf [RM][UNIT_COLS] at tile
- * offset `slot`. Every register of nibbles is used by the RM rows and L levels; NT > 1 gives the one-row case
- * independent accumulation chains. */
+/* RM rows (from m0) x NT tiles (from t0) over all blocks with L activation levels and BITS-bit weights, into buf
+ * [RM][UNIT_COLS] at tile offset `slot`. Every register of weights is used by the RM rows and L levels; NT > 1
+ * gives the one-row case independent accumulation chains. */
 static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j, int64_t m0, int64_t t0, int slot,
                                                                      float* buf, const int RM, const int NT,
-                                                                     const int L) {
+                                                                     const int L, const int BITS) {
+  const int64_t tile_bytes = BITS == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
   const int64_t blocks = j->blocks, K = j->a->K, xq_level = j->a->M * K, xs_level = j->a->M * blocks;
   const int8_t* xq = j->xq + m0 * K;
   const float* xscale = j->xscale + m0 * blocks;
@@ -253,11 +265,19 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
     for (int l = 0; l < L; l++)
       for (int m = 0; m < RM; m++)
         for (int t = 0; t < NT; t++) dot[l][m][t] = _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < (BITS == 8 ? 8 : 4); c++)
       for (int t = 0; t < NT; t++) {
-        const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + c * 64;
-        _mm_prefetch((const char*)p + PREFETCH_BLOCKS * LLMC_Q4_PAIR_BYTES, _MM_HINT_T0);
+        const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + c * 64;
+        _mm_prefetch((const char*)p + PREFETCH_BLOCKS * 2 * tile_bytes, _MM_HINT_T0);
         __m512i raw = _mm512_loadu_si512(p);
+        if (BITS == 8) { /* one register of 4 consecutive k x 16 columns */
+          for (int m = 0; m < RM; m++)
+            for (int l = 0; l < L; l++) {
+              const int8_t* r = xq + l * xq_level + m * K + b * LLMC_Q4_BLOCK + 4 * c;
+              dot[l][m][t] = _mm512_dpbusd_epi32(dot[l][m][t], raw, _mm512_set1_epi32(load4(r)));
+            }
+          continue;
+        }
         __m512i lo = _mm512_and_si512(raw, low4);
         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
         for (int m = 0; m < RM; m++)
@@ -268,7 +288,7 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
           }
       }
     for (int t = 0; t < NT; t++) {
-      const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + 256;
+      const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + (BITS == 8 ? 512 : 256);
       __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
       for (int m = 0; m < RM; m++) {
@@ -286,23 +306,30 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
     for (int t = 0; t < NT; t++) _mm512_storeu_ps(buf + m * UNIT_COLS + (slot + t) * LLMC_Q4_TILE, acc[m][t]);
 }
 
-static inline __attribute__((always_inline)) TARGET void unit_vnni_levels(const job* j, int64_t u, const int L) {
+static inline __attribute__((always_inline)) TARGET void unit_vnni_levels(const job* j, int64_t u, const int L,
+                                                                           const int BITS) {
   int64_t t0 = u * UNIT_TILES, M = j->a->M;
   float buf[ROWS * UNIT_COLS];
   for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
     int rows = M - m0 < ROWS ? (int)(M - m0) : ROWS, m = 0;
-    for (; rows - m >= 4; m += 4) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 4, 2, L);
-    for (; rows - m >= 2; m += 2) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 2, 2, L);
-    for (; m < rows; m++) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 1, 2, L);
+    for (; rows - m >= 4; m += 4) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 4, 2, L, BITS);
+    for (; rows - m >= 2; m += 2) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 2, 2, L, BITS);
+    for (; m < rows; m++) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 1, 2, L, BITS);
     store_unit(j, u, m0, rows, buf);
   }
 }
 
 static TARGET void unit_vnni(const job* j, int64_t u) {
-  if (j->levels == 2)
-    unit_vnni_levels(j, u, 2);
-  else
-    unit_vnni_levels(j, u, 1);
+  if (j->bits == 8) {
+    if (j->levels == 2)
+      unit_vnni_levels(j, u, 2, 8);
+    else
+      unit_vnni_levels(j, u, 1, 8);
+  } else if (j->levels == 2) {
+    unit_vnni_levels(j, u, 2, 4);
+  } else {
+    unit_vnni_levels(j, u, 1, 4);
+  }
 }
 
 /* ---------------------------------------------------------------- AVX2 */
@@ -310,27 +337,41 @@ static TARGET void unit_vnni(const job* j, int64_t u) {
 #define TARGET2 __attribute__((target("avx2,fma,f16c")))
 
 /* RM rows x NT tiles (RM * NT <= 2: 16 registers) x L levels, as tiles_vnni: each tile is two registers of 8
- * columns. */
+ * columns. 8-bit weights: vpmaddubsw's pairs of q (0..255) x int8 could overflow 16 bits, so the weights are centred
+ * (q - 128, in -127..127: GGUF Q8_0's values) and multiplied as |w| x sign(x, w) (llama.cpp's trick), each pair
+ * widened to 32 bits at once: the dot products are of the centred weights (quantize_rows' `centred`). */
 static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* j, int64_t m0, int64_t t0,
                                                                       float* buf, const int RM, const int NT,
-                                                                      const int L) {
+                                                                      const int L, const int BITS) {
   const int64_t blocks = j->blocks, K = j->a->K, xq_level = j->a->M * K, xs_level = j->a->M * blocks;
+  const int64_t tile_bytes = BITS == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
   const int8_t* xq = j->xq + m0 * K;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), zero8 = _mm256_set1_epi8((char)0x80);
   __m256 acc[2][2][2]; /* [RM][NT][2] */
   for (int m = 0; m < RM; m++)
     for (int t = 0; t < NT; t++) acc[m][t][0] = acc[m][t][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; b++) {
-    __m256i dot[2][2][2][2]; /* [L][RM][NT][2]: 16-bit sums of (column, k pair) over the block */
+    __m256i dot[2][2][2][2]; /* [L][RM][NT][2]: 16-bit sums of (column, k pair) over the block (8-bit: 32-bit
+                              * sums per column) */
     for (int l = 0; l < L; l++)
       for (int m = 0; m < RM; m++)
         for (int t = 0; t < NT; t++) dot[l][m][t][0] = dot[l][m][t][1] = _mm256_setzero_si256();
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < (BITS == 8 ? 8 : 4); c++)
       for (int t = 0; t < NT; t++) {
-        const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + c * 64;
-        _mm_prefetch((const char*)p + PREFETCH_BLOCKS * LLMC_Q4_PAIR_BYTES, _MM_HINT_T0);
+        const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + c * 64;
+        _mm_prefetch((const char*)p + PREFETCH_BLOCKS * 2 * tile_bytes, _MM_HINT_T0);
         for (int h = 0; h < 2; h++) {
           __m256i raw = _mm256_loadu_si256((const __m256i*)(p + 32 * h));
+          if (BITS == 8) {
+            __m256i w = _mm256_xor_si256(raw, zero8), aw = _mm256_abs_epi8(w);
+            for (int m = 0; m < RM; m++)
+              for (int l = 0; l < L; l++) {
+                const int8_t* r = xq + l * xq_level + m * K + b * LLMC_Q4_BLOCK + 4 * c;
+                __m256i pairs = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(load4(r)), w));
+                dot[l][m][t][h] = _mm256_add_epi32(dot[l][m][t][h], _mm256_madd_epi16(pairs, ones));
+              }
+            continue;
+          }
           __m256i lo = _mm256_and_si256(raw, low4);
           __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
           for (int m = 0; m < RM; m++)
@@ -343,17 +384,17 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
         }
       }
     for (int t = 0; t < NT; t++) {
-      const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b) + 256;
+      const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + (BITS == 8 ? 512 : 256);
       for (int h = 0; h < 2; h++) {
         __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
         __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
         for (int m = 0; m < RM; m++) {
           int64_t mb = (m0 + m) * blocks + b;
-          __m256 d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[0][m][t][h], ones)),
-                                     _mm256_set1_ps(j->xscale[mb]), _mm256_set1_ps(j->xmid[mb]));
-          for (int l = 1; l < L; l++)
-            d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[l][m][t][h], ones)),
-                                _mm256_set1_ps(j->xscale[l * xs_level + mb]), d);
+          __m256 d = _mm256_set1_ps(j->xmid[mb]);
+          for (int l = 0; l < L; l++) {
+            __m256i sums = BITS == 8 ? dot[l][m][t][h] : _mm256_madd_epi16(dot[l][m][t][h], ones);
+            d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(j->xscale[l * xs_level + mb]), d);
+          }
           acc[m][t][h] = _mm256_fmadd_ps(d, scale, acc[m][t][h]);
           acc[m][t][h] = _mm256_fmadd_ps(min, _mm256_set1_ps(j->xsum[mb]), acc[m][t][h]);
         }
@@ -365,25 +406,32 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
       for (int h = 0; h < 2; h++) _mm256_storeu_ps(buf + m * UNIT_COLS + t * LLMC_Q4_TILE + 8 * h, acc[m][t][h]);
 }
 
-static inline __attribute__((always_inline)) TARGET2 void unit_avx2_levels(const job* j, int64_t u, const int L) {
+static inline __attribute__((always_inline)) TARGET2 void unit_avx2_levels(const job* j, int64_t u, const int L,
+                                                                            const int BITS) {
   int64_t t0 = u * UNIT_TILES, M = j->a->M;
   float buf[ROWS * UNIT_COLS];
   for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
     int rows = M - m0 < ROWS ? (int)(M - m0) : ROWS, m = 0;
     for (; rows - m >= 2; m += 2) {
-      tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 2, 1, L);
-      tiles_avx2(j, m0 + m, t0 + 1, buf + m * UNIT_COLS + LLMC_Q4_TILE, 2, 1, L);
+      tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 2, 1, L, BITS);
+      tiles_avx2(j, m0 + m, t0 + 1, buf + m * UNIT_COLS + LLMC_Q4_TILE, 2, 1, L, BITS);
     }
-    if (m < rows) tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 1, 2, L);
+    if (m < rows) tiles_avx2(j, m0 + m, t0, buf + m * UNIT_COLS, 1, 2, L, BITS);
     store_unit(j, u, m0, rows, buf);
   }
 }
 
 static TARGET2 void unit_avx2(const job* j, int64_t u) {
-  if (j->levels == 2)
-    unit_avx2_levels(j, u, 2);
-  else
-    unit_avx2_levels(j, u, 1);
+  if (j->bits == 8) {
+    if (j->levels == 2)
+      unit_avx2_levels(j, u, 2, 8);
+    else
+      unit_avx2_levels(j, u, 1, 8);
+  } else if (j->levels == 2) {
+    unit_avx2_levels(j, u, 2, 4);
+  } else {
+    unit_avx2_levels(j, u, 1, 4);
+  }
 }
 
 static int cpu_path(void) {
@@ -468,8 +516,12 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     snprintf(msg, sizeof msg, "act_bits %d must be 8 (int8 activations) or 16 (two int8 levels)", a->act_bits);
     return msg;
   }
+  if (a->bits != 0 && a->bits != 4 && a->bits != 8) {
+    snprintf(msg, sizeof msg, "bits %d must be 4 (scale + min blocks) or 8 (symmetric blocks)", a->bits);
+    return msg;
+  }
   if (a->M <= 0) return NULL;
-  int levels = a->act_bits == 16 ? 2 : 1;
+  int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = llmc_q4_path();
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
   int64_t units = (a->N + UNIT_COLS - 1) / UNIT_COLS;
   int64_t parts = parallel && a->threads > 1 && units >= 2 && units <= (int64_t)UINT32_MAX /* part.range */
@@ -487,8 +539,9 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   float* xsum = xscale + levels * a->M * blocks;
   float* xmid = xsum + a->M * blocks;
   int8_t* xq = (int8_t*)(xmid + a->M * blocks);
-  quantize_rows(a, levels, xq, xscale, xsum, xmid);
-  job j = {a, units, blocks, levels, xq, xscale, xsum, xmid, llmc_q4_path(), parts, 0, part_of};
+  quantize_rows(a, levels, bits == 8 && path == LLMC_Q4_AVX2, xq, xscale, xsum, xmid);
+  int64_t tile_bytes = bits == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
+  job j = {a, units, blocks, bits, tile_bytes, levels, xq, xscale, xsum, xmid, path, parts, 0, part_of};
   if (parts) {
     for (int64_t p = 0; p < parts; p++) { /* contiguous parts as equal as units allow */
       uint64_t front = (uint64_t)(units * p / parts), back = (uint64_t)(units * (p + 1) / parts);

@@ -1,4 +1,5 @@
-/* 4-bit weight x fp32 activation matrix product, weights in "scale + min" blocks (GGUF Q4_1's form).
+/* 4-bit and 8-bit weight x fp32 activation matrix products, weights in "scale + min" blocks (GGUF Q4_1's form; 8
+ * bits hold GGUF Q8_0's symmetric blocks too, and a 4-bit grid's).
  *
  * W [K, N] (used as y = x @ W) in blocks of 32 along K: w[k, n] = scale[b, n] * q[k, n] + min[b, n], q in 0..15,
  * scale and min fp16. Packed offline (llmc/graph/quant.py, pack_q4_tiles) in tiles of 16 columns, two tiles side by
@@ -7,11 +8,18 @@
  *   4 chunks of 64 bytes; chunk c, byte 4 j + i (column 16 t + j, i = 0..3):
  *     low nibble q[32 b + 8 c + i, 16 t + j], high nibble q[32 b + 8 c + 4 + i, 16 t + j]
  *   then 16 fp16 scales and 16 fp16 mins (columns 16 t .. 16 t + 15).
- * x is quantized per row and block to int8 (scale = max |x| / 127) and its exact fp32 block sums carry the min:
- *   y[m, n] = sum_b scale[b, n] * xscale[m, b] * (q . xq)[m, b, n] + min[b, n] * xsum[m, b]  (+ bias[n]).
+ * x is quantized per row and block to int8 (scale = max |x| / 127), and the product is the quantized x's:
+ *   y[m, n] = sum_b scale[b, n] * xscale[m, b] * (q . xq)[m, b, n] + min[b, n] * xscale[m, b] sum(xq)[m, b]
+ *   (+ bias[n]): the activations' error meets the weights centred on 0.
  * act_bits 16: two int8 levels, the second quantizing the first's remainder r = x - xscale_1 xq_1 the same way
  * (xscale_2 = max |r| / 127), so x ~ xscale_1 xq_1 + xscale_2 xq_2 (~15 bits) and the product is the sum of the two
  * int8 products, each with its scale: twice the integer work, the same weight bytes.
+ *
+ * bits 8 (ai.llmc.MatMulQ8): w[k, n] = scale[b, n] * q[k, n] + min[b, n], q in 0..255, scale and min fp16 (a Q8_0
+ * block d * q8 is scale d, min -128 d, q = q8 + 128; a Q4_1 block's 4-bit grid is scale d / 17, q = 17 q4), the same
+ * tiles of 16 columns and pairs of them: uint8 [ceil(N / 32), K / 32, 1152]; tile t, block b at byte
+ * ((t / 2 * blocks + b) * 2 + t % 2) * 576:
+ *   8 chunks of 64 bytes; chunk c, byte 4 j + i: q[32 b + 4 c + i, 16 t + j]; then 16 fp16 scales, 16 fp16 mins.
  *
  * gated (SwiGLU): W holds the gate and up projections as alternating tiles (gate tile i at 2 i, its up tile at
  * 2 i + 1) and y [M, N / 2] = silu(x @ gate) * (x @ up): the MLP's first half in one pass.
@@ -28,6 +36,8 @@
 #define LLMC_Q4_TILE 16
 #define LLMC_Q4_TILE_BYTES 320 /* one tile's block: 256 bytes of nibbles, 16 fp16 scales, 16 fp16 mins */
 #define LLMC_Q4_PAIR_BYTES (2 * LLMC_Q4_TILE_BYTES)
+#define LLMC_Q8_TILE_BYTES 576 /* bits 8: 512 bytes of 8-bit values, 16 fp16 scales, 16 fp16 mins */
+#define LLMC_Q8_PAIR_BYTES (2 * LLMC_Q8_TILE_BYTES)
 
 typedef struct {
   int64_t M, K, N;   /* x [M, K]; W [K, N]; K a multiple of 32; gated: N a multiple of 32 */
@@ -38,6 +48,7 @@ typedef struct {
   float* y;          /* [M, N], gated [M, N / 2] */
   int threads;       /* the pool's threads: each streams one contiguous part of W; 0 = unknown: units claimed */
   int act_bits;      /* the activations' precision: 8 (one int8 level; 0 means 8) or 16 (two int8 levels) */
+  int bits;          /* the weights': 4 (LLMC_Q4_TILE_BYTES a tile's block; 0 means 4) or 8 (LLMC_Q8_TILE_BYTES) */
 } llmc_q4_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */

@@ -4,8 +4,9 @@
 #define LLMC_OPS_VERSION_H
 /* 2: CachedAttention's local_window_size, softcap and partial rotary; 3: MatMulQ4's act_bits (16: two int8 levels);
  * 4: CachedAttention's block_table (paged KV memory); 5: MatMulBF16; 6: CachedAttention's new_tokens (rows of
- * different counts after a past in one run) */
-#define LLMC_OPS_VERSION "6"
-/* The versions whose graphs this library still runs: 6 only added an optional input. */
-#define LLMC_OPS_SERVES "5 6"
+ * different counts after a past in one run); 7: MatMulQ8 (8-bit scale + min weights: the head, --quant int8, raised
+ * layers), and MatMulQ4's min met by the quantized block sums of x (closer to x @ W: older engines gain from it) */
+#define LLMC_OPS_VERSION "7"
+/* The versions whose graphs this library still runs: 6 and 7 only added an optional input and an operator. */
+#define LLMC_OPS_SERVES "5 6 7"
 #endif

@@ -133,7 +133,8 @@ typedef struct OrtCustomOp {
 typedef struct {
   OrtCustomOp base;
   const char* name;
-  int kv_type; /* attention: the cache's element type; matmul: its weights' (T_UINT8: MatMulQ4, T_BFLOAT16) */
+  int kv_type; /* attention: the cache's element type; matmul: its weights' (T_UINT8: MatMulQ4/Q8, T_BFLOAT16) */
+  int bits;    /* MatMulQ4 4, MatMulQ8 8 */
   int threads; /* the session's intra-op threads (its "llmc.threads" config entry), 0 when not given */
 } LlmcOp;
 
@@ -357,13 +358,14 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
 }
 
 
-/* ---------------------------------------------------------------- MatMulQ4 */
+/* ---------------------------------------------------------------- MatMulQ4, MatMulQ8, MatMulBF16 */
 
 typedef struct {
   const OrtApi* api;
   int64_t K, N, gated, act_bits;
   int threads;
-  int bf16; /* MatMulBF16, else MatMulQ4 */
+  int bf16; /* MatMulBF16, else MatMulQ4 / MatMulQ8 */
+  int bits; /* MatMulQ4 4, MatMulQ8 8 */
 } MatMulKernel;
 
 enum { MM_A, MM_B, MM_BIAS, MM_INPUTS };
@@ -385,6 +387,8 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   k->api = api;
   k->threads = ((const LlmcOp*)op)->threads;
   k->bf16 = ((const LlmcOp*)op)->kv_type == T_BFLOAT16;
+  k->bits = ((const LlmcOp*)op)->bits;
+  const char* name = ((const LlmcOp*)op)->name;
   GetAttributeInt64_t get = (GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64);
   OrtStatus* s = get(info, "K", &k->K);
   if (!s) s = get(info, "N", &k->N);
@@ -399,14 +403,16 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
     return NULL;
   }
   if (!s) s = get(info, "gated", &k->gated);
-  if (!s && (k->K <= 0 || k->K % LLMC_Q4_BLOCK || k->N <= 0 || (k->gated && k->N % (2 * LLMC_Q4_TILE))))
-    s = fail(api, ERR_INVALID_ARGUMENT, "MatMulQ4: K must be a positive multiple of 32, N positive (gated: a "
-                                        "multiple of 32)");
+  if (!s && (k->K <= 0 || k->K % LLMC_Q4_BLOCK || k->N <= 0 || (k->gated && k->N % (2 * LLMC_Q4_TILE)))) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "%s: K must be a positive multiple of 32, N positive (gated: a multiple of 32)", name);
+    s = fail(api, ERR_INVALID_ARGUMENT, msg);
+  }
   if (!s) {
     k->act_bits = optional_int(api, info, "act_bits", 8);
     if (k->act_bits != 8 && k->act_bits != 16) {
       char msg[128];
-      snprintf(msg, sizeof msg, "MatMulQ4: act_bits %lld: must be 8 (int8 activations) or 16 (two int8 levels)",
+      snprintf(msg, sizeof msg, "%s: act_bits %lld: must be 8 (int8 activations) or 16 (two int8 levels)", name,
                (long long)k->act_bits);
       s = fail(api, ERR_INVALID_ARGUMENT, msg);
     }
@@ -427,11 +433,12 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   int rank[MM_INPUTS];
   CHECK(inputs(api, ctx, MM_INPUTS, data, dims, rank));
   char msg[256];
-  const char* name = k->bf16 ? "MatMulBF16" : "MatMulQ4";
-  /* B's shape: Q4 [pairs of tiles, blocks, pair bytes]; bf16 [tiles, K / 2, 32] */
+  const char* name = k->bf16 ? "MatMulBF16" : k->bits == 8 ? "MatMulQ8" : "MatMulQ4";
+  /* B's shape: Q4 / Q8 [pairs of tiles, blocks, pair bytes]; bf16 [tiles, K / 2, 32] */
   int64_t b0 = k->bf16 ? (k->N + LLMC_BF16_TILE - 1) / LLMC_BF16_TILE
                        : (k->N + 2 * LLMC_Q4_TILE - 1) / (2 * LLMC_Q4_TILE);
-  int64_t b1 = k->bf16 ? k->K / 2 : k->K / LLMC_Q4_BLOCK, b2 = k->bf16 ? 2 * LLMC_BF16_TILE : LLMC_Q4_PAIR_BYTES;
+  int64_t b1 = k->bf16 ? k->K / 2 : k->K / LLMC_Q4_BLOCK;
+  int64_t b2 = k->bf16 ? 2 * LLMC_BF16_TILE : k->bits == 8 ? LLMC_Q8_PAIR_BYTES : LLMC_Q4_PAIR_BYTES;
   if (rank[MM_A] < 1 || dims[MM_A][rank[MM_A] - 1] != k->K || rank[MM_B] != 3 || dims[MM_B][0] != b0 ||
       dims[MM_B][1] != b1 || dims[MM_B][2] != b2 ||
       (rank[MM_BIAS] >= 0 && (rank[MM_BIAS] != 1 || dims[MM_BIAS][0] != k->N))) {
@@ -456,7 +463,7 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   } else {
     llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],
                       .w = (const uint8_t*)data[MM_B], .bias = (const float*)data[MM_BIAS], .y = (float*)out_data,
-                      .threads = k->threads, .act_bits = (int)k->act_bits};
+                      .threads = k->threads, .act_bits = (int)k->act_bits, .bits = k->bits};
     err = llmc_q4_matmul(&a, run_parallel, &pool);
   }
   return outcome(&pool, name, err);
@@ -485,8 +492,9 @@ static LlmcOp make_op(const char* name, int kv_type) {
   return op;
 }
 
-static LlmcOp make_matmul_op(const char* name, int weight_type) {
+static LlmcOp make_matmul_op(const char* name, int weight_type, int bits) {
   LlmcOp op = make_op(name, weight_type);
+  op.bits = bits;
   op.base.GetInputType = mm_input_type;
   op.base.GetInputTypeCount = mm_input_count;
   op.base.GetOutputType = mm_output_type;
@@ -497,7 +505,7 @@ static LlmcOp make_matmul_op(const char* name, int weight_type) {
   return op;
 }
 
-#define N_OPS 5
+#define N_OPS 6
 #define MAX_THREADS 256
 static LlmcOp op_sets[MAX_THREADS + 1][N_OPS]; /* one set per thread count: ONNX Runtime keeps pointers to them */
 
@@ -536,8 +544,9 @@ EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase
     ops[0] = make_op("CachedAttention", T_FLOAT);
     ops[1] = make_op("CachedAttentionF16Cache", T_FLOAT16);
     ops[3] = make_op("CachedAttentionI8Cache", T_INT8);
-    ops[2] = make_matmul_op("MatMulQ4", T_UINT8);
-    ops[4] = make_matmul_op("MatMulBF16", T_BFLOAT16);
+    ops[2] = make_matmul_op("MatMulQ4", T_UINT8, 4);
+    ops[4] = make_matmul_op("MatMulBF16", T_BFLOAT16, 0);
+    ops[5] = make_matmul_op("MatMulQ8", T_UINT8, 8);
     for (int i = 0; i < N_OPS; i++) ops[i].threads = threads;
   }
   /* One domain object per registration: ONNX Runtime keeps a pointer to it in the session options. */

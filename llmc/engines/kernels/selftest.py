@@ -3,7 +3,7 @@ table it uses (ort_op.c reaches them by hand-typed positions in that versioned t
 mean a crash or wrong numbers, never an error message).
 
 Each check runs one-node sessions the way engines do and compares them with numpy: MatMulQ4 at both activation
-widths over two threads (int64 attributes, inputs, outputs, dimensions, tensor data, the session config entry
+widths and MatMulQ8 over two threads (int64 attributes, inputs, outputs, dimensions, tensor data, the session config entry
 llmc.threads, ParallelFor), its refusal of a bad attribute (the error status and its message), and CachedAttention
 over a prompt then a decode step with a soft-cap (float attributes, in place through IOBinding). Run in a child
 process by `llmc.engines.kernels.check_library` (a crash must not take the caller with it) and cached per ONNX
@@ -52,25 +52,28 @@ def _grid_weight(rng: np.random.Generator) -> np.ndarray:
     return (q * d[:, None] + m[:, None]).reshape(K, N).astype(np.float32)
 
 
-def _matmul(library: Path, act_bits: int) -> str | None:
+def _matmul(library: Path, act_bits: int, bits: int = 4) -> str | None:
     from onnx import TensorProto, helper, numpy_helper
 
-    from llmc.graph.quant import pack_q4_tiles
+    from llmc.graph.quant import pack_q4_tiles, pack_q8_tiles, unpack_q8_tiles
 
     rng = np.random.default_rng(act_bits)
     w, bias = _grid_weight(rng), rng.standard_normal(N).astype(np.float32)
-    node = helper.make_node("MatMulQ4", ["x", "w", "bias"], ["y"], domain="ai.llmc", K=K, N=N, gated=0,
-                            act_bits=act_bits)
+    packed = pack_q8_tiles(w) if bits == 8 else pack_q4_tiles(w)
+    if bits == 8:
+        w = unpack_q8_tiles(packed, N)  # the 4-bit grid to its fp16 scale
+    op = f"MatMulQ{bits}"
+    node = helper.make_node(op, ["x", "w", "bias"], ["y"], domain="ai.llmc", K=K, N=N, gated=0, act_bits=act_bits)
     model = _model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", K])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                   [numpy_helper.from_array(pack_q4_tiles(w), "w"), numpy_helper.from_array(bias, "bias")])
+                   [numpy_helper.from_array(packed, "w"), numpy_helper.from_array(bias, "bias")])
     x = rng.standard_normal((1, ROWS, K)).astype(np.float32)
     y = _session(library, model, threads=2).run(None, {"x": x})[0]
     want = x.astype(np.float64) @ w + bias
     err = float(np.abs(y - want).max() / np.abs(want).max())
     limit = 1e-3 if act_bits == 16 else 5e-2
     if y.shape != want.shape or not err < limit:
-        return f"MatMulQ4 act_bits {act_bits}: shape {y.shape} (want {want.shape}), error {err:.2e} (limit {limit})"
+        return f"{op} act_bits {act_bits}: shape {y.shape} (want {want.shape}), error {err:.2e} (limit {limit})"
     return None
 
 
@@ -140,8 +143,8 @@ def _attention(library: Path) -> str | None:
 def run_checks(library: Path) -> list[str]:
     """What failed (empty: the library works with this ONNX Runtime)."""
     failures = []
-    for check in (lambda: _matmul(library, 8), lambda: _matmul(library, 16), lambda: _refusal(library),
-                  lambda: _attention(library)):
+    for check in (lambda: _matmul(library, 8), lambda: _matmul(library, 16), lambda: _matmul(library, 16, bits=8),
+                  lambda: _refusal(library), lambda: _attention(library)):
         try:
             failure = check()
         except Exception as e:  # an unexpected error is a failed check, with its first line

@@ -45,7 +45,7 @@ class BuildConfig:
     block_size: int = 32
     accuracy_level: int = 4
     quant_scheme: str = "auto"
-    matmul: MatMul = MatMul.auto  # --quant int4: ort (MatMulNBits) | llmc (llmc's MatMulQ4)
+    matmul: MatMul = MatMul.auto  # --quant: ort (MatMulNBits) | llmc (llmc's MatMulQ4 / MatMulQ8)
     moe: MoELowering = MoELowering.auto  # mixture-of-experts lowering
     allow_divergence: bool = False  # keep an engine whose greedy golden continuation leaves the model's
     quality_target: float = 0.99  # --quant: top-1 agreement with the model the layer precisions are chosen for
@@ -95,8 +95,9 @@ def check_build_config(cfg: BuildConfig) -> None:
         raise InputError(f"--block-size must be one of 16, 32, 64, 128, 256, got {cfg.block_size}")
     if cfg.quant_scheme not in SCHEMES:
         raise InputError(f"--quant-scheme must be one of {', '.join(SCHEMES)}, got {cfg.quant_scheme!r}")
-    if cfg.matmul is MatMul.llmc and cfg.quant is not Quant.int4:
-        raise InputError(f"--matmul llmc is a 4-bit kernel: it needs --quant int4 (got --quant {cfg.quant.value})")
+    if cfg.matmul is MatMul.llmc and cfg.quant is Quant.none:
+        raise InputError("--matmul llmc is the quantized layers' kernel: it needs --quant int4 or int8 (got --quant "
+                         "none)")
     if cfg.matmul is MatMul.llmc and cfg.block_size != TILE_BLOCK:
         raise InputError(f"--matmul llmc works in blocks of {TILE_BLOCK}, got --block-size {cfg.block_size}")
     if not 0.0 <= cfg.quality_target <= 1.0:
@@ -127,7 +128,7 @@ def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
     matmul = cfg.matmul
     if matmul is MatMul.auto:
         fast = paths.get("matmul_q4") in ("avx512-vnni", "avx2")
-        use = cfg.quant is Quant.int4 and cfg.block_size == TILE_BLOCK and fp32 and inplace and fast
+        use = cfg.quant is not Quant.none and cfg.block_size == TILE_BLOCK and fp32 and inplace and fast
         matmul = MatMul.llmc if use else MatMul.ort
     moe = cfg.moe
     if moe is MoELowering.auto:
