@@ -154,8 +154,10 @@ class _Bench:
         max_batch = max(b for b, _, _ in runs)
         longest = max(p + n for _, p, n in runs)
         budget = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8) // 2**20 + 1
+        # no prefix caching: every run's prompts are the warm-up's, and TTFT is the prompts' prefill, computed
         loop = EngineLoop(llm.engine, llm.tokenizer, RuntimeConfig(max_running=max_batch, kv_budget_mb=budget,
-                                                                   max_step_tokens=max_batch * longest + max_batch))
+                                                                   max_step_tokens=max_batch * longest + max_batch,
+                                                                   prefix_caching=False))
         if loop.max_len < longest:
             raise InputError(f"the longest run needs {longest} positions, {directory} allows {loop.max_len}")
         return cls(llm, directory, loop, weight_bytes_per_step(directory, llm.engine.manifest),

@@ -76,6 +76,24 @@ def test_bench_interleaves_the_repeats(tiny_llama: Built, monkeypatch: pytest.Mo
     assert [(r["batch"], r["prompt_len"]) for r in results] == [(b, p) for b, p, _ in timed]
 
 
+def test_bench_prefills_every_run_in_full(tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run's prompts are the warm-up's: with prefix caching on, every TTFT after the first would be the prefill of
+    one block's remainder (measured on SmolLM2 int4: 20 ms where the whole prompt takes ~100)."""
+    hits: list[int] = []
+    real = engine_bench.measure
+
+    def recording(loop: object, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+        result = real(loop, prompts, new_tokens)  # type: ignore[arg-type]
+        hits.append(loop.stats().prefix_hit_tokens)  # type: ignore[attr-defined]
+        return result
+
+    monkeypatch.setattr(engine_bench, "measure", recording)
+    paged = tiny_llama.engine("llmc")
+    assert json.loads((paged / "engine.json").read_text())["kv"]["paged"]
+    engine_bench.run_bench(engine_bench.BenchConfig(paged, (1, 2), 64, 4, repeat=2))
+    assert len(hits) == 6 and hits == [0] * 6
+
+
 def test_bench_against_a_second_engine_alternates_them_and_gives_the_ratios(
         tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:
     order: list[object] = []
