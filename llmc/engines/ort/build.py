@@ -169,7 +169,7 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     library = library_path() if cfg.uses_llmc_ops() else None
     if cfg.kv_layout is KVLayout.inplace:
         progress.step(f"lowering attention to {cfg.attention.value} with an in-place {cfg.kv_dtype.value} KV cache "
-                      f"(weights: {cfg.quant.value}{', llmc 4-bit operator' if cfg.matmul is MatMul.llmc else ''})")
+                      f"(weights: {cfg.quant.value}{', llmc operators' if cfg.matmul is MatMul.llmc else ''})")
         ckpt = with_moe_weights(load_checkpoint(export_dir, export), cfg.moe.value)  # before quantizing: experts too
         quant = cfg.quant_spec()
         if quant is not None:

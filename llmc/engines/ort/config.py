@@ -114,7 +114,7 @@ def check_build_config(cfg: BuildConfig) -> None:
 
 def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
     """Every `auto` choice made for this export and CPU: llmc's attention (fp16 cache) where its AVX-512 path runs
-    and the export is fp32, llmc's 4-bit operator for --quant int4 where its VNNI or AVX2 path runs (both measured
+    and the export is fp32, llmc's 4-/8-bit operators for --quant where their VNNI or AVX2 path runs (both measured
     faster than ONNX Runtime's own operators here: docs/benchmarks.md), the mixture lowering by expert count."""
     paths = _cpu_paths()
     fp32 = export.dtype == "float32"
