@@ -120,6 +120,10 @@ CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row
     "chunks-mixed-counts-d64": (2, 6, 8, 2, 64, 64, [37, 3], [6, 2], False, {"new_tokens": True}),
     "chunks-mixed-counts-many-heads": (3, 4, 20, 2, 64, 48, [20, 0, 9], [4, 1, 3], False,
                                        {"new_tokens": True, "window": 12}),
+    # head size 64 with 6 query heads a KV head (the most whose 24 value accumulators stay in registers) and 8 (one
+    # column block at a time), over more than one chunk of 128 keys
+    "decode-d64-6-heads": (2, 1, 12, 2, 64, 200, [150, 7], [1, 1], False),
+    "decode-d64-8-heads": (1, 1, 8, 1, 64, 200, [170], [1], False),
 }
 
 
