@@ -16,8 +16,8 @@
  * 8-bit weights (bits 8, ai.llmc.MatMulQ8: the 8-bit LM head, --quant int8 and the layers a quality target raises
  * to 8 bits) take the same loops with the weight width a constant too: each 64-byte load is one register of q in
  * 0..255 (vpdpbusd's unsigned operand), centred on 128 as the 4-bit weights are on 8, and the same epilogue. ONNX
- * Runtime's MatMulNBits, which ran them before, unpacks its weights once per row of x: SmolLM2's head took 5.8 ms
- * at batch 8 against 1.5 here (0.9 against 0.8 at batch 1).
+ * Runtime's MatMulNBits, which ran them before, unpacks its weights once per row of x: SmolLM2's head took 3.4-5.6
+ * ms at batch 8 against 1.5 here (0.9 against 0.8 at batch 1; docs/operators.md).
  */
 #include "matmul_q4.h"
 
