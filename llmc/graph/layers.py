@@ -58,8 +58,8 @@ class Ctx:
 
 
 def linear(c: Ctx, x: str, name: str) -> str:
-    """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits / MatMulQ4 / MatMulQ8 when quantized weights are present. A layer
-    being calibrated (GraphOptions.calibrate) computes both and mixes them by its entry of CALIBRATE_INPUT."""
+    """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits / MatMulQ4 / MatMulQ8 when quantized weights are present.
+    A layer being calibrated (GraphOptions.calibrate) computes both and mixes them by its entry of CALIBRATE_INPUT."""
     if name in c.opts.calibrate:
         b = c.b
         exact, low = _product(c, x, name, quantized=False), _product(c, x, name, quantized=True)
@@ -120,8 +120,8 @@ def matmul_tiles(c: Ctx, x: str, name: str, gated: bool) -> str:
     q = c.opts.quant
     act_bits = q.act_bits_of(name) if q is not None else 8
     return b.op("MatMulQ8" if eight else "MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []),
-                domain=LLMC_DOMAIN,
-                K=blocks * TILE_BLOCK, N=n, gated=int(gated), **({"act_bits": act_bits} if act_bits != 8 else {}))
+                domain=LLMC_DOMAIN, K=blocks * TILE_BLOCK, N=n, gated=int(gated),
+                **({"act_bits": act_bits} if act_bits != 8 else {}))
 
 
 def matmul_bf16(c: Ctx, x: str, name: str) -> str:
