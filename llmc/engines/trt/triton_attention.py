@@ -77,6 +77,19 @@ def _key_range(pos, real, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
 
 
 @triton.jit
+def _row_state(pos, row_ok, s, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               WINDOW: tl.constexpr):
+    """The tile's real rows (right-padded pads, s > 0 at position 0, are neither written nor kept), the online
+    softmax's starting state (max, sum, accumulator) and the key range [lo, hi) its loop covers."""
+    real = row_ok & ((s == 0) | (pos > 0))
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo, hi = _key_range(pos, real, BLOCK_N, WINDOW)
+    return real, m_i, l_i, acc, lo, hi
+
+
+@triton.jit
 def _key_block(KN, VN, KC, VC, new_at, old_at, new_mask, old_mask):
     """A key block's keys and values [BLOCK_N, BLOCK_D]: the run's new tokens from KN / VN, the others from the
     cache KC / VC (so no program reads what another writes)."""
@@ -92,11 +105,7 @@ def llmc_attention_fwd(Q, KN, VN, KC, VC, POS, S, MAX_SEQ, OUT, KC_OUT, VC_OUT,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     b, kvh, rows, row_ok, s, d, d_ok, q_rows, q, pos, start = _query_tile(Q, POS, S, HKV, G, D, BLOCK_M, BLOCK_D)
     kv_head = b * HKV + kvh
-    real = row_ok & ((s == 0) | (pos > 0))  # right-padded pads (s > 0 at position 0) are not real rows
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    lo, hi = _key_range(pos, real, BLOCK_N, WINDOW)
+    _real, m_i, l_i, acc, lo, hi = _row_state(pos, row_ok, s, BLOCK_M, BLOCK_N, BLOCK_D, WINDOW)
     for first in range(lo, hi, BLOCK_N):
         t = first + tl.arange(0, BLOCK_N)  # key positions
         rel = t - start
@@ -125,11 +134,7 @@ def llmc_paged_attention_fwd(Q, KN, VN, KP, VP, BT, POS, S, MAX_BLOCKS, OUT, KP_
     kv_head = b * HKV + kvh
     table = BT + b * MAX_BLOCKS  # this row's block table
     capacity = MAX_BLOCKS * BLOCK_SIZE
-    real = row_ok & ((s == 0) | (pos > 0))  # right-padded pads (s > 0 at position 0) are neither written nor kept
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    lo, hi = _key_range(pos, real, BLOCK_N, WINDOW)
+    real, m_i, l_i, acc, lo, hi = _row_state(pos, row_ok, s, BLOCK_M, BLOCK_N, BLOCK_D, WINDOW)
     for first in range(lo, hi, BLOCK_N):
         t = first + tl.arange(0, BLOCK_N)  # key positions
         rel = t - start
