@@ -319,18 +319,13 @@ static inline __attribute__((always_inline)) TARGET void unit_vnni_levels(const 
   }
 }
 
-static TARGET void unit_vnni(const job* j, int64_t u) {
-  if (j->bits == 8) {
-    if (j->levels == 2)
-      unit_vnni_levels(j, u, 2, 8);
-    else
-      unit_vnni_levels(j, u, 1, 8);
-  } else if (j->levels == 2) {
-    unit_vnni_levels(j, u, 2, 4);
-  } else {
-    unit_vnni_levels(j, u, 1, 4);
-  }
-}
+/* Unit u through levels_fn(j, u, L, BITS) expanded with the job's activation levels and weight bits as constants
+ * (each path's unit_*_levels is written once and inlined four ways). */
+#define BY_LEVELS_AND_BITS(levels_fn, j, u)                                          \
+  ((j)->bits == 8 ? ((j)->levels == 2 ? levels_fn(j, u, 2, 8) : levels_fn(j, u, 1, 8)) \
+                  : ((j)->levels == 2 ? levels_fn(j, u, 2, 4) : levels_fn(j, u, 1, 4)))
+
+static TARGET void unit_vnni(const job* j, int64_t u) { BY_LEVELS_AND_BITS(unit_vnni_levels, j, u); }
 
 /* ---------------------------------------------------------------- AVX2 */
 
@@ -421,18 +416,7 @@ static inline __attribute__((always_inline)) TARGET2 void unit_avx2_levels(const
   }
 }
 
-static TARGET2 void unit_avx2(const job* j, int64_t u) {
-  if (j->bits == 8) {
-    if (j->levels == 2)
-      unit_avx2_levels(j, u, 2, 8);
-    else
-      unit_avx2_levels(j, u, 1, 8);
-  } else if (j->levels == 2) {
-    unit_avx2_levels(j, u, 2, 4);
-  } else {
-    unit_avx2_levels(j, u, 1, 4);
-  }
-}
+static TARGET2 void unit_avx2(const job* j, int64_t u) { BY_LEVELS_AND_BITS(unit_avx2_levels, j, u); }
 
 static int cpu_path(void) {
   __builtin_cpu_init();
