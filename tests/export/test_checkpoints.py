@@ -90,10 +90,8 @@ def test_the_engine_looks_embeddings_up_in_their_exact_compact_form(tmp_path: Pa
     """A bf16 checkpoint's embedding is looked up as bf16, a Q8_0-grid one as int8 + fp16 scales (a quarter of the
     bytes), any other in fp32; the built engine's logits are transformers' either way."""
     import onnx
-    from transformers import AutoModelForCausalLM
 
     from llmc.engines.ort.build import BuildConfig, build_ort
-    from llmc.engines.registry import load_engine_dir
 
     model = _tiny(tmp_path / "hf", torch.bfloat16 if table == "bf16" else torch.float32, None)
     if table == "q8_0":
@@ -105,13 +103,7 @@ def test_the_engine_looks_embeddings_up_in_their_exact_compact_form(tmp_path: Pa
     names = {i.name for i in graph.initializer}
     want = {"bf16": {"embed.weight.bf16"}, "q8_0": {"embed.weight.q8", "embed.weight.q8scales"}, "fp32": set()}
     assert {n for n in names if n.startswith("embed.weight.")} == want[table]
-    engine = load_engine_dir(tmp_path / "engine")
-    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
-    ids = np.random.default_rng(1).integers(3, 320, 24).tolist()
-    with torch.no_grad():
-        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
-    ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]
-    assert float(np.abs(ours - ref).max()) <= 1e-4
+    _assert_logits_are_transformers(tmp_path, seed=1)
 
 
 @pytest.mark.parametrize("case", ["untied", "tied", "tied-q8_0"])
@@ -121,11 +113,9 @@ def test_a_large_fp32_head_runs_as_row_slices_with_the_same_logits(tmp_path: Pat
     loading peaks at one slice above the engine), the head stored once either way: a tied head is sliced only when
     the embedding is looked up in its compact form. The logits are transformers'."""
     import onnx
-    from transformers import AutoModelForCausalLM
 
     from llmc.engines.ort import graphs
     from llmc.engines.ort.build import BuildConfig, build_ort
-    from llmc.engines.registry import load_engine_dir
 
     model = _tiny(tmp_path / "hf", torch.float32, None, tie_word_embeddings=case != "untied")
     if case == "tied-q8_0":
@@ -141,9 +131,18 @@ def test_a_large_fp32_head_runs_as_row_slices_with_the_same_logits(tmp_path: Pat
     assert parts == ([] if case == "tied" else ["lm_head.part0", "lm_head.part1", "lm_head.part2"])
     fp32_heads = sum(v for n, v in sizes.items() if n.startswith("lm_head.") or n in ("embed.weight", "lm_head.weight"))
     assert fp32_heads == 320 * 64 * (2 if case == "untied" else 1)  # untied: the embedding and the head
+    _assert_logits_are_transformers(tmp_path, seed=2)
+
+
+def _assert_logits_are_transformers(tmp_path: Path, seed: int) -> None:
+    """The engine in tmp_path/engine gives tmp_path/hf's last-position logits (fp32 transformers) to 1e-4."""
+    from transformers import AutoModelForCausalLM
+
+    from llmc.engines.registry import load_engine_dir
+
     engine = load_engine_dir(tmp_path / "engine")
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
-    ids = np.random.default_rng(2).integers(3, 320, 24).tolist()
+    ids = np.random.default_rng(seed).integers(3, 320, 24).tolist()
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
     ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]

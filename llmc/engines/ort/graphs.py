@@ -83,11 +83,12 @@ def with_head_parts(ckpt: Checkpoint, part_bytes: int = 0) -> Checkpoint:
     """An fp32 LM head larger than `part_bytes` (default HEAD_PART_BYTES) as row slices lm_head.part{i} [V_i, Hd],
     one Gemm each, the logits concatenated. ONNX Runtime prepacks each constant Gemm input while its source is still
     held, so loading peaks at one slice above the resident engine instead of the whole head (SmolLM2's tied fp32
-    head: 2 slices of 57 MB instead of 113 MB; 4 of 28 measured 0.96x at batch 8 against one Gemm, more calls). A tied head is sliced only where the embedding is looked up in its
-    compact form (then the slices are the table's only fp32 copy); quantized and bf16 heads are left alone."""
+    head: 2 slices of 57 MB instead of 113 MB; 4 of 28 measured 0.96x at batch 8 against one Gemm, more calls). A
+    tied head is sliced only where the embedding is looked up in its compact form (then the slices are the table's
+    only fp32 copy); quantized and bf16 heads are left alone."""
     m = ckpt.spec
     if any(k.startswith("lm_head.weight") and k != "lm_head.weight" for k in ckpt.weights):
-        return ckpt  # MatMulNBits / MatMulQ4 / MatMulBF16 weights
+        return ckpt  # MatMulNBits / MatMulQ4 / MatMulQ8 / MatMulBF16 weights
     if m.tie_embeddings and not any(k.startswith("embed.weight.") for k in ckpt.weights):
         return ckpt  # the Gather reads the fp32 table itself: slices of it would store the head twice
     w = ckpt.weights.get("embed.weight" if m.tie_embeddings else "lm_head.weight")
