@@ -15,7 +15,7 @@
  *
  * 8-bit weights (bits 8, ai.llmc.MatMulQ8: the 8-bit LM head, --quant int8 and the layers a quality target raises
  * to 8 bits) take the same loops with the weight width a constant too: each 64-byte load is one register of q in
- * 0..255 (vpdpbusd's unsigned operand), centred on 128 as the 4-bit weights are on 8, and the same epilogue. ONNX
+ * 0..255 (vpdpbusd's unsigned operand), and the same epilogue (its scale and min per block and column). ONNX
  * Runtime's MatMulNBits, which ran them before, unpacks its weights once per row of x: SmolLM2's head took 3.4-5.6
  * ms at batch 8 against 1.5 here (0.9 against 0.8 at batch 1; docs/operators.md).
  */
@@ -47,7 +47,6 @@ typedef struct {
   const int8_t* xq;    /* [levels][M, K]: level l at xq + l M K */
   const float* xscale; /* [levels][M, blocks]: level l at xscale + l M blocks */
   const float* xsum;   /* [M, blocks]: the block sums of x as quantized, sum_l xscale_l sum(xq_l) */
-  const float* xmid;   /* [M, blocks]: added to the dot products (0, or 128 xsum: see quantize_rows) */
   int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE */
   int64_t parts; /* contiguous parts, one per thread (0: units are claimed, or all run in this thread) */
   size_t next;   /* the next unit to claim (atomic) */
@@ -106,8 +105,8 @@ static inline int32_t quantize_block(const float* v, float amax, int8_t* q) {
   return sum;
 }
 
-/* x [M, K] -> per block of 32, `levels` int8 levels xq_l with their scales, the block sums of x as quantized
- * (xsum = sum_l xscale_l sum(xq_l)), and xmid.
+/* x [M, K] -> per block of 32, `levels` int8 levels xq_l with their scales, and the block sums of x as quantized
+ * (xsum = sum_l xscale_l sum(xq_l)): the min's term.
  * Level 1: xq_1 = round(x / s_1), s_1 = max |x| / 127; level 2 (act_bits 16) quantizes what is left the same way,
  * r = x - s_1 xq_1 -> xq_2, s_2 = max |r| / 127 (0 where r is): x ~ s_1 xq_1 + s_2 xq_2, ~15 bits.
  *
@@ -116,11 +115,9 @@ static inline int32_t quantize_block(const float* v, float amax, int8_t* q) {
  * MatMulNBits, whose offsets take the quantized block sums). Meeting them centred on their block's grid instead
  * (the exact sums of x for the min: the form before) costs more wherever a block's midpoint is off 0: SmolLM2's
  * int4 engine had a mean KL of 3.8e-3 against fp32 that way, 3.1e-3 this way (686 positions).
- * xmid is what the dot products need added: 0 where they are of q (VNNI, portable), 128 xsum where they are of the
- * centred 8-bit weights q - 128 (`centred`: AVX2's sign trick).
+ * (AVX2's 8-bit dot products are of the centred weights q - 128: that path adds the 128 xsum back.)
  * x's blocks are consecutive across rows (block mb = m blocks + b at x + 32 mb), so they go in groups of QGROUP. */
-static void quantize_rows(const llmc_q4_args* a, int levels, int centred, int8_t* xq, float* xscale, float* xsum,
-                          float* xmid) {
+static void quantize_rows(const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum) {
   int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K;
   for (int64_t b0 = 0; b0 < n; b0 += QGROUP) {
     int g = n - b0 < QGROUP ? (int)(n - b0) : QGROUP;
@@ -145,10 +142,7 @@ static void quantize_rows(const llmc_q4_args* a, int levels, int centred, int8_t
         xscale[n + b0 + j] = s;
       }
     }
-    for (int j = 0; j < g; j++) {
-      xsum[b0 + j] = sum[j];
-      xmid[b0 + j] = centred ? 128.f * sum[j] : 0.f;
-    }
+    for (int j = 0; j < g; j++) xsum[b0 + j] = sum[j];
   }
 }
 
@@ -200,9 +194,9 @@ static inline __attribute__((always_inline)) void unit_generic_levels(const job*
           const uint8_t* p = tile_block(a->w, blocks, u * UNIT_TILES + t, b, j->tile_bytes);
           const int8_t* xq = j->xq + (m0 + m) * a->K + b * LLMC_Q4_BLOCK;
           int64_t mb = (m0 + m) * blocks + b;
-          float xsum = j->xsum[mb], xmid = j->xmid[mb];
+          float xsum = j->xsum[mb];
           for (int c = 0; c < LLMC_Q4_TILE; c++) {
-            float d = xmid; /* (+ is commutative: one level is xscale dot + xmid, bit for bit) */
+            float d = 0.f;
             for (int l = 0; l < L; l++) {
               const int8_t* r = xq + l * xq_level;
               int32_t dot = 0;
@@ -255,7 +249,6 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
   const int8_t* xq = j->xq + m0 * K;
   const float* xscale = j->xscale + m0 * blocks;
   const float* xsum = j->xsum + m0 * blocks;
-  const float* xmid = j->xmid + m0 * blocks;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[4][2]; /* [RM][NT], as the largest fixed sizes: as VLAs they were stack memory */
   for (int m = 0; m < RM; m++)
@@ -292,8 +285,7 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
       __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
       for (int m = 0; m < RM; m++) {
-        __m512 d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0][m][t]), _mm512_set1_ps(xscale[m * blocks + b]),
-                                   _mm512_set1_ps(xmid[m * blocks + b]));
+        __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[0][m][t]), _mm512_set1_ps(xscale[m * blocks + b]));
         for (int l = 1; l < L; l++)
           d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[l][m][t]),
                               _mm512_set1_ps(xscale[l * xs_level + m * blocks + b]), d);
@@ -334,7 +326,7 @@ static TARGET void unit_vnni(const job* j, int64_t u) { BY_LEVELS_AND_BITS(unit_
 /* RM rows x NT tiles (RM * NT <= 2: 16 registers) x L levels, as tiles_vnni: each tile is two registers of 8
  * columns. 8-bit weights: vpmaddubsw's pairs of q (0..255) x int8 could overflow 16 bits, so the weights are centred
  * (q - 128, in -127..127: GGUF Q8_0's values) and multiplied as |w| x sign(x, w) (llama.cpp's trick), each pair
- * widened to 32 bits at once: the dot products are of the centred weights (quantize_rows' `centred`). */
+ * widened to 32 bits at once: the dot products are of the centred weights, so the epilogue adds 128 xsum. */
 static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* j, int64_t m0, int64_t t0,
                                                                       float* buf, const int RM, const int NT,
                                                                       const int L, const int BITS) {
@@ -385,7 +377,7 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
         __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
         for (int m = 0; m < RM; m++) {
           int64_t mb = (m0 + m) * blocks + b;
-          __m256 d = _mm256_set1_ps(j->xmid[mb]);
+          __m256 d = _mm256_set1_ps(BITS == 8 ? 128.f * j->xsum[mb] : 0.f); /* the centred weights' 128 back */
           for (int l = 0; l < L; l++) {
             __m256i sums = BITS == 8 ? dot[l][m][t][h] : _mm256_madd_epi16(dot[l][m][t][h], ones);
             d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(j->xscale[l * xs_level + mb]), d);
@@ -514,18 +506,17 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   if (parts && posix_memalign((void**)&part_of, sizeof(part), sizeof(part) * (size_t)parts))
     return "out of memory for the work split";
   void* scratch = malloc((size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
-                         sizeof(float) * 2 * (size_t)(a->M * blocks));
+                         sizeof(float) * (size_t)(a->M * blocks));
   if (!scratch) {
     free(part_of);
     return "out of memory for the quantized activations";
   }
   float* xscale = (float*)scratch;
   float* xsum = xscale + levels * a->M * blocks;
-  float* xmid = xsum + a->M * blocks;
-  int8_t* xq = (int8_t*)(xmid + a->M * blocks);
-  quantize_rows(a, levels, bits == 8 && path == LLMC_Q4_AVX2, xq, xscale, xsum, xmid);
+  int8_t* xq = (int8_t*)(xsum + a->M * blocks);
+  quantize_rows(a, levels, xq, xscale, xsum);
   int64_t tile_bytes = bits == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
-  job j = {a, units, blocks, bits, tile_bytes, levels, xq, xscale, xsum, xmid, path, parts, 0, part_of};
+  job j = {a, units, blocks, bits, tile_bytes, levels, xq, xscale, xsum, path, parts, 0, part_of};
   if (parts) {
     for (int64_t p = 0; p < parts; p++) { /* contiguous parts as equal as units allow */
       uint64_t front = (uint64_t)(units * p / parts), back = (uint64_t)(units * (p + 1) / parts);
