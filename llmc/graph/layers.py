@@ -119,9 +119,11 @@ def matmul_tiles(c: Ctx, x: str, name: str, gated: bool) -> str:
     n = _out_width(c.m, name)
     q = c.opts.quant
     act_bits = q.act_bits_of(name) if q is not None else 8
+    attrs = {"act_bits": act_bits} if act_bits != 8 else {}
+    if c.opts.calibrate:  # a calibration graph scores decode's arithmetic, whose rows are int8 (not the prompts')
+        attrs["int8_prompts"] = 1
     return b.op("MatMulQ8" if eight else "MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []),
-                domain=LLMC_DOMAIN, K=blocks * TILE_BLOCK, N=n, gated=int(gated),
-                **({"act_bits": act_bits} if act_bits != 8 else {}))
+                domain=LLMC_DOMAIN, K=blocks * TILE_BLOCK, N=n, gated=int(gated), **attrs)
 
 
 def matmul_bf16(c: Ctx, x: str, name: str) -> str:

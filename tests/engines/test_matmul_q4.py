@@ -28,6 +28,7 @@ from llmc.graph.quant import (
     pack_q4_tiles,
     pack_q8_tiles,
     quantize_weights,
+    to_bf16_bits,
     unpack_q4_tiles,
     unpack_q8_tiles,
 )
@@ -143,14 +144,15 @@ def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gated: boo
 
 
 def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, gated: bool,
-             threads: int, told: int | None, act_bits: int | None = None, op: str = "MatMulQ4") -> object:
+             threads: int, told: int | None, act_bits: int | None = None, op: str = "MatMulQ4",
+             int8_prompts: int | None = None) -> object:
     """A one-node session; `told` is the thread count the library is given (llmc.threads), None for none;
-    `act_bits` None: the node has no such attribute."""
+    `act_bits`, `int8_prompts` None: the node has no such attribute."""
     import onnxruntime as ort
 
     inputs = ["x", "w"] + (["bias"] if bias is not None else [])
-    node = helper.make_node(op, inputs, ["y"], domain="ai.llmc", K=k, N=n, gated=int(gated),
-                            **({"act_bits": act_bits} if act_bits is not None else {}))
+    attrs = {name: v for name, v in (("act_bits", act_bits), ("int8_prompts", int8_prompts)) if v is not None}
+    node = helper.make_node(op, inputs, ["y"], domain="ai.llmc", K=k, N=n, gated=int(gated), **attrs)
     inits = [numpy_helper.from_array(packed, "w")] + ([numpy_helper.from_array(bias, "bias")] if bias is not None
                                                       else [])
     graph = helper.make_graph([node], "q4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", "K"])],
@@ -251,6 +253,76 @@ def test_8_bit_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytes
     exact = _gate(x.astype(np.float64) @ held + (bias if bias is not None else 0), gated)
     err = np.abs(y - exact).max() / np.abs(exact).max()  # int8 activations ~1e-2, 16-bit ones ~1e-4
     assert err < (5e-2 if act_bits == 8 else 5e-4), err  # (a broken layout: ~1)
+
+
+PROMPT_CASES = [  # k, n, batch, new tokens, gated, bias: 32 rows or more (matmul_q4.h, LLMC_Q4_WIDE_ROWS)
+    (576, 960, 1, 40, False, True),  # SmolLM2's qkv, a 40-token prompt: 32 + 8 rows read from the spare ones
+    (576, 3072, 2, 33, True, False),  # its gate/up, two prompts: 66 rows
+    (1536, 576, 1, 64, False, False),  # its down projection, 64 rows: two whole spans of 32
+    (96, 100, 1, 32, False, True),  # a ragged width (the last tile pair half used)
+]
+
+
+def _amx() -> bool:
+    from llmc.engines.kernels import cpu_paths
+
+    return cpu_paths()["matmul_q4"] == "avx512-vnni+amx-bf16"
+
+
+def _bf16(v: np.ndarray) -> np.ndarray:
+    return (to_bf16_bits(v).astype(np.uint32) << 16).view(np.float32)
+
+
+def _prompt_weights(bits: int, k: int, n: int, gated: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Packed weights of `bits` and the values they hold."""
+    if bits == 4:
+        w = _q4_1_like(k, n)
+        return pack_q4_tiles(w, gated), w
+    w = q8_0_like(RNG, k, n, fp16=True)
+    packed = pack_q8_tiles(w, gated)
+    return packed, unpack_q8_tiles(packed, n, gated)
+
+
+@pytest.mark.skipif(not _amx(), reason="this CPU (or its OS) grants no AMX-BF16 tiles: prompts take the int8 path, "
+                                       "which the tests above check")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("act_bits", [8, 16])
+@pytest.mark.parametrize(("threads", "told"), [(2, 2), (2, None), (1, 1), (2, 8)])
+@pytest.mark.parametrize(("k", "n", "batch", "seq", "gated", "with_bias"), PROMPT_CASES)
+def test_prompts_on_amx_tiles_compute_in_bf16(llmc_ops: Path, bits: int, act_bits: int, threads: int,
+                                              told: int | None, k: int, n: int, batch: int, seq: int, gated: bool,
+                                              with_bias: bool) -> None:
+    """From 32 rows on, x (act_bits 16: x ~ hi + lo) and the expanded weights rounded to bf16, fp32 sums."""
+    packed, w = _prompt_weights(bits, k, n, gated)
+    bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
+    x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
+    x[0, 0, :32] = 0.0
+    op = f"MatMulQ{bits}"
+    y = _session(llmc_ops, k, n, packed, bias, gated, threads, told, act_bits, op=op).run(None, {"x": x})[0]
+    hi = _bf16(x)
+    xb = hi.astype(np.float64) + (_bf16(x - hi) if act_bits == 16 else 0)
+    expected = _gate(xb @ _bf16(w).astype(np.float64) + (bias if bias is not None else 0), gated)
+    assert y.shape == expected.shape == (batch, seq, n // 2 if gated else n)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+    exact = _gate(x.astype(np.float64) @ w + (bias if bias is not None else 0), gated)
+    err, err8 = np.abs(y - exact).max() / np.abs(exact).max(), np.abs(_reference(x, w, bias, gated) - exact).max()
+    assert err < 0.7 * err8 / np.abs(exact).max(), (err, err8)  # nearer x @ W than int8 activations are
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(("env", "int8_prompts"), [({}, 1), ({"LLMC_KERNELS_NO_AMX": "1"}, None)])
+def test_prompts_take_the_int8_arithmetic_when_asked(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, bits: int,
+                                                     env: dict[str, str], int8_prompts: int | None) -> None:
+    """int8_prompts 1 (the calibration graph) or LLMC_KERNELS_NO_AMX: a prompt's rows on decode's arithmetic, on
+    every CPU."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    k, n, batch, seq, gated, _ = PROMPT_CASES[1]
+    packed, w = _prompt_weights(bits, k, n, gated)
+    x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
+    session = _session(llmc_ops, k, n, packed, None, gated, 2, 2, 16, op=f"MatMulQ{bits}", int8_prompts=int8_prompts)
+    expected = _reference(x, w, None, gated, 16)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
 
 
 def test_8_bit_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:

@@ -53,6 +53,14 @@ def test_the_calibration_graph_is_the_model_when_every_layer_is_exact(search: Pr
         assert np.abs(ours - x).max() < 1e-3
 
 
+def test_the_calibration_graph_scores_decode_arithmetic(search: PrecisionSearch) -> None:
+    """Its rows are whole sequences, which the operators could run on a prompt's AMX-BF16 tiles: every llmc
+    product asks for the int8 arithmetic decode computes (the one whose sensitivity the raises are for)."""
+    graph = onnx.load(str(Path(search._tmp.name) / "calibration.onnx"), load_external_data=False).graph
+    nodes = [n for n in graph.node if n.op_type in ("MatMulQ4", "MatMulQ8")]
+    assert nodes and all({a.name: a.i for a in n.attribute}.get("int8_prompts") == 1 for n in nodes)
+
+
 def test_each_layer_has_a_sensitivity_and_raising_all_of_them_is_the_model(search: PrecisionSearch) -> None:
     assert len(search.sensitivities) == 2 * 4 + 1 and all(s.kl >= 0 for s in search.sensitivities)
     assert sorted(s.kl for s in search.sensitivities)[-1] > 0  # 4 bits change something

@@ -9,27 +9,21 @@
  * From AMX_MIN_ROWS rows on (prompts), where the CPU has AMX-BF16 and the OS grants its tiles, the same layout is
  * also AMX's B operand: 16 pairs of k x 16 columns is one 16 x 64-byte tile, so TDPBF16PS multiplies 16 rows of x
  * by a whole tile per instruction and accumulates over all of K in the C tiles (fp32), two row blocks by two tiles
- * at a time (each tile load used twice). The tiles are trusted only after a child process has computed one product
- * with them correctly (a VM may list AMX and fault on it: llama.cpp's AMX code dies with SIGILL on one of ours).
+ * at a time (each tile load used twice: amx_bf16.c, which also decides whether the tiles may be trusted).
  */
 #include "matmul_bf16.h"
 
+#include "amx_bf16.h"
+
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
 #define LLMC_X86 1
-#include <cpuid.h>
-#include <errno.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define PAIR_TILES 2 /* tiles per work unit */
-#define AMX_ROWS 16     /* rows of x per A tile */
-#define AMX_K 32        /* k per tile step: 16 pairs */
 #define AMX_MIN_ROWS 4 /* fewer rows take the AVX-512 path (measured, one thread, SmolLM2's shapes: at 8 rows the tiles are ~2x faster, at 2-4 either way within noise) */
 #define MAX_ROWS 4   /* rows of x per pass over a unit's weights */
 
@@ -40,20 +34,6 @@ typedef struct {
   int path;
   int amx; /* this call runs on the AMX tiles */
 } bf16_job;
-
-/* fp32 -> bf16 bits, to nearest, ties to even (x finite). */
-static inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-static inline float from_bf16(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 
 /* Columns n0 .. n0 + cols of rows m0 .. m0 + rows from acc [rows][PAIR_TILES * 16], plus the bias. */
 static void store_rows(const llmc_bf16_args* a, int64_t m0, int rows, int64_t n0, const float* acc) {
@@ -76,11 +56,11 @@ static void unit_generic(const bf16_job* j, int64_t u) {
     for (int t = 0; t < nt; t++) {
       const uint16_t* w = a->w + (t0 + t) * pairs * 2 * LLMC_BF16_TILE;
       for (int64_t p = 0; p < pairs; p++) {
-        float x0 = from_bf16((uint16_t)(x[p] & 0xFFFFu)), x1 = from_bf16((uint16_t)(x[p] >> 16));
+        float x0 = llmc_from_bf16((uint16_t)(x[p] & 0xFFFFu)), x1 = llmc_from_bf16((uint16_t)(x[p] >> 16));
         for (int c = 0; c < LLMC_BF16_TILE; c++) {
           float* s = acc + t * LLMC_BF16_TILE + c;
-          *s += from_bf16(w[p * 32 + 2 * c]) * x0;
-          *s += from_bf16(w[p * 32 + 2 * c + 1]) * x1;
+          *s += llmc_from_bf16(w[p * 32 + 2 * c]) * x0;
+          *s += llmc_from_bf16(w[p * 32 + 2 * c + 1]) * x1;
         }
       }
     }
@@ -145,147 +125,27 @@ static TARGET void unit_avx512(const bf16_job* j, int64_t u) {
 
 /* ---------------------------------------------------------------- AMX-BF16 */
 
-#define TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
-
-typedef struct {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} amx_config;
-
-static _Thread_local int amx_configured;
-
-/* Tiles 0, 1: A (two blocks of 16 rows x 32 bf16); 2, 3: B (two tiles' 16 pairs x 16 columns); 4..7: C (fp32,
- * [row block][tile]). All 16 rows x 64 bytes. */
-static TARGET_AMX void amx_configure(void) {
-  if (amx_configured) return;
-  amx_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = AMX_ROWS;
-  /* a compiler barrier: GCC 12 may drop the stores of colsb and rows as dead before _tile_loadconfig's asm (seen
-   * once the function was no longer inlined: only the palette byte reached memory, and the tiles faulted) */
-  __asm__ volatile("" ::: "memory");
-  _tile_loadconfig(&cfg);
-  amx_configured = 1;
-}
-
-static TARGET_AMX void amx_release(void) {
-  _tile_release();
-  amx_configured = 0;
-}
-
-/* Rows m0 .. m0 + 32 (two A blocks; the rows past M are read from xb's spare rows and dropped) x the unit's two
- * tiles over all of K, into c [2 row blocks][2 tiles][16 x 16]. */
-static TARGET_AMX void rows_amx(const bf16_job* j, int64_t m0, int64_t t0, float* c) {
+/* The unit's two tiles for all rows, 2 x 16 rows at a time (rows past M are read from xb's spare rows and
+ * dropped); a last unit of one tile repeats its product as the second (dropped: store_rows stops at N). */
+static void unit_amx(const bf16_job* j, int64_t u) {
   const llmc_bf16_args* a = j->a;
-  const int64_t pairs = a->K / 2, stride = a->K * 2; /* bytes per row of xb */
-  const char* x = (const char*)j->xb + m0 * stride;
+  const int64_t t0 = u * PAIR_TILES, pairs = a->K / 2, stride = a->K * 2; /* bytes per row of xb */
   const uint16_t* w0 = a->w + t0 * pairs * 2 * LLMC_BF16_TILE;
-  /* a last unit of one tile: its second product repeats the first (dropped: store_rows stops at N) */
   const uint16_t* w1 = t0 + 1 < j->tiles ? w0 + pairs * 2 * LLMC_BF16_TILE : w0;
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
-  for (int64_t k0 = 0; k0 < a->K; k0 += AMX_K) {
-    _tile_loadd(2, w0 + k0 * LLMC_BF16_TILE, 64);
-    _tile_loadd(3, w1 + k0 * LLMC_BF16_TILE, 64);
-    _tile_loadd(0, x + k0 * 2, stride);
-    _tile_loadd(1, x + AMX_ROWS * stride + k0 * 2, stride);
-    _tile_dpbf16ps(4, 0, 2);
-    _tile_dpbf16ps(5, 0, 3);
-    _tile_dpbf16ps(6, 1, 2);
-    _tile_dpbf16ps(7, 1, 3);
-  }
-  _tile_stored(4, c, 64);
-  _tile_stored(5, c + 256, 64);
-  _tile_stored(6, c + 512, 64);
-  _tile_stored(7, c + 768, 64);
-}
-
-static TARGET_AMX void unit_amx(const bf16_job* j, int64_t u) {
-  const llmc_bf16_args* a = j->a;
-  int64_t t0 = u * PAIR_TILES;
-  __attribute__((aligned(64))) float c[4 * AMX_ROWS * LLMC_BF16_TILE];
-  float acc[AMX_ROWS * PAIR_TILES * LLMC_BF16_TILE];
-  amx_configure();
-  for (int64_t m0 = 0; m0 < a->M; m0 += 2 * AMX_ROWS) {
-    rows_amx(j, m0, t0, c);
+  __attribute__((aligned(64))) float c[4 * LLMC_AMX_ROWS * LLMC_BF16_TILE];
+  float acc[LLMC_AMX_ROWS * PAIR_TILES * LLMC_BF16_TILE];
+  llmc_amx_configure();
+  for (int64_t m0 = 0; m0 < a->M; m0 += LLMC_AMX_SPAN) {
+    const char* x = (const char*)j->xb + m0 * stride;
+    llmc_amx_bf16_rows(&x, 1, stride, a->K, w0, w1, c);
     for (int blk = 0; blk < 2; blk++) {
-      int64_t r0 = m0 + blk * AMX_ROWS;
+      int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
       if (r0 >= a->M) break;
-      int rows = a->M - r0 < AMX_ROWS ? (int)(a->M - r0) : AMX_ROWS;
-      for (int m = 0; m < rows; m++)
-        for (int t = 0; t < PAIR_TILES; t++)
-          memcpy(acc + m * PAIR_TILES * LLMC_BF16_TILE + t * LLMC_BF16_TILE,
-                 c + (blk * 2 + t) * AMX_ROWS * LLMC_BF16_TILE + m * LLMC_BF16_TILE, sizeof(float) * LLMC_BF16_TILE);
+      int rows = a->M - r0 < LLMC_AMX_ROWS ? (int)(a->M - r0) : LLMC_AMX_ROWS;
+      llmc_amx_rows_of(c, blk, rows, acc);
       store_rows(a, r0, rows, t0 * LLMC_BF16_TILE, acc);
     }
   }
-}
-
-/* One 16 x 16 x 32 product on the tiles against the plain sum (run in a child process: see the top). */
-static TARGET_AMX int amx_computes(void) {
-  __attribute__((aligned(64))) uint16_t x[AMX_ROWS * AMX_K], w[AMX_K * LLMC_BF16_TILE];
-  __attribute__((aligned(64))) float c[AMX_ROWS * LLMC_BF16_TILE];
-  for (int i = 0; i < AMX_ROWS * AMX_K; i++) x[i] = to_bf16((float)(i % 7) - 3.f);
-  for (int i = 0; i < AMX_K * LLMC_BF16_TILE; i++) w[i] = to_bf16((float)(i % 5) - 2.f);
-  amx_configure();
-  _tile_loadd(0, x, AMX_K * 2);
-  _tile_loadd(2, w, 64);
-  _tile_zero(4);
-  _tile_dpbf16ps(4, 0, 2);
-  _tile_stored(4, c, 64);
-  amx_release();
-  for (int m = 0; m < AMX_ROWS; m++)
-    for (int n = 0; n < LLMC_BF16_TILE; n++) {
-      float want = 0.f;
-      for (int k = 0; k < AMX_K; k++)
-        want += from_bf16(x[m * AMX_K + k]) * from_bf16(w[(k / 2) * 32 + 2 * n + k % 2]);
-      if (c[m * LLMC_BF16_TILE + n] != want) return 0;
-    }
-  return 1;
-}
-
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-/* AMX-BF16 usable: listed by the CPU (AMX-TILE, AMX-BF16), its state enabled by the OS (XCR0 bits 17, 18), the
- * tiles granted to this process (arch_prctl), and one product computed right in a child process. */
-static int amx_usable(void) {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 24)) || !(edx & (1u << 22))) return 0;
-  if (!__get_cpuid_count(1, 0, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return 0; /* OSXSAVE */
-  unsigned lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  if ((lo & (3u << 17)) != (3u << 17)) return 0;
-  if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
-  fflush(NULL);
-  pid_t child = fork();
-  if (child < 0) return 0;
-  if (child == 0) _exit(amx_computes() ? 0 : 1);
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0)
-    if (errno != EINTR) return 0;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-static int amx_path(void) {
-  static int usable = -1;
-  if (usable < 0) usable = amx_usable();
-  return usable;
-}
-
-/* x [M, K] -> bf16 pairs, 16 values per instruction. */
-static TARGET void round_x_avx512(const llmc_bf16_args* a, uint32_t* xb) {
-  int64_t n = a->M * a->K, i = 0;
-  uint16_t* out = (uint16_t*)xb;
-  for (; i + 16 <= n; i += 16) {
-    __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(a->x + i));
-    _mm256_storeu_si256((__m256i*)(out + i), (__m256i)h);
-  }
-  for (; i < n; i++) out[i] = to_bf16(a->x[i]);
 }
 
 static int cpu_has_bf16(void) {
@@ -301,7 +161,7 @@ int llmc_bf16_path(void) {
   const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
   if (generic && *generic && *generic != '0') return LLMC_BF16_PORTABLE;
   if (!cpu_has_bf16()) return LLMC_BF16_PORTABLE;
-  return !(no_amx && *no_amx && *no_amx != '0') && amx_path() ? LLMC_BF16_AMX : LLMC_BF16_AVX512;
+  return !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable() ? LLMC_BF16_AMX : LLMC_BF16_AVX512;
 #else
   return LLMC_BF16_PORTABLE;
 #endif
@@ -325,7 +185,7 @@ static void run_part(void* data, size_t task) {
     unit_generic(j, u);
   }
 #ifdef LLMC_X86
-  if (j->amx) amx_release();
+  if (j->amx) llmc_amx_release();
 #endif
 }
 
@@ -336,19 +196,19 @@ const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel,
     return msg;
   }
   if (a->M <= 0) return NULL;
-  /* + 2 AMX_ROWS spare rows: the AMX path's A tiles read whole row blocks past M (those rows are dropped) */
-  uint32_t* xb = (uint32_t*)calloc((size_t)((a->M + 2 * AMX_ROWS) * a->K), sizeof(uint16_t));
+  /* + LLMC_AMX_SPAN spare rows: the AMX path's A tiles read whole row blocks past M (those rows are dropped) */
+  uint32_t* xb = (uint32_t*)calloc((size_t)((a->M + LLMC_AMX_SPAN) * a->K), sizeof(uint16_t));
   if (!xb) return "out of memory for the bf16 activations";
   int path = llmc_bf16_path();
   bf16_job j = {a, xb, (a->N + LLMC_BF16_TILE - 1) / LLMC_BF16_TILE, 0, 1, path,
-                path == LLMC_BF16_AMX && a->M >= AMX_MIN_ROWS && a->K % AMX_K == 0};
+                path == LLMC_BF16_AMX && a->M >= AMX_MIN_ROWS && a->K % LLMC_AMX_K == 0};
   j.units = (j.tiles + PAIR_TILES - 1) / PAIR_TILES;
 #ifdef LLMC_X86
   if (j.path != LLMC_BF16_PORTABLE)
-    round_x_avx512(a, xb);
+    llmc_bf16_round(a->x, a->M * a->K, (uint16_t*)xb, NULL);
   else
 #endif
-    for (int64_t i = 0; i < a->M * a->K; i++) ((uint16_t*)xb)[i] = to_bf16(a->x[i]);
+    for (int64_t i = 0; i < a->M * a->K; i++) ((uint16_t*)xb)[i] = llmc_to_bf16(a->x[i]);
   j.parts = parallel && a->threads > 1 && j.units >= 2 ? (a->threads < j.units ? a->threads : j.units) : 1;
   if (j.parts > 1)
     parallel(parallel_ctx, run_part, (size_t)j.parts, &j);

@@ -21,6 +21,8 @@
  */
 #include "matmul_q4.h"
 
+#include "amx_bf16.h"
+
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
 #define LLMC_X86 1
 #include <immintrin.h>
@@ -47,7 +49,10 @@ typedef struct {
   const int8_t* xq;    /* [levels][M, K]: level l at xq + l M K */
   const float* xscale; /* [levels][M, blocks]: level l at xscale + l M blocks */
   const float* xsum;   /* [M, blocks]: the block sums of x as quantized, sum_l xscale_l sum(xq_l) */
-  int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE */
+  int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE (the dot products' path for few rows) */
+  int wide;      /* this call runs on AMX-BF16 (prompts): xb, not xq */
+  const uint16_t* xb[2]; /* wide: [levels][M + LLMC_AMX_SPAN, K] x in bf16 (level 2: what level 1 leaves) */
+  uint16_t* expand;      /* wide: per task, one unit's weights in bf16, [2 tiles][K / 2][32] */
   int64_t parts; /* contiguous parts, one per thread (0: units are claimed, or all run in this thread) */
   size_t next;   /* the next unit to claim (atomic) */
   struct part* part; /* [parts] */
@@ -410,6 +415,78 @@ static inline __attribute__((always_inline)) TARGET2 void unit_avx2_levels(const
 
 static TARGET2 void unit_avx2(const job* j, int64_t u) { BY_LEVELS_AND_BITS(unit_avx2_levels, j, u); }
 
+/* ---------------------------------------------------------------- AMX-BF16 (prompts) */
+
+#define TARGET_WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
+
+/* Tile t's blocks expanded to bf16(scale q + min) in AMX-BF16's B layout: out [K / 2][32], pair p = k / 2 holding
+ * its two k side by side per column (amx_bf16.h). Each 64-byte load of the packed layout is 16 columns x 4
+ * consecutive k (4 bits: x 2, low and high nibbles); byte i of each column's 4 is one k. */
+static inline __attribute__((always_inline)) TARGET_WIDE void expand_tile(const job* j, int64_t t, uint16_t* out,
+                                                                           const int BITS) {
+  const int64_t tile_bytes = BITS == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF);
+  /* word 2c of a pair row from word c of bf16(k even) (low half), word 2c + 1 from c of bf16(k odd) (high half) */
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t b = 0; b < j->blocks; b++) {
+    const uint8_t* p = tile_block(j->a->w, j->blocks, t, b, tile_bytes);
+    const uint8_t* grid = p + (BITS == 8 ? 512 : 256);
+    __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)grid));
+    __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(grid + 32)));
+    uint16_t* o = out + b * (LLMC_Q4_BLOCK / 2) * 32;
+    for (int c = 0; c < (BITS == 8 ? 8 : 4); c++) {
+      __m512i raw = _mm512_loadu_si512(p + c * 64), quads[2];
+      int nq = BITS == 8 ? 1 : 2;
+      if (BITS == 8) {
+        quads[0] = raw; /* k 4c .. 4c + 3 */
+      } else {
+        quads[0] = _mm512_and_si512(raw, low4);                      /* k 8c .. 8c + 3 */
+        quads[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4); /* k 8c + 4 .. 8c + 7 */
+      }
+      for (int h = 0; h < nq; h++)
+        for (int i = 0; i < 4; i += 2) {
+          __m512 w0 = _mm512_fmadd_ps(
+              _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(quads[h], 8 * i), byte)), scale, min);
+          __m512 w1 = _mm512_fmadd_ps(
+              _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(quads[h], 8 * i + 8), byte)), scale, min);
+          __m512i both = (__m512i)_mm512_cvtne2ps_pbh(w1, w0);
+          int64_t pair = (BITS == 8 ? 2 * c : 4 * c + 2 * h) + i / 2;
+          _mm512_storeu_si512(o + pair * 32, _mm512_permutexvar_epi16(pairs, both));
+        }
+    }
+  }
+}
+
+/* Unit u for all rows: its two tiles expanded into `scratch`, then 2 x 16 rows at a time on the tiles (rows past M
+ * are read from xb's spare rows and dropped). */
+static TARGET_WIDE void unit_wide(const job* j, int64_t u, uint16_t* scratch) {
+  const llmc_q4_args* a = j->a;
+  const int64_t stride = a->K * 2; /* bytes per row of xb */
+  uint16_t* w1 = scratch + a->K * 16;
+  if (j->bits == 8) {
+    expand_tile(j, u * UNIT_TILES, scratch, 8);
+    expand_tile(j, u * UNIT_TILES + 1, w1, 8);
+  } else {
+    expand_tile(j, u * UNIT_TILES, scratch, 4);
+    expand_tile(j, u * UNIT_TILES + 1, w1, 4);
+  }
+  __attribute__((aligned(64))) float c[4 * LLMC_AMX_ROWS * LLMC_Q4_TILE];
+  float buf[LLMC_AMX_ROWS * UNIT_COLS];
+  llmc_amx_configure();
+  for (int64_t m0 = 0; m0 < a->M; m0 += LLMC_AMX_SPAN) {
+    const char* x[2] = {(const char*)j->xb[0] + m0 * stride, (const char*)j->xb[1] + m0 * stride};
+    llmc_amx_bf16_rows(x, j->levels, stride, a->K, scratch, w1, c);
+    for (int blk = 0; blk < 2; blk++) {
+      int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
+      if (r0 >= a->M) break;
+      int rows = a->M - r0 < LLMC_AMX_ROWS ? (int)(a->M - r0) : LLMC_AMX_ROWS;
+      llmc_amx_rows_of(c, blk, rows, buf);
+      store_unit(j, u, r0, rows, buf);
+    }
+  }
+}
+
 static int cpu_path(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -424,17 +501,24 @@ int llmc_q4_path(void) {
 #ifdef LLMC_X86
   const char* generic = getenv("LLMC_KERNELS_GENERIC");
   const char* avx2 = getenv("LLMC_KERNELS_AVX2");
+  const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
   int path = cpu_path();
   if (generic && *generic && *generic != '0') return LLMC_Q4_PORTABLE;
   if (avx2 && *avx2 && *avx2 != '0' && path == LLMC_Q4_VNNI) return LLMC_Q4_AVX2;
+  if (path == LLMC_Q4_VNNI && !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable()) return LLMC_Q4_AMX;
   return path;
 #else
   return LLMC_Q4_PORTABLE;
 #endif
 }
 
-static void run_unit(const job* j, int64_t u) {
+/* Unit u in task `task` (its own expansion scratch on the wide path). */
+static void run_unit(const job* j, int64_t u, size_t task) {
 #ifdef LLMC_X86
+  if (j->wide) {
+    unit_wide(j, u, j->expand + (int64_t)task * j->a->K * 32);
+    return;
+  }
   if (j->path == LLMC_Q4_VNNI) {
     unit_vnni(j, u);
     return;
@@ -444,7 +528,17 @@ static void run_unit(const job* j, int64_t u) {
     return;
   }
 #endif
+  (void)task;
   unit_generic(j, u);
+}
+
+/* The end of a task: its thread's tiles handed back to the OS's lazy state. */
+static void end_task(const job* j) {
+#ifdef LLMC_X86
+  if (j->wide) llmc_amx_release();
+#else
+  (void)j;
+#endif
 }
 
 /* Takes part p's next unit from its front (or, back = 1, its back); -1 when none is left. */
@@ -465,20 +559,21 @@ static int64_t take(part* p, int back) {
  * ~3.5 us of a 20 us layer for the other). */
 static void run_part(void* data, size_t task) {
   job* j = (job*)data;
-  for (int64_t u; (u = take(&j->part[task], 0)) >= 0;) run_unit(j, u);
+  for (int64_t u; (u = take(&j->part[task], 0)) >= 0;) run_unit(j, u, task);
   for (int64_t i = 1; i < j->parts; i++)
-    for (int64_t u; (u = take(&j->part[((int64_t)task + i) % j->parts], 1)) >= 0;) run_unit(j, u);
+    for (int64_t u; (u = take(&j->part[((int64_t)task + i) % j->parts], 1)) >= 0;) run_unit(j, u, task);
+  end_task(j);
 }
 
 /* Without the thread count: tasks claim units until none are left. */
 static void run_units(void* data, size_t task) {
-  (void)task;
   job* j = (job*)data;
   for (;;) {
     int64_t u = (int64_t)__atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-    if (u >= j->units) return;
-    run_unit(j, u);
+    if (u >= j->units) break;
+    run_unit(j, u, task);
   }
+  end_task(j);
 }
 
 const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
@@ -498,6 +593,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   }
   if (a->M <= 0) return NULL;
   int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = llmc_q4_path();
+  int wide = path == LLMC_Q4_AMX && !a->int8_prompts && a->M >= LLMC_Q4_WIDE_ROWS;
+  if (path == LLMC_Q4_AMX) path = LLMC_Q4_VNNI; /* the dot products of few rows */
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
   int64_t units = (a->N + UNIT_COLS - 1) / UNIT_COLS;
   int64_t parts = parallel && a->threads > 1 && units >= 2 && units <= (int64_t)UINT32_MAX /* part.range */
@@ -505,18 +602,38 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   part* part_of = NULL;
   if (parts && posix_memalign((void**)&part_of, sizeof(part), sizeof(part) * (size_t)parts))
     return "out of memory for the work split";
-  void* scratch = malloc((size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
-                         sizeof(float) * (size_t)(a->M * blocks));
+  /* int8: [levels] xscale, xsum, [levels] xq; wide: [levels] xb with LLMC_AMX_SPAN spare rows (zeros), then one
+   * unit's expanded weights per task (64-byte aligned) */
+  int64_t tasks = parts ? parts : parallel && units >= 2 && a->threads != 1 ? POOL_TASKS : 1;
+  size_t xb_bytes = (size_t)((a->M + LLMC_AMX_SPAN) * a->K) * sizeof(uint16_t);
+  size_t expand_bytes = (size_t)a->K * 32 * sizeof(uint16_t);
+  size_t bytes = wide ? (size_t)levels * xb_bytes + 64 + (size_t)tasks * expand_bytes
+                      : (size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
+                            sizeof(float) * (size_t)(a->M * blocks);
+  void* scratch = wide ? calloc(1, bytes) : malloc(bytes);
   if (!scratch) {
     free(part_of);
     return "out of memory for the quantized activations";
   }
-  float* xscale = (float*)scratch;
-  float* xsum = xscale + levels * a->M * blocks;
-  int8_t* xq = (int8_t*)(xsum + a->M * blocks);
-  quantize_rows(a, levels, xq, xscale, xsum);
   int64_t tile_bytes = bits == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
-  job j = {a, units, blocks, bits, tile_bytes, levels, xq, xscale, xsum, path, parts, 0, part_of};
+  job j = {a, units, blocks, bits, tile_bytes, levels, NULL, NULL, NULL, path, wide, {NULL, NULL}, NULL,
+           parts, 0, part_of};
+  if (wide) {
+#ifdef LLMC_X86
+    uint16_t* xb = (uint16_t*)scratch;
+    j.xb[0] = xb;
+    j.xb[1] = levels == 2 ? xb + xb_bytes / sizeof(uint16_t) : xb;
+    llmc_bf16_round(a->x, a->M * a->K, xb, levels == 2 ? xb + xb_bytes / sizeof(uint16_t) : NULL);
+    uintptr_t e = (uintptr_t)((char*)scratch + (size_t)levels * xb_bytes);
+    j.expand = (uint16_t*)((e + 63) & ~(uintptr_t)63);
+#endif
+  } else {
+    float* xscale = (float*)scratch;
+    float* xsum = xscale + levels * a->M * blocks;
+    int8_t* xq = (int8_t*)(xsum + a->M * blocks);
+    quantize_rows(a, levels, xq, xscale, xsum);
+    j.xq = xq, j.xscale = xscale, j.xsum = xsum;
+  }
   if (parts) {
     for (int64_t p = 0; p < parts; p++) { /* contiguous parts as equal as units allow */
       uint64_t front = (uint64_t)(units * p / parts), back = (uint64_t)(units * (p + 1) / parts);
@@ -524,7 +641,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     }
     parallel(parallel_ctx, run_part, (size_t)parts, &j);
   } else if (!parallel || units < 2 || a->threads == 1) {
-    for (int64_t u = 0; u < units; u++) run_unit(&j, u);
+    for (int64_t u = 0; u < units; u++) run_unit(&j, u, 0);
+    end_task(&j);
   } else {
     parallel(parallel_ctx, run_units, units < POOL_TASKS ? (size_t)units : POOL_TASKS, &j);
   }

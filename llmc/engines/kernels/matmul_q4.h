@@ -21,6 +21,14 @@
  * ((t / 2 * blocks + b) * 2 + t % 2) * 576:
  *   8 chunks of 64 bytes; chunk c, byte 4 j + i: q[32 b + 4 c + i, 16 t + j]; then 16 fp16 scales, 16 fp16 mins.
  *
+ * Prompts (LLMC_Q4_WIDE_ROWS rows or more, where the CPU has AMX-BF16 and the OS grants its tiles, int8_prompts 0):
+ * each work unit's weights are expanded once per call to w = scale q + min rounded to bf16, and x is rounded to
+ * bf16 (act_bits 16: x ~ hi + lo, two bf16 levels), the products exact in fp32 and summed in fp32 over all of K:
+ *   y[m, n] = sum_k sum_l bf16_l(x)[m, k] bf16(scale q + min)[k, n]  (+ bias[n]).
+ * That is closer to x @ W than the int8 activations (bf16 keeps 8 bits of each value, int8 7 of its block's
+ * largest), and the rounding of the weights is ~2^-9 of each (the 4-bit grid's own step is ~1/15 of its block's
+ * range).
+ *
  * gated (SwiGLU): W holds the gate and up projections as alternating tiles (gate tile i at 2 i, its up tile at
  * 2 i + 1) and y [M, N / 2] = silu(x @ gate) * (x @ up): the MLP's first half in one pass.
  */
@@ -38,6 +46,7 @@
 #define LLMC_Q4_PAIR_BYTES (2 * LLMC_Q4_TILE_BYTES)
 #define LLMC_Q8_TILE_BYTES 576 /* bits 8: 512 bytes of 8-bit values, 16 fp16 scales, 16 fp16 mins */
 #define LLMC_Q8_PAIR_BYTES (2 * LLMC_Q8_TILE_BYTES)
+#define LLMC_Q4_WIDE_ROWS 32 /* rows from which a product may take AMX-BF16 (see above) */
 
 typedef struct {
   int64_t M, K, N;   /* x [M, K]; W [K, N]; K a multiple of 32; gated: N a multiple of 32 */
@@ -49,15 +58,19 @@ typedef struct {
   int threads;       /* the pool's threads: each streams one contiguous part of W; 0 = unknown: units claimed */
   int act_bits;      /* the activations' precision: 8 (one int8 level; 0 means 8) or 16 (two int8 levels) */
   int bits;          /* the weights': 4 (LLMC_Q4_TILE_BYTES a tile's block; 0 means 4) or 8 (LLMC_Q8_TILE_BYTES) */
+  int int8_prompts;  /* 1: prompts too take the int8 arithmetic above (the calibration graph, which measures what
+                      * decode computes); 0: from LLMC_Q4_WIDE_ROWS rows on they may take AMX-BF16 (below) */
 } llmc_q4_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */
 const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, void* parallel_ctx);
 
-enum { LLMC_Q4_PORTABLE = 0, LLMC_Q4_AVX2 = 1, LLMC_Q4_VNNI = 2 };
+enum { LLMC_Q4_PORTABLE = 0, LLMC_Q4_AVX2 = 1, LLMC_Q4_VNNI = 2, LLMC_Q4_AMX = 3 };
 
-/* The path this CPU takes: AVX-512 VNNI, else AVX2 + FMA, else portable C. LLMC_KERNELS_GENERIC=1 forces the
- * portable path, LLMC_KERNELS_AVX2=1 the AVX2 one on a VNNI CPU (tests run every path on one machine). */
+/* The path this CPU takes: AVX-512 VNNI, and AMX-BF16 for prompts where the CPU has it and the OS grants it
+ * (LLMC_Q4_AMX), else AVX2 + FMA, else portable C. LLMC_KERNELS_GENERIC=1 forces the portable path,
+ * LLMC_KERNELS_AVX2=1 the AVX2 one on a VNNI CPU, LLMC_KERNELS_NO_AMX=1 VNNI for every row count (tests run every
+ * path on one machine). */
 int llmc_q4_path(void);
 
 #endif

@@ -5,8 +5,11 @@
 /* 2: CachedAttention's local_window_size, softcap and partial rotary; 3: MatMulQ4's act_bits (16: two int8 levels);
  * 4: CachedAttention's block_table (paged KV memory); 5: MatMulBF16; 6: CachedAttention's new_tokens (rows of
  * different counts after a past in one run); 7: MatMulQ8 (8-bit scale + min weights: the head, --quant int8, raised
- * layers), and MatMulQ4's min met by the quantized block sums of x (closer to x @ W: older engines gain from it) */
-#define LLMC_OPS_VERSION "7"
-/* The versions whose graphs this library still runs: 6 and 7 only added an optional input and an operator. */
-#define LLMC_OPS_SERVES "5 6 7"
+ * layers), and MatMulQ4's min met by the quantized block sums of x (closer to x @ W: older engines gain from it);
+ * 8: MatMulQ4 / MatMulQ8's prompts on AMX-BF16 tiles where the CPU has them (older engines gain from it too), and
+ * their int8_prompts attribute (1: every row on the int8 arithmetic: the calibration graph) */
+#define LLMC_OPS_VERSION "8"
+/* The versions whose graphs this library still runs: 6, 7 and 8 only added an optional input, an operator and an
+ * optional attribute. */
+#define LLMC_OPS_SERVES "5 6 7 8"
 #endif

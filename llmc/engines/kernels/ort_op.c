@@ -362,7 +362,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
 
 typedef struct {
   const OrtApi* api;
-  int64_t K, N, gated, act_bits;
+  int64_t K, N, gated, act_bits, int8_prompts;
   int threads;
   int bf16; /* MatMulBF16, else MatMulQ4 / MatMulQ8 */
   int bits; /* MatMulQ4 4, MatMulQ8 8 */
@@ -410,6 +410,7 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   }
   if (!s) {
     k->act_bits = optional_int(api, info, "act_bits", 8);
+    k->int8_prompts = optional_int(api, info, "int8_prompts", 0) != 0;
     if (k->act_bits != 8 && k->act_bits != 16) {
       char msg[128];
       snprintf(msg, sizeof msg, "%s: act_bits %lld: must be 8 (int8 activations) or 16 (two int8 levels)", name,
@@ -463,7 +464,8 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   } else {
     llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],
                       .w = (const uint8_t*)data[MM_B], .bias = (const float*)data[MM_BIAS], .y = (float*)out_data,
-                      .threads = k->threads, .act_bits = (int)k->act_bits, .bits = k->bits};
+                      .threads = k->threads, .act_bits = (int)k->act_bits, .bits = k->bits,
+                      .int8_prompts = (int)k->int8_prompts};
     err = llmc_q4_matmul(&a, run_parallel, &pool);
   }
   return outcome(&pool, name, err);

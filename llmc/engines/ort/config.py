@@ -127,7 +127,7 @@ def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
         kv_dtype = KVDtype.float16 if attention is Attention.llmc and inplace else KVDtype(export.dtype)
     matmul = cfg.matmul
     if matmul is MatMul.auto:
-        fast = paths.get("matmul_q4") in ("avx512-vnni", "avx2")
+        fast = paths.get("matmul_q4") in ("avx512-vnni+amx-bf16", "avx512-vnni", "avx2")
         use = cfg.quant is not Quant.none and cfg.block_size == TILE_BLOCK and fp32 and inplace and fast
         matmul = MatMul.llmc if use else MatMul.ort
     moe = cfg.moe

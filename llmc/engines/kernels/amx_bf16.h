@@ -1,0 +1,60 @@
+/* AMX-BF16 tiles, shared by the matrix products for prompts (many rows of x): whether this process may use them,
+ * and the one tile loop they run. Internal to the operator library; the functions exist on x86-64 only (the bf16 conversions everywhere).
+ *
+ * B operand layout (matmul_bf16.h's packed tiles, and what matmul_q4.c expands its blocks to): per tile of 16
+ * columns, uint16 bf16 bits [K / 2][32]: pair p holds w[2p, j], w[2p + 1, j] side by side for j = 0..15, so 16 pairs
+ * (32 k) are one 16 x 64-byte B tile. A operand: x rounded to bf16, [rows][K] with `stride` bytes a row.
+ */
+#ifndef LLMC_AMX_BF16_H
+#define LLMC_AMX_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define LLMC_AMX_ROWS 16 /* rows of x per A tile */
+#define LLMC_AMX_K 32    /* k per tile step: 16 pairs */
+#define LLMC_AMX_SPAN (2 * LLMC_AMX_ROWS) /* rows of x per call of llmc_amx_bf16_rows: two A tiles */
+
+/* AMX-BF16 usable: listed by the CPU (AMX-TILE, AMX-BF16, and AVX-512 BF16 for rounding x), its state enabled by
+ * the OS (XCR0 bits 17, 18), the tiles granted to this process (arch_prctl), and one product computed right in a
+ * child process (a VM may list AMX and fault on it: llama.cpp's AMX code dies with SIGILL on one of ours). Checked
+ * once per process. */
+int llmc_amx_bf16_usable(void);
+
+/* This thread's tile configuration (8 tiles of 16 rows x 64 bytes), loaded once until llmc_amx_release. */
+void llmc_amx_configure(void);
+void llmc_amx_release(void);
+
+/* Rows 0 .. LLMC_AMX_SPAN of x (levels 1 or 2 arrays, each `stride` bytes a row: rows past the caller's M are read
+ * and their products dropped by the caller) times two B tile streams w0, w1 ([K / 2][32] each) over all of K,
+ * summed over the levels, into c [2 row blocks][2 tiles][16 x 16] (fp32). K a multiple of LLMC_AMX_K; the thread
+ * configured. */
+void llmc_amx_bf16_rows(const char* const* x, int levels, int64_t stride, int64_t K, const uint16_t* w0,
+                        const uint16_t* w1, float* c);
+
+/* Rows 0 .. rows of row block blk of llmc_amx_bf16_rows' c, both tiles side by side: out [rows][32]. */
+static inline void llmc_amx_rows_of(const float* c, int blk, int rows, float* out) {
+  for (int m = 0; m < rows; m++)
+    for (int t = 0; t < 2; t++)
+      memcpy(out + m * 32 + t * 16, c + (blk * 2 + t) * LLMC_AMX_ROWS * 16 + m * 16, sizeof(float) * 16);
+}
+
+/* fp32 -> bf16 bits, to nearest, ties to even (x finite), and back. */
+static inline uint16_t llmc_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float llmc_from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* n floats -> bf16 bits (to nearest, ties to even), 16 per instruction (AVX-512 BF16); with lo, also what each
+ * leaves, rounded the same way (x ~ hi + lo to ~16 bits of mantissa). */
+void llmc_bf16_round(const float* x, int64_t n, uint16_t* hi, uint16_t* lo);
+
+#endif
