@@ -124,6 +124,12 @@ CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row
     # column block at a time), over more than one chunk of 128 keys
     "decode-d64-6-heads": (2, 1, 12, 2, 64, 200, [150, 7], [1, 1], False),
     "decode-d64-8-heads": (1, 1, 8, 1, 64, 200, [170], [1], False),
+    # prompts in blocks of positions scored together (5 positions x 3 query heads a unit here), each masked to its
+    # own keys: across chunks of 128 keys, the last block partial; and a window + softcap whose blocks start inside
+    # a chunk, with a shorter second row
+    "prompt-d64-blocks-long": (1, 150, 9, 3, 64, 160, [0], [150], True),
+    "prompt-d64-blocks-window-softcap": (2, 140, 6, 2, 64, 160, [0, 0], [140, 77], True,
+                                         {"window": 50, "softcap": 2.0}),
 }
 
 
@@ -214,7 +220,9 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
     # an fp16 cache rounds the new K and V to 11 bits, an int8 one to half a step of max |row| / 127
     tol = {"fp32": 2e-5, "fp16": 3e-3, "int8": 2.5e-2}[cache]
     if cache == "int8" and (_options(case).get("window") or case[4] == 64):
-        tol = 4e-2  # a few keys' weighted mean averages less rounding away; 64-dim scores make a sharper softmax
+        # a few keys' weighted mean averages less rounding away; 64-dim scores make a sharper softmax (the 150-row
+        # prompt's worst element is 4.5e-2 off, one position at a time or in blocks alike)
+        tol = 5e-2
     np.testing.assert_allclose(got, out, atol=tol, rtol=0)
     # the cache was updated where it lives: the new K/V at their positions, every other position untouched
     np.testing.assert_allclose(_cache_values(feeds["past_key"]), k, atol=tol, rtol=0)
@@ -426,7 +434,7 @@ def _to_pool(feeds: dict[str, np.ndarray], past: list[int], bs: int,
 @pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
 @pytest.mark.parametrize("cache", ["fp16", "int8"])
 @pytest.mark.parametrize("name", ["prompt-right-padded", "decode-split-rows", "chunk-after-past",
-                                  "decode-window-split-rows-softcap"])
+                                  "decode-window-split-rows-softcap", "prompt-d64-blocks-window-softcap"])
 def test_paged_matches_reference_reading_blocks_in_place(library: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch, name: str, cache: str,
                                                          generic: bool) -> None:
@@ -464,6 +472,8 @@ def test_paged_matches_reference_reading_blocks_in_place(library: Path, tmp_path
             binding.bind_ortvalue_output(name_in.replace("past_", "present_"), value)
     session.run_with_iobinding(binding)  # type: ignore[attr-defined]
     tol = {"fp16": 3e-3, "int8": 2.5e-2}[cache]
+    if cache == "int8" and case[4] == 64 and _options(case).get("window"):
+        tol = 5e-2  # as in test_matches_reference_in_place: a short window's mean of few int8 rows
     np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], out, atol=tol, rtol=0)
     written = set()
     for name_in, want in (("past_key", k), ("past_value", v)):

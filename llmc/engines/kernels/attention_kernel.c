@@ -3,7 +3,11 @@
  * Why it exists: ONNX Runtime's CPU GroupQueryAttention runs one small SGEMM per (row, query head) and packs that
  * head's K and V for each, so every KV head is read G times and packed as often. Here one work unit reads each
  * cached key and value once for all G query heads of its KV head (scores, online softmax, weighted sum), and a
- * long decode row is split along its keys so both cores stream it (the partial results are merged at the end).
+ * long decode row is split along its keys so both cores stream it (the partial results are merged at the end). A
+ * prompt's positions go in blocks (up to 16 query vectors: 5 positions x 3 heads for SmolLM2), each key row loaded
+ * and widened once for the whole block and each value row once per 8 vectors, each vector masked to its own keys:
+ * 30 layers of SmolLM2 attention over a 128 / 512 / 2,048-token prompt, 2 threads, 14.2 / 167-180 / 2,227-2,624 ms
+ * one position at a time, 9.0-10.6 / 112-143 / 1,437-1,539 in blocks.
  * With a local window, a row reads only the keys in its window (and a long decode row's split covers that span).
  * An fp16 cache halves the bytes read; keys and values are widened to fp32 as they are loaded, and all arithmetic
  * is fp32.
@@ -25,11 +29,13 @@
 #define SPLIT_KEYS 256 /* a one-token row with more cached keys than this is split into units of about this many */
 #define MAX_SPLIT 16
 #define MAX_GD 8192    /* G * D: the per-unit query and accumulator rows live on the stack */
+#define MAX_VECTORS 16 /* query vectors a unit scores per key (a block of prompt rows' heads: see run_unit) */
 #define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */
 
 typedef struct {
   const llmc_attention_args* a;
   int G, W, nsplit, split_len, avx512;
+  int qb;   /* query positions per unit: 1, or a block of a prompt's (their G heads scored together per key) */
   int f16c; /* the CPU converts to fp16 (F16C) */
   float* part; /* nsplit > 1: per (b, i, head, split) m, l, acc[D] */
   size_t units;
@@ -232,10 +238,14 @@ AVX512 static inline __attribute__((always_inline)) void sum_values(const float*
   }
 }
 
+/* Keys [t0, t1) of one KV head for G query vectors q[G][D] (a decode row's query heads, or a block of prompt rows'
+ * heads: MAX_VECTORS at most), each seeing keys [lo[g], hi[g]) of them (lo NULL: all of them); online softmax;
+ * m[G], l[G], acc[G][D] out. A chunk's keys outside a vector's range score -inf (weight 0). */
 AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0,
-                                 int t1, float softcap, float* m, float* l, float* acc) {
+                                 int t1, const int* lo, const int* hi, float softcap, float* m, float* l,
+                                 float* acc) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
-  __m512 xs[8 * 16]; /* D = 64, G <= 8: per head, the products of up to 16 keys before their reduction */
+  __m512 xs[MAX_VECTORS * 16]; /* D = 64: per vector, the products of up to 16 keys before their reduction */
   const char *krow[CHUNK], *vrow[CHUNK]; /* the chunk's key and value rows (contiguous, or across its blocks) */
   int nv = D / 16;
   size_t rb = row_bytes(kind, D);
@@ -251,8 +261,8 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
       else if (!K->table || c0 + t + PREFETCH_ROWS < t1)
         prefetch_row(row_at(K, c0 + t + PREFETCH_ROWS), rb);
       prefetch_row(vrow[t], rb); /* the key's value row, summed after the chunk's softmax (16 KB a chunk: in L1) */
-      if (nv == 4 && G <= 8) { /* D = 64: the key row in 4 registers, reused by every query head; each head's
-                                * 16 unreduced products per group of 16 keys reduced together (hsum16) */
+      if (nv == 4 && G <= MAX_VECTORS) { /* D = 64: the key row in 4 registers, reused by every query vector;
+                                          * each one's 16 unreduced products per 16 keys reduced together (hsum16) */
         __m512 k0 = load16(row, 0, kind, D), k1 = load16(row, 16, kind, D), k2 = load16(row, 32, kind, D),
                k3 = load16(row, 48, kind, D);
         for (int g = 0; g < G; g++) {
@@ -281,7 +291,15 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
     }
     for (int g = 0; g < G; g++) {
       float* sg = s + g * CHUNK;
+      int a0 = lo ? lo[g] - c0 : 0, a1 = lo ? hi[g] - c0 : n; /* the vector's keys in the chunk */
+      a0 = a0 < 0 ? 0 : a0, a1 = a1 > n ? n : a1;
+      if (a0 >= a1) { /* none: the vector skips the chunk (weight 0 for the value sums) */
+        memset(sg, 0, sizeof(float) * n);
+        continue;
+      }
       if (softcap > 0.f) cap_scores512(sg, n, softcap);
+      for (int t = 0; t < a0; t++) sg[t] = -INFINITY; /* the others weigh 0 (after the softcap, which is finite) */
+      for (int t = a1; t < n; t++) sg[t] = -INFINITY;
       __m512 vmax = _mm512_set1_ps(m[g]);
       int t = 0;
       for (; t + 16 <= n; t += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sg + t));
@@ -308,26 +326,32 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
           _mm512_storeu_ps(acc + g * D + 16 * j, _mm512_mul_ps(vc, _mm512_loadu_ps(acc + g * D + 16 * j)));
       }
     }
-    switch (G) { /* the accumulators in registers for the usual group sizes */
-      case 1: sum_values(s, vrow, kind, D, n, acc, 1); break;
-      case 2: sum_values(s, vrow, kind, D, n, acc, 2); break;
-      case 3: sum_values(s, vrow, kind, D, n, acc, 3); break;
-      case 4: sum_values(s, vrow, kind, D, n, acc, 4); break;
-      case 5: sum_values(s, vrow, kind, D, n, acc, 5); break;
-      case 6: sum_values(s, vrow, kind, D, n, acc, 6); break;
-      case 7: sum_values(s, vrow, kind, D, n, acc, 7); break;
-      case 8: sum_values(s, vrow, kind, D, n, acc, 8); break;
-      default:
-        for (int t = 0; t < n; t++) {
-          const char* row = vrow[t];
-          for (int j = 0; j < nv; j++) {
-            __m512 vv = load16(row, 16 * j, kind, D);
-            for (int g = 0; g < G; g++) {
-              float* a = acc + g * D + 16 * j;
-              _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(s[g * CHUNK + t]), vv, _mm512_loadu_ps(a)));
-            }
+    if (G <= MAX_VECTORS) { /* the accumulators of up to 8 vectors in registers per pass over the chunk's values */
+      for (int g0 = 0; g0 < G; g0 += 8) {
+        const float* p = s + g0 * CHUNK;
+        float* ag = acc + g0 * D;
+        switch (G - g0 < 8 ? G - g0 : 8) {
+          case 1: sum_values(p, vrow, kind, D, n, ag, 1); break;
+          case 2: sum_values(p, vrow, kind, D, n, ag, 2); break;
+          case 3: sum_values(p, vrow, kind, D, n, ag, 3); break;
+          case 4: sum_values(p, vrow, kind, D, n, ag, 4); break;
+          case 5: sum_values(p, vrow, kind, D, n, ag, 5); break;
+          case 6: sum_values(p, vrow, kind, D, n, ag, 6); break;
+          case 7: sum_values(p, vrow, kind, D, n, ag, 7); break;
+          default: sum_values(p, vrow, kind, D, n, ag, 8); break;
+        }
+      }
+    } else {
+      for (int t = 0; t < n; t++) {
+        const char* row = vrow[t];
+        for (int j = 0; j < nv; j++) {
+          __m512 vv = load16(row, 16 * j, kind, D);
+          for (int g = 0; g < G; g++) {
+            float* a = acc + g * D + 16 * j;
+            _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(s[g * CHUNK + t]), vv, _mm512_loadu_ps(a)));
           }
         }
+      }
     }
   }
 }
@@ -424,51 +448,65 @@ static void write_new(const job* j) {
   }
 }
 
-/* Unit u: (row b, query position i, KV head h, key split sp). Query positions are visited in zigzag order
- * (0, S-1, 1, S-2, ...) so a contiguous range of units carries short and long causal rows alike. The row's keys are
- * [lo, keys): all its causal keys, or its window's; split sp takes split_len of them from lo on. */
+/* Unit u: (row b, block of qb query positions from i0, KV head h, key split sp). Blocks are visited in zigzag order
+ * (0, last, 1, last - 1, ...) so a contiguous range of units carries short and long causal rows alike. Position i's
+ * keys are [lo, keys): all its causal keys, or its window's; split sp takes split_len of them from lo on. A block's
+ * positions (prompts, AVX-512) are scored together: each key row is loaded once for the qb x G query vectors, each
+ * value row once per 8 of them, each vector masked to its own keys. */
 static void run_unit(void* data, size_t u) {
   const job* j = (const job*)data;
   const llmc_attention_args* a = j->a;
-  int D = a->D, G = j->G;
+  int D = a->D, G = j->G, qb = j->qb, nblocks = (a->S + qb - 1) / qb;
   int sp = (int)(u % j->nsplit);
   size_t r = u / j->nsplit;
   int h = (int)(r % a->Hkv);
   r /= a->Hkv;
-  int z = (int)(r % a->S), b = (int)(r / a->S);
-  int i = (z & 1) ? a->S - 1 - z / 2 : z / 2;
-  if (i >= new_of(a, b)) return;
-  int past = past_of(a, b), keys = past + i + 1;
-  int lo = a->window > 0 && keys > a->window ? keys - a->window : 0;
-  int t0 = lo + sp * j->split_len, t1 = t0 + j->split_len < keys ? t0 + j->split_len : keys;
+  int z = (int)(r % nblocks), b = (int)(r / nblocks);
+  int i0 = ((z & 1) ? nblocks - 1 - z / 2 : z / 2) * qb;
+  int n = new_of(a, b), past = past_of(a, b);
+  int rows = n - i0 < qb ? n - i0 : qb;
+  if (rows <= 0) return;
   float q[MAX_GD], acc[MAX_GD], m[64], l[64];
-  const float* src = a->qkv + ((size_t)b * a->S + i) * j->W;
-  for (int g = 0; g < G; g++)
-    rotate(src + (size_t)(h * G + g) * D, q + g * D, a->cos, a->sin, past + i, D, a->R, a->scale);
+  int lo[64], hi[64], t0 = 0, t1 = 0;
+  for (int ri = 0; ri < rows; ri++) {
+    int i = i0 + ri, keys = past + i + 1;
+    int first = a->window > 0 && keys > a->window ? keys - a->window : 0;
+    int k0 = first + sp * j->split_len, k1 = k0 + j->split_len < keys ? k0 + j->split_len : keys;
+    const float* src = a->qkv + ((size_t)b * a->S + i) * j->W;
+    for (int g = 0; g < G; g++) {
+      rotate(src + (size_t)(h * G + g) * D, q + (ri * G + g) * D, a->cos, a->sin, past + i, D, a->R, a->scale);
+      lo[ri * G + g] = k0, hi[ri * G + g] = k1;
+    }
+    if (ri == 0) t0 = k0, t1 = k1;
+    t0 = k0 < t0 ? k0 : t0, t1 = k1 > t1 ? k1 : t1;
+  }
+  int nvec = rows * G;
+  (void)lo, (void)hi; /* (the portable path takes one position per unit) */
   rows_t Kr = head_rows(a, a->k, b, h), Vr = head_rows(a, a->v, b, h);
   const rows_t *K = &Kr, *V = &Vr;
   if (t0 >= t1) {
-    for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
-    memset(acc, 0, sizeof(float) * G * D);
+    for (int g = 0; g < nvec; g++) m[g] = -INFINITY, l[g] = 0.f;
+    memset(acc, 0, sizeof(float) * nvec * D);
 #ifdef LLMC_X86
   } else if (j->avx512) {
-    attend_avx512(q, K, V, a->kv_kind, G, D, t0, t1, a->softcap, m, l, acc);
+    attend_avx512(q, K, V, a->kv_kind, nvec, D, t0, t1, qb > 1 ? lo : NULL, hi, a->softcap, m, l, acc);
 #endif
-  } else {
+  } else { /* (qb 1) */
     attend_generic(q, K, V, a->kv_kind, G, D, t0, t1, a->softcap, m, l, acc);
   }
-  for (int g = 0; g < G; g++) {
-    int head = h * G + g;
-    size_t cell = ((size_t)b * a->S + i) * a->H + head;
-    if (j->nsplit == 1) {
-      float inv = 1.f / l[g];
-      for (int d = 0; d < D; d++) a->out[cell * D + d] = acc[g * D + d] * inv;
-    } else {
-      float* p = j->part + (cell * j->nsplit + sp) * (D + 2);
-      p[0] = m[g], p[1] = l[g];
-      memcpy(p + 2, acc + g * D, sizeof(float) * D);
+  for (int ri = 0; ri < rows; ri++)
+    for (int g = 0; g < G; g++) {
+      int v = ri * G + g, head = h * G + g;
+      size_t cell = ((size_t)b * a->S + i0 + ri) * a->H + head;
+      if (j->nsplit == 1) {
+        float inv = 1.f / l[v];
+        for (int d = 0; d < D; d++) a->out[cell * D + d] = acc[v * D + d] * inv;
+      } else {
+        float* p = j->part + (cell * j->nsplit + sp) * (D + 2);
+        p[0] = m[v], p[1] = l[v];
+        memcpy(p + 2, acc + v * D, sizeof(float) * D);
+      }
     }
-  }
 }
 
 static void merge_splits(const job* j) {
@@ -581,7 +619,7 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
       }
   }
   int max_span = a->window > 0 && a->window < max_keys ? a->window : max_keys; /* the most keys a row reads */
-  job j = {a, a->H / a->Hkv, (a->H + 2 * a->Hkv) * a->D, 1, max_span, 0, 0, NULL, 0, 0};
+  job j = {a, a->H / a->Hkv, (a->H + 2 * a->Hkv) * a->D, 1, max_span, 0, 1, 0, NULL, 0, 0};
   j.avx512 = a->D % 16 == 0 && llmc_attention_uses_avx512();
   j.f16c = uses_f16c();
   if (a->S == 1 && max_span > SPLIT_KEYS) {
@@ -591,8 +629,12 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
     j.part = (float*)malloc(sizeof(float) * (size_t)a->B * a->H * j.nsplit * (a->D + 2));
     if (!j.part) return "out of memory for the split attention's partial results";
   }
+  /* a prompt's positions in blocks of up to MAX_VECTORS query vectors (1 position for G > MAX_VECTORS / 2) */
+  j.qb = j.avx512 && a->S > 1 && j.G * 2 <= MAX_VECTORS ? MAX_VECTORS / j.G : 1;
+  if (j.qb > 8) j.qb = 8;
+  while (j.qb > 1 && j.qb * j.G * a->D > MAX_GD) j.qb--; /* (the unit's query and accumulator rows) */
   write_new(&j);
-  j.units = (size_t)a->B * a->S * a->Hkv * j.nsplit;
+  j.units = (size_t)a->B * ((a->S + j.qb - 1) / j.qb) * a->Hkv * j.nsplit;
   if (parallel)
     parallel(parallel_ctx, run_units, j.units < POOL_TASKS ? j.units : POOL_TASKS, &j);
   else
