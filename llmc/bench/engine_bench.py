@@ -15,7 +15,13 @@ import numpy as np
 
 from llmc.bench.bandwidth import probe as probe_bandwidth
 from llmc.bench.constrained import constrained_report, grammar_times, timed_sampler
-from llmc.bench.limits import DEFAULT_BANDWIDTH_GBS, kv_bytes_copied_per_step, weight_bytes_per_step
+from llmc.bench.limits import (
+    DEFAULT_BANDWIDTH_GBS,
+    kv_bytes_copied_per_step,
+    matrix_peak,
+    prefill_flops,
+    weight_bytes_per_step,
+)
 from llmc.errors import InputError
 from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.generator import EngineLoop
@@ -194,6 +200,7 @@ def _run_bench(cfg: BenchConfig, llm: LLM, other: LLM | None, peer: TorchPeer | 
     # the host's read bandwidth (what a CPU engine's step is bound by), at the start and the end of the run
     on_cpu = llm.engine.manifest.backend == "ort"
     bandwidth = [probe_bandwidth(llm.engine.threads)] if on_cpu else []
+    peak = matrix_peak(llm.engine.threads) if on_cpu else None  # what the prompts' products could reach
     peer_timings: dict[tuple[int, int, int], list[dict[str, float]]] = {run: [] for run in runs}
     for first_round in [True] + [False] * (cfg.repeat - 1):
         for run in runs:
@@ -212,7 +219,11 @@ def _run_bench(cfg: BenchConfig, llm: LLM, other: LLM | None, peer: TorchPeer | 
             result = bench.result(cfg, run)
             if peer is not None and bench is benches[0]:
                 result.update(against_peer(result, peer_timings[run]))
-            rows.append({**result, **against_measured(result, bandwidth, cfg.bandwidth_gbs)} if on_cpu else result)
+            if on_cpu:
+                result.update(against_measured(result, bandwidth, cfg.bandwidth_gbs))
+                result.update(against_matrix_peak(result, peak, prefill_flops(bench.directory, bench.llm.engine.manifest,
+                                                                              run[1])))
+            rows.append(result)
         add_ratios(rows, cfg.prompt_len)
         per_engine.append(rows)
     if len(per_engine) == 2:
@@ -243,6 +254,17 @@ def against_measured(result: dict[str, Any], bandwidth: list[float | None], assu
         limit = result["bandwidth_limit_tok_s_per_seq"] * sum(measured) / len(measured) / assumed_gbs
         out["measured_limit_tok_s_per_seq"] = round(limit, 1)
         out["fraction_of_measured_limit"] = round(result["decode_tok_s_per_seq"] / limit, 3)
+    return out
+
+
+def against_matrix_peak(result: dict[str, Any], peak: tuple[str, float] | None, flops: float) -> dict[str, Any]:
+    """The prefill's arithmetic rate (the prompts' FLOPs over TTFT) and its share of the matrix throughput this run
+    measured for the instructions the prompts' products take (AMX-BF16 tiles, or VNNI's int8 dot products)."""
+    gflops = flops * result["batch"] / (result["ttft_ms"] / 1e3) / 1e9
+    out: dict[str, Any] = {"prefill_gflop_s": round(gflops, 1)}
+    if peak is not None:
+        out.update(matrix_peak_kind=peak[0], matrix_peak_gflop_s=peak[1],
+                   prefill_fraction_of_matrix_peak=round(gflops / peak[1], 3))
     return out
 
 
@@ -290,7 +312,14 @@ def summary_line(r: dict[str, Any]) -> str:
             f"decode {r['decode_tok_s_per_seq']:7.1f} ({low:.1f}-{high:.1f}) tok/s/seq "
             f"{r['decode_tok_s_aggregate']:8.1f} agg  "
             f"{r['fraction_of_limit']:.0%} of {r['bandwidth_limit_tok_s_per_seq']:.0f} limit" + _measured_note(r)
-            + _ratio_note(r))
+            + _prefill_note(r) + _ratio_note(r))
+
+
+def _prefill_note(r: dict[str, Any]) -> str:
+    if "prefill_fraction_of_matrix_peak" not in r:
+        return ""
+    return (f"  prefill {r['prefill_gflop_s']:.0f} GFLOP/s, {r['prefill_fraction_of_matrix_peak']:.0%} of "
+            f"{r['matrix_peak_kind']}'s {r['matrix_peak_gflop_s']:.0f}")
 
 
 def _measured_note(r: dict[str, Any]) -> str:

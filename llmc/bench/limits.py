@@ -1,4 +1,5 @@
-"""Physical limits a benchmark is judged against: bytes each decode step must read, and the machine's bandwidth."""
+"""Physical limits a benchmark is judged against: bytes each decode step must read and the machine's bandwidth, and
+the arithmetic a prompt's prefill must do and the machine's matrix throughput."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import onnx
 
+from llmc.graph.quant import BLOCKSUMS, OFFSETS
 from llmc.manifest import EngineManifest
 from llmc.onnx_store import load_graph
 
@@ -35,6 +37,65 @@ def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
     m = manifest.model
     share = m.experts_per_token / m.num_experts if m.num_experts else 1.0
     return int(sum(sizes[n] * (share if ".experts." in n else 1.0) for n in read))
+
+
+MATRIX_KINDS = {1: "amx-bf16", 2: "avx512-vnni-int8"}  # matrix_peak.c's kinds
+
+
+def matrix_peak(threads: int, repeats: int = 5) -> tuple[str, float] | None:
+    """The matrix instructions a prompt's products take on this CPU and their throughput in GFLOP/s over `threads`
+    threads, measured now (operator library, matrix_peak.c); None where the prompts take a portable path or the
+    library is not built."""
+    import ctypes
+
+    from llmc.engines.kernels import library_path
+    from llmc.errors import BackendUnavailableError
+
+    try:
+        lib = ctypes.CDLL(str(library_path()))
+        kind = int(lib.llmc_matrix_peak_kind())
+        fn = lib.llmc_matrix_gflops
+    except (BackendUnavailableError, OSError, AttributeError):
+        return None
+    if kind not in MATRIX_KINDS:
+        return None
+    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    gflops = float(fn(kind, threads, repeats))
+    return (MATRIX_KINDS[kind], round(gflops, 1)) if gflops > 0 else None
+
+
+def prefill_flops(engine_dir: Path, manifest: EngineManifest, prompt_len: int) -> float:
+    """Floating-point operations (a multiply-add is 2) one prompt's prefill does: every linear layer's product as
+    the engine's graph holds it for each token (a folded int8 layer's K includes its offsets' rows; the block sums
+    feeding them are left out) and the LM head once (the prefill computes the last position's logits only), plus
+    causal attention's scores and weighted sums (each layer's window where it has one). A mixture's experts count for
+    the share one token runs."""
+    model = load_graph(Path(engine_dir) / manifest.decode.file)
+    dims = {init.name: tuple(init.dims) for init in model.graph.initializer}
+    m = manifest.model
+    share = m.experts_per_token / m.num_experts if m.num_experts else 1.0
+    per_token = head = 0.0
+    for node in model.graph.node:
+        attrs = {a.name: a.i for a in node.attribute}
+        if len(node.input) > 1 and node.input[1].endswith((BLOCKSUMS, OFFSETS)):  # a quantized layer's offset terms
+            continue
+        if node.op_type in ("MatMulQ4", "MatMulQ8", "MatMulBF16", "MatMulNBits"):
+            macs = float(attrs["K"] * attrs["N"])
+        elif node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and len(dims.get(node.input[1], ())) == 2:
+            k, n = dims[node.input[1]][::-1] if attrs.get("transB") else dims[node.input[1]]
+            macs, attrs["N"] = float(k * n), n
+        else:
+            continue
+        if attrs["N"] == m.vocab_size or node.input[1].startswith("lm_head"):  # (a head in row slices: lm_head.partI)
+            head += macs
+        else:
+            per_token += macs * (share if ".experts." in node.name else 1.0)
+    attention = 0.0
+    for layer in range(m.num_layers):
+        sliding = m.layer_types and m.layer_types[layer] == "sliding_attention" and m.sliding_window
+        keys = sum(min(i + 1, m.sliding_window) if sliding else i + 1 for i in range(prompt_len))
+        attention += 4.0 * m.num_heads * m.head_dim * keys  # q.k and p.v: a multiply-add each per key and dim
+    return 2.0 * (per_token * prompt_len + head) + attention
 
 
 def kv_bytes_copied_per_step(manifest: EngineManifest, batch: int, context: int, bytes_per_token: int) -> int:

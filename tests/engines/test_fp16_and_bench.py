@@ -11,9 +11,11 @@ from conftest import Built
 from typer.testing import CliRunner
 
 from llmc.bench import bandwidth, engine_bench
+from llmc.bench.limits import matrix_peak, prefill_flops
 from llmc.cli.main import app
 from llmc.engines.ort.build import BuildConfig, build_ort
 from llmc.export.exporter import ExportConfig, export
+from llmc.manifest import load_engine
 
 BENCH_FIELDS = {"backend", "precision", "batch", "prompt_len", "new_tokens", "ttft_ms", "prefill_tok_s",
                 "decode_tok_s_per_seq", "decode_tok_s_aggregate", "peak_rss_mb", "fraction_of_limit",
@@ -55,7 +57,39 @@ def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Pa
             r["bandwidth_limit_tok_s_per_seq"] * (start + end) / 2 / 35.0, rel=0.01)
         assert r["fraction_of_measured_limit"] == pytest.approx(
             r["decode_tok_s_per_seq"] / r["measured_limit_tok_s_per_seq"], abs=1e-3)  # (rounded to 3 places)
+    for r in rows:  # the prefill's arithmetic rate, and its share of the matrix instructions' measured throughput
+        flops = prefill_flops(tiny_llama.engine(layout), load_engine(tiny_llama.engine(layout)), r["prompt_len"])
+        assert r["prefill_gflop_s"] == pytest.approx(flops * r["batch"] / r["ttft_ms"] / 1e6, rel=0.02)
+        if "matrix_peak_gflop_s" in r:  # (a CPU whose prompts take a portable path has no figure)
+            assert r["matrix_peak_kind"] in ("amx-bf16", "avx512-vnni-int8") and r["matrix_peak_gflop_s"] > 1
+            assert r["prefill_fraction_of_matrix_peak"] == pytest.approx(
+                r["prefill_gflop_s"] / r["matrix_peak_gflop_s"], abs=2e-3)
     assert plot.stat().st_size > 1000
+
+
+def test_prefill_flops_counts_each_token_s_layers_the_head_once_and_causal_attention(tiny_llama: Built) -> None:
+    engine = tiny_llama.engine("gqa")
+    manifest = load_engine(engine)
+    m = manifest.model
+    per_token = m.num_layers * m.hidden_size * ((m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+                                                + m.num_heads * m.head_dim + 3 * m.intermediate_size)
+    for p in (1, 5, 16):
+        attention = 4 * m.num_layers * m.num_heads * m.head_dim * p * (p + 1) // 2
+        want = 2 * (per_token * p + m.hidden_size * m.vocab_size) + attention
+        assert prefill_flops(engine, manifest, p) == pytest.approx(want, rel=1e-9)
+
+
+def test_the_matrix_peak_is_measured_where_the_prompts_have_matrix_instructions() -> None:
+    from llmc.engines.kernels import cpu_paths
+
+    peak = matrix_peak(2)
+    q4 = cpu_paths()["matmul_q4"]
+    if q4 == "avx512-vnni+amx-bf16":
+        assert peak is not None and peak[0] == "amx-bf16" and peak[1] > 10
+    elif q4 == "avx512-vnni":
+        assert peak is not None and peak[0] == "avx512-vnni-int8" and peak[1] > 10
+    else:
+        assert peak is None
 
 
 def test_bench_interleaves_the_repeats(tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:

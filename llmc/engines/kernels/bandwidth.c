@@ -10,6 +10,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "probe_clock.h"
+
 #ifdef __x86_64__
 #include <immintrin.h>
 #endif
@@ -60,17 +62,6 @@ static void* run_part(void* arg) {
   return NULL;
 }
 
-static double seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int by_value(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
-}
-
 /* GB/s (1e9 bytes), or -1 when the buffer or a thread cannot be had. threads 1..64, repeats 1..64. */
 EXPORT double llmc_read_gbs(int threads, size_t bytes, int repeats) {
   if (threads < 1 || threads > 64 || repeats < 1 || repeats > 64 || bytes < (size_t)threads * 4096) return -1.0;
@@ -90,7 +81,7 @@ EXPORT double llmc_read_gbs(int threads, size_t bytes, int repeats) {
   double times[64];
   double result = -1.0;
   for (int r = 0; r < repeats; r++) {
-    double t0 = seconds();
+    double t0 = llmc_probe_seconds();
     int started = 0;
     for (int i = 0; i < threads; i++) {
       parts[i] = (part_t){buf + (size_t)i * per, per, wide, 0.0};
@@ -100,10 +91,9 @@ EXPORT double llmc_read_gbs(int threads, size_t bytes, int repeats) {
     if (started == threads) run_part(&parts[0]);
     for (int i = 1; i < started; i++) pthread_join(tid[i], NULL);
     if (started != threads) goto done;
-    times[r] = seconds() - t0;
+    times[r] = llmc_probe_seconds() - t0;
   }
-  qsort(times, (size_t)repeats, sizeof(double), by_value);
-  result = (double)(per * (size_t)threads) / times[repeats / 2] / 1e9;
+  result = (double)(per * (size_t)threads) / llmc_probe_median(times, repeats) / 1e9;
 done:
   free(buf);
   return result;
