@@ -602,15 +602,15 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   part* part_of = NULL;
   if (parts && posix_memalign((void**)&part_of, sizeof(part), sizeof(part) * (size_t)parts))
     return "out of memory for the work split";
-  /* int8: [levels] xscale, xsum, [levels] xq; wide: [levels] xb with LLMC_AMX_SPAN spare rows (zeros), then one
-   * unit's expanded weights per task (64-byte aligned) */
+  /* int8: [levels] xscale, xsum, [levels] xq; wide: [levels] xb with LLMC_AMX_SPAN spare rows (zeroed: read by the
+   * last span's A tiles, their products dropped), then one unit's expanded weights per task (64-byte aligned) */
   int64_t tasks = parts ? parts : parallel && units >= 2 && a->threads != 1 ? POOL_TASKS : 1;
   size_t xb_bytes = (size_t)((a->M + LLMC_AMX_SPAN) * a->K) * sizeof(uint16_t);
   size_t expand_bytes = (size_t)a->K * 32 * sizeof(uint16_t);
   size_t bytes = wide ? (size_t)levels * xb_bytes + 64 + (size_t)tasks * expand_bytes
                       : (size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
                             sizeof(float) * (size_t)(a->M * blocks);
-  void* scratch = wide ? calloc(1, bytes) : malloc(bytes);
+  void* scratch = malloc(bytes);
   if (!scratch) {
     free(part_of);
     return "out of memory for the quantized activations";
@@ -624,6 +624,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     j.xb[0] = xb;
     j.xb[1] = levels == 2 ? xb + xb_bytes / sizeof(uint16_t) : xb;
     llmc_bf16_round(a->x, a->M * a->K, xb, levels == 2 ? xb + xb_bytes / sizeof(uint16_t) : NULL);
+    for (int l = 0; l < levels; l++)
+      memset((uint16_t*)j.xb[l] + a->M * a->K, 0, sizeof(uint16_t) * (size_t)(LLMC_AMX_SPAN * a->K));
     uintptr_t e = (uintptr_t)((char*)scratch + (size_t)levels * xb_bytes);
     j.expand = (uint16_t*)((e + 63) & ~(uintptr_t)63);
 #endif
