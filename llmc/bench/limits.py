@@ -68,8 +68,8 @@ def prefill_flops(engine_dir: Path, manifest: EngineManifest, prompt_len: int) -
     """Floating-point operations (a multiply-add is 2) one prompt's prefill does: every linear layer's product as
     the engine's graph holds it for each token (a folded int8 layer's K includes its offsets' rows; the block sums
     feeding them are left out) and the LM head once (the prefill computes the last position's logits only), plus
-    causal attention's scores and weighted sums (each layer's window where it has one). A mixture's experts count for
-    the share one token runs."""
+    causal attention's scores and weighted sums (each layer's window where it has one). An unrolled mixture's experts
+    count for the share one token runs (ONNX Runtime's fused MoE node is not counted)."""
     model = load_graph(Path(engine_dir) / manifest.decode.file)
     dims = {init.name: tuple(init.dims) for init in model.graph.initializer}
     m = manifest.model
@@ -89,7 +89,7 @@ def prefill_flops(engine_dir: Path, manifest: EngineManifest, prompt_len: int) -
         if attrs["N"] == m.vocab_size or node.input[1].startswith("lm_head"):  # (a head in row slices: lm_head.partI)
             head += macs
         else:
-            per_token += macs * (share if ".experts." in node.name else 1.0)
+            per_token += macs * (share if ".experts." in node.input[1] else 1.0)  # (an unrolled mixture's expert)
     attention = 0.0
     for layer in range(m.num_layers):
         sliding = m.layer_types and m.layer_types[layer] == "sliding_attention" and m.sliding_window
