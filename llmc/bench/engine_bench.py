@@ -261,7 +261,7 @@ def against_matrix_peak(result: dict[str, Any], peak: tuple[str, float] | None, 
     """The prefill's arithmetic rate (the prompts' FLOPs over TTFT) and its share of the matrix throughput this run
     measured for the instructions the prompts' products take (AMX-BF16 tiles, or VNNI's int8 dot products)."""
     gflops = flops * result["batch"] / (result["ttft_ms"] / 1e3) / 1e9
-    out: dict[str, Any] = {"prefill_gflop_s": round(gflops, 1)}
+    out: dict[str, Any] = {"prefill_gflop_s": round(gflops, 2)}
     if peak is not None:
         out.update(matrix_peak_kind=peak[0], matrix_peak_gflop_s=peak[1],
                    prefill_fraction_of_matrix_peak=round(gflops / peak[1], 3))

@@ -59,7 +59,8 @@ def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Pa
             r["decode_tok_s_per_seq"] / r["measured_limit_tok_s_per_seq"], abs=1e-3)  # (rounded to 3 places)
     for r in rows:  # the prefill's arithmetic rate, and its share of the matrix instructions' measured throughput
         flops = prefill_flops(tiny_llama.engine(layout), load_engine(tiny_llama.engine(layout)), r["prompt_len"])
-        assert r["prefill_gflop_s"] == pytest.approx(flops * r["batch"] / r["ttft_ms"] / 1e6, rel=0.02)
+        # (both rounded to 2 places: a tiny model's prefill is a few GFLOP/s)
+        assert r["prefill_gflop_s"] == pytest.approx(flops * r["batch"] / r["ttft_ms"] / 1e6, rel=0.02, abs=0.006)
         if "matrix_peak_gflop_s" in r:  # (a CPU whose prompts take a portable path has no figure)
             assert r["matrix_peak_kind"] in ("amx-bf16", "avx512-vnni-int8") and r["matrix_peak_gflop_s"] > 1
             assert r["prefill_fraction_of_matrix_peak"] == pytest.approx(
