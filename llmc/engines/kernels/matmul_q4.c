@@ -497,19 +497,33 @@ static int cpu_path(void) {
 }
 #endif
 
-int llmc_q4_path(void) {
+/* The dot products' path (few rows), as the environment overrides it now. */
+static int dot_path(void) {
 #ifdef LLMC_X86
   const char* generic = getenv("LLMC_KERNELS_GENERIC");
   const char* avx2 = getenv("LLMC_KERNELS_AVX2");
-  const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
   int path = cpu_path();
   if (generic && *generic && *generic != '0') return LLMC_Q4_PORTABLE;
   if (avx2 && *avx2 && *avx2 != '0' && path == LLMC_Q4_VNNI) return LLMC_Q4_AVX2;
-  if (path == LLMC_Q4_VNNI && !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable()) return LLMC_Q4_AMX;
   return path;
 #else
   return LLMC_Q4_PORTABLE;
 #endif
+}
+
+/* A prompt on the VNNI path may take the AMX-BF16 tiles (asked only of prompts: decode's calls never look). */
+static int tiles_allowed(void) {
+#ifdef LLMC_X86
+  const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
+  return !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable();
+#else
+  return 0;
+#endif
+}
+
+int llmc_q4_path(void) {
+  int path = dot_path();
+  return path == LLMC_Q4_VNNI && tiles_allowed() ? LLMC_Q4_AMX : path;
 }
 
 /* Unit u in task `task` (its own expansion scratch on the wide path). */
@@ -592,9 +606,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     return msg;
   }
   if (a->M <= 0) return NULL;
-  int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = llmc_q4_path();
-  int wide = path == LLMC_Q4_AMX && !a->int8_prompts && a->M >= LLMC_Q4_WIDE_ROWS;
-  if (path == LLMC_Q4_AMX) path = LLMC_Q4_VNNI; /* the dot products of few rows */
+  int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = dot_path();
+  int wide = path == LLMC_Q4_VNNI && !a->int8_prompts && a->M >= LLMC_Q4_WIDE_ROWS && tiles_allowed();
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
   int64_t units = (a->N + UNIT_COLS - 1) / UNIT_COLS;
   int64_t parts = parallel && a->threads > 1 && units >= 2 && units <= (int64_t)UINT32_MAX /* part.range */

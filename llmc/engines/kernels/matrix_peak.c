@@ -15,6 +15,7 @@
 #include "probe_clock.h"
 
 #include "amx_bf16.h"
+#include "matmul_q4.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
 #define LLMC_X86 1
@@ -70,16 +71,8 @@ static void* run_pass(void* arg) {
 
 /* The kind this CPU's prompts take (as the environment overrides it now: LLMC_KERNELS_NO_AMX, _AVX2, _GENERIC). */
 EXPORT int llmc_matrix_peak_kind(void) {
-#ifdef LLMC_X86
-  const char* generic = getenv("LLMC_KERNELS_GENERIC");
-  const char* avx2 = getenv("LLMC_KERNELS_AVX2");
-  const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
-  if ((generic && *generic && *generic != '0') || (avx2 && *avx2 && *avx2 != '0')) return 0;
-  if (!(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable()) return 1;
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni")) return 2;
-#endif
-  return 0;
+  int path = llmc_q4_path();
+  return path == LLMC_Q4_AMX ? 1 : path == LLMC_Q4_VNNI ? 2 : 0;
 }
 
 static int has_kind(int kind) {
