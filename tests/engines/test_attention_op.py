@@ -327,6 +327,20 @@ def test_without_the_library_auto_builds_with_onnx_runtime_and_llmc_is_one_line(
     assert not (tmp_path / "e").exists()
 
 
+def test_cache_dtype_with_attention_auto_builds(tiny_llama: Built, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """--kv-dtype int8 with the attention left to auto (llmc's, on an AVX-512 CPU) builds: the fallback to ONNX
+    Runtime's operators, which cannot take that cache, is only looked for when the engine diverges (it was resolved
+    first, and its error ended every such build after the engine had been built)."""
+    from llmc.engines.ort import config
+    from llmc.engines.ort.build import BuildConfig, build_ort
+
+    paths = dict(config._cpu_paths(), attention="avx512")
+    monkeypatch.setattr(config, "_cpu_paths", lambda: paths)
+    manifest = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "e", kv_dtype="int8"))
+    assert manifest.settings.attention == "llmc" and manifest.kv.dtype == "int8"
+
+
 # --- engines built with --attention llmc (tiny llama); the parity tests run the fp32-cache build as layout "llmc"
 
 

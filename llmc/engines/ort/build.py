@@ -22,7 +22,7 @@ from llmc.engines.ort.graphs import (
     write_inplace_graphs,
 )
 from llmc.engines.ort.run import OrtEngine, default_threads
-from llmc.errors import EngineError
+from llmc.errors import EngineError, InputError
 from llmc.golden import GOLDEN_STEPS, Golden
 from llmc.graph.moe import with_moe_weights
 from llmc.manifest import (
@@ -81,8 +81,8 @@ def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManif
     with atomic_dir(cfg.out_dir, export_dir, "export") as work:
         manifest = _build_checked(work, export_dir, export, resolved, progress)
         divergence = _divergence(manifest, work)
-        fallback = resolve(conservative(cfg), export)
-        if divergence and not cfg.allow_divergence and resolved.uses_llmc_ops() and fallback != resolved:
+        fallback = _fallback(cfg, export) if divergence and resolved.uses_llmc_ops() else None
+        if divergence and not cfg.allow_divergence and fallback is not None and fallback != resolved:
             progress.step(f"{divergence}; building with ONNX Runtime's operators instead")
             manifest = _build_checked(work, export_dir, export, fallback, progress)
             divergence = _divergence(manifest, work)
@@ -90,6 +90,15 @@ def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManif
             raise EngineError(f"{divergence}: the engine would answer differently from the model; build with "
                               "--allow-divergence to keep it, or with a higher precision")
         return manifest
+
+
+def _fallback(cfg: BuildConfig, export: ExportManifest) -> BuildConfig | None:
+    """What `cfg` resolves to with ONNX Runtime's operators in place of llmc's `auto` picks, or None where those
+    cannot build it (an int8 cache, say, is llmc's attention's alone)."""
+    try:
+        return resolve(conservative(cfg), export)
+    except InputError:
+        return None
 
 
 def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: BuildConfig,
