@@ -260,6 +260,7 @@ PROMPT_CASES = [  # k, n, batch, new tokens, gated, bias: 32 rows or more (matmu
     (576, 3072, 2, 33, True, False),  # its gate/up, two prompts: 66 rows
     (1536, 576, 1, 64, False, False),  # its down projection, 64 rows: two whole spans of 32
     (96, 100, 1, 32, False, True),  # a ragged width (the last tile pair half used)
+    (4096, 64, 2, 100, True, True),  # 200 rows in row blocks of 96 (act_bits 16: 32), each block's x kept in L2
 ]
 
 
@@ -310,6 +311,25 @@ def test_prompts_compute_what_this_cpu_s_prompt_path_does(llmc_ops: Path, bits: 
         exact = _gate(x.astype(np.float64) @ w + (bias if bias is not None else 0), gated)
         err, err8 = (np.abs(v - exact).max() / np.abs(exact).max() for v in (y, _reference(x, w, bias, gated)))
         assert err < 0.7 * err8, (err, err8)  # nearer x @ W than int8 activations are
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("rows", [1, 40])
+def test_the_gate_holds_at_large_and_small_values(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str,
+                                                  rows: int) -> None:
+    """silu(gate) * up where the gate reaches +-100s (silu's tails: 0 below, the gate itself above), decode's rows
+    and a prompt's, against the float64 gate on what each path computes."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    k, n = 64, 256
+    w = _q4_1_like(k, n)
+    x = (RNG.standard_normal((1, rows, k)) * 60).astype(np.float32)
+    y = _session(llmc_ops, k, n, pack_q4_tiles(w, True), None, True, 2, 2).run(None, {"x": x})[0]
+    pre = _session(llmc_ops, k, n, pack_q4_tiles(w, False), None, False, 2, 2).run(None, {"x": x})[0]
+    gate = pre[..., : n // 2].astype(np.float64)  # the ungated product of the same arithmetic
+    assert np.abs(gate).max() > 100 and (gate < -30).any() and (gate > 30).any()
+    expected = gate * 0.5 * (1 + np.tanh(gate / 2)) * pre[..., n // 2:]  # (sigmoid without exp's overflow)
+    np.testing.assert_allclose(y, expected, rtol=2e-5, atol=1e-6 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -19,6 +19,8 @@
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY) /* the portable C alone elsewhere */
 #define LLMC_X86 1
 #include <immintrin.h>
+
+#include "vec_math.h"
 #endif
 #include <math.h>
 #include <stdio.h>
@@ -31,6 +33,7 @@
 #define MAX_GD 8192    /* G * D: the per-unit query and accumulator rows live on the stack */
 #define MAX_VECTORS 16 /* query vectors a unit scores per key (a block of prompt rows' heads: see run_unit) */
 #define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */
+#define FOLD_ROWS 64   /* int8 cache: groups x vectors up to which the value rows' scales go into the weights */
 
 typedef struct {
   const llmc_attention_args* a;
@@ -81,7 +84,7 @@ static inline const char* row_at(const rows_t* r, int t) {
   return r->base + (size_t)r->table[t >> r->shift] * r->block_step + (size_t)(t & r->mask) * r->rb;
 }
 
-static inline float flushed_exp(float x) { return x < -80.f ? 0.f : expf(x); } /* see exp512 */
+static inline float flushed_exp(float x) { return x < -80.f ? 0.f : expf(x); } /* see llmc_exp512 */
 
 /* y = x * mul with the first 2R dims rotated at position pos (pairs (d, d + R), d < R; R = 0 or no table: none). */
 static void rotate(const float* x, float* y, const float* cos, const float* sin, int pos, int D, int R, float mul) {
@@ -160,25 +163,6 @@ AVX512 static inline __m512 load16(const char* row, int j, int kind, int D) {
   return _mm512_loadu_ps((const float*)row + j);
 }
 
-/* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial, 2^n by scalef), flushed to 0
- * below e^-80: a weight that small changes nothing, and as a denormal it would make every product it enters slow. */
-AVX512 static inline __m512 exp512(__m512 x) {
-  __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-80.f), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
-}
-
 /* Gemma 2's softcap over a chunk's n scores, 16 at a time: cap * tanh(x), x = s / cap, with
  * tanh |x| = (1 - e) / (1 + e), e = exp(-2 |x|) (an absolute error of about 1e-7 of cap, nothing to a softmax).
  * The scalar tanhf pass took 0.8 of the 1.1 ms a 4096-key decode row over 16 heads takes without it. */
@@ -189,7 +173,7 @@ AVX512 static __attribute__((noinline)) void cap_scores512(float* s, int n, floa
     __mmask16 k = n - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - t)) - 1);
     __m512 x = _mm512_maskz_loadu_ps(k, s + t);
     __m512i sx = _mm512_and_si512(_mm512_castps_si512(x), sign);
-    __m512 e = exp512(_mm512_mul_ps(_mm512_abs_ps(x), vinv)); /* exp(-2 |s| / cap) */
+    __m512 e = llmc_exp512(_mm512_mul_ps(_mm512_abs_ps(x), vinv)); /* exp(-2 |s| / cap) */
     __m512 th = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
     th = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(th), sx));
     _mm512_mask_storeu_ps(s + t, k, _mm512_mul_ps(vcap, th));
@@ -224,15 +208,21 @@ AVX512 static inline __m512 hsum16(const __m512* v) {
 }
 
 /* acc[g][:] += sum over the chunk's n keys of p[g][t] * V[c0 + t][:], one 16-wide column block of V at a time so
- * the G accumulators of that block stay in registers (G is a constant in each expansion). */
-AVX512 static inline __attribute__((always_inline)) void sum_values(const float* p, const char* const* vrow, int kind,
-                                                                     int D, int n, float* acc, const int G) {
+ * the G accumulators of that block stay in registers (G is a constant in each expansion). pstep > 0 (an int8
+ * cache): the weights of the dims in group k are at p + k pstep, already times each row's scale of that group, and
+ * the int8 values are widened unscaled (where each 16 values took a scalar load, conversion, broadcast and multiply
+ * of their scale; one decode row over 2,048 cached tokens, 30 layers, 2 cores: see the header). */
+AVX512 static inline __attribute__((always_inline)) void sum_values(const float* p, size_t pstep,
+                                                                     const char* const* vrow, int kind, int D, int n,
+                                                                     float* acc, const int G) {
   for (int j = 0; j < D; j += 16) {
     __m512 a[8];
+    const float* pj = pstep ? p + (size_t)(j / LLMC_KV_I8_GROUP) * pstep : p;
     for (int g = 0; g < G; g++) a[g] = _mm512_loadu_ps(acc + g * D + j);
     for (int t = 0; t < n; t++) {
-      __m512 vv = load16(vrow[t], j, kind, D);
-      for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * CHUNK + t]), vv, a[g]);
+      __m512 vv = pstep ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(vrow[t] + j))))
+                        : load16(vrow[t], j, kind, D);
+      for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(pj[g * CHUNK + t]), vv, a[g]);
     }
     for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + j, a[g]);
   }
@@ -245,6 +235,7 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
                                  int t1, const int* lo, const int* hi, float softcap, float* m, float* l,
                                  float* acc) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
+  float folded[CHUNK * FOLD_ROWS] __attribute__((aligned(64))); /* int8 cache: per group, the weights x its scales */
   __m512 xs[MAX_VECTORS * 16]; /* D = 64: per vector, the products of up to 16 keys before their reduction */
   const char *krow[CHUNK], *vrow[CHUNK]; /* the chunk's key and value rows (contiguous, or across its blocks) */
   int nv = D / 16;
@@ -308,12 +299,12 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
       float mx = _mm512_reduce_max_ps(vmax);
       __m512 vm = _mm512_set1_ps(mx), vsum = _mm512_setzero_ps();
       for (t = 0; t + 16 <= n; t += 16) {
-        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sg + t), vm));
+        __m512 e = llmc_exp512(_mm512_sub_ps(_mm512_loadu_ps(sg + t), vm));
         _mm512_storeu_ps(sg + t, e);
         vsum = _mm512_add_ps(vsum, e);
       }
       if (tail) {
-        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sg + t), vm));
+        __m512 e = llmc_exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sg + t), vm));
         _mm512_mask_storeu_ps(sg + t, tail, e);
         vsum = _mm512_mask_add_ps(vsum, tail, vsum, e);
       }
@@ -327,18 +318,34 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
       }
     }
     if (G <= MAX_VECTORS) { /* the accumulators of up to 8 vectors in registers per pass over the chunk's values */
+      const float* ps = s;
+      size_t pstep = 0;
+      if (kind == LLMC_KV_I8 && groups(D) * G <= FOLD_ROWS) { /* the weights times each value row's group scales */
+        for (int k = 0; k < groups(D); k++) {
+          float sv[CHUNK] __attribute__((aligned(64)));
+          for (int t = 0; t < n; t++) sv[t] = group_scale_f16c(vrow[t], D, k * LLMC_KV_I8_GROUP);
+          for (int g = 0; g < G; g++)
+            for (int t = 0; t < n; t += 16) {
+              __mmask16 keep = n - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - t)) - 1);
+              _mm512_mask_storeu_ps(folded + (k * G + g) * CHUNK + t, keep,
+                                    _mm512_mul_ps(_mm512_maskz_loadu_ps(keep, s + g * CHUNK + t),
+                                                  _mm512_maskz_loadu_ps(keep, sv + t)));
+            }
+        }
+        ps = folded, pstep = (size_t)G * CHUNK;
+      }
       for (int g0 = 0; g0 < G; g0 += 8) {
-        const float* p = s + g0 * CHUNK;
+        const float* p = ps + g0 * CHUNK;
         float* ag = acc + g0 * D;
         switch (G - g0 < 8 ? G - g0 : 8) {
-          case 1: sum_values(p, vrow, kind, D, n, ag, 1); break;
-          case 2: sum_values(p, vrow, kind, D, n, ag, 2); break;
-          case 3: sum_values(p, vrow, kind, D, n, ag, 3); break;
-          case 4: sum_values(p, vrow, kind, D, n, ag, 4); break;
-          case 5: sum_values(p, vrow, kind, D, n, ag, 5); break;
-          case 6: sum_values(p, vrow, kind, D, n, ag, 6); break;
-          case 7: sum_values(p, vrow, kind, D, n, ag, 7); break;
-          default: sum_values(p, vrow, kind, D, n, ag, 8); break;
+          case 1: sum_values(p, pstep, vrow, kind, D, n, ag, 1); break;
+          case 2: sum_values(p, pstep, vrow, kind, D, n, ag, 2); break;
+          case 3: sum_values(p, pstep, vrow, kind, D, n, ag, 3); break;
+          case 4: sum_values(p, pstep, vrow, kind, D, n, ag, 4); break;
+          case 5: sum_values(p, pstep, vrow, kind, D, n, ag, 5); break;
+          case 6: sum_values(p, pstep, vrow, kind, D, n, ag, 6); break;
+          case 7: sum_values(p, pstep, vrow, kind, D, n, ag, 7); break;
+          default: sum_values(p, pstep, vrow, kind, D, n, ag, 8); break;
         }
       }
     } else {

@@ -26,6 +26,8 @@
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
 #define LLMC_X86 1
 #include <immintrin.h>
+
+#include "vec_math.h"
 #endif
 #include <math.h>
 #include <stdio.h>
@@ -39,10 +41,15 @@
 #define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */
 #define UNIT_COLS (UNIT_TILES * LLMC_Q4_TILE)
 #define PREFETCH_BLOCKS 4 /* blocks ahead of the loads (further measured no faster) */
+#ifndef WIDE_X_BYTES
+#define WIDE_X_BYTES (768 << 10) /* wide: the bf16 rows of x one work item takes (see wide_row_block) */
+#endif
 
 typedef struct {
   const llmc_q4_args* a;
-  int64_t units, blocks; /* units = tile pairs */
+  int64_t units, blocks; /* units: the work items (tile pairs; wide: row blocks x tile pairs) */
+  int64_t pairs;         /* tile pairs */
+  int64_t row_block;     /* wide: rows of x per work item (their bf16 rows stay in L2 across the pairs) */
   int bits;            /* the weights': 4 or 8 */
   int64_t tile_bytes;  /* LLMC_Q4_TILE_BYTES or LLMC_Q8_TILE_BYTES */
   int levels;          /* activation levels: 1 (act_bits 8) or 2 (act_bits 16) */
@@ -155,9 +162,45 @@ static void quantize_rows(const llmc_q4_args* a, int levels, int8_t* xq, float* 
 
 static inline float silu(float v) { return v / (1.f + expf(-v)); }
 
+#ifdef LLMC_X86
+/* store_unit's AVX-512 form: 16 columns a register, silu by llmc_silu512. Scalar expf took 15 % of a 2,048-token
+ * prompt's prefill (SmolLM2, all-int4: 3.1 M gate outputs a layer), as much as the up and gate products' tiles. */
+__attribute__((target("avx512f"))) static void store_unit512(const job* j, int64_t u, int64_t m0, int rows,
+                                                            const float* buf) {
+  const llmc_q4_args* a = j->a;
+  int64_t n0 = u * UNIT_COLS;
+  if (a->gated) {
+    int64_t half = a->N / 2, g0 = u * LLMC_Q4_TILE;
+    __m512 bg = a->bias ? _mm512_loadu_ps(a->bias + g0) : _mm512_setzero_ps();
+    __m512 bu = a->bias ? _mm512_loadu_ps(a->bias + half + g0) : _mm512_setzero_ps();
+    for (int m = 0; m < rows; m++) {
+      __m512 g = _mm512_add_ps(_mm512_loadu_ps(buf + m * UNIT_COLS), bg);
+      __m512 up = _mm512_add_ps(_mm512_loadu_ps(buf + m * UNIT_COLS + LLMC_Q4_TILE), bu);
+      _mm512_storeu_ps(a->y + (m0 + m) * half + g0, _mm512_mul_ps(llmc_silu512(g), up));
+    }
+    return;
+  }
+  int64_t cols = a->N - n0 < UNIT_COLS ? a->N - n0 : UNIT_COLS;
+  for (int h = 0; h < UNIT_COLS; h += 16) {
+    if (h >= cols) break;
+    __mmask16 keep = cols - h >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - h)) - 1);
+    __m512 bias = a->bias ? _mm512_maskz_loadu_ps(keep, a->bias + n0 + h) : _mm512_setzero_ps();
+    for (int m = 0; m < rows; m++)
+      _mm512_mask_storeu_ps(a->y + (m0 + m) * a->N + n0 + h, keep,
+                            _mm512_add_ps(_mm512_loadu_ps(buf + m * UNIT_COLS + h), bias));
+  }
+}
+#endif
+
 /* Rows m0 .. m0 + rows of one unit, computed into buf [rows][UNIT_COLS]: add the bias, gate, store. */
 static void store_unit(const job* j, int64_t u, int64_t m0, int rows, const float* buf) {
   const llmc_q4_args* a = j->a;
+#ifdef LLMC_X86
+  if (j->path == LLMC_Q4_VNNI) { /* (an AVX-512 CPU; the wide path is one) */
+    store_unit512(j, u, m0, rows, buf);
+    return;
+  }
+#endif
   int64_t n0 = u * UNIT_COLS;
   if (a->gated) { /* unit u = gate tile 2u, up tile 2u + 1 -> 16 outputs at 16 u */
     int64_t half = a->N / 2, g0 = u * LLMC_Q4_TILE;
@@ -458,10 +501,12 @@ static inline __attribute__((always_inline)) TARGET_WIDE void expand_tile(const 
   }
 }
 
-/* Unit u for all rows: its two tiles expanded into `scratch`, then 2 x 16 rows at a time on the tiles (rows past M
- * are read from xb's spare rows and dropped). */
-static TARGET_WIDE void unit_wide(const job* j, int64_t u, uint16_t* scratch) {
+/* Work item i: tile pair u = i % pairs for the rows of row block i / pairs. The pair's two tiles are expanded into
+ * `scratch`, then 2 x 16 rows at a time on the tiles (rows past M are read from xb's spare rows and dropped). */
+static TARGET_WIDE void unit_wide(const job* j, int64_t i, uint16_t* scratch) {
   const llmc_q4_args* a = j->a;
+  int64_t u = i % j->pairs, first = i / j->pairs * j->row_block;
+  int64_t end = first + j->row_block < a->M ? first + j->row_block : a->M;
   const int64_t stride = a->K * 2; /* bytes per row of xb */
   uint16_t* w1 = scratch + a->K * 16;
   if (j->bits == 8) {
@@ -474,13 +519,13 @@ static TARGET_WIDE void unit_wide(const job* j, int64_t u, uint16_t* scratch) {
   __attribute__((aligned(64))) float c[4 * LLMC_AMX_ROWS * LLMC_Q4_TILE];
   float buf[LLMC_AMX_ROWS * UNIT_COLS];
   llmc_amx_configure();
-  for (int64_t m0 = 0; m0 < a->M; m0 += LLMC_AMX_SPAN) {
+  for (int64_t m0 = first; m0 < end; m0 += LLMC_AMX_SPAN) {
     const char* x[2] = {(const char*)j->xb[0] + m0 * stride, (const char*)j->xb[1] + m0 * stride};
     llmc_amx_bf16_rows(x, j->levels, stride, a->K, scratch, w1, c);
     for (int blk = 0; blk < 2; blk++) {
       int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
-      if (r0 >= a->M) break;
-      int rows = a->M - r0 < LLMC_AMX_ROWS ? (int)(a->M - r0) : LLMC_AMX_ROWS;
+      if (r0 >= end) break;
+      int rows = end - r0 < LLMC_AMX_ROWS ? (int)(end - r0) : LLMC_AMX_ROWS;
       llmc_amx_rows_of(c, blk, rows, buf);
       store_unit(j, u, r0, rows, buf);
     }
@@ -524,6 +569,16 @@ static int tiles_allowed(void) {
 int llmc_q4_path(void) {
   int path = dot_path();
   return path == LLMC_Q4_VNNI && tiles_allowed() ? LLMC_Q4_AMX : path;
+}
+
+/* Rows of x per work item on the wide path: as many as keep their bf16 levels within WIDE_X_BYTES (in L2 while
+ * the item's task passes the tile pairs), in whole spans. Over all of M at once, a long prompt's x was read again
+ * from memory for every pair: a 2,048-token prompt's products re-read ~13 GB of it in SmolLM2's 30 layers. Each
+ * item expands its pair's weights again (~1/10 of the tiles' work at these sizes). */
+static int64_t wide_row_block(int64_t M, int64_t K, int levels) {
+  int64_t rows = WIDE_X_BYTES / (K * 2 * levels) / LLMC_AMX_SPAN * LLMC_AMX_SPAN;
+  rows = rows < LLMC_AMX_SPAN ? LLMC_AMX_SPAN : rows;
+  return rows < M ? rows : M;
 }
 
 /* Unit u in task `task` (its own expansion scratch on the wide path). */
@@ -609,7 +664,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = dot_path();
   int wide = path == LLMC_Q4_VNNI && !a->int8_prompts && a->M >= LLMC_Q4_WIDE_ROWS && tiles_allowed();
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
-  int64_t units = (a->N + UNIT_COLS - 1) / UNIT_COLS;
+  int64_t pairs = (a->N + UNIT_COLS - 1) / UNIT_COLS, row_block = wide ? wide_row_block(a->M, a->K, levels) : a->M;
+  int64_t units = pairs * ((a->M + row_block - 1) / row_block);
   int64_t parts = parallel && a->threads > 1 && units >= 2 && units <= (int64_t)UINT32_MAX /* part.range */
                       ? (a->threads < units ? a->threads : units) : 0;
   part* part_of = NULL;
@@ -629,8 +685,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     return "out of memory for the quantized activations";
   }
   int64_t tile_bytes = bits == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
-  job j = {a, units, blocks, bits, tile_bytes, levels, NULL, NULL, NULL, path, wide, {NULL, NULL}, NULL,
-           parts, 0, part_of};
+  job j = {.a = a, .units = units, .blocks = blocks, .pairs = pairs, .row_block = row_block, .bits = bits,
+           .tile_bytes = tile_bytes, .levels = levels, .path = path, .wide = wide, .parts = parts, .part = part_of};
   if (wide) {
 #ifdef LLMC_X86
     uint16_t* xb = (uint16_t*)scratch;
