@@ -66,6 +66,30 @@ TARGET_AMX void llmc_amx_bf16_rows(const char* const* x, int levels, int64_t str
   _tile_stored(7, c + 768, 64);
 }
 
+/* Tiles 0, 1: A (q hi, lo); 2, 3: B (group 0's hi, lo); 6, 7: B (group 1's); 4, 5: C (group 0, 1). The two
+ * groups' chains of products interleave (each tile product waits on the one before it into the same C). */
+TARGET_AMX void llmc_amx_scores(const uint16_t* const* q, int D, const uint16_t* kt0, const uint16_t* kt1, float* c) {
+  _tile_zero(4);
+  _tile_zero(5);
+  for (int db = 0; db < D / LLMC_AMX_K; db++) {
+    const uint16_t *b0 = kt0 + db * 2 * 512, *b1 = kt1 + db * 2 * 512;
+    _tile_loadd(0, q[0] + db * LLMC_AMX_K, D * 2);
+    _tile_loadd(1, q[1] + db * LLMC_AMX_K, D * 2);
+    _tile_loadd(2, b0, 64);
+    _tile_loadd(6, b1, 64);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 6);
+    _tile_dpbf16ps(4, 1, 2);
+    _tile_dpbf16ps(5, 1, 6);
+    _tile_loadd(3, b0 + 512, 64);
+    _tile_loadd(7, b1 + 512, 64);
+    _tile_dpbf16ps(4, 0, 3);
+    _tile_dpbf16ps(5, 0, 7);
+  }
+  _tile_stored(4, c, 128);
+  _tile_stored(5, c + 16, 128);
+}
+
 /* One 16 x 16 x 32 product on the tiles against the plain sum (run in a child process: see amx_bf16.h). */
 static TARGET_AMX int amx_computes(void) {
   __attribute__((aligned(64))) uint16_t x[LLMC_AMX_ROWS * LLMC_AMX_K], w[LLMC_AMX_K * 16];

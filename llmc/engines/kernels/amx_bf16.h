@@ -32,6 +32,12 @@ void llmc_amx_release(void);
 void llmc_amx_bf16_rows(const char* const* x, int levels, int64_t stride, int64_t K, const uint16_t* w0,
                         const uint16_t* w1, float* c);
 
+/* Attention scores of a prompt (attention_kernel.c): 16 query vectors (A: q[0] hi, q[1] lo bf16 [16][D], D a
+ * multiple of 32) against two groups of 16 keys (B: kt0, kt1, each [D / 32][2 levels: hi, lo][16 pairs][32]: pair
+ * r of dims 2r, 2r + 1 for each of the 16 keys), hi.hi + lo.hi + hi.lo (the lo.lo term, ~2^-18 of each product, is
+ * left out), into c [16][32] fp32 (the groups' keys side by side). The thread configured. */
+void llmc_amx_scores(const uint16_t* const* q, int D, const uint16_t* kt0, const uint16_t* kt1, float* c);
+
 /* Rows 0 .. rows of row block blk of llmc_amx_bf16_rows' c, both tiles side by side: out [rows][32]. */
 static inline void llmc_amx_rows_of(const float* c, int blk, int rows, float* out) {
   for (int m = 0; m < rows; m++)

@@ -16,6 +16,8 @@
  */
 #include "attention_kernel.h"
 
+#include "amx_bf16.h"
+
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY) /* the portable C alone elsewhere */
 #define LLMC_X86 1
 #include <immintrin.h>
@@ -34,6 +36,8 @@
 #define MAX_VECTORS 16 /* query vectors a unit scores per key (a block of prompt rows' heads: see run_unit) */
 #define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */
 #define FOLD_ROWS 64   /* int8 cache: groups x vectors up to which the value rows' scales go into the weights */
+#define TILE_MAX_D 256 /* prompts' scores on AMX tiles: head sizes up to this (multiples of 32) */
+#define TILE_MAX_BYTES ((size_t)512 << 20) /* ... and a call's packed keys up to this */
 
 typedef struct {
   const llmc_attention_args* a;
@@ -41,6 +45,8 @@ typedef struct {
   int qb;   /* query positions per unit: 1, or a block of a prompt's (their G heads scored together per key) */
   int f16c; /* the CPU converts to fp16 (F16C) */
   float* part; /* nsplit > 1: per (b, i, head, split) m, l, acc[D] */
+  uint16_t* kt;   /* a prompt's scores on AMX-BF16 tiles: every (row, KV head)'s keys packed (pack_keys), else NULL */
+  size_t* kt_off; /* [B * Hkv]: where (b, h)'s packed keys start in kt */
   size_t units;
   size_t next; /* the next unit to claim (atomic) */
 } job;
@@ -233,18 +239,35 @@ AVX512 static inline __attribute__((always_inline)) void sum_values(const float*
  * m[G], l[G], acc[G][D] out. A chunk's keys outside a vector's range score -inf (weight 0). */
 AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0,
                                  int t1, const int* lo, const int* hi, float softcap, float* m, float* l,
-                                 float* acc) {
+                                 float* acc, const uint16_t* kt) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
   float folded[CHUNK * FOLD_ROWS] __attribute__((aligned(64))); /* int8 cache: per group, the weights x its scales */
   __m512 xs[MAX_VECTORS * 16]; /* D = 64: per vector, the products of up to 16 keys before their reduction */
   const char *krow[CHUNK], *vrow[CHUNK]; /* the chunk's key and value rows (contiguous, or across its blocks) */
   int nv = D / 16;
-  size_t rb = row_bytes(kind, D);
+  size_t rb = row_bytes(kind, D), kt_group = (size_t)(D / LLMC_AMX_K) * 2 * 512;
   for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
   memset(acc, 0, sizeof(float) * G * D);
+  uint16_t qhl[2][MAX_VECTORS * TILE_MAX_D] __attribute__((aligned(64))); /* kt: the vectors' hi and lo, 0 past G */
+  const uint16_t* qt[2] = {qhl[0], qhl[1]};
+  if (kt) {
+    for (int lv = 0; lv < 2; lv++) memset(qhl[lv] + G * D, 0, sizeof(uint16_t) * (size_t)(MAX_VECTORS - G) * D);
+    llmc_bf16_round(q, (int64_t)G * D, qhl[0], qhl[1]);
+    llmc_amx_configure();
+  }
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
     for (int t = 0; t < n; t++) krow[t] = row_at(K, c0 + t), vrow[t] = row_at(V, c0 + t);
+    if (kt) { /* the chunk's scores on the tiles, 32 keys at a time from a multiple of 32 */
+      for (int t = 0; t < n; t++) prefetch_row(vrow[t], rb);
+      for (int kp = c0 / 32 * 32; kp < c0 + n; kp += 32) {
+        float c[MAX_VECTORS * 32] __attribute__((aligned(64)));
+        const uint16_t* g0 = kt + (size_t)(kp / 16) * kt_group;
+        llmc_amx_scores(qt, D, g0, g0 + kt_group, c);
+        int from = kp > c0 ? kp : c0, to = kp + 32 < c0 + n ? kp + 32 : c0 + n;
+        for (int g = 0; g < G; g++) memcpy(s + g * CHUNK + (from - c0), c + g * 32 + (from - kp), sizeof(float) * (size_t)(to - from));
+      }
+    } else
     for (int t = 0; t < n; t++) {
       const char* row = krow[t];
       if (t + PREFETCH_ROWS < n) /* the chunk's own rows; past its end: the next chunk's (a table only in range) */
@@ -455,6 +478,41 @@ static void write_new(const job* j) {
   }
 }
 
+#ifdef LLMC_X86
+/* Row b's keys of KV head h (all past + new of them, rotated, as the cache holds them) in AMX-BF16's B layout for
+ * llmc_amx_scores: per group of 16 keys, [D / 32][hi, lo][16 pairs][16 keys][2] (hi = bf16(k), lo = bf16(k - hi));
+ * the groups past the last key, to an even count, are 0. */
+AVX512 static void pack_keys(const job* j, int b, int h, uint16_t* out) {
+  const llmc_attention_args* a = j->a;
+  int D = a->D, keys = past_of(a, b) + new_of(a, b);
+  size_t group = (size_t)(D / LLMC_AMX_K) * 2 * 512;
+  rows_t K = head_rows(a, a->k, b, h);
+  float row[TILE_MAX_D] __attribute__((aligned(64)));
+  uint16_t hl[2][TILE_MAX_D];
+  memset(out + (size_t)(keys / 32 * 2) * group, 0, sizeof(uint16_t) * 2 * group); /* the last pair's tail */
+  for (int t = 0; t < keys; t++) {
+    const char* r = row_at(&K, t);
+    for (int d = 0; d < D; d += 16) _mm512_store_ps(row + d, load16(r, d, a->kv_kind, D));
+    llmc_bf16_round(row, D, hl[0], hl[1]);
+    uint16_t* g = out + (size_t)(t / 16) * group + (t % 16) * 2;
+    for (int lv = 0; lv < 2; lv++)
+      for (int d = 0; d < D; d += 2) {
+        uint16_t* at = g + (size_t)((d / LLMC_AMX_K) * 2 + lv) * 512 + (d % LLMC_AMX_K) / 2 * 32;
+        at[0] = hl[lv][d], at[1] = hl[lv][d + 1];
+      }
+  }
+}
+#endif
+
+static void pack_task(void* data, size_t i) {
+#ifdef LLMC_X86
+  const job* j = (const job*)data;
+  pack_keys(j, (int)(i / j->a->Hkv), (int)(i % j->a->Hkv), j->kt + j->kt_off[i]);
+#else
+  (void)data, (void)i;
+#endif
+}
+
 /* Unit u: (row b, block of qb query positions from i0, KV head h, key split sp). Blocks are visited in zigzag order
  * (0, last, 1, last - 1, ...) so a contiguous range of units carries short and long causal rows alike. Position i's
  * keys are [lo, keys): all its causal keys, or its window's; split sp takes split_len of them from lo on. A block's
@@ -496,7 +554,8 @@ static void run_unit(void* data, size_t u) {
     memset(acc, 0, sizeof(float) * nvec * D);
 #ifdef LLMC_X86
   } else if (j->avx512) {
-    attend_avx512(q, K, V, a->kv_kind, nvec, D, t0, t1, qb > 1 ? lo : NULL, hi, a->softcap, m, l, acc);
+    attend_avx512(q, K, V, a->kv_kind, nvec, D, t0, t1, qb > 1 ? lo : NULL, hi, a->softcap, m, l, acc,
+                  j->kt ? j->kt + j->kt_off[(size_t)b * a->Hkv + h] : NULL);
 #endif
   } else { /* (qb 1) */
     attend_generic(q, K, V, a->kv_kind, G, D, t0, t1, a->softcap, m, l, acc);
@@ -546,6 +605,9 @@ static void run_units(void* data, size_t task) {
   job* j = (job*)data;
   (void)task;
   for (size_t u; (u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->units;) run_unit(j, u);
+#ifdef LLMC_X86
+  if (j->kt) llmc_amx_release();
+#endif
 }
 
 static int portable_forced(void) { /* LLMC_KERNELS_GENERIC=1: the portable C only (tests run both paths) */
@@ -572,6 +634,20 @@ static int uses_f16c(void) {
 }
 
 static _Thread_local char err_buf[256];
+
+/* A prompt's scores go to AMX-BF16 tiles (q and k each as bf16 hi + lo: ~2^-17 of each product, below an fp16
+ * cache's own rounding; an fp32 cache keeps fp32 scores) where the CPU grants them, the head size is a multiple of
+ * 32 up to TILE_MAX_D, and LLMC_KERNELS_NO_AMX is not set. */
+static int prompt_tiles(const llmc_attention_args* a) {
+#ifdef LLMC_X86
+  const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
+  return a->kv_kind != LLMC_KV_F32 && a->D % LLMC_AMX_K == 0 && a->D <= TILE_MAX_D &&
+         !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable();
+#else
+  (void)a;
+  return 0;
+#endif
+}
 
 const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
   if (a->H % a->Hkv) return "num_heads must be a multiple of kv_num_heads";
@@ -626,7 +702,7 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
       }
   }
   int max_span = a->window > 0 && a->window < max_keys ? a->window : max_keys; /* the most keys a row reads */
-  job j = {a, a->H / a->Hkv, (a->H + 2 * a->Hkv) * a->D, 1, max_span, 0, 1, 0, NULL, 0, 0};
+  job j = {.a = a, .G = a->H / a->Hkv, .W = (a->H + 2 * a->Hkv) * a->D, .nsplit = 1, .split_len = max_span, .qb = 1};
   j.avx512 = a->D % 16 == 0 && llmc_attention_uses_avx512();
   j.f16c = uses_f16c();
   if (a->S == 1 && max_span > SPLIT_KEYS) {
@@ -641,6 +717,20 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
   if (j.qb > 8) j.qb = 8;
   while (j.qb > 1 && j.qb * j.G * a->D > MAX_GD) j.qb--; /* (the unit's query and accumulator rows) */
   write_new(&j);
+  if (j.qb > 1 && prompt_tiles(a)) { /* (failing the allocation, the scores stay on AVX-512) */
+    size_t group = (size_t)(a->D / LLMC_AMX_K) * 2 * 512, total = 0;
+    j.kt_off = (size_t*)malloc(sizeof(size_t) * (size_t)a->B * a->Hkv);
+    for (int b = 0; j.kt_off && b < a->B; b++)
+      for (int h = 0; h < a->Hkv; h++) {
+        j.kt_off[(size_t)b * a->Hkv + h] = total;
+        total += (size_t)((past_of(a, b) + new_of(a, b)) / 32 + 1) * 2 * group;
+      }
+    j.kt = j.kt_off && total * sizeof(uint16_t) <= TILE_MAX_BYTES ? (uint16_t*)malloc(sizeof(uint16_t) * total) : NULL;
+    if (j.kt && parallel)
+      parallel(parallel_ctx, pack_task, (size_t)a->B * a->Hkv, &j);
+    else
+      for (size_t i = 0; j.kt && i < (size_t)a->B * a->Hkv; i++) pack_task(&j, i);
+  }
   j.units = (size_t)a->B * ((a->S + j.qb - 1) / j.qb) * a->Hkv * j.nsplit;
   if (parallel)
     parallel(parallel_ctx, run_units, j.units < POOL_TASKS ? j.units : POOL_TASKS, &j);
@@ -648,5 +738,7 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
     run_units(&j, 0);
   if (j.nsplit > 1) merge_splits(&j);
   free(j.part);
+  free(j.kt);
+  free(j.kt_off);
   return NULL;
 }
