@@ -229,6 +229,33 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
     np.testing.assert_allclose(_cache_values(feeds["past_value"]), v, atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("cache", ["fp16", "int8"])
+@pytest.mark.parametrize("name", ["prompt-d64-blocks-long", "prompt-d64-blocks-window-softcap",
+                                  "chunks-mixed-counts-d64", "prompt-right-padded"])
+def test_prompt_tiles_agree_with_the_fp32_scores(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 name: str, cache: str) -> None:
+    """A prompt's scores and weighted sums on AMX-BF16 tiles (q, k, weights and values as bf16 hi + lo), where the
+    CPU grants them, against the same run with LLMC_KERNELS_NO_AMX (fp32 FMAs): within ~1e-5 of the outputs, and
+    not bit for bit (the tiles ran); on a CPU without AMX both runs take the FMAs and agree exactly."""
+    from llmc.engines.kernels import cpu_paths
+
+    amx = cpu_paths()["matmul_q4"] == "avx512-vnni+amx-bf16"  # (before LLMC_KERNELS_NO_AMX is set)
+    case = CASES[name]
+    feeds, _ = _inputs(case, cache, True, seed=3)
+    graph = _graph(tmp_path / "a.onnx", case[2], case[3], cache, True,
+                   new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case))
+    outs = []
+    for no_amx in ("0", "1"):
+        monkeypatch.setenv("LLMC_KERNELS_NO_AMX", no_amx)
+        outs.append(_session(library, graph).run(None, feeds)[0])  # type: ignore[attr-defined]
+    tiles, fmas = outs
+    if amx:
+        assert not np.array_equal(tiles, fmas)
+        np.testing.assert_allclose(tiles, fmas, atol=2e-5 * np.abs(fmas).max(), rtol=0)
+    else:
+        np.testing.assert_array_equal(tiles, fmas)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_plain_run_copies_the_past_into_the_present(library: Path, tmp_path: Path, threads: int) -> None:
     case = CASES["decode-split-rows"]

@@ -90,6 +90,40 @@ TARGET_AMX void llmc_amx_scores(const uint16_t* const* q, int D, const uint16_t*
   _tile_stored(5, c + 16, 128);
 }
 
+/* Tiles 0, 1: A (p hi, lo); 2, 3: B (a column tile's hi, lo); 4..7: C, up to 4 column tiles (64 dims) a pass. */
+TARGET_AMX void llmc_amx_values(const uint16_t* const* p, int nw, const uint16_t* vt, size_t window, int D,
+                                float* out) {
+  for (int c0 = 0; c0 < D / 16; c0 += 4) {
+    int nc = D / 16 - c0 < 4 ? D / 16 - c0 : 4;
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int w = 0; w < nw; w++) {
+      const uint16_t* b = vt + (size_t)w * window + (size_t)c0 * 2 * 512;
+      _tile_loadd(0, p[0] + w * 512, 64);
+      _tile_loadd(1, p[1] + w * 512, 64);
+#define LLMC_VALUES_TILE(ct, c)          \
+  if (ct < nc) {                         \
+    _tile_loadd(2, b + ct * 1024, 64);       \
+    _tile_loadd(3, b + ct * 1024 + 512, 64); \
+    _tile_dpbf16ps(c, 0, 2);             \
+    _tile_dpbf16ps(c, 1, 2);             \
+    _tile_dpbf16ps(c, 0, 3);             \
+  }
+      LLMC_VALUES_TILE(0, 4)
+      LLMC_VALUES_TILE(1, 5)
+      LLMC_VALUES_TILE(2, 6)
+      LLMC_VALUES_TILE(3, 7)
+#undef LLMC_VALUES_TILE
+    }
+    _tile_stored(4, out + c0 * 16, D * 4);
+    if (nc > 1) _tile_stored(5, out + c0 * 16 + 16, D * 4);
+    if (nc > 2) _tile_stored(6, out + c0 * 16 + 32, D * 4);
+    if (nc > 3) _tile_stored(7, out + c0 * 16 + 48, D * 4);
+  }
+}
+
 /* One 16 x 16 x 32 product on the tiles against the plain sum (run in a child process: see amx_bf16.h). */
 static TARGET_AMX int amx_computes(void) {
   __attribute__((aligned(64))) uint16_t x[LLMC_AMX_ROWS * LLMC_AMX_K], w[LLMC_AMX_K * 16];

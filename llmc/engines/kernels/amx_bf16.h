@@ -38,6 +38,12 @@ void llmc_amx_bf16_rows(const char* const* x, int levels, int64_t stride, int64_
  * left out), into c [16][32] fp32 (the groups' keys side by side). The thread configured. */
 void llmc_amx_scores(const uint16_t* const* q, int D, const uint16_t* kt0, const uint16_t* kt1, float* c);
 
+/* Weighted sums of a prompt's values (attention_kernel.c): over nw windows of 32 keys, p[0] hi, p[1] lo bf16
+ * [nw][16][32] (16 vectors' weights of the window's keys) times the window's values (B: vt + w * window, each
+ * [D / 16][2 levels: hi, lo][16 key pairs][32]: pair r of keys 2r, 2r + 1 for 16 dims), hi.hi + lo.hi + hi.lo,
+ * into out [16][D] fp32. D a multiple of 32; the thread configured. */
+void llmc_amx_values(const uint16_t* const* p, int nw, const uint16_t* vt, size_t window, int D, float* out);
+
 /* Rows 0 .. rows of row block blk of llmc_amx_bf16_rows' c, both tiles side by side: out [rows][32]. */
 static inline void llmc_amx_rows_of(const float* c, int blk, int rows, float* out) {
   for (int m = 0; m < rows; m++)

@@ -37,7 +37,8 @@
 #define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */
 #define FOLD_ROWS 64   /* int8 cache: groups x vectors up to which the value rows' scales go into the weights */
 #define TILE_MAX_D 256 /* prompts' scores on AMX tiles: head sizes up to this (multiples of 32) */
-#define TILE_MAX_BYTES ((size_t)512 << 20) /* ... and a call's packed keys up to this */
+#define TILE_MAX_BYTES ((size_t)512 << 20) /* ... and a call's packed keys up to this (values: as many) */
+#define PV_WINDOWS (CHUNK / 32 + 1) /* windows of 32 keys a chunk overlaps */
 
 typedef struct {
   const llmc_attention_args* a;
@@ -45,8 +46,9 @@ typedef struct {
   int qb;   /* query positions per unit: 1, or a block of a prompt's (their G heads scored together per key) */
   int f16c; /* the CPU converts to fp16 (F16C) */
   float* part; /* nsplit > 1: per (b, i, head, split) m, l, acc[D] */
-  uint16_t* kt;   /* a prompt's scores on AMX-BF16 tiles: every (row, KV head)'s keys packed (pack_keys), else NULL */
-  size_t* kt_off; /* [B * Hkv]: where (b, h)'s packed keys start in kt */
+  uint16_t* kt;   /* a prompt on AMX-BF16 tiles: every (row, KV head)'s keys packed (pack_keys), else NULL */
+  uint16_t* vt;   /* ... and its values (pack_values) */
+  size_t* kt_off; /* [B * Hkv]: where (b, h)'s packed keys start in kt, and its values in vt */
   size_t units;
   size_t next; /* the next unit to claim (atomic) */
 } job;
@@ -239,7 +241,7 @@ AVX512 static inline __attribute__((always_inline)) void sum_values(const float*
  * m[G], l[G], acc[G][D] out. A chunk's keys outside a vector's range score -inf (weight 0). */
 AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0,
                                  int t1, const int* lo, const int* hi, float softcap, float* m, float* l,
-                                 float* acc, const uint16_t* kt) {
+                                 float* acc, const uint16_t* kt, const uint16_t* vt) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
   float folded[CHUNK * FOLD_ROWS] __attribute__((aligned(64))); /* int8 cache: per group, the weights x its scales */
   __m512 xs[MAX_VECTORS * 16]; /* D = 64: per vector, the products of up to 16 keys before their reduction */
@@ -340,7 +342,25 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
           _mm512_storeu_ps(acc + g * D + 16 * j, _mm512_mul_ps(vc, _mm512_loadu_ps(acc + g * D + 16 * j)));
       }
     }
-    if (G <= MAX_VECTORS) { /* the accumulators of up to 8 vectors in registers per pass over the chunk's values */
+    if (vt) { /* the chunk's weighted sums on the tiles, per window of 32 keys from a multiple of 32 */
+      uint16_t ph[2][PV_WINDOWS * 512] __attribute__((aligned(64)));
+      float out[MAX_VECTORS * TILE_MAX_D] __attribute__((aligned(64)));
+      int w0 = c0 / 32, nw = (c0 + n + 31) / 32 - w0;
+      for (int w = 0; w < nw; w++)
+        for (int g = 0; g < MAX_VECTORS; g++) {
+          float row[32] __attribute__((aligned(64)));
+          memset(row, 0, sizeof row);
+          int kp = (w0 + w) * 32, from = kp > c0 ? kp : c0, to = kp + 32 < c0 + n ? kp + 32 : c0 + n;
+          if (g < G) memcpy(row + (from - kp), s + g * CHUNK + (from - c0), sizeof(float) * (size_t)(to - from));
+          llmc_bf16_round(row, 32, ph[0] + w * 512 + g * 32, ph[1] + w * 512 + g * 32);
+        }
+      const uint16_t* p[2] = {ph[0], ph[1]};
+      llmc_amx_values(p, nw, vt + (size_t)w0 * ((size_t)D / 16 * 2 * 512), (size_t)D / 16 * 2 * 512, D, out);
+      for (int g = 0; g < G; g++)
+        for (int d = 0; d < D; d += 16)
+          _mm512_storeu_ps(acc + g * D + d, _mm512_add_ps(_mm512_loadu_ps(acc + g * D + d),
+                                                          _mm512_load_ps(out + g * D + d)));
+    } else if (G <= MAX_VECTORS) { /* the accumulators of up to 8 vectors in registers per pass over the chunk's values */
       const float* ps = s;
       size_t pstep = 0;
       if (kind == LLMC_KV_I8 && groups(D) * G <= FOLD_ROWS) { /* the weights times each value row's group scales */
@@ -502,12 +522,33 @@ AVX512 static void pack_keys(const job* j, int b, int h, uint16_t* out) {
       }
   }
 }
+
+/* Row b's values of KV head h in AMX-BF16's B layout for llmc_amx_values: per window of 32 keys, [D / 16 column
+ * tiles][hi, lo][16 key pairs][16 dims][2]; the window past the last key 0. */
+AVX512 static void pack_values(const job* j, int b, int h, uint16_t* out) {
+  const llmc_attention_args* a = j->a;
+  int D = a->D, keys = past_of(a, b) + new_of(a, b);
+  size_t window = (size_t)D / 16 * 2 * 512;
+  rows_t V = head_rows(a, a->v, b, h);
+  float row[TILE_MAX_D] __attribute__((aligned(64)));
+  uint16_t hl[2][TILE_MAX_D];
+  memset(out + (size_t)(keys / 32) * window, 0, sizeof(uint16_t) * window);
+  for (int t = 0; t < keys; t++) {
+    const char* r = row_at(&V, t);
+    for (int d = 0; d < D; d += 16) _mm512_store_ps(row + d, load16(r, d, a->kv_kind, D));
+    llmc_bf16_round(row, D, hl[0], hl[1]);
+    uint16_t* w = out + (size_t)(t / 32) * window + (t % 32) / 2 * 32 + t % 2;
+    for (int lv = 0; lv < 2; lv++)
+      for (int d = 0; d < D; d++) w[(size_t)((d / 16) * 2 + lv) * 512 + (d % 16) * 2] = hl[lv][d];
+  }
+}
 #endif
 
 static void pack_task(void* data, size_t i) {
 #ifdef LLMC_X86
   const job* j = (const job*)data;
   pack_keys(j, (int)(i / j->a->Hkv), (int)(i % j->a->Hkv), j->kt + j->kt_off[i]);
+  pack_values(j, (int)(i / j->a->Hkv), (int)(i % j->a->Hkv), j->vt + j->kt_off[i]);
 #else
   (void)data, (void)i;
 #endif
@@ -555,7 +596,8 @@ static void run_unit(void* data, size_t u) {
 #ifdef LLMC_X86
   } else if (j->avx512) {
     attend_avx512(q, K, V, a->kv_kind, nvec, D, t0, t1, qb > 1 ? lo : NULL, hi, a->softcap, m, l, acc,
-                  j->kt ? j->kt + j->kt_off[(size_t)b * a->Hkv + h] : NULL);
+                  j->kt ? j->kt + j->kt_off[(size_t)b * a->Hkv + h] : NULL,
+                  j->kt ? j->vt + j->kt_off[(size_t)b * a->Hkv + h] : NULL);
 #endif
   } else { /* (qb 1) */
     attend_generic(q, K, V, a->kv_kind, G, D, t0, t1, a->softcap, m, l, acc);
@@ -725,7 +767,9 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
         j.kt_off[(size_t)b * a->Hkv + h] = total;
         total += (size_t)((past_of(a, b) + new_of(a, b)) / 32 + 1) * 2 * group;
       }
-    j.kt = j.kt_off && total * sizeof(uint16_t) <= TILE_MAX_BYTES ? (uint16_t*)malloc(sizeof(uint16_t) * total) : NULL;
+    j.kt = j.kt_off && total * sizeof(uint16_t) <= TILE_MAX_BYTES ? (uint16_t*)malloc(sizeof(uint16_t) * 2 * total)
+                                                                 : NULL;
+    j.vt = j.kt ? j.kt + total : NULL;
     if (j.kt && parallel)
       parallel(parallel_ctx, pack_task, (size_t)a->B * a->Hkv, &j);
     else
