@@ -573,8 +573,9 @@ int llmc_q4_path(void) {
 
 /* Rows of x per work item on the wide path: as many as keep their bf16 levels within WIDE_X_BYTES (in L2 while
  * the item's task passes the tile pairs), in whole spans. Over all of M at once, a long prompt's x was read again
- * from memory for every pair: a 2,048-token prompt's products re-read ~13 GB of it in SmolLM2's 30 layers. Each
- * item expands its pair's weights again (~1/10 of the tiles' work at these sizes). */
+ * from memory for every pair: a 2,048-token prompt's products re-read ~13 GB of it in SmolLM2's 30 layers (from
+ * this VM's 300 MB L3, so the blocks alone measured 1.0x for the all-int4 engine and 1.16x for the default
+ * there). Each item expands its pair's weights again. */
 static int64_t wide_row_block(int64_t M, int64_t K, int levels) {
   int64_t rows = WIDE_X_BYTES / (K * 2 * levels) / LLMC_AMX_SPAN * LLMC_AMX_SPAN;
   rows = rows < LLMC_AMX_SPAN ? LLMC_AMX_SPAN : rows;
