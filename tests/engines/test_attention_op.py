@@ -130,6 +130,11 @@ CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row
     "prompt-d64-blocks-long": (1, 150, 9, 3, 64, 160, [0], [150], True),
     "prompt-d64-blocks-window-softcap": (2, 140, 6, 2, 64, 160, [0, 0], [140, 77], True,
                                          {"window": 50, "softcap": 2.0}),
+    # 32 positions or more on AMX tiles where the CPU has them: chunks after a past (keys packed from 0, blocks
+    # starting off a multiple of 32), right-padded rows of different counts, a head size of 32
+    "chunk-after-past-d64-tiles": (1, 40, 9, 3, 64, 200, [101], [40], False),
+    "chunks-mixed-counts-d64-tiles": (2, 36, 6, 2, 64, 120, [50, 0], [36, 20], False, {"new_tokens": True}),
+    "prompt-d32-tiles": (2, 33, 4, 2, 32, 40, [0, 0], [33, 5], True),
 }
 
 
@@ -231,7 +236,7 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
 
 @pytest.mark.parametrize("cache", ["fp16", "int8"])
 @pytest.mark.parametrize("name", ["prompt-d64-blocks-long", "prompt-d64-blocks-window-softcap",
-                                  "chunks-mixed-counts-d64", "prompt-right-padded"])
+                                  "chunk-after-past-d64-tiles", "chunks-mixed-counts-d64-tiles", "prompt-d32-tiles"])
 def test_prompt_tiles_agree_with_the_fp32_scores(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  name: str, cache: str) -> None:
     """A prompt's scores and weighted sums on AMX-BF16 tiles (q, k, weights and values as bf16 hi + lo), where the

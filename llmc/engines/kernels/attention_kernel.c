@@ -43,6 +43,7 @@
 #define TILE_MAX_D 256 /* prompts' scores on AMX tiles: head sizes up to this (multiples of 32) */
 #define TILE_MAX_BYTES ((size_t)512 << 20) /* ... and a call's packed keys up to this (values: as many) */
 #define PV_WINDOWS (CHUNK / 32 + 1) /* windows of 32 keys a chunk overlaps */
+#define TILE_MIN_ROWS 32 /* ... and prompts (or chunks of one) of at least this many positions */
 
 typedef struct {
   const llmc_attention_args* a;
@@ -681,13 +682,14 @@ static int uses_f16c(void) {
 
 static _Thread_local char err_buf[256];
 
-/* A prompt's scores go to AMX-BF16 tiles (q and k each as bf16 hi + lo: ~2^-17 of each product, below an fp16
- * cache's own rounding; an fp32 cache keeps fp32 scores) where the CPU grants them, the head size is a multiple of
- * 32 up to TILE_MAX_D, and LLMC_KERNELS_NO_AMX is not set. */
+/* A prompt of TILE_MIN_ROWS positions or more goes to AMX-BF16 tiles (q, k, the weights and v each as bf16 hi +
+ * lo: ~2^-17 of each product, below an fp16 cache's own rounding; an fp32 cache keeps fp32 arithmetic) where the
+ * CPU grants them, the head size is a multiple of 32 up to TILE_MAX_D, and LLMC_KERNELS_NO_AMX is not set. Fewer
+ * positions stay on the FMAs: packing each key and value costs about what one block of positions spends on it. */
 static int prompt_tiles(const llmc_attention_args* a) {
 #ifdef LLMC_X86
   const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
-  return a->kv_kind != LLMC_KV_F32 && a->D % LLMC_AMX_K == 0 && a->D <= TILE_MAX_D &&
+  return a->S >= TILE_MIN_ROWS && a->kv_kind != LLMC_KV_F32 && a->D % LLMC_AMX_K == 0 && a->D <= TILE_MAX_D &&
          !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable();
 #else
   (void)a;
