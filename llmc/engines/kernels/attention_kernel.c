@@ -41,7 +41,7 @@
 #define POOL_TASKS 16 /* tasks handed to the thread pool per call, each claiming units until none are left */
 #define FOLD_ROWS 64   /* int8 cache: groups x vectors up to which the value rows' scales go into the weights */
 #define TILE_MAX_D 256 /* prompts' scores on AMX tiles: head sizes up to this (multiples of 32) */
-#define TILE_MAX_BYTES ((size_t)512 << 20) /* ... and a call's packed keys up to this (values: as many) */
+#define TILE_MAX_BYTES ((size_t)256 << 20) /* ... and a call's packed keys and values up to this */
 #define PV_WINDOWS (CHUNK / 32 + 1) /* windows of 32 keys a chunk overlaps */
 #define TILE_MIN_ROWS 32 /* ... and prompts (or chunks of one) of at least this many positions */
 
@@ -773,8 +773,8 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
         j.kt_off[(size_t)b * a->Hkv + h] = total;
         total += (size_t)((past_of(a, b) + new_of(a, b)) / 32 + 1) * 2 * group;
       }
-    j.kt = j.kt_off && total * sizeof(uint16_t) <= TILE_MAX_BYTES ? (uint16_t*)malloc(sizeof(uint16_t) * 2 * total)
-                                                                 : NULL;
+    j.kt = j.kt_off && 2 * total * sizeof(uint16_t) <= TILE_MAX_BYTES ? (uint16_t*)malloc(sizeof(uint16_t) * 2 * total)
+                                                                     : NULL;
     j.vt = j.kt ? j.kt + total : NULL;
     if (j.kt && parallel)
       parallel(parallel_ctx, pack_task, (size_t)a->B * a->Hkv, &j);
