@@ -91,8 +91,8 @@ TARGET_AMX void llmc_amx_scores(const uint16_t* const* q, int D, const uint16_t*
 }
 
 /* Tiles 0, 1: A (p hi, lo); 2, 3: B (a column tile's hi, lo); 4..7: C, up to 4 column tiles (64 dims) a pass. */
-TARGET_AMX void llmc_amx_values(const uint16_t* const* p, int nw, const uint16_t* vt, size_t window, int D,
-                                float* out) {
+TARGET_AMX void llmc_amx_values(const uint16_t* const* p, int64_t p_stride, int nw, const uint16_t* vt,
+                                size_t window, int D, float* out) {
   for (int c0 = 0; c0 < D / 16; c0 += 4) {
     int nc = D / 16 - c0 < 4 ? D / 16 - c0 : 4;
     _tile_zero(4);
@@ -101,15 +101,15 @@ TARGET_AMX void llmc_amx_values(const uint16_t* const* p, int nw, const uint16_t
     _tile_zero(7);
     for (int w = 0; w < nw; w++) {
       const uint16_t* b = vt + (size_t)w * window + (size_t)c0 * 2 * 512;
-      _tile_loadd(0, p[0] + w * 512, 64);
-      _tile_loadd(1, p[1] + w * 512, 64);
-#define LLMC_VALUES_TILE(ct, c)          \
-  if (ct < nc) {                         \
+      _tile_loadd(0, p[0] + w * LLMC_AMX_K, p_stride);
+      _tile_loadd(1, p[1] + w * LLMC_AMX_K, p_stride);
+#define LLMC_VALUES_TILE(ct, c)              \
+  if (ct < nc) {                             \
     _tile_loadd(2, b + ct * 1024, 64);       \
     _tile_loadd(3, b + ct * 1024 + 512, 64); \
-    _tile_dpbf16ps(c, 0, 2);             \
-    _tile_dpbf16ps(c, 1, 2);             \
-    _tile_dpbf16ps(c, 0, 3);             \
+    _tile_dpbf16ps(c, 0, 2);                 \
+    _tile_dpbf16ps(c, 1, 2);                 \
+    _tile_dpbf16ps(c, 0, 3);                 \
   }
       LLMC_VALUES_TILE(0, 4)
       LLMC_VALUES_TILE(1, 5)

@@ -1,5 +1,6 @@
-/* AMX-BF16 tiles, shared by the matrix products for prompts (many rows of x): whether this process may use them,
- * and the one tile loop they run. Internal to the operator library; the functions exist on x86-64 only (the bf16 conversions everywhere).
+/* AMX-BF16 tiles, shared by the matrix products' and attention's prompts: whether this process may use them, the
+ * products' tile loop and attention's two. Internal to the operator library; the functions exist on x86-64 only
+ * (the bf16 conversions everywhere).
  *
  * B operand layout (matmul_bf16.h's packed tiles, and what matmul_q4.c expands its blocks to): per tile of 16
  * columns, uint16 bf16 bits [K / 2][32]: pair p holds w[2p, j], w[2p + 1, j] side by side for j = 0..15, so 16 pairs
@@ -39,10 +40,11 @@ void llmc_amx_bf16_rows(const char* const* x, int levels, int64_t stride, int64_
 void llmc_amx_scores(const uint16_t* const* q, int D, const uint16_t* kt0, const uint16_t* kt1, float* c);
 
 /* Weighted sums of a prompt's values (attention_kernel.c): over nw windows of 32 keys, p[0] hi, p[1] lo bf16
- * [nw][16][32] (16 vectors' weights of the window's keys) times the window's values (B: vt + w * window, each
- * [D / 16][2 levels: hi, lo][16 key pairs][32]: pair r of keys 2r, 2r + 1 for 16 dims), hi.hi + lo.hi + hi.lo,
- * into out [16][D] fp32. D a multiple of 32; the thread configured. */
-void llmc_amx_values(const uint16_t* const* p, int nw, const uint16_t* vt, size_t window, int D, float* out);
+ * [16 vectors][p_stride bytes] (the windows' weights side by side, window w's from element 32 w) times each
+ * window's values (B: vt + w * window, each [D / 16][2 levels: hi, lo][16 key pairs][32]: pair r of keys 2r,
+ * 2r + 1 for 16 dims), hi.hi + lo.hi + hi.lo, into out [16][D] fp32. D a multiple of 32; the thread configured. */
+void llmc_amx_values(const uint16_t* const* p, int64_t p_stride, int nw, const uint16_t* vt, size_t window, int D,
+                     float* out);
 
 /* Rows 0 .. rows of row block blk of llmc_amx_bf16_rows' c, both tiles side by side: out [rows][32]. */
 static inline void llmc_amx_rows_of(const float* c, int blk, int rows, float* out) {

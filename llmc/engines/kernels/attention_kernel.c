@@ -264,7 +264,7 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
   }
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
-    for (int t = 0; t < n; t++) krow[t] = row_at(K, c0 + t), vrow[t] = row_at(V, c0 + t);
+    for (int t = 0; !kt && t < n; t++) krow[t] = row_at(K, c0 + t), vrow[t] = row_at(V, c0 + t);
     if (kt) { /* the chunk's scores on the tiles, 32 keys at a time from a multiple of 32 (vt: its values too) */
       for (int kp = c0 / 32 * 32; kp < c0 + n; kp += 32) {
         float c[MAX_VECTORS * 32] __attribute__((aligned(64)));
@@ -348,24 +348,26 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
       }
     }
     if (vt) { /* the chunk's weighted sums on the tiles, per window of 32 keys from a multiple of 32 */
-      uint16_t ph[2][PV_WINDOWS * 512] __attribute__((aligned(64)));
+      /* each vector's weights from key 32 w0 on, 0 outside the chunk (and the vectors past G all 0) */
+      int w0 = c0 / 32, nw = (c0 + n + 31) / 32 - w0, span = nw * 32;
+      float row[PV_WINDOWS * 32] __attribute__((aligned(64)));
+      uint16_t ph[2][MAX_VECTORS * PV_WINDOWS * 32] __attribute__((aligned(64)));
       float out[MAX_VECTORS * TILE_MAX_D] __attribute__((aligned(64)));
-      int w0 = c0 / 32, nw = (c0 + n + 31) / 32 - w0;
-      for (int w = 0; w < nw; w++)
-        for (int g = 0; g < MAX_VECTORS; g++) {
-          float row[32] __attribute__((aligned(64)));
-          memset(row, 0, sizeof row);
-          int kp = (w0 + w) * 32, from = kp > c0 ? kp : c0, to = kp + 32 < c0 + n ? kp + 32 : c0 + n;
-          if (g < G) memcpy(row + (from - kp), s + g * CHUNK + (from - c0), sizeof(float) * (size_t)(to - from));
-          llmc_bf16_round(row, 32, ph[0] + w * 512 + g * 32, ph[1] + w * 512 + g * 32);
-        }
+      memset(row, 0, sizeof row);
+      for (int g = 0; g < G; g++) {
+        memcpy(row + (c0 - 32 * w0), s + g * CHUNK, sizeof(float) * (size_t)n);
+        llmc_bf16_round(row, span, ph[0] + g * span, ph[1] + g * span);
+      }
+      for (int lv = 0; lv < 2; lv++)
+        memset(ph[lv] + G * span, 0, sizeof(uint16_t) * (size_t)((MAX_VECTORS - G) * span));
       const uint16_t* p[2] = {ph[0], ph[1]};
-      llmc_amx_values(p, nw, vt + (size_t)w0 * ((size_t)D / 16 * 2 * 512), (size_t)D / 16 * 2 * 512, D, out);
+      llmc_amx_values(p, span * 2, nw, vt + (size_t)w0 * ((size_t)D / 16 * 2 * 512), (size_t)D / 16 * 2 * 512, D,
+                      out);
       for (int g = 0; g < G; g++)
         for (int d = 0; d < D; d += 16)
           _mm512_storeu_ps(acc + g * D + d, _mm512_add_ps(_mm512_loadu_ps(acc + g * D + d),
                                                           _mm512_load_ps(out + g * D + d)));
-    } else if (G <= MAX_VECTORS) { /* the accumulators of up to 8 vectors in registers per pass over the chunk's values */
+    } else if (G <= MAX_VECTORS) { /* up to 8 vectors' accumulators in registers per pass over the chunk's values */
       const float* ps = s;
       size_t pstep = 0;
       if (kind == LLMC_KV_I8 && groups(D) * G <= FOLD_ROWS) { /* the weights times each value row's group scales */
@@ -507,18 +509,23 @@ static void write_new(const job* j) {
 /* Row b's keys of KV head h (all past + new of them, rotated, as the cache holds them) in AMX-BF16's B layout for
  * llmc_amx_scores: per group of 16 keys, [D / 32][hi, lo][16 pairs][16 keys][2] (hi = bf16(k), lo = bf16(k - hi));
  * the groups past the last key, to an even count, are 0. */
+/* Row t of `rows` (a cache of `kind`) widened to fp32 and split into bf16 hi + lo. */
+AVX512 static inline void row_hilo(const rows_t* rows, int t, int kind, int D, uint16_t (*hl)[TILE_MAX_D]) {
+  float row[TILE_MAX_D] __attribute__((aligned(64)));
+  const char* r = row_at(rows, t);
+  for (int d = 0; d < D; d += 16) _mm512_store_ps(row + d, load16(r, d, kind, D));
+  llmc_bf16_round(row, D, hl[0], hl[1]);
+}
+
 AVX512 static void pack_keys(const job* j, int b, int h, uint16_t* out) {
   const llmc_attention_args* a = j->a;
   int D = a->D, keys = past_of(a, b) + new_of(a, b);
   size_t group = (size_t)(D / LLMC_AMX_K) * 2 * 512;
   rows_t K = head_rows(a, a->k, b, h);
-  float row[TILE_MAX_D] __attribute__((aligned(64)));
   uint16_t hl[2][TILE_MAX_D];
   memset(out + (size_t)(keys / 32 * 2) * group, 0, sizeof(uint16_t) * 2 * group); /* the last pair's tail */
   for (int t = 0; t < keys; t++) {
-    const char* r = row_at(&K, t);
-    for (int d = 0; d < D; d += 16) _mm512_store_ps(row + d, load16(r, d, a->kv_kind, D));
-    llmc_bf16_round(row, D, hl[0], hl[1]);
+    row_hilo(&K, t, a->kv_kind, D, hl);
     uint16_t* g = out + (size_t)(t / 16) * group + (t % 16) * 2;
     for (int lv = 0; lv < 2; lv++)
       for (int d = 0; d < D; d += 2) {
@@ -535,13 +542,10 @@ AVX512 static void pack_values(const job* j, int b, int h, uint16_t* out) {
   int D = a->D, keys = past_of(a, b) + new_of(a, b);
   size_t window = (size_t)D / 16 * 2 * 512;
   rows_t V = head_rows(a, a->v, b, h);
-  float row[TILE_MAX_D] __attribute__((aligned(64)));
   uint16_t hl[2][TILE_MAX_D];
   memset(out + (size_t)(keys / 32) * window, 0, sizeof(uint16_t) * window);
   for (int t = 0; t < keys; t++) {
-    const char* r = row_at(&V, t);
-    for (int d = 0; d < D; d += 16) _mm512_store_ps(row + d, load16(r, d, a->kv_kind, D));
-    llmc_bf16_round(row, D, hl[0], hl[1]);
+    row_hilo(&V, t, a->kv_kind, D, hl);
     uint16_t* w = out + (size_t)(t / 32) * window + (t % 32) / 2 * 32 + t % 2;
     for (int lv = 0; lv < 2; lv++)
       for (int d = 0; d < D; d++) w[(size_t)((d / 16) * 2 + lv) * 512 + (d % 16) * 2] = hl[lv][d];
