@@ -41,9 +41,9 @@ TARGET_AMX void llmc_amx_release(void) {
   amx_configured = 0;
 }
 
-/* Each pair of B tile loads is used by both row blocks (and every level), each A tile load by both tiles. */
-TARGET_AMX void llmc_amx_bf16_rows(const char* const* x, int levels, int64_t stride, int64_t K, const uint16_t* w0,
-                                   const uint16_t* w1, float* c) {
+/* Each pair of B tile loads is used by both row blocks, each A tile load by both tiles. */
+TARGET_AMX void llmc_amx_bf16_rows(const char* x, int64_t stride, int64_t K, const uint16_t* w0, const uint16_t* w1,
+                                   float* c) {
   _tile_zero(4);
   _tile_zero(5);
   _tile_zero(6);
@@ -51,14 +51,12 @@ TARGET_AMX void llmc_amx_bf16_rows(const char* const* x, int levels, int64_t str
   for (int64_t k0 = 0; k0 < K; k0 += LLMC_AMX_K) {
     _tile_loadd(2, w0 + k0 * 16, 64);
     _tile_loadd(3, w1 + k0 * 16, 64);
-    for (int l = 0; l < levels; l++) {
-      _tile_loadd(0, x[l] + k0 * 2, stride);
-      _tile_loadd(1, x[l] + LLMC_AMX_ROWS * stride + k0 * 2, stride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
-    }
+    _tile_loadd(0, x + k0 * 2, stride);
+    _tile_loadd(1, x + LLMC_AMX_ROWS * stride + k0 * 2, stride);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 3);
+    _tile_dpbf16ps(6, 1, 2);
+    _tile_dpbf16ps(7, 1, 3);
   }
   _tile_stored(4, c, 64);
   _tile_stored(5, c + 256, 64);

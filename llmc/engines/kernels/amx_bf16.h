@@ -26,12 +26,10 @@ int llmc_amx_bf16_usable(void);
 void llmc_amx_configure(void);
 void llmc_amx_release(void);
 
-/* Rows 0 .. LLMC_AMX_SPAN of x (levels 1 or 2 arrays, each `stride` bytes a row: rows past the caller's M are read
- * and their products dropped by the caller) times two B tile streams w0, w1 ([K / 2][32] each) over all of K,
- * summed over the levels, into c [2 row blocks][2 tiles][16 x 16] (fp32). K a multiple of LLMC_AMX_K; the thread
- * configured. */
-void llmc_amx_bf16_rows(const char* const* x, int levels, int64_t stride, int64_t K, const uint16_t* w0,
-                        const uint16_t* w1, float* c);
+/* Rows 0 .. LLMC_AMX_SPAN of x (`stride` bytes a row: rows past the caller's M are read and their products dropped
+ * by the caller) times two B tile streams w0, w1 ([K / 2][32] each) over all of K, into c [2 row blocks][2 tiles]
+ * [16 x 16] (fp32). K a multiple of LLMC_AMX_K; the thread configured. */
+void llmc_amx_bf16_rows(const char* x, int64_t stride, int64_t K, const uint16_t* w0, const uint16_t* w1, float* c);
 
 /* Attention scores of a prompt (attention_kernel.c): 16 query vectors (A: q[0] hi, q[1] lo bf16 [16][D], D a
  * multiple of 32) against two groups of 16 keys (B: kt0, kt1, each [D / 32][2 levels: hi, lo][16 pairs][32]: pair

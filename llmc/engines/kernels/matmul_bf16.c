@@ -137,7 +137,7 @@ static void unit_amx(const bf16_job* j, int64_t u) {
   llmc_amx_configure();
   for (int64_t m0 = 0; m0 < a->M; m0 += LLMC_AMX_SPAN) {
     const char* x = (const char*)j->xb + m0 * stride;
-    llmc_amx_bf16_rows(&x, 1, stride, a->K, w0, w1, c);
+    llmc_amx_bf16_rows(x, stride, a->K, w0, w1, c);
     for (int blk = 0; blk < 2; blk++) {
       int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
       if (r0 >= a->M) break;

@@ -52,13 +52,13 @@ typedef struct {
   int64_t row_block;     /* wide: rows of x per work item (their bf16 rows stay in L2 across the pairs) */
   int bits;            /* the weights': 4 or 8 */
   int64_t tile_bytes;  /* LLMC_Q4_TILE_BYTES or LLMC_Q8_TILE_BYTES */
-  int levels;          /* activation levels: 1 (act_bits 8) or 2 (act_bits 16) */
+  int levels;          /* int8 activation levels: 1 (act_bits 8) or 2 (act_bits 16); wide: one bf16 level */
   const int8_t* xq;    /* [levels][M, K]: level l at xq + l M K */
   const float* xscale; /* [levels][M, blocks]: level l at xscale + l M blocks */
   const float* xsum;   /* [M, blocks]: the block sums of x as quantized, sum_l xscale_l sum(xq_l) */
   int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE (the dot products' path for few rows) */
   int wide;      /* this call runs on AMX-BF16 (prompts): xb, not xq */
-  const uint16_t* xb[2]; /* wide: [levels][M + LLMC_AMX_SPAN, K] x in bf16 (level 2: what level 1 leaves) */
+  const uint16_t* xb;    /* wide: [M + LLMC_AMX_SPAN, K] x in bf16 (one level, act_bits 16 too: matmul_q4.h) */
   uint16_t* expand;      /* wide: per task, one unit's weights in bf16, [2 tiles][K / 2][32] */
   int64_t parts; /* contiguous parts, one per thread (0: units are claimed, or all run in this thread) */
   size_t next;   /* the next unit to claim (atomic) */
@@ -520,8 +520,7 @@ static TARGET_WIDE void unit_wide(const job* j, int64_t i, uint16_t* scratch) {
   float buf[LLMC_AMX_ROWS * UNIT_COLS];
   llmc_amx_configure();
   for (int64_t m0 = first; m0 < end; m0 += LLMC_AMX_SPAN) {
-    const char* x[2] = {(const char*)j->xb[0] + m0 * stride, (const char*)j->xb[1] + m0 * stride};
-    llmc_amx_bf16_rows(x, j->levels, stride, a->K, scratch, w1, c);
+    llmc_amx_bf16_rows((const char*)j->xb + m0 * stride, stride, a->K, scratch, w1, c);
     for (int blk = 0; blk < 2; blk++) {
       int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
       if (r0 >= end) break;
@@ -571,13 +570,13 @@ int llmc_q4_path(void) {
   return path == LLMC_Q4_VNNI && tiles_allowed() ? LLMC_Q4_AMX : path;
 }
 
-/* Rows of x per work item on the wide path: as many as keep their bf16 levels within WIDE_X_BYTES (in L2 while
+/* Rows of x per work item on the wide path: as many as keep their bf16 rows within WIDE_X_BYTES (in L2 while
  * the item's task passes the tile pairs), in whole spans. Over all of M at once, a long prompt's x was read again
  * from memory for every pair: a 2,048-token prompt's products re-read ~13 GB of it in SmolLM2's 30 layers (from
  * this VM's 300 MB L3, so the blocks alone measured 1.0x for the all-int4 engine and 1.16x for the default
  * there). Each item expands its pair's weights again. */
-static int64_t wide_row_block(int64_t M, int64_t K, int levels) {
-  int64_t rows = WIDE_X_BYTES / (K * 2 * levels) / LLMC_AMX_SPAN * LLMC_AMX_SPAN;
+static int64_t wide_row_block(int64_t M, int64_t K) {
+  int64_t rows = WIDE_X_BYTES / (K * 2) / LLMC_AMX_SPAN * LLMC_AMX_SPAN;
   rows = rows < LLMC_AMX_SPAN ? LLMC_AMX_SPAN : rows;
   return rows < M ? rows : M;
 }
@@ -665,19 +664,19 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = dot_path();
   int wide = path == LLMC_Q4_VNNI && !a->int8_prompts && a->M >= LLMC_Q4_WIDE_ROWS && tiles_allowed();
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
-  int64_t pairs = (a->N + UNIT_COLS - 1) / UNIT_COLS, row_block = wide ? wide_row_block(a->M, a->K, levels) : a->M;
+  int64_t pairs = (a->N + UNIT_COLS - 1) / UNIT_COLS, row_block = wide ? wide_row_block(a->M, a->K) : a->M;
   int64_t units = pairs * ((a->M + row_block - 1) / row_block);
   int64_t parts = parallel && a->threads > 1 && units >= 2 && units <= (int64_t)UINT32_MAX /* part.range */
                       ? (a->threads < units ? a->threads : units) : 0;
   part* part_of = NULL;
   if (parts && posix_memalign((void**)&part_of, sizeof(part), sizeof(part) * (size_t)parts))
     return "out of memory for the work split";
-  /* int8: [levels] xscale, xsum, [levels] xq; wide: [levels] xb with LLMC_AMX_SPAN spare rows (zeroed: read by the
+  /* int8: [levels] xscale, xsum, [levels] xq; wide: xb with LLMC_AMX_SPAN spare rows (zeroed: read by the
    * last span's A tiles, their products dropped), then one unit's expanded weights per task (64-byte aligned) */
   int64_t tasks = parts ? parts : parallel && units >= 2 && a->threads != 1 ? POOL_TASKS : 1;
   size_t xb_bytes = (size_t)((a->M + LLMC_AMX_SPAN) * a->K) * sizeof(uint16_t);
   size_t expand_bytes = (size_t)a->K * 32 * sizeof(uint16_t);
-  size_t bytes = wide ? (size_t)levels * xb_bytes + 64 + (size_t)tasks * expand_bytes
+  size_t bytes = wide ? xb_bytes + 64 + (size_t)tasks * expand_bytes
                       : (size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
                             sizeof(float) * (size_t)(a->M * blocks);
   void* scratch = malloc(bytes);
@@ -691,12 +690,10 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   if (wide) {
 #ifdef LLMC_X86
     uint16_t* xb = (uint16_t*)scratch;
-    j.xb[0] = xb;
-    j.xb[1] = levels == 2 ? xb + xb_bytes / sizeof(uint16_t) : xb;
-    llmc_bf16_round(a->x, a->M * a->K, xb, levels == 2 ? xb + xb_bytes / sizeof(uint16_t) : NULL);
-    for (int l = 0; l < levels; l++)
-      memset((uint16_t*)j.xb[l] + a->M * a->K, 0, sizeof(uint16_t) * (size_t)(LLMC_AMX_SPAN * a->K));
-    uintptr_t e = (uintptr_t)((char*)scratch + (size_t)levels * xb_bytes);
+    j.xb = xb;
+    llmc_bf16_round(a->x, a->M * a->K, xb, NULL);
+    memset(xb + a->M * a->K, 0, sizeof(uint16_t) * (size_t)(LLMC_AMX_SPAN * a->K));
+    uintptr_t e = (uintptr_t)((char*)scratch + xb_bytes);
     j.expand = (uint16_t*)((e + 63) & ~(uintptr_t)63);
 #endif
   } else {

@@ -23,11 +23,14 @@
  *
  * Prompts (LLMC_Q4_WIDE_ROWS rows or more, where the CPU has AMX-BF16 and the OS grants its tiles, int8_prompts 0):
  * each work unit's weights are expanded once per call to w = scale q + min rounded to bf16, and x is rounded to
- * bf16 (act_bits 16: x ~ hi + lo, two bf16 levels), the products exact in fp32 and summed in fp32 over all of K:
- *   y[m, n] = sum_k sum_l bf16_l(x)[m, k] bf16(scale q + min)[k, n]  (+ bias[n]).
+ * bf16, the products exact in fp32 and summed in fp32 over all of K:
+ *   y[m, n] = sum_k bf16(x)[m, k] bf16(scale q + min)[k, n]  (+ bias[n]).
  * That is closer to x @ W than the int8 activations (bf16 keeps 8 bits of each value, int8 7 of its block's
  * largest), and the rounding of the weights is ~2^-9 of each (the 4-bit grid's own step is ~1/15 of its block's
- * range).
+ * range). act_bits 16 takes the same single bf16 level here: 16-bit activations, as precise as its two int8 levels
+ * measured (SmolLM2's default int4 engine: the prompts' last logits at mean KL 1.37e-4 against fp32 this way,
+ * 1.13e-4 on the two int8 levels, verify's top-1 99.2 % and greedy match 26.2 this way, 98.9 % and 24.8 those),
+ * while a second bf16 level (x ~ hi + lo, KL 4.8e-5) cost a second pass of the tiles: prefill 1.5x as long.
  *
  * gated (SwiGLU): W holds the gate and up projections as alternating tiles (gate tile i at 2 i, its up tile at
  * 2 i + 1) and y [M, N / 2] = silu(x @ gate) * (x @ up): the MLP's first half in one pass.
