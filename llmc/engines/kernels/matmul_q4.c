@@ -460,23 +460,36 @@ static TARGET2 void unit_avx2(const job* j, int64_t u) { BY_LEVELS_AND_BITS(unit
 
 /* ---------------------------------------------------------------- AMX-BF16 (prompts) */
 
-#define TARGET_WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
+#define TARGET_WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,f16c")))
 
 /* Tile t's blocks expanded to bf16(scale q + min) in AMX-BF16's B layout: out [K / 2][32], pair p = k / 2 holding
  * its two k side by side per column (amx_bf16.h). Each 64-byte load of the packed layout is 16 columns x 4
- * consecutive k (4 bits: x 2, low and high nibbles); byte i of each column's 4 is one k. */
+ * consecutive k (4 bits: x 2, low and high nibbles); byte i of each column's 4 is one k. One vpermb (AVX-512 VBMI,
+ * which every AMX CPU has) moves a pair row's bytes for 8 columns into the fp32 lanes (column c, k even / odd at
+ * lanes 2c, 2c + 1, the other bytes zeroed), so the two conversions of 8 columns each are the pair row as it is
+ * stored (where shifting each k into place, then interleaving the bf16 with vpermw, took 11 instructions a pair
+ * row for 8 here: the expansion was 16 % of a 128-token prompt's samples in perf with one bf16 level of x). */
 static inline __attribute__((always_inline)) TARGET_WIDE void expand_tile(const job* j, int64_t t, uint16_t* out,
                                                                            const int BITS) {
   const int64_t tile_bytes = BITS == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
-  const __m512i low4 = _mm512_set1_epi8(0x0F), byte = _mm512_set1_epi32(0xFF);
-  /* word 2c of a pair row from word c of bf16(k even) (low half), word 2c + 1 from c of bf16(k odd) (high half) */
-  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __mmask64 first_byte = 0x1111111111111111ull; /* byte 0 of each fp32 lane */
+  __m512i pick[2][2]; /* [k pair i / 2 of the 4][columns 0-7, 8-15]: lane L <- byte 4 (8 half + L / 2) + i + L % 2 */
+  for (int i = 0; i < 2; i++)
+    for (int half = 0; half < 2; half++) {
+      uint8_t idx[64] = {0};
+      for (int lane = 0; lane < 16; lane++) idx[4 * lane] = (uint8_t)(4 * (8 * half + lane / 2) + 2 * i + lane % 2);
+      pick[i][half] = _mm512_loadu_si512(idx);
+    }
+  const __m512i col_lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i col_hi = _mm512_add_epi32(col_lo, _mm512_set1_epi32(8));
   for (int64_t b = 0; b < j->blocks; b++) {
     const uint8_t* p = tile_block(j->a->w, j->blocks, t, b, tile_bytes);
     const uint8_t* grid = p + (BITS == 8 ? 512 : 256);
     __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)grid));
     __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(grid + 32)));
+    __m512 s[2] = {_mm512_permutexvar_ps(col_lo, scale), _mm512_permutexvar_ps(col_hi, scale)};
+    __m512 m[2] = {_mm512_permutexvar_ps(col_lo, min), _mm512_permutexvar_ps(col_hi, min)};
     uint16_t* o = out + b * (LLMC_Q4_BLOCK / 2) * 32;
     for (int c = 0; c < (BITS == 8 ? 8 : 4); c++) {
       __m512i raw = _mm512_loadu_si512(p + c * 64), quads[2];
@@ -488,14 +501,14 @@ static inline __attribute__((always_inline)) TARGET_WIDE void expand_tile(const 
         quads[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4); /* k 8c + 4 .. 8c + 7 */
       }
       for (int h = 0; h < nq; h++)
-        for (int i = 0; i < 4; i += 2) {
-          __m512 w0 = _mm512_fmadd_ps(
-              _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(quads[h], 8 * i), byte)), scale, min);
-          __m512 w1 = _mm512_fmadd_ps(
-              _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(quads[h], 8 * i + 8), byte)), scale, min);
-          __m512i both = (__m512i)_mm512_cvtne2ps_pbh(w1, w0);
-          int64_t pair = (BITS == 8 ? 2 * c : 4 * c + 2 * h) + i / 2;
-          _mm512_storeu_si512(o + pair * 32, _mm512_permutexvar_epi16(pairs, both));
+        for (int i = 0; i < 2; i++) {
+          __m512 w[2];
+          for (int half = 0; half < 2; half++)
+            w[half] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(first_byte, pick[i][half], quads[h])), s[half],
+                m[half]);
+          int64_t pair = (BITS == 8 ? 2 * c : 4 * c + 2 * h) + i;
+          _mm512_storeu_si512(o + pair * 32, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
         }
     }
   }
@@ -518,8 +531,15 @@ static TARGET_WIDE void unit_wide(const job* j, int64_t i, uint16_t* scratch) {
   }
   __attribute__((aligned(64))) float c[4 * LLMC_AMX_ROWS * LLMC_Q4_TILE];
   float buf[LLMC_AMX_ROWS * UNIT_COLS];
+  /* the next pair's weights (this task's next item, mostly) into L2, a share before each span's tiles */
+  const char* next = u + 1 < j->pairs ? (const char*)tile_block(a->w, j->blocks, (u + 1) * UNIT_TILES, 0, j->tile_bytes)
+                                      : NULL;
+  int64_t next_bytes = j->blocks * 2 * j->tile_bytes, spans = (end - first + LLMC_AMX_SPAN - 1) / LLMC_AMX_SPAN;
+  int64_t share = (next_bytes / 64 + spans - 1) / spans * 64, fetched = 0;
   llmc_amx_configure();
   for (int64_t m0 = first; m0 < end; m0 += LLMC_AMX_SPAN) {
+    for (int64_t stop = fetched + share; next && fetched < stop && fetched < next_bytes; fetched += 64)
+      _mm_prefetch(next + fetched, _MM_HINT_T1);
     llmc_amx_bf16_rows((const char*)j->xb + m0 * stride, stride, a->K, scratch, w1, c);
     for (int blk = 0; blk < 2; blk++) {
       int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
@@ -559,7 +579,8 @@ static int dot_path(void) {
 static int tiles_allowed(void) {
 #ifdef LLMC_X86
   const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
-  return !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable();
+  __builtin_cpu_init();
+  return !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable() && __builtin_cpu_supports("avx512vbmi");
 #else
   return 0;
 #endif
