@@ -53,8 +53,9 @@ def test_rounding_is_to_nearest_even() -> None:
     np.testing.assert_array_equal(_from_bits(to_bf16_bits(x)), [1.0, 1.0, 1.0 + 2 ** -6, 1.0, -2.5])
 
 
-CASES = [(64, 48, 1, False), (576, 960, 1, True), (1536, 576, 8, False), (96, 40, 13, True), (2, 3, 5, False),
-         (576, 200, 37, True),  # AMX where granted: 2 row blocks + a tail, 13 tiles (the last unit one tile)
+CASES = [(64, 48, 1, False), (576, 960, 1, True), (2, 3, 5, False),
+         (1536, 576, 8, False), (96, 40, 13, True),  # AMX where granted: one row block (weights prefetched past K 256)
+         (576, 200, 37, True),  # AMX where granted: 2 row blocks + a tail of one, 13 tiles (the last unit one tile)
          (64, 32, 16, False), (30, 16, 20, False)]  # AMX: one row block exactly; K off its 32: AVX-512
 PATHS = {"native": {}, "avx512": {"LLMC_KERNELS_NO_AMX": "1"}, "portable": {"LLMC_KERNELS_GENERIC": "1"}}
 
@@ -64,7 +65,7 @@ PATHS = {"native": {}, "avx512": {"LLMC_KERNELS_NO_AMX": "1"}, "portable": {"LLM
 @pytest.mark.parametrize(("k", "n", "rows", "with_bias"), CASES)
 def test_operator_matches_its_arithmetic(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, threads: int,
                                          k: int, n: int, rows: int, with_bias: bool) -> None:
-    for name, value in PATHS[path].items():  # native: the best this CPU has (AMX-BF16 from 16 rows where granted)
+    for name, value in PATHS[path].items():  # native: the best this CPU has (AMX-BF16 from 4 rows where granted)
         monkeypatch.setenv(name, value)
     w = RNG.standard_normal((k, n)).astype(np.float32)
     bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None

@@ -64,6 +64,27 @@ TARGET_AMX void llmc_amx_bf16_rows(const char* x, int64_t stride, int64_t K, con
   _tile_stored(7, c + 768, 64);
 }
 
+/* One row block: tiles 0 (A), 2, 3 (B), 4, 5 (C); the B streams prefetched (they come from memory: decode). */
+TARGET_AMX void llmc_amx_bf16_rows16(const char* x, int64_t stride, int64_t K, const uint16_t* w0,
+                                     const uint16_t* w1, float* c) {
+  _tile_zero(4);
+  _tile_zero(5);
+  for (int64_t k0 = 0; k0 < K; k0 += LLMC_AMX_K) {
+    if (k0 + 8 * LLMC_AMX_K < K)
+      for (int l = 0; l < 1024; l += 64) {
+        _mm_prefetch((const char*)(w0 + (k0 + 8 * LLMC_AMX_K) * 16) + l, _MM_HINT_T0);
+        _mm_prefetch((const char*)(w1 + (k0 + 8 * LLMC_AMX_K) * 16) + l, _MM_HINT_T0);
+      }
+    _tile_loadd(2, w0 + k0 * 16, 64);
+    _tile_loadd(3, w1 + k0 * 16, 64);
+    _tile_loadd(0, x + k0 * 2, stride);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 3);
+  }
+  _tile_stored(4, c, 64);
+  _tile_stored(5, c + 256, 64);
+}
+
 /* Tiles 0, 1: A (q hi, lo); 2, 3: B (group 0's hi, lo); 6, 7: B (group 1's); 4, 5: C (group 0, 1). The two
  * groups' chains of products interleave (each tile product waits on the one before it into the same C). */
 TARGET_AMX void llmc_amx_scores(const uint16_t* const* q, int D, const uint16_t* kt0, const uint16_t* kt1, float* c) {

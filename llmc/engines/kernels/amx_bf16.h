@@ -31,6 +31,10 @@ void llmc_amx_release(void);
  * [16 x 16] (fp32). K a multiple of LLMC_AMX_K; the thread configured. */
 void llmc_amx_bf16_rows(const char* x, int64_t stride, int64_t K, const uint16_t* w0, const uint16_t* w1, float* c);
 
+/* llmc_amx_bf16_rows for one row block (rows 0 .. LLMC_AMX_ROWS, into c's first [2 tiles][16 x 16]), its B
+ * streams prefetched from memory ahead of the loads (decode's few rows). */
+void llmc_amx_bf16_rows16(const char* x, int64_t stride, int64_t K, const uint16_t* w0, const uint16_t* w1, float* c);
+
 /* Attention scores of a prompt (attention_kernel.c): 16 query vectors (A: q[0] hi, q[1] lo bf16 [16][D], D a
  * multiple of 32) against two groups of 16 keys (B: kt0, kt1, each [D / 32][2 levels: hi, lo][16 pairs][32]: pair
  * r of dims 2r, 2r + 1 for each of the 16 keys), hi.hi + lo.hi + hi.lo (the lo.lo term, ~2^-18 of each product, is
