@@ -29,9 +29,9 @@ from llmc.graph.layers import (
     MS,
     Ctx,
     GraphOptions,
+    gated_product,
     gated_tiles,
     linear,
-    matmul_tiles,
     norm,
     skip_norm,
     softcap,
@@ -151,7 +151,7 @@ def _mlp(c: Ctx, i: int, h: str) -> str:
     if c.m.is_moe(i):
         return moe_mlp(c, i, h)
     if gated_tiles(c, f"{p}.gate_up"):  # one node: silu(h @ gate) * (h @ up)
-        return linear(c, matmul_tiles(c, h, f"{p}.gate_up", gated=True), f"{p}.down")
+        return linear(c, gated_product(c, h, f"{p}.gate_up"), f"{p}.down")
     gate, up = c.b.split(linear(c, h, f"{p}.gate_up"), [c.m.intermediate_size] * 2)
     return linear(c, c.b.op("Mul", _activation(c, gate), up), f"{p}.down")
 

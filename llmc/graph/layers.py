@@ -12,6 +12,7 @@ from llmc.graph.builder import GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.quant import (
     BF16TILES,
+    BF16TILES_GATED,
     BLOCKSUM_SCALES,
     BLOCKSUMS,
     OFFSETS,
@@ -104,8 +105,15 @@ def _out_width(m: ModelSpec, name: str) -> int:
 
 
 def gated_tiles(c: Ctx, name: str) -> bool:
-    """Whether a SwiGLU gate/up layer is stored in a gated form of llmc's tiles (4- or 8-bit)."""
-    return c.has(f"{name}.weight" + Q4TILES_GATED) or c.has(f"{name}.weight" + Q8TILES_GATED)
+    """Whether a SwiGLU gate/up layer is stored in a gated form of llmc's tiles (4-, 8-bit or bf16)."""
+    return any(c.has(f"{name}.weight" + s) for s in (Q4TILES_GATED, Q8TILES_GATED, BF16TILES_GATED))
+
+
+def gated_product(c: Ctx, x: str, name: str) -> str:
+    """silu(x @ gate) * (x @ up) in one node, from a gate/up layer in llmc's gated tiles (gated_tiles)."""
+    if c.has(f"{name}.weight" + BF16TILES_GATED):
+        return matmul_bf16(c, x, name, gated=True)
+    return matmul_tiles(c, x, name, gated=True)
 
 
 def matmul_tiles(c: Ctx, x: str, name: str, gated: bool) -> str:
@@ -126,13 +134,15 @@ def matmul_tiles(c: Ctx, x: str, name: str, gated: bool) -> str:
                 domain=LLMC_DOMAIN, K=blocks * TILE_BLOCK, N=n, gated=int(gated), **attrs)
 
 
-def matmul_bf16(c: Ctx, x: str, name: str) -> str:
-    """ai.llmc.MatMulBF16 over the packed bf16 tiles (fp32 activations rounded to bf16, fp32 sums), the bias inside."""
-    b, w = c.b, f"{name}.weight" + BF16TILES
+def matmul_bf16(c: Ctx, x: str, name: str, gated: bool = False) -> str:
+    """ai.llmc.MatMulBF16 over the packed bf16 tiles (fp32 activations rounded to bf16, fp32 sums), the bias inside;
+    gated: silu(x @ gate) * (x @ up)."""
+    b, w = c.b, f"{name}.weight" + (BF16TILES_GATED if gated else BF16TILES)
     _, pairs, _ = c.ckpt.weights[w].shape
     bias = f"{name}.bias"
+    attrs = {"gated": 1} if gated else {}
     return b.op("MatMulBF16", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,
-                K=2 * pairs, N=_out_width(c.m, name))
+                K=2 * pairs, N=_out_width(c.m, name), **attrs)
 
 
 def _matmul_nbits(c: Ctx, x: str, qname: str, sname: str, qweight: np.ndarray, bits: int) -> str:

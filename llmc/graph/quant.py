@@ -34,7 +34,7 @@ from llmc.errors import InputError
 
 QWEIGHT, SCALES, OFFSETS = ".qweight", ".scales", ".offsets"
 BLOCKSUMS, BLOCKSUM_SCALES = ".blocksums", ".blocksum_scales"  # folded: the 0/1 matrix giving the block sums
-BF16TILES = ".bf16tiles"  # llmc's MatMulBF16 layout
+BF16TILES, BF16TILES_GATED = ".bf16tiles", ".bf16tiles_gated"  # llmc's MatMulBF16 layout (gated: SwiGLU gate/up)
 EMBED_Q8, EMBED_Q8_SCALES, EMBED_BF16 = ".q8", ".q8scales", ".bf16"  # the embedding's lookup table, compact
 Q4TILES, Q4TILES_GATED = ".q4tiles", ".q4tiles_gated"  # llmc's MatMulQ4 layout (gated: SwiGLU gate/up tiles)
 Q8TILES, Q8TILES_GATED = ".q8tiles", ".q8tiles_gated"  # llmc's MatMulQ8 layout
@@ -362,14 +362,19 @@ def to_bf16_bits(w: np.ndarray) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def pack_bf16_tiles(w_kn: np.ndarray) -> np.ndarray:
+def pack_bf16_tiles(w_kn: np.ndarray, gated: bool = False) -> np.ndarray:
     """W [K, N] -> MatMulBF16's tiles [ceil(N / 16), K / 2, 32] bfloat16 (matmul_bf16.h): per tile of 16 columns and
-    pair of rows p, each column's w[2p], w[2p + 1] side by side; columns past N are zeros."""
+    pair of rows p, each column's w[2p], w[2p + 1] side by side; columns past N are zeros. `gated`: W = [gate | up]
+    of a SwiGLU MLP, its gate and up tiles alternating (as MatMulQ4's gated form)."""
     import ml_dtypes
 
     k, n = w_kn.shape
     if k % 2:
         raise ValueError(f"MatMulBF16 needs an even K, got {k}")
+    if gated:
+        if n % (2 * TILE):
+            raise ValueError(f"MatMulBF16's gated form needs a gate/up width that is a multiple of {2 * TILE}, got {n}")
+        w_kn = _gate_up_tiles(np.asarray(w_kn, np.float32))
     tiles = -(-n // 16)
     padded = np.zeros((k, tiles * 16), np.uint16)
     padded[:, :n] = to_bf16_bits(w_kn)

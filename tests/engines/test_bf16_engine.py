@@ -26,8 +26,11 @@ def test_bf16_engine_follows_the_export(tiny_factory: Callable[[str], Built], tm
     graph = onnx.load(str(tmp_path / "bf16" / "model.onnx"), load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("MatMulBF16") >= 4 * 2 + 1 and "MatMul" not in ops  # every linear layer and the head
-    tiles = [i for i in graph.initializer if i.name.endswith(".bf16tiles")]
+    tiles = [i for i in graph.initializer if i.name.endswith((".bf16tiles", ".bf16tiles_gated"))]
     assert len(tiles) == ops.count("MatMulBF16") and all(i.data_type == onnx.TensorProto.BFLOAT16 for i in tiles)
+    gated = [n for n in graph.node if n.op_type == "MatMulBF16" and any(a.name == "gated" and a.i for a in n.attribute)]
+    swiglu = arch != "gemma2"  # SwiGLU MLPs: silu(x @ gate) * (x @ up) in the product's epilogue (GeGLU: not)
+    assert len(gated) == (2 if swiglu else 0)
     engine, reference = load_engine_dir(tmp_path / "bf16"), export_engine(load_export(built.export_dir),
                                                                           built.export_dir)
     prompt = np.random.default_rng(3).integers(3, 200, 21).tolist()  # 21 rows: the tiles, and their tail

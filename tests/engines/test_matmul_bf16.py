@@ -19,11 +19,12 @@ def _from_bits(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, threads: int) -> object:
+def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, threads: int,
+             gated: bool = False) -> object:
     import onnxruntime as ort
 
     inputs = ["x", "w"] + (["bias"] if bias is not None else [])
-    node = helper.make_node("MatMulBF16", inputs, ["y"], domain="ai.llmc", K=k, N=n)
+    node = helper.make_node("MatMulBF16", inputs, ["y"], domain="ai.llmc", K=k, N=n, **({"gated": 1} if gated else {}))
     inits = [numpy_helper.from_array(packed, "w")] + ([numpy_helper.from_array(bias, "bias")] if bias is not None
                                                       else [])
     graph = helper.make_graph([node], "bf16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", "K"])],
@@ -78,6 +79,35 @@ def test_operator_matches_its_arithmetic(llmc_ops: Path, monkeypatch: pytest.Mon
     # against the fp32 product: bf16's 8 bits of mantissa on both sides, ~1e-2 of the largest output at most
     exact = x.astype(np.float64) @ w + (bias if bias is not None else 0)
     assert np.abs(y - exact).max() < 2e-2 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize(("k", "n", "rows", "with_bias"), [(576, 3072, 1, False), (64, 64, 8, True),
+                                                           (96, 96, 37, True), (1536, 32, 2, False)])
+def test_gated_form_is_silu_of_the_gate_times_up(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, k: int,
+                                                 n: int, rows: int, with_bias: bool) -> None:
+    """gated: W = [gate | up] packed with its tiles alternating, y [.., N / 2] = silu(x @ gate) * (x @ up) (bias in
+    [gate | up] order), on every path: 1 and 2 rows on AVX-512, 8 on one AMX row block, 37 on two and a tail."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    w = RNG.standard_normal((k, n)).astype(np.float32) / np.sqrt(k) * 4  # gates into silu's tails too
+    bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
+    x = RNG.standard_normal((1, rows, k)).astype(np.float32)
+    y = _session(llmc_ops, k, n, pack_bf16_tiles(w, gated=True), bias, 2, gated=True).run(None, {"x": x})[0]
+    wq, xq = _from_bits(to_bf16_bits(w)).astype(np.float64), _from_bits(to_bf16_bits(x)).astype(np.float64)
+    both = xq @ wq + (bias if bias is not None else 0)
+    gate, up = both[..., : n // 2], both[..., n // 2:]
+    expected = gate / (1 + np.exp(-gate)) * up
+    assert y.shape == (1, rows, n // 2)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_gated_form_needs_whole_tile_pairs(llmc_ops: Path) -> None:
+    with pytest.raises(ValueError, match="gate/up width that is a multiple of 32, got 48"):
+        pack_bf16_tiles(np.zeros((4, 48), np.float32), gated=True)
+    w = pack_bf16_tiles(RNG.standard_normal((64, 48)).astype(np.float32))
+    with pytest.raises(Exception, match=r"MatMulBF16: K must be positive and even, N positive \(gated: a multiple"):
+        _session(llmc_ops, 64, 48, w, None, 1, gated=True)
 
 
 def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:

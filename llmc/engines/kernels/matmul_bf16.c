@@ -18,7 +18,10 @@
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
 #define LLMC_X86 1
 #include <immintrin.h>
+
+#include "vec_math.h"
 #endif
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +38,41 @@ typedef struct {
   int amx; /* this call runs on the AMX tiles */
 } bf16_job;
 
-/* Columns n0 .. n0 + cols of rows m0 .. m0 + rows from acc [rows][PAIR_TILES * 16], plus the bias. */
-static void store_rows(const llmc_bf16_args* a, int64_t m0, int rows, int64_t n0, const float* acc) {
+#ifdef LLMC_X86
+/* store_rows' gated form on AVX-512 (silu by llmc_silu512, as MatMulQ4's epilogue). */
+__attribute__((target("avx512f"))) static void store_gated512(const llmc_bf16_args* a, int64_t m0, int rows,
+                                                              int64_t g0, const float* acc) {
+  int64_t half = a->N / 2;
+  __m512 bg = a->bias ? _mm512_loadu_ps(a->bias + g0) : _mm512_setzero_ps();
+  __m512 bu = a->bias ? _mm512_loadu_ps(a->bias + half + g0) : _mm512_setzero_ps();
+  for (int m = 0; m < rows; m++) {
+    __m512 g = _mm512_add_ps(_mm512_loadu_ps(acc + m * PAIR_TILES * LLMC_BF16_TILE), bg);
+    __m512 up = _mm512_add_ps(_mm512_loadu_ps(acc + m * PAIR_TILES * LLMC_BF16_TILE + LLMC_BF16_TILE), bu);
+    _mm512_storeu_ps(a->y + (m0 + m) * half + g0, _mm512_mul_ps(llmc_silu512(g), up));
+  }
+}
+#endif
+
+/* Columns n0 .. n0 + cols of rows m0 .. m0 + rows from acc [rows][PAIR_TILES * 16], plus the bias; gated: the unit's
+ * gate tile and up tile -> its 16 outputs at n0 / 2, silu(gate) * up. */
+static void store_rows(const llmc_bf16_args* a, int64_t m0, int rows, int64_t n0, const float* acc, int avx512) {
+  if (a->gated) {
+    int64_t half = a->N / 2, g0 = n0 / 2;
+#ifdef LLMC_X86
+    if (avx512) {
+      store_gated512(a, m0, rows, g0, acc);
+      return;
+    }
+#endif
+    (void)avx512;
+    for (int m = 0; m < rows; m++)
+      for (int c = 0; c < LLMC_BF16_TILE; c++) {
+        float g = acc[m * PAIR_TILES * LLMC_BF16_TILE + c], up = acc[m * PAIR_TILES * LLMC_BF16_TILE + LLMC_BF16_TILE + c];
+        if (a->bias) g += a->bias[g0 + c], up += a->bias[half + g0 + c];
+        a->y[(m0 + m) * half + g0 + c] = g / (1.f + expf(-g)) * up;
+      }
+    return;
+  }
   int64_t cols = a->N - n0 < PAIR_TILES * LLMC_BF16_TILE ? a->N - n0 : PAIR_TILES * LLMC_BF16_TILE;
   for (int m = 0; m < rows; m++)
     for (int64_t c = 0; c < cols; c++)
@@ -64,7 +100,7 @@ static void unit_generic(const bf16_job* j, int64_t u) {
         }
       }
     }
-    store_rows(a, m, 1, t0 * LLMC_BF16_TILE, acc);
+    store_rows(a, m, 1, t0 * LLMC_BF16_TILE, acc, 0);
   }
 }
 
@@ -117,7 +153,7 @@ static TARGET void unit_avx512(const bf16_job* j, int64_t u) {
       else if (rows == 2) rows_avx512(j, m0, t0, acc, 2, 1);
       else rows_avx512(j, m0, t0, acc, 1, 1);
     }
-    store_rows(a, m0, rows, t0 * LLMC_BF16_TILE, acc);
+    store_rows(a, m0, rows, t0 * LLMC_BF16_TILE, acc, 1);
     m0 += rows;
   }
 }
@@ -144,13 +180,13 @@ static void unit_amx(const bf16_job* j, int64_t u) {
     if (a->M - m0 <= LLMC_AMX_ROWS) /* decode's batch: one row block, its weights prefetched */
       llmc_amx_bf16_rows16(x, stride, a->K, w0, w1, c);
     else
-      llmc_amx_bf16_rows(x, stride, a->K, w0, w1, c);
+      llmc_amx_bf16_rows(x, stride, a->K, w0, w1, c, m0 == 0);
     for (int blk = 0; blk < 2; blk++) {
       int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
       if (r0 >= a->M) break;
       int rows = a->M - r0 < LLMC_AMX_ROWS ? (int)(a->M - r0) : LLMC_AMX_ROWS;
       llmc_amx_rows_of(c, blk, rows, acc);
-      store_rows(a, r0, rows, t0 * LLMC_BF16_TILE, acc);
+      store_rows(a, r0, rows, t0 * LLMC_BF16_TILE, acc, 1);
     }
   }
 }
@@ -198,8 +234,9 @@ static void run_part(void* data, size_t task) {
 
 const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
   static _Thread_local char msg[128];
-  if (a->K <= 0 || a->K % 2 || a->N <= 0) {
-    snprintf(msg, sizeof msg, "K %lld must be positive and even, N %lld positive", (long long)a->K, (long long)a->N);
+  if (a->K <= 0 || a->K % 2 || a->N <= 0 || (a->gated && a->N % (PAIR_TILES * LLMC_BF16_TILE))) {
+    snprintf(msg, sizeof msg, "K %lld must be positive and even, N %lld positive%s", (long long)a->K, (long long)a->N,
+             a->gated ? " and a multiple of 32 (gated)" : "");
     return msg;
   }
   if (a->M <= 0) return NULL;

@@ -6,6 +6,8 @@
  * register; the columns past N are zeros). x is rounded to bf16 (to nearest, ties to even) per call, each product
  * is exact in fp32 and the sums are fp32:
  *   y[m, n] = sum_k bf16(x[m, k]) * w[k, n]  (+ bias[n]).
+ * gated (SwiGLU): W holds the gate and up projections as alternating tiles (gate tile i at 2 i, its up tile at
+ * 2 i + 1; N a multiple of 32, the bias [gate | up]) and y [M, N / 2] = silu(x @ gate) * (x @ up), as MatMulQ4's.
  */
 #ifndef LLMC_MATMUL_BF16_H
 #define LLMC_MATMUL_BF16_H
@@ -22,7 +24,8 @@ typedef struct {
   const float* x;
   const uint16_t* w;  /* packed: ceil(N / 16) tiles */
   const float* bias;  /* [N] or NULL */
-  float* y;           /* [M, N] */
+  float* y;           /* [M, N] (gated: [M, N / 2]) */
+  int gated;          /* 1: W's tiles alternate gate and up (see above) */
   int threads;        /* the pool's threads: each takes one contiguous part of W; 0 = unknown */
 } llmc_bf16_args;
 

@@ -22,7 +22,8 @@
  * optional act_bits (default 8: int8 activations; 16: two int8 levels, ~15 bits, twice the integer work).
  *
  * MatMulBF16 (matmul_bf16.h): A [..., K] fp32, B bfloat16 [ceil(N / 16), K / 2, 32] (the packed tiles), bias [N]
- * fp32 (optional) -> Y [..., N] fp32. Attributes: K, N.
+ * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with the optional gated = 1 (silu(gate) * up, its tiles
+ * alternating as MatMulQ4's). Attributes: K, N; optional gated (default 0).
  *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
@@ -393,8 +394,9 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   OrtStatus* s = get(info, "K", &k->K);
   if (!s) s = get(info, "N", &k->N);
   if (k->bf16) {
-    if (!s && (k->K <= 0 || k->K % 2 || k->N <= 0))
-      s = fail(api, ERR_INVALID_ARGUMENT, "MatMulBF16: K must be positive and even, N positive");
+    if (!s) k->gated = optional_int(api, info, "gated", 0) != 0;
+    if (!s && (k->K <= 0 || k->K % 2 || k->N <= 0 || (k->gated && k->N % (2 * LLMC_BF16_TILE))))
+      s = fail(api, ERR_INVALID_ARGUMENT, "MatMulBF16: K must be positive and even, N positive (gated: a multiple of 32)");
     if (s) {
       free(k);
       return s;
@@ -450,7 +452,7 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   }
   int64_t out_dims[4], M = 1;
   for (int i = 0; i < rank[MM_A] - 1; i++) out_dims[i] = dims[MM_A][i], M *= dims[MM_A][i];
-  out_dims[rank[MM_A] - 1] = k->gated ? k->N / 2 : k->N; /* (bf16: never gated) */
+  out_dims[rank[MM_A] - 1] = k->gated ? k->N / 2 : k->N;
   OrtValue* out = NULL;
   void* out_data = NULL;
   CHECK(((GetOutput_t)SLOT(api, KernelContext_GetOutput))(ctx, 0, out_dims, (size_t)rank[MM_A], &out));
@@ -459,7 +461,8 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   const char* err;
   if (k->bf16) {
     llmc_bf16_args a = {.M = M, .K = k->K, .N = k->N, .x = (const float*)data[MM_A], .w = (const uint16_t*)data[MM_B],
-                        .bias = (const float*)data[MM_BIAS], .y = (float*)out_data, .threads = k->threads};
+                        .bias = (const float*)data[MM_BIAS], .y = (float*)out_data, .threads = k->threads,
+                        .gated = (int)k->gated};
     err = llmc_bf16_matmul(&a, run_parallel, &pool);
   } else {
     llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],

@@ -16,7 +16,7 @@ from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
 from llmc.graph.moe import with_moe_weights
-from llmc.graph.quant import BF16TILES, QuantSpec, compact_table, pack_bf16_tiles, quantize_weights
+from llmc.graph.quant import BF16TILES, BF16TILES_GATED, QuantSpec, compact_table, pack_bf16_tiles, quantize_weights
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
 
@@ -41,12 +41,18 @@ def quantizable(ckpt: Checkpoint) -> list[str]:
     return [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES) and ckpt.weights[n].ndim == 2]
 
 
+def _swiglu_gate_up(ckpt: Checkpoint, name: str) -> bool:
+    """A dense SwiGLU MLP's gate/up weight: llmc's tiles hold it in their gated form (one node, silu(x @ gate) *
+    (x @ up), where its width allows)."""
+    return (ckpt.spec.activation == "silu" and name.endswith(".gate_up.weight") and ".experts." not in name
+            and ckpt.weights[name].shape[1] % 32 == 0)
+
+
 def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     """Linear layers and the LM head as MatMulNBits weights (4-bit layers: MatMulQ4 tiles with quant.kernel "llmc",
     a SwiGLU gate/up in its gated form); the embedding stays for the Gather."""
     names = quantizable(ckpt)
-    gated = tuple(n for n in names if n.endswith(".gate_up.weight") and ".experts." not in n
-                  ) if ckpt.spec.activation == "silu" else ()
+    gated = tuple(n for n in names if _swiglu_gate_up(ckpt, n))
     weights = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in ckpt.weights.items()}
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
@@ -54,11 +60,14 @@ def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
 
 
 def bf16_weights(ckpt: Checkpoint) -> Checkpoint:
-    """Linear layers and the LM head as MatMulBF16 tiles (bf16, to nearest even); the embedding stays for the
-    Gather, norms and biases fp32."""
+    """Linear layers and the LM head as MatMulBF16 tiles (bf16, to nearest even; a SwiGLU gate/up in its gated
+    form); the embedding stays for the Gather, norms and biases fp32."""
     weights = dict(ckpt.weights)
     for name in quantizable(ckpt):
-        weights[name + BF16TILES] = pack_bf16_tiles(weights.pop(name))
+        if _swiglu_gate_up(ckpt, name):
+            weights[name + BF16TILES_GATED] = pack_bf16_tiles(weights.pop(name), gated=True)
+        else:
+            weights[name + BF16TILES] = pack_bf16_tiles(weights.pop(name))
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight" + BF16TILES] = pack_bf16_tiles(np.ascontiguousarray(head.T))  # [Hd, V] as tiles
     if not ckpt.spec.tie_embeddings:
