@@ -44,6 +44,7 @@ class GraphOptions:
     calibrate: tuple[str, ...] = ()  # linear layers computed in both precisions, mixed by CALIBRATE_INPUT
     moe: str = "loop"  # mixture-of-experts lowering (llmc/graph/moe.py): "loop" (standard ops, the picked experts
     # only: the export), "ort" (com.microsoft.MoE: ONNX Runtime engines), "dense" (no control flow: TensorRT)
+    llmc_norms: bool = False  # fuse_norms' RMSNorms as llmc's SkipRMSNorm (fp32 graphs with llmc's operators)
 
 
 @dataclass
@@ -192,10 +193,15 @@ def norm(c: Ctx, x: str, name: str) -> str:
 
 
 def skip_norm(c: Ctx, x: str, delta: str, name: str) -> tuple[str, str]:
-    """ONNX Runtime's Skip(Simplified)LayerNormalization: (norm(x + delta), x + delta) in one node."""
+    """ONNX Runtime's Skip(Simplified)LayerNormalization, or llmc's SkipRMSNorm (GraphOptions.llmc_norms): (norm(x +
+    delta), x + delta) in one node."""
     b = c.b
     out = b._name("SkipNorm")
     inputs = [x, delta, b.weight(f"{name}.weight")]
+    if c.opts.llmc_norms and c.m.norm != "layer":
+        b.nodes.append(helper.make_node("SkipRMSNorm", inputs, [f"{out}_norm", f"{out}_sum"], name=out,
+                                        domain=LLMC_DOMAIN, epsilon=c.m.norm_eps))
+        return f"{out}_norm", f"{out}_sum"
     if c.m.norm == "layer":
         op, inputs = "SkipLayerNormalization", [*inputs, b.weight(f"{name}.bias")]
     else:

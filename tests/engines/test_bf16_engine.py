@@ -31,6 +31,7 @@ def test_bf16_engine_follows_the_export(tiny_factory: Callable[[str], Built], tm
     gated = [n for n in graph.node if n.op_type == "MatMulBF16" and any(a.name == "gated" and a.i for a in n.attribute)]
     swiglu = arch != "gemma2"  # SwiGLU MLPs: silu(x @ gate) * (x @ up) in the product's epilogue (GeGLU: not)
     assert len(gated) == (2 if swiglu else 0)
+    assert "SkipRMSNorm" in ops and "SkipSimplifiedLayerNormalization" not in ops  # llmc's residual norms
     engine, reference = load_engine_dir(tmp_path / "bf16"), export_engine(load_export(built.export_dir),
                                                                           built.export_dir)
     prompt = np.random.default_rng(3).integers(3, 200, 21).tolist()  # 21 rows: the tiles, and their tail

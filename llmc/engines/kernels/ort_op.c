@@ -25,6 +25,10 @@
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with the optional gated = 1 (silu(gate) * up, its tiles
  * alternating as MatMulQ4's). Attributes: K, N; optional gated (default 0).
  *
+ * SkipRMSNorm (rms_norm.h): input, skip [..., D] fp32, gamma [D] -> Y = RMSNorm(input + skip) * gamma, and the sum
+ * (optional output) [..., D] fp32. Attribute: epsilon (default 1e-5). ONNX Runtime's SkipSimplifiedLayerNormalization
+ * without its unused outputs.
+ *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
  * version 17 (ONNX Runtime 1.17, the first with KernelContext_ParallelFor), which any later runtime also serves.
@@ -39,6 +43,7 @@
 #include "matmul_bf16.h"
 #include "matmul_q4.h"
 #include "ops_version.h"
+#include "rms_norm.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define ORT_API_VERSION_USED 17
@@ -474,6 +479,68 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   return outcome(&pool, name, err);
 }
 
+/* ---------------------------------------------------------------- SkipRMSNorm */
+
+typedef struct {
+  const OrtApi* api;
+  float eps;
+} NormKernel;
+
+enum { RN_X, RN_SKIP, RN_GAMMA, RN_INPUTS };
+
+static size_t rn_input_count(const OrtCustomOp* op) { (void)op; return RN_INPUTS; }
+static size_t rn_output_count(const OrtCustomOp* op) { (void)op; return 2; }
+static int rn_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return T_FLOAT; }
+static int rn_characteristic(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
+static int rn_output_characteristic(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == 1 ? IO_OPTIONAL : IO_REQUIRED; /* the sum: absent where nothing reads it (the last block's) */
+}
+
+static OrtStatus* rn_create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
+  (void)op;
+  NormKernel* k = (NormKernel*)calloc(1, sizeof(NormKernel));
+  if (!k) return fail(api, ERR_FAIL, "SkipRMSNorm: out of memory");
+  k->api = api;
+  k->eps = optional_float(api, info, "epsilon", 1e-5f);
+  if (!(k->eps >= 0.f)) {
+    free(k);
+    return fail(api, ERR_INVALID_ARGUMENT, "SkipRMSNorm: epsilon must not be negative");
+  }
+  *out = k;
+  return NULL;
+}
+
+static OrtStatus* rn_compute(void* kernel, OrtKernelContext* ctx) {
+  const NormKernel* k = (const NormKernel*)kernel;
+  const OrtApi* api = k->api;
+  void* data[RN_INPUTS] = {0};
+  int64_t dims[RN_INPUTS][4];
+  int rank[RN_INPUTS];
+  CHECK(inputs(api, ctx, RN_INPUTS, data, dims, rank));
+  int same = rank[RN_X] >= 1 && rank[RN_SKIP] == rank[RN_X];
+  for (int i = 0; same && i < rank[RN_X]; i++) same = dims[RN_SKIP][i] == dims[RN_X][i];
+  int64_t D = rank[RN_X] >= 1 ? dims[RN_X][rank[RN_X] - 1] : 0, M = 1;
+  if (!same || rank[RN_GAMMA] != 1 || dims[RN_GAMMA][0] != D) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "SkipRMSNorm: expected input and skip of one shape [..., D] and gamma [D], D = %lld",
+             (long long)D);
+    return fail(api, ERR_INVALID_ARGUMENT, msg);
+  }
+  for (int i = 0; i < rank[RN_X] - 1; i++) M *= dims[RN_X][i];
+  void* out[2] = {NULL, NULL};
+  for (size_t o = 0; o < 2; o++) {
+    OrtValue* v = NULL;
+    CHECK(((GetOutput_t)SLOT(api, KernelContext_GetOutput))(ctx, o, dims[RN_X], (size_t)rank[RN_X], &v));
+    if (v) CHECK(((GetTensorMutableData_t)SLOT(api, GetTensorMutableData))(v, &out[o]));
+  }
+  llmc_rms_norm_args a = {.M = M, .D = D, .x = (const float*)data[RN_X], .skip = (const float*)data[RN_SKIP],
+                          .gamma = (const float*)data[RN_GAMMA], .eps = k->eps, .y = (float*)out[0],
+                          .sum = (float*)out[1]};
+  Pool pool = {api, ctx, NULL};
+  return outcome(&pool, "SkipRMSNorm", llmc_skip_rms_norm(&a, run_parallel, &pool));
+}
+
 static LlmcOp make_op(const char* name, int kv_type) {
   LlmcOp op;
   memset(&op, 0, sizeof op);
@@ -510,7 +577,20 @@ static LlmcOp make_matmul_op(const char* name, int weight_type, int bits) {
   return op;
 }
 
-#define N_OPS 6
+static LlmcOp make_norm_op(void) {
+  LlmcOp op = make_op("SkipRMSNorm", T_FLOAT);
+  op.base.GetInputType = rn_type;
+  op.base.GetInputTypeCount = rn_input_count;
+  op.base.GetOutputType = rn_type;
+  op.base.GetOutputTypeCount = rn_output_count;
+  op.base.GetInputCharacteristic = rn_characteristic;
+  op.base.GetOutputCharacteristic = rn_output_characteristic;
+  op.base.CreateKernelV2 = rn_create_kernel;
+  op.base.KernelComputeV2 = rn_compute;
+  return op;
+}
+
+#define N_OPS 7
 #define MAX_THREADS 256
 static LlmcOp op_sets[MAX_THREADS + 1][N_OPS]; /* one set per thread count: ONNX Runtime keeps pointers to them */
 
@@ -552,6 +632,7 @@ EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase
     ops[2] = make_matmul_op("MatMulQ4", T_UINT8, 4);
     ops[4] = make_matmul_op("MatMulBF16", T_BFLOAT16, 0);
     ops[5] = make_matmul_op("MatMulQ8", T_UINT8, 8);
+    ops[6] = make_norm_op();
     for (int i = 0; i < N_OPS; i++) ops[i].threads = threads;
   }
   /* One domain object per registration: ONNX Runtime keeps a pointer to it in the session options. */

@@ -16,7 +16,14 @@ from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
 from llmc.graph.moe import with_moe_weights
-from llmc.graph.quant import BF16TILES, BF16TILES_GATED, QuantSpec, compact_table, pack_bf16_tiles, quantize_weights
+from llmc.graph.quant import (
+    BF16TILES,
+    BF16TILES_GATED,
+    QuantSpec,
+    compact_table,
+    pack_bf16_tiles,
+    quantize_weights,
+)
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
 
@@ -132,9 +139,10 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
     if attention in io_names.STANDARD_INPLACE:
         opset = max(opset, ONNX_ATTENTION_OPSET)
-    opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe=moe, paged=paged)
-    graphs = {spec.file: (spec, *build_graph(ckpt, spec, dtype, opset, opts)) for spec in (prefill, decode)}
     llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
+    opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe=moe, paged=paged,
+                        llmc_norms=fuse_norms and llmc_ops and dtype == "float32")
+    graphs = {spec.file: (spec, *build_graph(ckpt, spec, dtype, opset, opts)) for spec in (prefill, decode)}
     domains = {MS: 1, LLMC_DOMAIN: 1} if llmc_ops else {MS: 1}
     weights = WeightFile(out / "weights.bin")
     try:
