@@ -11,7 +11,7 @@ import pytest
 from conftest import Built
 
 from llmc.engines.kernels import library_path
-from llmc.engines.ort.build import BuildConfig, build_ort, export_engine
+from llmc.engines.ort.build import MAX_QUALITY_BUILDS, BuildConfig, build_ort, export_engine, next_raise
 from llmc.engines.ort.graphs import load_checkpoint, quantizable
 from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, _float_weight
 from llmc.engines.registry import load_engine_dir
@@ -142,3 +142,15 @@ def test_16_bit_activations_on_the_8_bit_head_come_closer(tiny_llama: Built, tmp
         assert errors["int8-act16"] < errors["int8"] / 20, errors
     else:
         assert errors["int8-act16"] < errors["int8"] < 2e-2, errors
+
+
+def test_short_of_the_target_a_build_raises_a_fifth_more_then_everything() -> None:
+    """After a build short of the quality target: 1.2x the layers (at least one more), never past the candidates,
+    and the last build allowed raises all of them (so the target is met if any layout meets it)."""
+    ks, k = [], 90
+    for attempt in range(MAX_QUALITY_BUILDS - 1):
+        k = next_raise(k, 121, attempt)
+        ks.append(k)
+    assert ks == [108, 121, 121, 121][: MAX_QUALITY_BUILDS - 1]
+    assert next_raise(2, 121, 0) == 3 and next_raise(0, 121, 0) == 1  # small layouts step by one
+    assert next_raise(5, 121, MAX_QUALITY_BUILDS - 2) == 121
