@@ -34,7 +34,7 @@ const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel,
 
 enum { LLMC_BF16_PORTABLE = 0, LLMC_BF16_AVX512 = 1, LLMC_BF16_AMX = 2 };
 
-/* AMX-BF16 for 16 rows or more (fewer: AVX-512 BF16) where the CPU has it and the OS grants it, else AVX-512 BF16
+/* AMX-BF16 for 4 rows or more (fewer: AVX-512 BF16) where the CPU has it and the OS grants it, else AVX-512 BF16
  * where the CPU has it, else portable C (the same arithmetic: exact products, fp32 sums, in another order);
  * LLMC_KERNELS_GENERIC=1 forces the portable path, LLMC_KERNELS_NO_AMX=1 AVX-512 BF16 on an AMX CPU. */
 int llmc_bf16_path(void);
