@@ -41,7 +41,7 @@ TARGET_AMX void llmc_amx_release(void) {
   amx_configured = 0;
 }
 
-/* B streams from memory: the tiles of 8 steps ahead prefetched. */
+/* B streams from memory (decode: llmc_amx_bf16_rows16): the tiles of 8 steps ahead prefetched. */
 static inline void prefetch_b(const uint16_t* w0, const uint16_t* w1, int64_t k0, int64_t K) {
   if (k0 + 8 * LLMC_AMX_K < K)
     for (int l = 0; l < 1024; l += 64) {
@@ -52,13 +52,12 @@ static inline void prefetch_b(const uint16_t* w0, const uint16_t* w1, int64_t k0
 
 /* Each pair of B tile loads is used by both row blocks, each A tile load by both tiles. */
 TARGET_AMX void llmc_amx_bf16_rows(const char* x, int64_t stride, int64_t K, const uint16_t* w0, const uint16_t* w1,
-                                   float* c, int fetch) {
+                                   float* c) {
   _tile_zero(4);
   _tile_zero(5);
   _tile_zero(6);
   _tile_zero(7);
   for (int64_t k0 = 0; k0 < K; k0 += LLMC_AMX_K) {
-    if (fetch) prefetch_b(w0, w1, k0, K);
     _tile_loadd(2, w0 + k0 * 16, 64);
     _tile_loadd(3, w1 + k0 * 16, 64);
     _tile_loadd(0, x + k0 * 2, stride);

@@ -28,10 +28,8 @@ void llmc_amx_release(void);
 
 /* Rows 0 .. LLMC_AMX_SPAN of x (`stride` bytes a row: rows past the caller's M are read and their products dropped
  * by the caller) times two B tile streams w0, w1 ([K / 2][32] each) over all of K, into c [2 row blocks][2 tiles]
- * [16 x 16] (fp32). K a multiple of LLMC_AMX_K; the thread configured. fetch: the B streams come from memory
- * (a unit's first pass over its weights), prefetched 8 steps ahead. */
-void llmc_amx_bf16_rows(const char* x, int64_t stride, int64_t K, const uint16_t* w0, const uint16_t* w1, float* c,
-                        int fetch);
+ * [16 x 16] (fp32). K a multiple of LLMC_AMX_K; the thread configured. */
+void llmc_amx_bf16_rows(const char* x, int64_t stride, int64_t K, const uint16_t* w0, const uint16_t* w1, float* c);
 
 /* llmc_amx_bf16_rows for one row block (rows 0 .. LLMC_AMX_ROWS, into c's first [2 tiles][16 x 16]), its B
  * streams prefetched from memory ahead of the loads (decode's few rows). */

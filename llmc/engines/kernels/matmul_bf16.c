@@ -180,7 +180,7 @@ static void unit_amx(const bf16_job* j, int64_t u) {
     if (a->M - m0 <= LLMC_AMX_ROWS) /* decode's batch: one row block, its weights prefetched */
       llmc_amx_bf16_rows16(x, stride, a->K, w0, w1, c);
     else
-      llmc_amx_bf16_rows(x, stride, a->K, w0, w1, c, m0 == 0);
+      llmc_amx_bf16_rows(x, stride, a->K, w0, w1, c);
     for (int blk = 0; blk < 2; blk++) {
       int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
       if (r0 >= a->M) break;

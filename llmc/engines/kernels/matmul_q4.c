@@ -540,7 +540,7 @@ static TARGET_WIDE void unit_wide(const job* j, int64_t i, uint16_t* scratch) {
   for (int64_t m0 = first; m0 < end; m0 += LLMC_AMX_SPAN) {
     for (int64_t stop = fetched + share; next && fetched < stop && fetched < next_bytes; fetched += 64)
       _mm_prefetch(next + fetched, _MM_HINT_T1);
-    llmc_amx_bf16_rows((const char*)j->xb + m0 * stride, stride, a->K, scratch, w1, c, 0);
+    llmc_amx_bf16_rows((const char*)j->xb + m0 * stride, stride, a->K, scratch, w1, c);
     for (int blk = 0; blk < 2; blk++) {
       int64_t r0 = m0 + blk * LLMC_AMX_ROWS;
       if (r0 >= end) break;

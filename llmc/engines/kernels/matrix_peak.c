@@ -40,7 +40,7 @@ static void amx_pass(peak_part* p) {
   for (int i = 0; i < LLMC_AMX_SPAN * PEAK_K; i++) x[i] = llmc_to_bf16((float)(i % 5) * 0.25f);
   for (int i = 0; i < 2 * PEAK_K * 16; i++) w[i] = llmc_to_bf16((float)(i % 3) * 0.5f);
   llmc_amx_configure();
-  for (int r = 0; r < CALLS; r++) llmc_amx_bf16_rows((const char*)x, PEAK_K * 2, PEAK_K, w, w + PEAK_K * 16, c, 0);
+  for (int r = 0; r < CALLS; r++) llmc_amx_bf16_rows((const char*)x, PEAK_K * 2, PEAK_K, w, w + PEAK_K * 16, c);
   llmc_amx_release();
   p->flop = 2.0 * CALLS * LLMC_AMX_SPAN * 32 * PEAK_K;
   p->sink = c[0];
