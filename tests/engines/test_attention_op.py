@@ -201,30 +201,34 @@ def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0,
     return feeds, expected
 
 
+def _run_in_place(library: Path, tmp_path: Path, case: tuple, cache: str, rope: bool,
+                  feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The case's output; its past caches (in `feeds`) updated in place as the engines bind them."""
+    import onnxruntime as ort
+
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], cache, rope,
+                                       new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case)))
+    binding = session.io_binding()  # type: ignore[attr-defined]
+    binding.bind_output("out")  # first: copy_outputs_to_cpu lists the outputs in the order they were bound
+    for name_in, array in feeds.items():
+        value = ort.OrtValue.ortvalue_from_numpy(array)
+        binding.bind_ortvalue_input(name_in, value)
+        if name_in.startswith("past_"):
+            binding.bind_ortvalue_output(name_in.replace("past_", "present_"), value)
+    session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+    return binding.copy_outputs_to_cpu()[0]
+
+
 @pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
 @pytest.mark.parametrize("cache", list(CACHES))
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str,
                                     cache: str, generic: bool) -> None:
-    import onnxruntime as ort
-
     monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
     case = CASES[name]
     rope = name != "odd-head-size"
     feeds, (out, k, v) = _inputs(case, cache, rope)
-    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], cache, rope,
-                                       new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case)))
-    binding = session.io_binding()  # type: ignore[attr-defined]
-    binding.bind_output("out")  # first: copy_outputs_to_cpu lists the outputs in the order they were bound
-    caches = {}
-    for name_in, array in feeds.items():
-        value = ort.OrtValue.ortvalue_from_numpy(array)
-        binding.bind_ortvalue_input(name_in, value)
-        if name_in.startswith("past_"):
-            caches[name_in] = value
-            binding.bind_ortvalue_output(name_in.replace("past_", "present_"), value)
-    session.run_with_iobinding(binding)  # type: ignore[attr-defined]
-    got = binding.copy_outputs_to_cpu()[0]
+    got = _run_in_place(library, tmp_path, case, cache, rope, feeds)
     # an fp16 cache rounds the new K and V to 11 bits, an int8 one to half a step of max |row| / 127
     tol = {"fp32": 2e-5, "fp16": 3e-3, "int8": 2.5e-2}[cache]
     if cache == "int8" and (_options(case).get("window") or case[4] >= 64):
@@ -236,6 +240,25 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
     # the cache was updated where it lives: the new K/V at their positions, every other position untouched
     np.testing.assert_allclose(_cache_values(feeds["past_key"]), k, atol=tol, rtol=0)
     np.testing.assert_allclose(_cache_values(feeds["past_value"]), v, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("cache", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("name", ["decode-split-rows", "decode-d64-6-heads", "decode-window-split-rows-softcap"])
+def test_key_prefetches_into_l1_or_l2_change_no_bit(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     name: str, cache: str) -> None:
+    """Decode rows over long caches: where the keys' prefetches go (prefetch.h; LLMC_PREFETCH picks either on any
+    CPU) changes nothing in the output or the cache."""
+    from llmc.engines.kernels import cpu_paths
+
+    case, got = CASES[name], {}
+    for level in ("l1", "l2"):
+        monkeypatch.setenv("LLMC_PREFETCH", level)
+        assert cpu_paths()["prefetch"] == level
+        feeds, (out, _, _) = _inputs(case, cache, True)
+        got[level] = (_run_in_place(library, tmp_path, case, cache, True, feeds), feeds["past_key"].copy())
+    np.testing.assert_array_equal(got["l1"][0], got["l2"][0])
+    np.testing.assert_array_equal(got["l1"][1], got["l2"][1])
+    np.testing.assert_allclose(got["l2"][0], out, atol={"fp32": 2e-5, "fp16": 3e-3, "int8": 5e-2}[cache], rtol=0)
 
 
 @pytest.mark.parametrize("cache", ["fp16", "int8"])

@@ -81,6 +81,27 @@ def test_operator_matches_its_arithmetic(llmc_ops: Path, monkeypatch: pytest.Mon
     assert np.abs(y - exact).max() < 2e-2 * np.abs(exact).max()
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        rows: int) -> None:
+    """The AVX-512 path's weight prefetches into L1 or L2 (prefetch.h; LLMC_PREFETCH picks either on any CPU): the
+    same bits, over a K long enough (768 pairs) to run past both distances."""
+    from llmc.engines.kernels import cpu_paths
+
+    monkeypatch.setenv("LLMC_KERNELS_NO_AMX", "1")
+    k, n = 1536, 64
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    x = RNG.standard_normal((1, rows, k)).astype(np.float32)
+    y = {}
+    for level in ("l1", "l2"):
+        monkeypatch.setenv("LLMC_PREFETCH", level)
+        assert cpu_paths()["prefetch"] == level
+        y[level] = _session(llmc_ops, k, n, pack_bf16_tiles(w), None, 2).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(y["l1"], y["l2"])
+    wq, xq = _from_bits(to_bf16_bits(w)).astype(np.float64), _from_bits(to_bf16_bits(x)).astype(np.float64)
+    np.testing.assert_allclose(y["l2"], xq @ wq, rtol=1e-5, atol=1e-5 * np.abs(xq @ wq).max())
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize(("k", "n", "rows", "with_bias"), [(576, 3072, 1, False), (64, 64, 8, True),
                                                            (96, 96, 37, True), (1536, 32, 2, False)])

@@ -6,6 +6,7 @@ build --quant int4|int8 --matmul llmc` engines end to end."""
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -253,6 +254,44 @@ def test_8_bit_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytes
     exact = _gate(x.astype(np.float64) @ held + (bias if bias is not None else 0), gated)
     err = np.abs(y - exact).max() / np.abs(exact).max()  # int8 activations ~1e-2, 16-bit ones ~1e-4
     assert err < (5e-2 if act_bits == 8 else 5e-4), err  # (a broken layout: ~1)
+
+
+@pytest.mark.parametrize("path", ["native", "avx2"])
+@pytest.mark.parametrize(("op", "act_bits"), [("MatMulQ4", 8), ("MatMulQ4", 16), ("MatMulQ8", 8), ("MatMulQ8", 16)])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str,
+                                                        op: str, act_bits: int, batch: int) -> None:
+    """Where the weights' streaming prefetches go (prefetch.h: L2 on AMD's CPUs, L1 elsewhere; LLMC_PREFETCH picks
+    either on any CPU) changes no bit of a decode product; a long K (48 blocks) runs past both distances."""
+    from llmc.engines.kernels import cpu_paths
+
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    k, n = 1536, 96
+    w = _q4_1_like(k, n)
+    packed = pack_q4_tiles(w, False) if op == "MatMulQ4" else pack_q8_tiles(w, False)
+    x = RNG.standard_normal((batch, 1, k)).astype(np.float32)
+    y = {}
+    for level in ("l1", "l2"):
+        monkeypatch.setenv("LLMC_PREFETCH", level)
+        assert cpu_paths()["prefetch"] == level
+        y[level] = _session(llmc_ops, k, n, packed, None, False, 2, 2, act_bits, op=op).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(y["l1"], y["l2"])
+    held = w if op == "MatMulQ4" else unpack_q8_tiles(packed, n, False)
+    expected = _reference(x, held, None, False, act_bits)
+    np.testing.assert_allclose(y["l2"], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_the_prefetch_level_is_l2_on_amd_s_cpus_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmc.engines.kernels import cpu_paths
+
+    amd = "AuthenticAMD" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else False
+    for value in (None, "l3", "L2", ""):  # unset or not l1/l2: the CPU's own choice
+        if value is None:
+            monkeypatch.delenv("LLMC_PREFETCH", raising=False)
+        else:
+            monkeypatch.setenv("LLMC_PREFETCH", value)
+        assert cpu_paths()["prefetch"] == ("l2" if amd and platform.machine() in ("x86_64", "AMD64") else "l1")
 
 
 PROMPT_CASES = [  # k, n, batch, new tokens, gated, bias: 32 rows or more (matmul_q4.h, LLMC_Q4_WIDE_ROWS)

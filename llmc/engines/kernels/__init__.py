@@ -7,10 +7,12 @@ contract version (ops_version.h) and refuses a library of another version at loa
 own compiled copy in their folder and keep using it. The library talks to ONNX Runtime only through the versioned
 C API table it is handed at registration (no link against ONNX Runtime), and picks its code path at run time from
 the CPU it runs on: AVX-512 (VNNI for MatMulQ4), AVX2 (MatMulQ4) or portable C (LLMC_KERNELS_GENERIC=1 forces the
-portable one, LLMC_KERNELS_AVX2=1 MatMulQ4's AVX2 one). Before a library is first registered with an ONNX Runtime,
-`check_library` runs selftest.py against it in a child process (once per ONNX Runtime version and library, the
-verdict kept in the cache folder): the C code reaches ONNX Runtime's API by positions in its table, so a table that
-differs shows up there as a clear error, not as a crash or wrong numbers in an engine.
+portable one, LLMC_KERNELS_AVX2=1 MatMulQ4's AVX2 one), and where its streaming prefetches of weights and cached
+keys put the lines (prefetch.h: L2 on AMD's CPUs, L1 elsewhere; LLMC_PREFETCH=l1 or l2 overrides, the results the
+same bit for bit). Before a library is first registered with an ONNX Runtime, `check_library` runs selftest.py
+against it in a child process (once per ONNX Runtime version and library, the verdict kept in the cache folder):
+the C code reaches ONNX Runtime's API by positions in its table, so a table that differs shows up there as a clear
+error, not as a crash or wrong numbers in an engine.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def cpu_paths() -> dict[str, str]:
     lib = _library()
     return {"attention": "avx512" if lib.llmc_ops_attention_path() else "portable",
             "matmul_q4": Q4_PATHS.get(int(lib.llmc_ops_q4_path()), "portable"),
-            "matmul_bf16": BF16_PATHS.get(int(lib.llmc_ops_bf16_path()), "portable")}
+            "matmul_bf16": BF16_PATHS.get(int(lib.llmc_ops_bf16_path()), "portable"),
+            "prefetch": "l2" if lib.llmc_ops_prefetch_l2() else "l1"}  # the weights' and keys' streaming prefetches
 
 
 def engine_library(settings: EngineSettings, directory: Path) -> Path | None:

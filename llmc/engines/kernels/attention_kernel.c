@@ -26,6 +26,7 @@
 #define LLMC_X86 1
 #include <immintrin.h>
 
+#include "prefetch.h"
 #include "vec_math.h"
 #endif
 #include <math.h>
@@ -50,6 +51,7 @@ typedef struct {
   int G, W, nsplit, split_len, avx512;
   int qb;   /* query positions per unit: 1, or a block of a prompt's (their G heads scored together per key) */
   int f16c; /* the CPU converts to fp16 (F16C) */
+  int l2;   /* the keys' prefetches go to L2, not L1 (prefetch.h) */
   float* part; /* nsplit > 1: per (b, i, head, split) m, l, acc[D] */
   uint16_t* kt;   /* a prompt on AMX-BF16 tiles: every (row, KV head)'s keys packed (pack_keys), else NULL */
   uint16_t* vt;   /* ... and its values (pack_values) */
@@ -196,11 +198,16 @@ AVX512 static __attribute__((noinline)) void cap_scores512(float* s, int n, floa
 /* One core keeps too few cache misses in flight to stream the cache at the memory's speed: keys are prefetched
  * this many rows ahead, and each key's value row while the key is scored (in paged memory a chunk's values sit in
  * blocks of 16 rows scattered over the pool, where the hardware prefetcher loses the stream at every block: one
- * decode row over 2,048 cached tokens, 30 layers, 2 cores: 6.0 -> 5.6 ms). A prefetch past the buffer's end is
+ * decode row over 2,048 cached tokens, 30 layers, 2 cores: 6.0 -> 5.6 ms). The keys' prefetches go to L2 where
+ * prefetch.h says (AMD's CPUs: SmolLM2 int4 at batch 1 over 2,048 tokens 91.9 -> 106.9 tok/s on the EPYC VM, its
+ * values' too no further gain); the value rows, summed a chunk later, to L1. A prefetch past the buffer's end is
  * harmless (it never faults). */
 #define PREFETCH_ROWS 32
 static inline void prefetch_row(const char* row, size_t bytes) {
   for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+}
+static inline void prefetch_far_row(const char* row, size_t bytes, int l2) { /* a key row ahead (prefetch.h) */
+  for (size_t b = 0; b < bytes; b += 64) llmc_prefetch(row + b, l2);
 }
 
 /* r[t] = the sum of v[t]'s 16 lanes, t < 16: a butterfly of lane-block shuffles and adds (46 instructions for the
@@ -246,7 +253,7 @@ AVX512 static inline __attribute__((always_inline)) void sum_values(const float*
  * m[G], l[G], acc[G][D] out. A chunk's keys outside a vector's range score -inf (weight 0). */
 AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0,
                                  int t1, const int* lo, const int* hi, float softcap, float* m, float* l,
-                                 float* acc, const uint16_t* kt, const uint16_t* vt) {
+                                 float* acc, const uint16_t* kt, const uint16_t* vt, int l2) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
   float folded[CHUNK * FOLD_ROWS] __attribute__((aligned(64))); /* int8 cache: per group, the weights x its scales */
   __m512 xs[MAX_VECTORS * 16]; /* D = 64: per vector, the products of up to 16 keys before their reduction */
@@ -278,9 +285,9 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
     for (int t = 0; !kt && t < n; t++) {
       const char* row = krow[t];
       if (t + PREFETCH_ROWS < n) /* the chunk's own rows; past its end: the next chunk's (a table only in range) */
-        prefetch_row(krow[t + PREFETCH_ROWS], rb);
+        prefetch_far_row(krow[t + PREFETCH_ROWS], rb, l2);
       else if (!K->table || c0 + t + PREFETCH_ROWS < t1)
-        prefetch_row(row_at(K, c0 + t + PREFETCH_ROWS), rb);
+        prefetch_far_row(row_at(K, c0 + t + PREFETCH_ROWS), rb, l2);
       prefetch_row(vrow[t], rb); /* the key's value row, summed after the chunk's softmax (16 KB a chunk: in L1) */
       if (nv == 4 && G <= MAX_VECTORS) { /* D = 64: the key row in 4 registers, reused by every query vector;
                                           * each one's 16 unreduced products per 16 keys reduced together (hsum16) */
@@ -606,7 +613,7 @@ static void run_unit(void* data, size_t u) {
   } else if (j->avx512) {
     attend_avx512(q, K, V, a->kv_kind, nvec, D, t0, t1, qb > 1 ? lo : NULL, hi, a->softcap, m, l, acc,
                   j->kt ? j->kt + j->kt_off[(size_t)b * a->Hkv + h] : NULL,
-                  j->kt ? j->vt + j->kt_off[(size_t)b * a->Hkv + h] : NULL);
+                  j->kt ? j->vt + j->kt_off[(size_t)b * a->Hkv + h] : NULL, j->l2);
 #endif
   } else { /* (qb 1) */
     attend_generic(q, K, V, a->kv_kind, G, D, t0, t1, a->softcap, m, l, acc);
@@ -757,6 +764,9 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
   job j = {.a = a, .G = a->H / a->Hkv, .W = (a->H + 2 * a->Hkv) * a->D, .nsplit = 1, .split_len = max_span, .qb = 1};
   j.avx512 = a->D % 16 == 0 && llmc_attention_uses_avx512();
   j.f16c = uses_f16c();
+#ifdef LLMC_X86
+  j.l2 = j.avx512 && llmc_prefetch_l2();
+#endif
   if (a->S == 1 && max_span > SPLIT_KEYS) {
     j.nsplit = (max_span + SPLIT_KEYS - 1) / SPLIT_KEYS;
     if (j.nsplit > MAX_SPLIT) j.nsplit = MAX_SPLIT;

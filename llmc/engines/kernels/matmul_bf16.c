@@ -19,6 +19,7 @@
 #define LLMC_X86 1
 #include <immintrin.h>
 
+#include "prefetch.h"
 #include "vec_math.h"
 #endif
 #include <math.h>
@@ -29,6 +30,8 @@
 #define PAIR_TILES 2 /* tiles per work unit */
 #define AMX_MIN_ROWS 4 /* fewer rows take the AVX-512 path (measured, one thread, SmolLM2's shapes: at 8 rows the tiles are ~2x faster, at 2-4 either way within noise) */
 #define MAX_ROWS 4   /* rows of x per pass over a unit's weights */
+#define PREFETCH_PAIRS 8     /* the AVX-512 path: pairs of k ahead of the loads, prefetching into L1 */
+#define PREFETCH_PAIRS_L2 16 /* into L2 (prefetch.h) */
 
 typedef struct {
   const llmc_bf16_args* a;
@@ -36,6 +39,8 @@ typedef struct {
   int64_t tiles, units, parts;
   int path;
   int amx; /* this call runs on the AMX tiles */
+  int l2;  /* the AVX-512 path's weight prefetches go to L2, not L1 (prefetch.h) */
+  int64_t ahead; /* ... this many bf16 pairs ahead of its loads */
 } bf16_job;
 
 #ifdef LLMC_X86
@@ -123,7 +128,7 @@ static inline __attribute__((always_inline)) TARGET void rows_avx512(const bf16_
   for (int64_t p = 0; p < pairs; p++) {
     __m512i wv[PAIR_TILES];
     for (int t = 0; t < NT; t++) {
-      _mm_prefetch((const char*)(w[t] + (p + 8) * 32), _MM_HINT_T0);
+      llmc_prefetch(w[t] + (p + j->ahead) * 32, j->l2);
       wv[t] = _mm512_loadu_si512(w[t] + p * 32);
     }
     for (int m = 0; m < RM; m++) {
@@ -248,6 +253,8 @@ const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel,
                 path == LLMC_BF16_AMX && a->M >= AMX_MIN_ROWS && a->K % LLMC_AMX_K == 0};
   j.units = (j.tiles + PAIR_TILES - 1) / PAIR_TILES;
 #ifdef LLMC_X86
+  j.l2 = path != LLMC_BF16_PORTABLE && !j.amx && llmc_prefetch_l2();
+  j.ahead = j.l2 ? PREFETCH_PAIRS_L2 : PREFETCH_PAIRS;
   if (j.path != LLMC_BF16_PORTABLE)
     llmc_bf16_round(a->x, a->M * a->K, (uint16_t*)xb, NULL);
   else

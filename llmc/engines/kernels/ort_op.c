@@ -43,6 +43,7 @@
 #include "matmul_bf16.h"
 #include "matmul_q4.h"
 #include "ops_version.h"
+#include "prefetch.h"
 #include "rms_norm.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -616,6 +617,14 @@ EXPORT const char* llmc_ops_serves(void) { return LLMC_OPS_SERVES; }
 EXPORT int llmc_ops_attention_path(void) { return llmc_attention_uses_avx512(); }
 EXPORT int llmc_ops_q4_path(void) { return llmc_q4_path(); }
 EXPORT int llmc_ops_bf16_path(void) { return llmc_bf16_path(); }
+/* Where the streaming prefetches of MatMulQ4/Q8 and of decode attention's keys go: 1 L2, 0 L1 (prefetch.h). */
+EXPORT int llmc_ops_prefetch_l2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  return llmc_prefetch_l2();
+#else
+  return 0;
+#endif
+}
 
 EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(ORT_API_VERSION_USED);
