@@ -76,7 +76,8 @@ def cpu_paths() -> dict[str, str]:
     return {"attention": "avx512" if lib.llmc_ops_attention_path() else "portable",
             "matmul_q4": Q4_PATHS.get(int(lib.llmc_ops_q4_path()), "portable"),
             "matmul_bf16": BF16_PATHS.get(int(lib.llmc_ops_bf16_path()), "portable"),
-            "prefetch": "l2" if lib.llmc_ops_prefetch_l2() else "l1"}  # the weights' and keys' streaming prefetches
+            # where the vector paths' streaming prefetches of weights and keys go (the portable ones take none)
+            "prefetch": "l2" if lib.llmc_ops_prefetch_l2() else "l1"}
 
 
 def engine_library(settings: EngineSettings, directory: Path) -> Path | None:

@@ -617,7 +617,8 @@ EXPORT const char* llmc_ops_serves(void) { return LLMC_OPS_SERVES; }
 EXPORT int llmc_ops_attention_path(void) { return llmc_attention_uses_avx512(); }
 EXPORT int llmc_ops_q4_path(void) { return llmc_q4_path(); }
 EXPORT int llmc_ops_bf16_path(void) { return llmc_bf16_path(); }
-/* Where the streaming prefetches of MatMulQ4/Q8 and of decode attention's keys go: 1 L2, 0 L1 (prefetch.h). */
+/* Where the AVX2 / AVX-512 paths' streaming prefetches (MatMulQ4/Q8's and MatMulBF16's weights at decode, decode
+ * attention's keys) go: 1 L2, 0 L1 (prefetch.h; the portable paths prefetch nothing). */
 EXPORT int llmc_ops_prefetch_l2(void) {
 #if defined(__x86_64__) || defined(__i386__)
   return llmc_prefetch_l2();
