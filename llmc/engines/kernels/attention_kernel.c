@@ -203,10 +203,7 @@ AVX512 static __attribute__((noinline)) void cap_scores512(float* s, int n, floa
  * values' too no further gain); the value rows, summed a chunk later, to L1. A prefetch past the buffer's end is
  * harmless (it never faults). */
 #define PREFETCH_ROWS 32
-static inline void prefetch_row(const char* row, size_t bytes) {
-  for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
-}
-static inline void prefetch_far_row(const char* row, size_t bytes, int l2) { /* a key row ahead (prefetch.h) */
+static inline void prefetch_row(const char* row, size_t bytes, int l2) { /* l2: into L2 (prefetch.h), else L1 */
   for (size_t b = 0; b < bytes; b += 64) llmc_prefetch(row + b, l2);
 }
 
@@ -285,10 +282,10 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
     for (int t = 0; !kt && t < n; t++) {
       const char* row = krow[t];
       if (t + PREFETCH_ROWS < n) /* the chunk's own rows; past its end: the next chunk's (a table only in range) */
-        prefetch_far_row(krow[t + PREFETCH_ROWS], rb, l2);
+        prefetch_row(krow[t + PREFETCH_ROWS], rb, l2);
       else if (!K->table || c0 + t + PREFETCH_ROWS < t1)
-        prefetch_far_row(row_at(K, c0 + t + PREFETCH_ROWS), rb, l2);
-      prefetch_row(vrow[t], rb); /* the key's value row, summed after the chunk's softmax (16 KB a chunk: in L1) */
+        prefetch_row(row_at(K, c0 + t + PREFETCH_ROWS), rb, l2);
+      prefetch_row(vrow[t], rb, 0); /* the key's value row, summed after the chunk's softmax (16 KB a chunk: in L1) */
       if (nv == 4 && G <= MAX_VECTORS) { /* D = 64: the key row in 4 registers, reused by every query vector;
                                           * each one's 16 unreduced products per 16 keys reduced together (hsum16) */
         __m512 k0 = load16(row, 0, kind, D), k1 = load16(row, 16, kind, D), k2 = load16(row, 32, kind, D),
