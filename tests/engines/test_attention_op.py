@@ -124,6 +124,9 @@ CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row
     # column block at a time), over more than one chunk of 128 keys
     "decode-d64-6-heads": (2, 1, 12, 2, 64, 200, [150, 7], [1, 1], False),
     "decode-d64-8-heads": (1, 1, 8, 1, 64, 200, [170], [1], False),
+    # head size 128 with 1 and 2 query heads a KV head (all value accumulators in registers, one pass a chunk)
+    "decode-d128-2-heads": (2, 1, 4, 2, 128, 300, [280, 9], [1, 1], False),
+    "decode-d128-1-head": (1, 1, 2, 2, 128, 300, [290], [1], False),
     # prompts in blocks of positions scored together (5 positions x 3 query heads a unit here), each masked to its
     # own keys: across chunks of 128 keys, the last block partial; and a window + softcap whose blocks start inside
     # a chunk, with a shorter second row
@@ -287,6 +290,37 @@ def test_prompt_tiles_agree_with_the_fp32_scores(library: Path, tmp_path: Path, 
         np.testing.assert_allclose(tiles, fmas, atol=2e-5 * np.abs(fmas).max(), rtol=0)
     else:
         np.testing.assert_array_equal(tiles, fmas)
+
+
+@pytest.mark.parametrize("cache", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("name", ["prompt-d64-blocks-long", "prompt-d64-blocks-window-softcap",
+                                  "chunk-after-past-d64-tiles", "chunks-mixed-counts-d64-tiles", "prompt-d32-tiles",
+                                  "prompt-d128-tiles", "prompt-d256-tiles"])
+def test_prompt_scores_from_packed_keys_agree_with_the_row_loop(library: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch, name: str,
+                                                                cache: str) -> None:
+    """A prompt's AVX-512 scores from keys packed 16 at a time (head sizes up to 128, no AMX tiles) against the
+    row-by-row loop (LLMC_KERNELS_NO_PACKED_KEYS): the same to ~1e-6 of the outputs (the products are summed in
+    another order), and not bit for bit (the packed keys ran); head size 256 takes the row loop both times."""
+    from llmc.engines.kernels import cpu_paths
+
+    monkeypatch.setenv("LLMC_KERNELS_NO_AMX", "1")
+    if cpu_paths()["attention"] != "avx512":
+        pytest.skip("no AVX-512 on this CPU: prompts take the portable loop")
+    case = CASES[name]
+    feeds, _ = _inputs(case, cache, True, seed=4)
+    graph = _graph(tmp_path / "a.onnx", case[2], case[3], cache, True,
+                   new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case))
+    outs = []
+    for off in ("0", "1"):
+        monkeypatch.setenv("LLMC_KERNELS_NO_PACKED_KEYS", off)
+        outs.append(_session(library, graph).run(None, feeds)[0])  # type: ignore[attr-defined]
+    packed, rows = outs
+    if case[4] > 128:
+        np.testing.assert_array_equal(packed, rows)
+    else:
+        assert not np.array_equal(packed, rows)
+        np.testing.assert_allclose(packed, rows, atol=2e-6 * np.abs(rows).max(), rtol=0)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
