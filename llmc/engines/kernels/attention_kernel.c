@@ -45,7 +45,7 @@
 #define TILE_MAX_BYTES ((size_t)256 << 20) /* ... and a call's packed keys and values up to this */
 #define PV_WINDOWS (CHUNK / 32 + 1) /* windows of 32 keys a chunk overlaps */
 #define TILE_MIN_ROWS 32 /* ... and prompts (or chunks of one) of at least this many positions */
-#define KP_MAX_D 128   /* prompts' scores from keys packed 16 at a time (no AMX tiles): head sizes up to this */
+#define K16_MAX_D 128   /* prompts' scores from keys packed 16 at a time (no AMX tiles): head sizes up to this */
 
 typedef struct {
   const llmc_attention_args* a;
@@ -56,8 +56,8 @@ typedef struct {
   float* part; /* nsplit > 1: per (b, i, head, split) m, l, acc[D] */
   uint16_t* kt;   /* a prompt on AMX-BF16 tiles: every (row, KV head)'s keys packed (pack_keys), else NULL */
   uint16_t* vt;   /* ... and its values (pack_values) */
-  size_t* kt_off; /* [B * Hkv]: where (b, h)'s packed keys start in kt, and its values in vt (or in kp) */
-  float* kp;      /* a prompt on AVX-512 without the tiles: every (row, KV head)'s keys packed (pack_keys16) */
+  size_t* kt_off; /* [B * Hkv]: where (b, h)'s packed keys start in kt, and its values in vt (or in k16) */
+  float* k16;     /* a prompt on AVX-512 without the tiles: every (row, KV head)'s keys packed (pack_keys16) */
   size_t units;
   size_t next; /* the next unit to claim (atomic) */
 } job;
@@ -265,7 +265,7 @@ AVX512 static inline __attribute__((always_inline)) void scores16(const float* q
  * m[G], l[G], acc[G][D] out. A chunk's keys outside a vector's range score -inf (weight 0). */
 AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0,
                                  int t1, const int* lo, const int* hi, float softcap, float* m, float* l,
-                                 float* acc, const uint16_t* kt, const uint16_t* vt, const float* kp, int l2) {
+                                 float* acc, const uint16_t* kt, const uint16_t* vt, const float* k16, int l2) {
   float s[CHUNK * 64] __attribute__((aligned(64)));
   float folded[CHUNK * FOLD_ROWS] __attribute__((aligned(64))); /* int8 cache: per group, the weights x its scales */
   __m512 xs[MAX_VECTORS * 16]; /* D = 64: per vector, the products of up to 16 keys before their reduction */
@@ -276,11 +276,11 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
   memset(acc, 0, sizeof(float) * G * D);
   uint16_t qhl[2][MAX_VECTORS * TILE_MAX_D] __attribute__((aligned(64))); /* kt: the vectors' hi and lo, 0 past G */
   const uint16_t* qt[2] = {qhl[0], qhl[1]};
-  float qp[MAX_VECTORS * KP_MAX_D] __attribute__((aligned(64))); /* kp: the vectors, 0 past G */
-  int nvp = G <= 8 ? 8 : 16;
-  if (kp) {
-    memcpy(qp, q, sizeof(float) * (size_t)G * D);
-    memset(qp + G * D, 0, sizeof(float) * (size_t)(nvp - G) * D);
+  float q16[MAX_VECTORS * K16_MAX_D] __attribute__((aligned(64))); /* k16: the vectors, 0 past G */
+  int nv16 = G <= 8 ? 8 : 16;
+  if (k16) {
+    memcpy(q16, q, sizeof(float) * (size_t)G * D);
+    memset(q16 + G * D, 0, sizeof(float) * (size_t)(nv16 - G) * D);
   }
   if (kt) {
     for (int lv = 0; lv < 2; lv++) memset(qhl[lv] + G * D, 0, sizeof(uint16_t) * (size_t)(MAX_VECTORS - G) * D);
@@ -290,14 +290,14 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
     for (int t = 0; !kt && t < n; t++) krow[t] = row_at(K, c0 + t), vrow[t] = row_at(V, c0 + t);
-    if (kp) { /* the chunk's scores 16 keys at a time from a multiple of 16 */
+    if (k16) { /* the chunk's scores 16 keys at a time from a multiple of 16 */
       for (int kg = c0 / 16 * 16; kg < c0 + n; kg += 16) {
         float c[MAX_VECTORS * 16] __attribute__((aligned(64)));
-        const float* g0 = kp + (size_t)(kg / 16) * D * 16;
-        if (nvp == 8)
-          scores16(qp, D, g0, c, 8);
+        const float* g0 = k16 + (size_t)(kg / 16) * D * 16;
+        if (nv16 == 8)
+          scores16(q16, D, g0, c, 8);
         else
-          scores16(qp, D, g0, c, 16);
+          scores16(q16, D, g0, c, 16);
         int from = kg > c0 ? kg : c0, to = kg + 16 < c0 + n ? kg + 16 : c0 + n;
         for (int g = 0; g < G; g++)
           memcpy(s + g * CHUNK + (from - c0), c + g * 16 + (from - kg), sizeof(float) * (size_t)(to - from));
@@ -313,7 +313,7 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
           memcpy(s + g * CHUNK + (from - c0), c + g * 32 + (from - kp), sizeof(float) * (size_t)(to - from));
       }
     }
-    for (int t = 0; !kt && !kp && t < n; t++) {
+    for (int t = 0; !kt && !k16 && t < n; t++) {
       const char* row = krow[t];
       if (t + PREFETCH_ROWS < n) /* the chunk's own rows; past its end: the next chunk's (a table only in range) */
         prefetch_row(krow[t + PREFETCH_ROWS], rb, l2);
@@ -617,8 +617,8 @@ AVX512 static void pack_keys16(const job* j, int b, int h, float* out) {
 static void pack_task(void* data, size_t i) {
 #ifdef LLMC_X86
   const job* j = (const job*)data;
-  if (j->kp) {
-    pack_keys16(j, (int)(i / j->a->Hkv), (int)(i % j->a->Hkv), j->kp + j->kt_off[i]);
+  if (j->k16) {
+    pack_keys16(j, (int)(i / j->a->Hkv), (int)(i % j->a->Hkv), j->k16 + j->kt_off[i]);
     return;
   }
   pack_keys(j, (int)(i / j->a->Hkv), (int)(i % j->a->Hkv), j->kt + j->kt_off[i]);
@@ -672,7 +672,7 @@ static void run_unit(void* data, size_t u) {
     attend_avx512(q, K, V, a->kv_kind, nvec, D, t0, t1, qb > 1 ? lo : NULL, hi, a->softcap, m, l, acc,
                   j->kt ? j->kt + j->kt_off[(size_t)b * a->Hkv + h] : NULL,
                   j->kt ? j->vt + j->kt_off[(size_t)b * a->Hkv + h] : NULL,
-                  j->kp ? j->kp + j->kt_off[(size_t)b * a->Hkv + h] : NULL, j->l2);
+                  j->k16 ? j->k16 + j->kt_off[(size_t)b * a->Hkv + h] : NULL, j->l2);
 #endif
   } else { /* (qb 1) */
     attend_generic(q, K, V, a->kv_kind, G, D, t0, t1, a->softcap, m, l, acc);
@@ -771,7 +771,7 @@ static int prompt_tiles(const llmc_attention_args* a) {
  * row-by-row loop, which tests compare it with). */
 static int prompt_keys16(const llmc_attention_args* a) {
   const char* off = getenv("LLMC_KERNELS_NO_PACKED_KEYS");
-  return a->S >= TILE_MIN_ROWS && a->D <= KP_MAX_D && !(off && *off && *off != '0');
+  return a->S >= TILE_MIN_ROWS && a->D <= K16_MAX_D && !(off && *off && *off != '0');
 }
 
 const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
@@ -869,11 +869,12 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
         j.kt_off[(size_t)b * a->Hkv + h] = total;
         total += (size_t)((past_of(a, b) + new_of(a, b)) / 16 + 1) * (size_t)a->D * 16;
       }
-    j.kp = j.kt_off && total * sizeof(float) <= TILE_MAX_BYTES ? (float*)aligned_alloc(64, sizeof(float) * total) : NULL;
-    if (j.kp && parallel)
+    j.k16 = j.kt_off && total * sizeof(float) <= TILE_MAX_BYTES ? (float*)aligned_alloc(64, sizeof(float) * total)
+                                                                 : NULL;
+    if (j.k16 && parallel)
       parallel(parallel_ctx, pack_task, (size_t)a->B * a->Hkv, &j);
     else
-      for (size_t i = 0; j.kp && i < (size_t)a->B * a->Hkv; i++) pack_task(&j, i);
+      for (size_t i = 0; j.k16 && i < (size_t)a->B * a->Hkv; i++) pack_task(&j, i);
   }
   j.units = (size_t)a->B * ((a->S + j.qb - 1) / j.qb) * a->Hkv * j.nsplit;
   if (parallel)
@@ -883,7 +884,7 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
   if (j.nsplit > 1) merge_splits(&j);
   free(j.part);
   free(j.kt);
-  free(j.kp);
+  free(j.k16);
   free(j.kt_off);
   return NULL;
 }
