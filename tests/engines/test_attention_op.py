@@ -264,10 +264,26 @@ def test_key_prefetches_into_l1_or_l2_change_no_bit(library: Path, tmp_path: Pat
     np.testing.assert_allclose(got["l2"][0], out, atol={"fp32": 2e-5, "fp16": 3e-3, "int8": 5e-2}[cache], rtol=0)
 
 
+PROMPT_PATH_CASES = ["prompt-d64-blocks-long", "prompt-d64-blocks-window-softcap", "chunk-after-past-d64-tiles",
+                     "chunks-mixed-counts-d64-tiles", "prompt-d32-tiles", "prompt-d128-tiles", "prompt-d256-tiles"]
+
+
+def _outputs_under(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, cache: str,
+                   seed: int, variable: str) -> list[np.ndarray]:
+    """The case's output with `variable` at "0", then at "1" (a path choice the op reads at each call)."""
+    case = CASES[name]
+    feeds, _ = _inputs(case, cache, True, seed=seed)
+    graph = _graph(tmp_path / "a.onnx", case[2], case[3], cache, True,
+                   new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case))
+    outs = []
+    for value in ("0", "1"):
+        monkeypatch.setenv(variable, value)
+        outs.append(_session(library, graph).run(None, feeds)[0])  # type: ignore[attr-defined]
+    return outs
+
+
 @pytest.mark.parametrize("cache", ["fp16", "int8"])
-@pytest.mark.parametrize("name", ["prompt-d64-blocks-long", "prompt-d64-blocks-window-softcap",
-                                  "chunk-after-past-d64-tiles", "chunks-mixed-counts-d64-tiles", "prompt-d32-tiles",
-                                  "prompt-d128-tiles", "prompt-d256-tiles"])
+@pytest.mark.parametrize("name", PROMPT_PATH_CASES)
 def test_prompt_tiles_agree_with_the_fp32_scores(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  name: str, cache: str) -> None:
     """A prompt's scores and weighted sums on AMX-BF16 tiles (q, k, weights and values as bf16 hi + lo), where the
@@ -276,15 +292,7 @@ def test_prompt_tiles_agree_with_the_fp32_scores(library: Path, tmp_path: Path, 
     from llmc.engines.kernels import cpu_paths
 
     amx = cpu_paths()["matmul_q4"] == "avx512-vnni+amx-bf16"  # (before LLMC_KERNELS_NO_AMX is set)
-    case = CASES[name]
-    feeds, _ = _inputs(case, cache, True, seed=3)
-    graph = _graph(tmp_path / "a.onnx", case[2], case[3], cache, True,
-                   new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case))
-    outs = []
-    for no_amx in ("0", "1"):
-        monkeypatch.setenv("LLMC_KERNELS_NO_AMX", no_amx)
-        outs.append(_session(library, graph).run(None, feeds)[0])  # type: ignore[attr-defined]
-    tiles, fmas = outs
+    tiles, fmas = _outputs_under(library, tmp_path, monkeypatch, name, cache, 3, "LLMC_KERNELS_NO_AMX")
     if amx:
         assert not np.array_equal(tiles, fmas)
         np.testing.assert_allclose(tiles, fmas, atol=2e-5 * np.abs(fmas).max(), rtol=0)
@@ -293,30 +301,19 @@ def test_prompt_tiles_agree_with_the_fp32_scores(library: Path, tmp_path: Path, 
 
 
 @pytest.mark.parametrize("cache", ["fp32", "fp16", "int8"])
-@pytest.mark.parametrize("name", ["prompt-d64-blocks-long", "prompt-d64-blocks-window-softcap",
-                                  "chunk-after-past-d64-tiles", "chunks-mixed-counts-d64-tiles", "prompt-d32-tiles",
-                                  "prompt-d128-tiles", "prompt-d256-tiles"])
+@pytest.mark.parametrize("name", PROMPT_PATH_CASES)
 def test_prompt_scores_from_packed_keys_agree_with_the_row_loop(library: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch, name: str,
                                                                 cache: str) -> None:
     """A prompt's AVX-512 scores from keys packed 16 at a time (head sizes up to 128, no AMX tiles) against the
     row-by-row loop (LLMC_KERNELS_NO_PACKED_KEYS): the same to ~1e-6 of the outputs (the products are summed in
-    another order), and not bit for bit (the packed keys ran); head size 256 takes the row loop both times."""
+    another order), and not bit for bit (the packed keys ran); head size 256, and a CPU without AVX-512 (the
+    portable loop), take the same path both times and agree exactly."""
     from llmc.engines.kernels import cpu_paths
 
     monkeypatch.setenv("LLMC_KERNELS_NO_AMX", "1")
-    if cpu_paths()["attention"] != "avx512":
-        pytest.skip("no AVX-512 on this CPU: prompts take the portable loop")
-    case = CASES[name]
-    feeds, _ = _inputs(case, cache, True, seed=4)
-    graph = _graph(tmp_path / "a.onnx", case[2], case[3], cache, True,
-                   new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case))
-    outs = []
-    for off in ("0", "1"):
-        monkeypatch.setenv("LLMC_KERNELS_NO_PACKED_KEYS", off)
-        outs.append(_session(library, graph).run(None, feeds)[0])  # type: ignore[attr-defined]
-    packed, rows = outs
-    if case[4] > 128:
+    packed, rows = _outputs_under(library, tmp_path, monkeypatch, name, cache, 4, "LLMC_KERNELS_NO_PACKED_KEYS")
+    if CASES[name][4] > 128 or cpu_paths()["attention"] != "avx512":
         np.testing.assert_array_equal(packed, rows)
     else:
         assert not np.array_equal(packed, rows)
