@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 
 from llmc.graph.quant import BLOCKSUMS, OFFSETS
-from llmc.manifest import EngineManifest
+from llmc.manifest import EngineManifest, EngineSettings
 from llmc.onnx_store import load_graph
 
 # Measured on the development machine (2 cores): ~35 GB/s memory bandwidth. Override with --bandwidth-gbs.
@@ -39,13 +39,23 @@ def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
     return int(sum(sizes[n] * (share if ".experts." in n else 1.0) for n in read))
 
 
-MATRIX_KINDS = {1: "amx-bf16", 2: "avx512-vnni-int8"}  # matrix_peak.c's kinds
+MATRIX_KINDS = {1: "amx-bf16", 2: "avx512-vnni-int8", 3: "avx512-bf16", 4: "avx512-fp32-fma",
+                5: "avx2-fp32-fma"}  # matrix_peak.c's kinds
+PRECISIONS = {"int": 0, "bf16": 1, "fp32": 2}  # the weights' class, as matrix_peak.c's llmc_matrix_peak_kind_for
 
 
-def matrix_peak(threads: int, repeats: int = 5) -> tuple[str, float] | None:
-    """The matrix instructions a prompt's products take on this CPU and their throughput in GFLOP/s over `threads`
-    threads, measured now (operator library, matrix_peak.c); None where the prompts take a portable path or the
-    library is not built."""
+def weights_class(settings: EngineSettings) -> str:
+    """What an engine's products compute in: "int" (int4 / int8 weights: int8 dot products or AMX-BF16 tiles),
+    "bf16" (llmc's MatMulBF16) or "fp32" (ONNX Runtime's own products)."""
+    if settings.quant in ("int4", "int8"):
+        return "int"
+    return "bf16" if settings.dtype == "bfloat16" else "fp32"
+
+
+def matrix_peak(threads: int, weights: str = "int", repeats: int = 5) -> tuple[str, float] | None:
+    """The matrix instructions the prompts' products of an engine whose weights are of class `weights`
+    (weights_class) take on this CPU and their throughput in GFLOP/s over `threads` threads, measured now (operator
+    library, matrix_peak.c); None where they take a portable path or the library is not built."""
     import ctypes
 
     from llmc.engines.kernels import library_path
@@ -53,7 +63,7 @@ def matrix_peak(threads: int, repeats: int = 5) -> tuple[str, float] | None:
 
     try:
         lib = ctypes.CDLL(str(library_path()))
-        kind = int(lib.llmc_matrix_peak_kind())
+        kind = int(lib.llmc_matrix_peak_kind_for(PRECISIONS[weights]))
         fn = lib.llmc_matrix_gflops
     except (BackendUnavailableError, OSError, AttributeError):
         return None

@@ -42,7 +42,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
         dtype: Annotated[WeightsDtype, typer.Option(
             help="ort: the linear layers' weights: auto (the export's) or bfloat16 (half the bytes of float32, "
                  "through llmc's bf16 operator: AMX-BF16 tiles for prompts and AVX-512 BF16 for decode where the "
-                 "CPU has them; activations, norms and softmax stay float32)")] = WeightsDtype.auto,
+                 "CPU has them, else the weights widened to float32 in registers; activations, norms and softmax "
+                 "stay float32)")] = WeightsDtype.auto,
         kv_dtype: Annotated[KVDtype, typer.Option(help="ort: the KV cache's dtype: auto (float16 with llmc "
                                                       "attention, else the export's), float32, float16 (half the "
                                                       "bytes a step reads) or int8 (~0.27 of them).")]

@@ -1,6 +1,7 @@
 """llmc's bf16 operator (ai.llmc.MatMulBF16): the packed layout, and the operator against a numpy reference of its
 arithmetic (x rounded to bf16 to nearest-even, exact products, fp32 sums) through ONNX Runtime, on its AMX-BF16,
-AVX-512 BF16 and portable paths, over one and several threads, with and without a bias, widths off the tile."""
+AVX-512 BF16, widened (AVX-512F, AVX2) and portable paths, over one and several threads, with and without a bias,
+widths off the tile."""
 
 from __future__ import annotations
 
@@ -58,7 +59,10 @@ CASES = [(64, 48, 1, False), (576, 960, 1, True), (2, 3, 5, False),
          (1536, 576, 8, False), (96, 40, 13, True),  # AMX where granted: one row block (weights prefetched past K 256)
          (576, 200, 37, True),  # AMX where granted: 2 row blocks + a tail of one, 13 tiles (the last unit one tile)
          (64, 32, 16, False), (30, 16, 20, False)]  # AMX: one row block exactly; K off its 32: AVX-512
-PATHS = {"native": {}, "avx512": {"LLMC_KERNELS_NO_AMX": "1"}, "portable": {"LLMC_KERNELS_GENERIC": "1"}}
+PATHS = {"native": {}, "avx512": {"LLMC_KERNELS_NO_AMX": "1"},
+         # the weights widened to fp32 in registers (CPUs without AVX512_BF16): AVX-512F, AVX2 + FMA
+         "avx512f": {"LLMC_KERNELS_NO_AMX": "1", "LLMC_KERNELS_NO_BF16": "1"}, "avx2": {"LLMC_KERNELS_AVX2": "1"},
+         "portable": {"LLMC_KERNELS_GENERIC": "1"}}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -135,3 +139,46 @@ def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
     w = pack_bf16_tiles(RNG.standard_normal((64, 32)).astype(np.float32))
     with pytest.raises(Exception, match=r"MatMulBF16: expected A \[\.\.\., 64\], B \[2, 32, 32\]"):
         _session(llmc_ops, 64, 32, w, None, 1).run(None, {"x": np.zeros((1, 1, 62), np.float32)})
+
+
+def test_paths_are_chosen_by_the_cpu_and_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmc.engines.kernels import cpu_paths
+
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    native = cpu_paths()["matmul_bf16"]
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= flags:
+        assert native in ("avx512-bf16", "amx-bf16")
+    elif "avx512f" in flags:  # (an AVX-512 CPU whose BF16 instructions are absent or masked, as on some VMs)
+        assert native == "avx512f-widened"
+    elif {"avx2", "fma"} <= flags:
+        assert native == "avx2-widened"
+    for force, path in [({"LLMC_KERNELS_AVX2": "1"}, "avx2-widened"), ({"LLMC_KERNELS_GENERIC": "1"}, "portable")]:
+        with monkeypatch.context() as m:
+            for name, value in force.items():
+                m.setenv(name, value)
+            assert cpu_paths()["matmul_bf16"] == (path if {"avx2", "fma"} <= flags or path == "portable" else "portable")
+    if "avx512f" in flags:
+        monkeypatch.setenv("LLMC_KERNELS_NO_BF16", "1")
+        assert cpu_paths()["matmul_bf16"] == "avx512f-widened"
+
+
+@pytest.mark.parametrize(("k", "n", "rows"), [(576, 192, 1), (1536, 96, 8), (96, 64, 13), (64, 48, 37)])
+def test_widened_paths_sum_as_the_bf16_instructions_do(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, k: int,
+                                                        n: int, rows: int) -> None:
+    """The AVX-512F and AVX2 paths add each pair's products in vdpbf16ps' order (odd k, then even) with FMAs on exact
+    products: the same bits as each other for any row count, and as the AVX-512 BF16 path (where this CPU has it) to
+    fp32's last bits."""
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    x = RNG.standard_normal((1, rows, k)).astype(np.float32)
+    y = {}
+    for path in ("avx512f", "avx2", "avx512"):
+        with monkeypatch.context() as m:
+            for name, value in PATHS[path].items():
+                m.setenv(name, value)
+            y[path] = _session(llmc_ops, k, n, pack_bf16_tiles(w), None, 2).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(y["avx512f"], y["avx2"])
+    np.testing.assert_allclose(y["avx512"], y["avx512f"], rtol=1e-6, atol=1e-6 * np.abs(y["avx512f"]).max())

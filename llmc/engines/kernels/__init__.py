@@ -34,7 +34,7 @@ from llmc.manifest import EngineSettings
 
 HERE = Path(__file__).parent
 Q4_PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni", 3: "avx512-vnni+amx-bf16"}  # (3: prompts on AMX tiles)
-BF16_PATHS = {0: "portable", 1: "avx512-bf16", 2: "amx-bf16"}
+BF16_PATHS = {0: "portable", 1: "avx512-bf16", 2: "amx-bf16", 3: "avx512f-widened", 4: "avx2-widened"}
 
 
 def library_path() -> Path:

@@ -36,6 +36,7 @@
 typedef struct {
   const llmc_bf16_args* a;
   const uint32_t* xb; /* [M, K / 2]: x rounded to bf16, two consecutive k per 32 bits */
+  const float* xf;    /* the widened paths: [M, K] x rounded to bf16, as fp32 */
   int64_t tiles, units, parts;
   int path;
   int amx; /* this call runs on the AMX tiles */
@@ -164,6 +165,126 @@ static TARGET void unit_avx512(const bf16_job* j, int64_t u) {
 }
 
 
+/* ---------------------------------------------------------------- widened: AVX-512F, AVX2 (no BF16 instructions) */
+
+/* Where the CPU has no vdpbf16ps (an AVX-512 CPU without AVX512_BF16, as a hypervisor may mask it; AVX2 CPUs), each
+ * 32-bit lane of the packed layout widens to its two fp32 weights with one shift (k even, the low half) and one
+ * mask (k odd, the high half), and two FMAs per lane add them in vdpbf16ps' order (odd k, then even) times x
+ * rounded to bf16: every product is exact in fp32, so the sums are those of the BF16 path (denormals aside, which
+ * vdpbf16ps flushes). Twice the arithmetic instructions of vdpbf16ps per weight; a decode step stays bound by the
+ * weights' bytes, a prompt's by the FMAs, with up to 8 rows per pass over a unit's weights on AVX-512 (16
+ * accumulators: each widened weight register used 8 times). */
+#define WIDE_ROWS_512 8
+#define WIDE_ROWS_256 4
+#define TARGET_F __attribute__((target("avx512f")))
+#define TARGET_AVX2 __attribute__((target("avx2,fma")))
+
+/* x rounded to bf16 to nearest, ties to even (llmc_to_bf16's arithmetic), kept as fp32. */
+static TARGET_F void round_f512(const float* x, int64_t n, float* out) {
+  const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), hi = _mm512_set1_epi32((int)0xFFFF0000u);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+    _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_and_si512(r, hi)));
+  }
+  for (; i < n; i++) out[i] = llmc_from_bf16(llmc_to_bf16(x[i]));
+}
+
+static inline __attribute__((always_inline)) TARGET_F void rows_f512(const bf16_job* j, int64_t m0, int64_t t0,
+                                                                    float* out, const int RM, const int NT) {
+  const llmc_bf16_args* a = j->a;
+  const int64_t pairs = a->K / 2;
+  const float* x = j->xf + m0 * a->K;
+  const __m512i odd = _mm512_set1_epi32((int)0xFFFF0000u);
+  __m512 acc[WIDE_ROWS_512][PAIR_TILES];
+  for (int m = 0; m < RM; m++)
+    for (int t = 0; t < NT; t++) acc[m][t] = _mm512_setzero_ps();
+  const uint16_t* w[PAIR_TILES];
+  for (int t = 0; t < NT; t++) w[t] = a->w + (t0 + t) * pairs * 2 * LLMC_BF16_TILE;
+  for (int64_t p = 0; p < pairs; p++) {
+    __m512 we[PAIR_TILES], wo[PAIR_TILES];
+    for (int t = 0; t < NT; t++) {
+      llmc_prefetch(w[t] + (p + j->ahead) * 32, j->l2);
+      __m512i v = _mm512_loadu_si512(w[t] + p * 32);
+      we[t] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      wo[t] = _mm512_castsi512_ps(_mm512_and_si512(v, odd));
+    }
+    for (int m = 0; m < RM; m++) {
+      __m512 xe = _mm512_set1_ps(x[m * a->K + 2 * p]), xo = _mm512_set1_ps(x[m * a->K + 2 * p + 1]);
+      for (int t = 0; t < NT; t++) acc[m][t] = _mm512_fmadd_ps(we[t], xe, _mm512_fmadd_ps(wo[t], xo, acc[m][t]));
+    }
+  }
+  for (int m = 0; m < RM; m++)
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(out + m * PAIR_TILES * LLMC_BF16_TILE + t * LLMC_BF16_TILE,
+                                                  acc[m][t]);
+}
+
+static TARGET_F void unit_f512(const bf16_job* j, int64_t u) {
+  const llmc_bf16_args* a = j->a;
+  int64_t t0 = u * PAIR_TILES;
+  int nt = j->tiles - t0 < PAIR_TILES ? (int)(j->tiles - t0) : PAIR_TILES;
+  float acc[WIDE_ROWS_512 * PAIR_TILES * LLMC_BF16_TILE];
+  for (int64_t m0 = 0; m0 < a->M;) {
+    int64_t left = a->M - m0;
+    int rows = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+#define F512(R)                                             \
+  if (rows == R) {                                          \
+    if (nt == 2) rows_f512(j, m0, t0, acc, R, 2);           \
+    else rows_f512(j, m0, t0, acc, R, 1);                   \
+  }
+    F512(8) F512(4) F512(2) F512(1)
+#undef F512
+    store_rows(a, m0, rows, t0 * LLMC_BF16_TILE, acc, 1);
+    m0 += rows;
+  }
+}
+
+/* AVX2: each 64-byte pair row as two 8-column halves; RM rows x one tile per pass (8 accumulators of 16 registers). */
+static inline __attribute__((always_inline)) TARGET_AVX2 void rows_avx2(const bf16_job* j, int64_t m0,
+                                                                       const uint16_t* w, float* out, const int RM) {
+  const llmc_bf16_args* a = j->a;
+  const int64_t pairs = a->K / 2;
+  const float* x = j->xf + m0 * a->K;
+  const __m256i odd = _mm256_set1_epi32((int)0xFFFF0000u);
+  __m256 acc[WIDE_ROWS_256][2];
+  for (int m = 0; m < RM; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < pairs; p++) {
+    __m256 we[2], wo[2];
+    for (int h = 0; h < 2; h++) {
+      __m256i v = _mm256_loadu_si256((const __m256i*)(w + p * 32 + h * 16));
+      we[h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      wo[h] = _mm256_castsi256_ps(_mm256_and_si256(v, odd));
+    }
+    for (int m = 0; m < RM; m++) {
+      __m256 xe = _mm256_broadcast_ss(x + m * a->K + 2 * p), xo = _mm256_broadcast_ss(x + m * a->K + 2 * p + 1);
+      for (int h = 0; h < 2; h++) acc[m][h] = _mm256_fmadd_ps(we[h], xe, _mm256_fmadd_ps(wo[h], xo, acc[m][h]));
+    }
+  }
+  for (int m = 0; m < RM; m++)
+    for (int h = 0; h < 2; h++) _mm256_storeu_ps(out + m * PAIR_TILES * LLMC_BF16_TILE + h * 8, acc[m][h]);
+}
+
+static TARGET_AVX2 void unit_avx2(const bf16_job* j, int64_t u) {
+  const llmc_bf16_args* a = j->a;
+  const int64_t pairs = a->K / 2, t0 = u * PAIR_TILES;
+  int nt = j->tiles - t0 < PAIR_TILES ? (int)(j->tiles - t0) : PAIR_TILES;
+  float acc[WIDE_ROWS_256 * PAIR_TILES * LLMC_BF16_TILE];
+  for (int64_t m0 = 0; m0 < a->M;) {
+    int64_t left = a->M - m0;
+    int rows = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    for (int t = 0; t < nt; t++) {
+      const uint16_t* w = a->w + (t0 + t) * pairs * 2 * LLMC_BF16_TILE;
+      float* o = acc + t * LLMC_BF16_TILE;
+      if (rows == 4) rows_avx2(j, m0, w, o, 4);
+      else if (rows == 2) rows_avx2(j, m0, w, o, 2);
+      else rows_avx2(j, m0, w, o, 1);
+    }
+    store_rows(a, m0, rows, t0 * LLMC_BF16_TILE, acc, 0);
+    m0 += rows;
+  }
+}
+
 /* ---------------------------------------------------------------- AMX-BF16 */
 
 /* The unit's two tiles for all rows, 2 x 16 rows at a time (rows past M are read from xb's spare rows and
@@ -203,13 +324,20 @@ static int cpu_has_bf16(void) {
 }
 #endif
 
+static int env_on(const char* name) {
+  const char* v = getenv(name);
+  return v && *v && *v != '0';
+}
+
 int llmc_bf16_path(void) {
 #ifdef LLMC_X86
-  const char* generic = getenv("LLMC_KERNELS_GENERIC");
-  const char* no_amx = getenv("LLMC_KERNELS_NO_AMX");
-  if (generic && *generic && *generic != '0') return LLMC_BF16_PORTABLE;
-  if (!cpu_has_bf16()) return LLMC_BF16_PORTABLE;
-  return !(no_amx && *no_amx && *no_amx != '0') && llmc_amx_bf16_usable() ? LLMC_BF16_AMX : LLMC_BF16_AVX512;
+  __builtin_cpu_init();
+  int f512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (env_on("LLMC_KERNELS_GENERIC")) return LLMC_BF16_PORTABLE;
+  if (env_on("LLMC_KERNELS_AVX2")) return avx2 ? LLMC_BF16_AVX2 : LLMC_BF16_PORTABLE;
+  if (!cpu_has_bf16() || env_on("LLMC_KERNELS_NO_BF16"))
+    return f512 ? LLMC_BF16_AVX512F : avx2 ? LLMC_BF16_AVX2 : LLMC_BF16_PORTABLE;
+  return !env_on("LLMC_KERNELS_NO_AMX") && llmc_amx_bf16_usable() ? LLMC_BF16_AMX : LLMC_BF16_AVX512;
 #else
   return LLMC_BF16_PORTABLE;
 #endif
@@ -225,8 +353,16 @@ static void run_part(void* data, size_t task) {
       unit_amx(j, u);
       continue;
     }
-    if (j->path != LLMC_BF16_PORTABLE) {
+    if (j->path == LLMC_BF16_AVX512 || j->path == LLMC_BF16_AMX) {
       unit_avx512(j, u);
+      continue;
+    }
+    if (j->path == LLMC_BF16_AVX512F) {
+      unit_f512(j, u);
+      continue;
+    }
+    if (j->path == LLMC_BF16_AVX2) {
+      unit_avx2(j, u);
       continue;
     }
 #endif
@@ -245,17 +381,25 @@ const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel,
     return msg;
   }
   if (a->M <= 0) return NULL;
-  /* + LLMC_AMX_SPAN spare rows: the AMX path's A tiles read whole row blocks past M (those rows are dropped) */
-  uint32_t* xb = (uint32_t*)calloc((size_t)((a->M + LLMC_AMX_SPAN) * a->K), sizeof(uint16_t));
-  if (!xb) return "out of memory for the bf16 activations";
   int path = llmc_bf16_path();
-  bf16_job j = {a, xb, (a->N + LLMC_BF16_TILE - 1) / LLMC_BF16_TILE, 0, 1, path,
+  int widened = path == LLMC_BF16_AVX512F || path == LLMC_BF16_AVX2;
+  /* x in bf16 (the widened paths: rounded, as fp32); + LLMC_AMX_SPAN spare rows: the AMX path's A tiles read
+   * whole row blocks past M (those rows are dropped) */
+  void* xbuf = widened ? malloc((size_t)(a->M * a->K) * sizeof(float))
+                       : calloc((size_t)((a->M + LLMC_AMX_SPAN) * a->K), sizeof(uint16_t));
+  if (!xbuf) return "out of memory for the bf16 activations";
+  uint32_t* xb = widened ? NULL : (uint32_t*)xbuf;
+  bf16_job j = {a, xb, widened ? (const float*)xbuf : NULL, (a->N + LLMC_BF16_TILE - 1) / LLMC_BF16_TILE, 0, 1, path,
                 path == LLMC_BF16_AMX && a->M >= AMX_MIN_ROWS && a->K % LLMC_AMX_K == 0};
   j.units = (j.tiles + PAIR_TILES - 1) / PAIR_TILES;
 #ifdef LLMC_X86
   j.l2 = path != LLMC_BF16_PORTABLE && !j.amx && llmc_prefetch_l2();
   j.ahead = j.l2 ? PREFETCH_PAIRS_L2 : PREFETCH_PAIRS;
-  if (j.path != LLMC_BF16_PORTABLE)
+  if (path == LLMC_BF16_AVX512F)
+    round_f512(a->x, a->M * a->K, (float*)xbuf);
+  else if (path == LLMC_BF16_AVX2)
+    for (int64_t i = 0; i < a->M * a->K; i++) ((float*)xbuf)[i] = llmc_from_bf16(llmc_to_bf16(a->x[i]));
+  else if (path != LLMC_BF16_PORTABLE)
     llmc_bf16_round(a->x, a->M * a->K, (uint16_t*)xb, NULL);
   else
 #endif
@@ -265,6 +409,6 @@ const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel,
     parallel(parallel_ctx, run_part, (size_t)j.parts, &j);
   else
     run_part(&j, 0);
-  free(xb);
+  free(xbuf);
   return NULL;
 }

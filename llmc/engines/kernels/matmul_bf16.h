@@ -32,11 +32,13 @@ typedef struct {
 /* Returns NULL on success, else a message naming the value and its limit. */
 const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel, void* parallel_ctx);
 
-enum { LLMC_BF16_PORTABLE = 0, LLMC_BF16_AVX512 = 1, LLMC_BF16_AMX = 2 };
+enum { LLMC_BF16_PORTABLE = 0, LLMC_BF16_AVX512 = 1, LLMC_BF16_AMX = 2, LLMC_BF16_AVX512F = 3, LLMC_BF16_AVX2 = 4 };
 
 /* AMX-BF16 for 4 rows or more (fewer: AVX-512 BF16) where the CPU has it and the OS grants it, else AVX-512 BF16
- * where the CPU has it, else portable C (the same arithmetic: exact products, fp32 sums, in another order);
- * LLMC_KERNELS_GENERIC=1 forces the portable path, LLMC_KERNELS_NO_AMX=1 AVX-512 BF16 on an AMX CPU. */
+ * where the CPU has it, else the weights widened to fp32 in registers on AVX-512F or AVX2 + FMA (the same sums as
+ * vdpbf16ps'), else portable C (the same arithmetic: exact products, fp32 sums, in another order).
+ * LLMC_KERNELS_GENERIC=1 forces the portable path, LLMC_KERNELS_AVX2=1 the AVX2 one, LLMC_KERNELS_NO_BF16=1 the
+ * widened AVX-512F one on a BF16 CPU, LLMC_KERNELS_NO_AMX=1 AVX-512 BF16 on an AMX CPU. */
 int llmc_bf16_path(void);
 
 #endif

@@ -4,7 +4,11 @@
  *   kind 1, AMX-BF16 (where the CPU has it and the OS grants the tiles: MatMulQ4 / Q8 / BF16's prompts): the tile
  *     loop of amx_bf16.c, 32 rows x 2 tiles over K 128;
  *   kind 2, AVX-512 VNNI (int8 dot products: MatMulQ4's prompts elsewhere): vpdpbusd on 8 independent registers;
- *   kind 0: neither (the portable paths: no figure).
+ *   kind 3, AVX-512 BF16 (MatMulBF16's prompts without AMX): vdpbf16ps on 8 independent registers;
+ *   kind 4, AVX-512F fp32 FMA (fp32 engines' products in ONNX Runtime's MLAS; MatMulBF16 widened where the CPU has
+ *     no BF16 instructions) and kind 5, the same on AVX2: FMAs on 12 independent registers;
+ *   kind 0: none of them (the portable paths: no figure).
+ * Each engine's products take one of them by its weights' precision (llmc_matrix_peak_kind_for).
  * Not an operator: `llmc bench` calls it through ctypes (llmc/bench/limits.py). */
 #include <pthread.h>
 #include <stdint.h>
@@ -15,6 +19,7 @@
 #include "probe_clock.h"
 
 #include "amx_bf16.h"
+#include "matmul_bf16.h"
 #include "matmul_q4.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
@@ -26,6 +31,7 @@
 #define PEAK_K 128   /* the AMX loop's K: x 32 x 128 bf16 (8 KB) and two tiles' 128 x 16 (8 KB): L1 */
 #define CALLS 4000   /* AMX loop calls per pass: 4000 x 4 k steps x 4 tiles = 64 K tile products */
 #define VNNI_ITERS 2000000
+#define FMA_ITERS 1000000 /* x 12 registers */
 
 typedef struct {
   int kind;
@@ -56,6 +62,40 @@ __attribute__((target("avx512f,avx512vnni"))) static void vnni_pass(peak_part* p
   p->flop = 2.0 * VNNI_ITERS * 8 * 64;
   p->sink = (double)_mm512_reduce_add_epi32(s);
 }
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void bf16_dot_pass(peak_part* p) {
+  __m512 acc[8];
+  __m512bh a = (__m512bh)_mm512_set1_epi32(0x3F803F80), b = (__m512bh)_mm512_set1_epi32(0x3F003F00); /* 1, 0.5 */
+  for (int i = 0; i < 8; i++) acc[i] = _mm512_set1_ps((float)i);
+  for (int it = 0; it < VNNI_ITERS; it++)
+    for (int i = 0; i < 8; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 8; i++) s = _mm512_add_ps(s, acc[i]);
+  p->flop = 2.0 * VNNI_ITERS * 8 * 32;
+  p->sink = (double)_mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx512f"))) static void fma512_pass(peak_part* p) {
+  __m512 acc[12], a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+  for (int i = 0; i < 12; i++) acc[i] = _mm512_set1_ps((float)i);
+  for (int it = 0; it < FMA_ITERS; it++)
+    for (int i = 0; i < 12; i++) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, acc[i]);
+  p->flop = 2.0 * FMA_ITERS * 12 * 16;
+  p->sink = (double)_mm512_reduce_add_ps(s);
+}
+
+__attribute__((target("avx2,fma"))) static void fma256_pass(peak_part* p) {
+  __m256 acc[12], a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+  for (int i = 0; i < 12; i++) acc[i] = _mm256_set1_ps((float)i);
+  for (int it = 0; it < FMA_ITERS; it++)
+    for (int i = 0; i < 12; i++) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  float out[8];
+  _mm256_storeu_ps(out, acc[0]);
+  p->flop = 2.0 * FMA_ITERS * 12 * 8;
+  p->sink = (double)out[0];
+}
 #endif
 
 static void* run_pass(void* arg) {
@@ -64,14 +104,36 @@ static void* run_pass(void* arg) {
 #ifdef LLMC_X86
   if (p->kind == 1) amx_pass(p);
   else if (p->kind == 2) vnni_pass(p);
+  else if (p->kind == 3) bf16_dot_pass(p);
+  else if (p->kind == 4) fma512_pass(p);
+  else if (p->kind == 5) fma256_pass(p);
 #endif
   return NULL;
 }
 
-/* The kind this CPU's prompts take (as the environment overrides it now: LLMC_KERNELS_NO_AMX, _AVX2, _GENERIC). */
-EXPORT int llmc_matrix_peak_kind(void) {
-  int path = llmc_q4_path();
-  return path == LLMC_Q4_AMX ? 1 : path == LLMC_Q4_VNNI ? 2 : 0;
+static int fp32_fma_kind(void) {
+#ifdef LLMC_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return 4;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 5;
+#endif
+  return 0;
+}
+
+/* The kind the prompts' products of an engine take on this CPU, by its weights: precision 0 int4 / int8 (MatMulQ4 /
+ * Q8, as the environment overrides it now: LLMC_KERNELS_NO_AMX, _AVX2, _GENERIC), 1 bf16 (MatMulBF16: also
+ * LLMC_KERNELS_NO_BF16), 2 fp32 (ONNX Runtime's own products). */
+EXPORT int llmc_matrix_peak_kind_for(int precision) {
+  if (precision == 0) {
+    int path = llmc_q4_path();
+    return path == LLMC_Q4_AMX ? 1 : path == LLMC_Q4_VNNI ? 2 : 0;
+  }
+  if (precision == 1) {
+    int path = llmc_bf16_path();
+    return path == LLMC_BF16_AMX ? 1 : path == LLMC_BF16_AVX512 ? 3 : path == LLMC_BF16_AVX512F ? 4
+         : path == LLMC_BF16_AVX2 ? 5 : 0;
+  }
+  return precision == 2 ? fp32_fma_kind() : 0;
 }
 
 static int has_kind(int kind) {
@@ -79,6 +141,10 @@ static int has_kind(int kind) {
   __builtin_cpu_init();
   if (kind == 1) return llmc_amx_bf16_usable();
   if (kind == 2) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
+  if (kind == 3) return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  if (kind == 4) return __builtin_cpu_supports("avx512f");
+  if (kind == 5) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   (void)kind;
   return 0;
