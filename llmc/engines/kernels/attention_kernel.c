@@ -200,8 +200,8 @@ AVX512 static __attribute__((noinline)) void cap_scores512(float* s, int n, floa
 /* One core keeps too few cache misses in flight to stream the cache at the memory's speed: keys are prefetched
  * this many rows ahead, and each key's value row while the key is scored (in paged memory a chunk's values sit in
  * blocks of 16 rows scattered over the pool, where the hardware prefetcher loses the stream at every block: one
- * decode row over 2,048 cached tokens, 30 layers, 2 cores: 6.0 -> 5.6 ms). The keys' prefetches go to L2 where
- * prefetch.h says (AMD's CPUs: SmolLM2 int4 at batch 1 over 2,048 tokens 91.9 -> 106.9 tok/s on the EPYC VM, its
+ * decode row over 2,048 cached tokens, 30 layers, 2 cores: 6.0 -> 5.6 ms). The keys' prefetches go to L2 unless
+ * prefetch.h is told otherwise (SmolLM2 int4 at batch 1 over 2,048 tokens 91.9 -> 106.9 tok/s on the EPYC VM, its
  * values' too no further gain); the value rows, summed a chunk later, to L1. A prefetch past the buffer's end is
  * harmless (it never faults). */
 #define PREFETCH_ROWS 32
