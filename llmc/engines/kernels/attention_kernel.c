@@ -235,7 +235,7 @@ AVX512 static inline __attribute__((always_inline)) void sum_values(const float*
                                                                      const char* const* vrow, int kind, int D, int n,
                                                                      float* acc, const int G) {
   for (int j = 0; j < D; j += 16) {
-    __m512 a[8];
+    __m512 a[MAX_VECTORS];
     const float* pj = pstep ? p + (size_t)(j / LLMC_KV_I8_GROUP) * pstep : p;
     for (int g = 0; g < G; g++) a[g] = _mm512_loadu_ps(acc + g * D + j);
     for (int t = 0; t < n; t++) {
@@ -247,15 +247,18 @@ AVX512 static inline __attribute__((always_inline)) void sum_values(const float*
   }
 }
 
-/* c[v][0..15] = the scores of 16 keys for NV query vectors q[NV][D] (zero past the unit's): keys packed [D][16]
- * (pack_keys16), each packed row loaded once for the NV vectors, NV independent sums, none reduced across lanes. */
-AVX512 static inline __attribute__((always_inline)) void scores16(const float* q, int D, const float* kg, float* c,
+/* c[v][0..15] = the scores of 16 keys for NV query vectors, given transposed: qt[D][NV] (zero past the unit's):
+ * keys packed [D][16] (pack_keys16), each packed row loaded once for the NV vectors, NV independent sums, none
+ * reduced across lanes. The vectors' d-th elements sit side by side, so each FMA broadcasts its operand from a
+ * constant offset of one pointer (from q[NV][D], the compiler spent an index computation, and with 16 vectors
+ * reloads of spilled offsets, on every FMA: 48 % of attend_avx512's samples in a 2,048-token prefill). */
+AVX512 static inline __attribute__((always_inline)) void scores16(const float* qt, int D, const float* kg, float* c,
                                                                    const int NV) {
   __m512 a[16];
   for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
-  for (int d = 0; d < D; d++) {
-    __m512 k = _mm512_load_ps(kg + (size_t)d * 16);
-    for (int v = 0; v < NV; v++) a[v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v * D + d]), k, a[v]);
+  for (int d = 0; d < D; d++, qt += NV, kg += 16) {
+    __m512 k = _mm512_load_ps(kg);
+    for (int v = 0; v < NV; v++) a[v] = _mm512_fmadd_ps(_mm512_set1_ps(qt[v]), k, a[v]);
   }
   for (int v = 0; v < NV; v++) _mm512_store_ps(c + v * 16, a[v]);
 }
@@ -276,12 +279,11 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
   memset(acc, 0, sizeof(float) * G * D);
   uint16_t qhl[2][MAX_VECTORS * TILE_MAX_D] __attribute__((aligned(64))); /* kt: the vectors' hi and lo, 0 past G */
   const uint16_t* qt[2] = {qhl[0], qhl[1]};
-  float q16[MAX_VECTORS * K16_MAX_D] __attribute__((aligned(64))); /* k16: the vectors, 0 past G */
+  float q16[MAX_VECTORS * K16_MAX_D] __attribute__((aligned(64))); /* k16: the vectors transposed [D][nv16], 0 past G */
   int nv16 = G <= 8 ? 8 : 16;
-  if (k16) {
-    memcpy(q16, q, sizeof(float) * (size_t)G * D);
-    memset(q16 + G * D, 0, sizeof(float) * (size_t)(nv16 - G) * D);
-  }
+  if (k16)
+    for (int d = 0; d < D; d++)
+      for (int v = 0; v < nv16; v++) q16[d * nv16 + v] = v < G ? q[v * D + d] : 0.f;
   if (kt) {
     for (int lv = 0; lv < 2; lv++) memset(qhl[lv] + G * D, 0, sizeof(uint16_t) * (size_t)(MAX_VECTORS - G) * D);
     llmc_bf16_round(q, (int64_t)G * D, qhl[0], qhl[1]);
@@ -405,7 +407,7 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
         for (int d = 0; d < D; d += 16)
           _mm512_storeu_ps(acc + g * D + d, _mm512_add_ps(_mm512_loadu_ps(acc + g * D + d),
                                                           _mm512_load_ps(out + g * D + d)));
-    } else if (G <= MAX_VECTORS) { /* up to 8 vectors' accumulators in registers per pass over the chunk's values */
+    } else if (G <= MAX_VECTORS) { /* every vector's accumulators in registers per pass over the chunk's values */
       const float* ps = s;
       size_t pstep = 0;
       if (kind == LLMC_KV_I8 && groups(D) * G <= FOLD_ROWS) { /* the weights times each value row's group scales */
@@ -422,20 +424,18 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
         }
         ps = folded, pstep = (size_t)G * CHUNK;
       }
-      for (int g0 = 0; g0 < G; g0 += 8) {
-        const float* p = ps + g0 * CHUNK;
-        float* ag = acc + g0 * D;
-        switch (G - g0 < 8 ? G - g0 : 8) {
-          case 1: sum_values(p, pstep, vrow, kind, D, n, ag, 1); break;
-          case 2: sum_values(p, pstep, vrow, kind, D, n, ag, 2); break;
-          case 3: sum_values(p, pstep, vrow, kind, D, n, ag, 3); break;
-          case 4: sum_values(p, pstep, vrow, kind, D, n, ag, 4); break;
-          case 5: sum_values(p, pstep, vrow, kind, D, n, ag, 5); break;
-          case 6: sum_values(p, pstep, vrow, kind, D, n, ag, 6); break;
-          case 7: sum_values(p, pstep, vrow, kind, D, n, ag, 7); break;
-          default: sum_values(p, pstep, vrow, kind, D, n, ag, 8); break;
-        }
+      /* all the unit's vectors in one pass over each value row (a prompt's block: 15 for 3 heads a KV head, where
+       * two passes of 8 and 7 loaded and widened every row twice), the fp16 cache's widening inlined */
+#define SUM(GG)                                                                                 \
+  case GG:                                                                                      \
+    if (kind == LLMC_KV_F16 && !pstep) sum_values(ps, 0, vrow, LLMC_KV_F16, D, n, acc, GG);     \
+    else sum_values(ps, pstep, vrow, kind, D, n, acc, GG);                                      \
+    break;
+      switch (G) {
+        SUM(1) SUM(2) SUM(3) SUM(4) SUM(5) SUM(6) SUM(7) SUM(8)
+        SUM(9) SUM(10) SUM(11) SUM(12) SUM(13) SUM(14) SUM(15) default: SUM(16)
       }
+#undef SUM
     } else {
       for (int t = 0; t < n; t++) {
         const char* row = vrow[t];
