@@ -160,8 +160,11 @@ def main() -> None:
         print(f"{row['tool']:40} {row['batch']:>5} {row['ttft_ms']:>9.1f} {row['decode_tok_s_per_seq']:>10.1f} "
               f"{row['decode_tok_s_aggregate']:>10.1f} {row['decode_vs_llmc']:>7.2f} {row['ttft_vs_llmc']:>7.2f}")
     if args.json:
-        args.json.write_text("".join(json.dumps({**row, "when": time.strftime("%Y-%m-%d %H:%M"),
-                                                 "cpu": os.uname().machine}) + "\n" for row in table))
+        from llmc.bench.limits import host_cpu
+
+        host = {"cpu": os.uname().machine, **host_cpu()}  # the model, its ISA flags, the operators' paths
+        args.json.write_text("".join(json.dumps({**row, "when": time.strftime("%Y-%m-%d %H:%M"), **host}) + "\n"
+                                     for row in table))
 
 
 if __name__ == "__main__":

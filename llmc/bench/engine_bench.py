@@ -17,6 +17,7 @@ from llmc.bench.bandwidth import probe as probe_bandwidth
 from llmc.bench.constrained import constrained_report, grammar_times, timed_sampler
 from llmc.bench.limits import (
     DEFAULT_BANDWIDTH_GBS,
+    host_cpu,
     kv_bytes_copied_per_step,
     matrix_peak,
     prefill_flops,
@@ -218,6 +219,7 @@ def _run_bench(cfg: BenchConfig, llm: LLM, other: LLM | None, peer: TorchPeer | 
         bandwidth.append(probe_bandwidth(llm.engine.threads))
         for cls in classes:
             peaks[cls].append(matrix_peak(llm.engine.threads, cls))
+    host = host_cpu() if on_cpu else {}
     per_engine = []
     for bench in benches:
         rows = []
@@ -226,6 +228,7 @@ def _run_bench(cfg: BenchConfig, llm: LLM, other: LLM | None, peer: TorchPeer | 
             if peer is not None and bench is benches[0]:
                 result.update(against_peer(result, peer_timings[run]))
             if on_cpu:
+                result.update(host)
                 result.update(against_measured(result, bandwidth, cfg.bandwidth_gbs))
                 manifest = bench.llm.engine.manifest
                 result.update(against_matrix_peak(result, peaks[weights_class(manifest.settings)],

@@ -4,6 +4,7 @@ the arithmetic a prompt's prefill must do and the machine's matrix throughput.""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -72,6 +73,35 @@ def matrix_peak(threads: int, weights: str = "int", repeats: int = 5) -> tuple[s
     fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     gflops = float(fn(kind, threads, repeats))
     return (MATRIX_KINDS[kind], round(gflops, 1)) if gflops > 0 else None
+
+
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+             "amx_tile", "amx_bf16", "amx_int8")  # /proc/cpuinfo's names of what the operators dispatch on
+
+
+def host_cpu() -> dict[str, Any]:
+    """The CPU a run measured, so a row says which machine it is from (the machines here change between sessions,
+    some with their BF16 or AMX extensions masked): its model name, which of ISA_FLAGS it lists, and the paths
+    llmc's operators take on it now (llmc.engines.kernels.cpu_paths; absent without the library)."""
+    info: dict[str, Any] = {"cpu_model": "", "cpu_flags": []}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        flags: set[str] = set()
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not info["cpu_model"]:
+                info["cpu_model"] = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+        info["cpu_flags"] = [f for f in ISA_FLAGS if f in flags]
+    from llmc.engines.kernels import cpu_paths
+    from llmc.errors import BackendUnavailableError
+
+    try:
+        info["kernel_paths"] = cpu_paths()
+    except (BackendUnavailableError, OSError, AttributeError):  # no library built: the row names no paths
+        pass
+    return info
 
 
 def prefill_flops(engine_dir: Path, manifest: EngineManifest, prompt_len: int) -> float:

@@ -10,9 +10,10 @@ import pytest
 from conftest import Built
 from typer.testing import CliRunner
 
-from llmc.bench import bandwidth, engine_bench
+from llmc.bench import bandwidth, engine_bench, limits
 from llmc.bench.limits import matrix_peak, prefill_flops
 from llmc.cli.main import app
+from llmc.engines.kernels import cpu_paths
 from llmc.engines.ort.build import BuildConfig, build_ort
 from llmc.export.exporter import ExportConfig, export
 from llmc.manifest import load_engine
@@ -50,6 +51,9 @@ def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Pa
     assert ctx["decode_vs_base_context"] == pytest.approx(
         ctx["decode_tok_s_per_seq"] / base["decode_tok_s_per_seq"], rel=0.01)
     assert "decode_vs_base_context" not in batch2 and "aggregate_vs_batch1" not in ctx
+    for r in rows:  # the machine the run measured, and the paths the operators took on it
+        assert r["cpu_flags"] == [f for f in limits.ISA_FLAGS if f in _cpu_flags()]
+        assert r["kernel_paths"] == cpu_paths() and r["cpu_model"] == rows[0]["cpu_model"]
     start, end = base["read_bandwidth_gbs"]  # measured in child processes at the start and end of the run
     assert start > 0.5 and end > 0.5
     for r in rows:  # the limit again at what this run measured: the same bytes per step at (start + end) / 2
