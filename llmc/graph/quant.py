@@ -357,9 +357,11 @@ def compact_table(w: np.ndarray, name: str) -> dict[str, np.ndarray]:
 
 
 def to_bf16_bits(w: np.ndarray) -> np.ndarray:
-    """fp32 -> bf16 bits (uint16), to nearest, ties to even (as the operator rounds x)."""
+    """fp32 -> bf16 bits (uint16), to nearest, ties to even (as the operator rounds x); NaN stays a (quiet) NaN."""
     u = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), bits)
 
 
 def pack_bf16_tiles(w_kn: np.ndarray, gated: bool = False) -> np.ndarray:

@@ -51,8 +51,29 @@ def test_packing_keeps_each_value_in_its_place() -> None:
 
 
 def test_rounding_is_to_nearest_even() -> None:
-    x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 1.0 + 2 ** -9, -2.5], np.float32)
-    np.testing.assert_array_equal(_from_bits(to_bf16_bits(x)), [1.0, 1.0, 1.0 + 2 ** -6, 1.0, -2.5])
+    x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 1.0 + 2 ** -9, -2.5, np.inf, -np.inf], np.float32)
+    np.testing.assert_array_equal(_from_bits(to_bf16_bits(x)), [1.0, 1.0, 1.0 + 2 ** -6, 1.0, -2.5, np.inf, -np.inf])
+    nans = np.array([0x7FFFFFFF, 0xFFC00001, 0x7F800001], np.uint32).view(np.float32)  # the largest would carry into -0
+    assert np.isnan(_from_bits(to_bf16_bits(nans))).all()
+
+
+@pytest.mark.parametrize("path", ["native", "avx512", "avx512f", "avx2", "portable"])
+def test_a_nan_activation_stays_in_its_row_on_every_path(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         path: str) -> None:
+    """x rounded to bf16 keeps a NaN a NaN (as vcvtneps2bf16 does; the integer rounding carried 0x7FFFFFFF into -0):
+    the row holding it comes out NaN and the others as they would without it, on 1 row and on 8 (AMX where
+    granted), 16 columns of x wide enough for the vector rounding."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    k, n = 64, 32
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    for rows in (1, 8):
+        x = RNG.standard_normal((1, rows, k)).astype(np.float32)
+        clean = _session(llmc_ops, k, n, pack_bf16_tiles(w), None, 1).run(None, {"x": x})[0]
+        x[0, rows - 1, 17] = np.array([0x7FFFFFFF], np.uint32).view(np.float32)[0]
+        y = _session(llmc_ops, k, n, pack_bf16_tiles(w), None, 1).run(None, {"x": x})[0]
+        assert np.isnan(y[0, rows - 1]).all()
+        np.testing.assert_array_equal(y[0, : rows - 1], clean[0, : rows - 1])
 
 
 CASES = [(64, 48, 1, False), (576, 960, 1, True), (2, 3, 5, False),

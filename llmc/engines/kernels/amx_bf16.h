@@ -59,6 +59,7 @@ static inline void llmc_amx_rows_of(const float* c, int blk, int rows, float* ou
 static inline uint16_t llmc_to_bf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN (quiet), as in vcvtneps2bf16 */
   return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 

@@ -179,14 +179,16 @@ static TARGET void unit_avx512(const bf16_job* j, int64_t u) {
 #define TARGET_F __attribute__((target("avx512f")))
 #define TARGET_AVX2 __attribute__((target("avx2,fma")))
 
-/* x rounded to bf16 to nearest, ties to even (llmc_to_bf16's arithmetic), kept as fp32. */
+/* x rounded to bf16 to nearest, ties to even (llmc_to_bf16's arithmetic, NaN kept), as fp32. */
 static TARGET_F void round_f512(const float* x, int64_t n, float* out) {
   const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), hi = _mm512_set1_epi32((int)0xFFFF0000u);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+    __m512 v = _mm512_loadu_ps(x + i);
+    __m512i u = _mm512_castps_si512(v);
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-    _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_and_si512(r, hi)));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    _mm512_storeu_ps(out + i, _mm512_mask_mov_ps(_mm512_castsi512_ps(_mm512_and_si512(r, hi)), nan, v));
   }
   for (; i < n; i++) out[i] = llmc_from_bf16(llmc_to_bf16(x[i]));
 }
