@@ -3,8 +3,8 @@
  * W [K, N] (used as y = x @ W), K even, packed offline (llmc/graph/quant.py, pack_bf16_tiles) in tiles of 16
  * columns: uint16 (bf16 bits) [ceil(N / 16), K / 2, 32]; tile t, pair p: for column j = 0..15 the two values
  * w[2p, 16t + j], w[2p + 1, 16t + j] side by side (AVX-512 BF16 vdpbf16ps' form: 16 columns x 2 consecutive k per
- * register; the columns past N are zeros). x is rounded to bf16 (to nearest, ties to even) per call, each product
- * is exact in fp32 and the sums are fp32:
+ * register; the columns past N are zeros). x is rounded to bf16 (to nearest, ties to even; a NaN stays NaN) per
+ * call, each product is exact in fp32 and the sums are fp32:
  *   y[m, n] = sum_k bf16(x[m, k]) * w[k, n]  (+ bias[n]).
  * gated (SwiGLU): W holds the gate and up projections as alternating tiles (gate tile i at 2 i, its up tile at
  * 2 i + 1; N a multiple of 32, the bias [gate | up]) and y [M, N / 2] = silu(x @ gate) * (x @ up), as MatMulQ4's.
