@@ -247,20 +247,20 @@ AVX512 static inline __attribute__((always_inline)) void sum_values(const float*
   }
 }
 
-/* c[v][0..15] = the scores of 16 keys for NV query vectors, given transposed: qt[D][NV] (zero past the unit's):
+/* c[v * stride + 0..15] = the scores of 16 keys for NV query vectors, given transposed: qt[D][NV]:
  * keys packed [D][16] (pack_keys16), each packed row loaded once for the NV vectors, NV independent sums, none
  * reduced across lanes. The vectors' d-th elements sit side by side, so each FMA broadcasts its operand from a
  * constant offset of one pointer (from q[NV][D], the compiler spent an index computation, and with 16 vectors
  * reloads of spilled offsets, on every FMA: 48 % of attend_avx512's samples in a 2,048-token prefill). */
 AVX512 static inline __attribute__((always_inline)) void scores16(const float* qt, int D, const float* kg, float* c,
-                                                                   const int NV) {
+                                                                   size_t stride, const int NV) {
   __m512 a[16];
   for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
   for (int d = 0; d < D; d++, qt += NV, kg += 16) {
     __m512 k = _mm512_load_ps(kg);
     for (int v = 0; v < NV; v++) a[v] = _mm512_fmadd_ps(_mm512_set1_ps(qt[v]), k, a[v]);
   }
-  for (int v = 0; v < NV; v++) _mm512_store_ps(c + v * 16, a[v]);
+  for (int v = 0; v < NV; v++) _mm512_storeu_ps(c + v * stride, a[v]);
 }
 
 /* Keys [t0, t1) of one KV head for G query vectors q[G][D] (a decode row's query heads, or a block of prompt rows'
@@ -279,11 +279,10 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
   memset(acc, 0, sizeof(float) * G * D);
   uint16_t qhl[2][MAX_VECTORS * TILE_MAX_D] __attribute__((aligned(64))); /* kt: the vectors' hi and lo, 0 past G */
   const uint16_t* qt[2] = {qhl[0], qhl[1]};
-  float q16[MAX_VECTORS * K16_MAX_D] __attribute__((aligned(64))); /* k16: the vectors transposed [D][nv16], 0 past G */
-  int nv16 = G <= 8 ? 8 : 16;
+  float q16[MAX_VECTORS * K16_MAX_D] __attribute__((aligned(64))); /* k16: the vectors transposed, [D][G] */
   if (k16)
     for (int d = 0; d < D; d++)
-      for (int v = 0; v < nv16; v++) q16[d * nv16 + v] = v < G ? q[v * D + d] : 0.f;
+      for (int v = 0; v < G; v++) q16[d * G + v] = q[v * D + d];
   if (kt) {
     for (int lv = 0; lv < 2; lv++) memset(qhl[lv] + G * D, 0, sizeof(uint16_t) * (size_t)(MAX_VECTORS - G) * D);
     llmc_bf16_round(q, (int64_t)G * D, qhl[0], qhl[1]);
@@ -292,14 +291,22 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
     for (int t = 0; !kt && t < n; t++) krow[t] = row_at(K, c0 + t), vrow[t] = row_at(V, c0 + t);
-    if (k16) { /* the chunk's scores 16 keys at a time from a multiple of 16 */
+    if (k16) { /* the chunk's scores 16 keys at a time from a multiple of 16: a group inside the chunk straight
+                * into s, one across its edges through c */
       for (int kg = c0 / 16 * 16; kg < c0 + n; kg += 16) {
         float c[MAX_VECTORS * 16] __attribute__((aligned(64)));
         const float* g0 = k16 + (size_t)(kg / 16) * D * 16;
-        if (nv16 == 8)
-          scores16(q16, D, g0, c, 8);
-        else
-          scores16(q16, D, g0, c, 16);
+        int inside = kg >= c0 && kg + 16 <= c0 + n;
+        float* dst = inside ? s + (kg - c0) : c;
+        size_t stride = inside ? CHUNK : 16;
+#define SCORES(NV) \
+  case NV: scores16(q16, D, g0, dst, stride, NV); break;
+        switch (G) {
+          SCORES(1) SCORES(2) SCORES(3) SCORES(4) SCORES(5) SCORES(6) SCORES(7) SCORES(8)
+          SCORES(9) SCORES(10) SCORES(11) SCORES(12) SCORES(13) SCORES(14) SCORES(15) default: SCORES(16)
+        }
+#undef SCORES
+        if (inside) continue;
         int from = kg > c0 ? kg : c0, to = kg + 16 < c0 + n ? kg + 16 : c0 + n;
         for (int g = 0; g < G; g++)
           memcpy(s + g * CHUNK + (from - c0), c + g * 16 + (from - kg), sizeof(float) * (size_t)(to - from));
