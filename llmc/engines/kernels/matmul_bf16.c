@@ -169,9 +169,10 @@ static TARGET void unit_avx512(const bf16_job* j, int64_t u) {
 
 /* Where the CPU has no vdpbf16ps (an AVX-512 CPU without AVX512_BF16, as a hypervisor may mask it; AVX2 CPUs), each
  * 32-bit lane of the packed layout widens to its two fp32 weights with one shift (k even, the low half) and one
- * mask (k odd, the high half), and two FMAs per lane add them in vdpbf16ps' order (odd k, then even) times x
- * rounded to bf16: every product is exact in fp32, so the sums are those of the BF16 path (denormals aside, which
- * vdpbf16ps flushes). Twice the arithmetic instructions of vdpbf16ps per weight; a decode step stays bound by the
+ * mask (k odd, the high half), and two FMAs per lane add them in the order Intel documents for vdpbf16ps (odd k,
+ * then even) times x rounded to bf16: every product is exact in fp32, so the sums follow its documented arithmetic
+ * (denormals aside, which it flushes; the tests hold the two to fp32's last bits, the widened paths to each other's
+ * bits). Twice the arithmetic instructions of vdpbf16ps per weight; a decode step stays bound by the
  * weights' bytes, a prompt's by the FMAs, with up to 8 rows per pass over a unit's weights on AVX-512 (16
  * accumulators: each widened weight register used 8 times). */
 #define WIDE_ROWS_512 8
