@@ -387,6 +387,24 @@ def test_prompts_take_the_int8_arithmetic_when_asked(llmc_ops: Path, monkeypatch
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("path", ["native", "portable"])
+@pytest.mark.parametrize(("bits", "act_bits"), [(4, 8), (4, 16), (8, 16)])
+def test_a_prompt_s_activations_quantized_over_threads_change_no_bit(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      path: str, bits: int, act_bits: int) -> None:
+    """A prompt's rows (16 or more) are quantized in parts over the pool's threads, with the same arithmetic on
+    AVX-512 and in C: 1, 2 and 3 threads give the same bits, 37 rows of K 576 (the parts end mid-row, in whole
+    groups of blocks) on decode's int8 arithmetic."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    k, n = 576, 64
+    packed, _ = _prompt_weights(bits, k, n, False)
+    x = RNG.standard_normal((1, 37, k)).astype(np.float32)
+    y = [_session(llmc_ops, k, n, packed, None, False, t, t, act_bits, op=f"MatMulQ{bits}", int8_prompts=1).run(
+        None, {"x": x})[0] for t in (1, 2, 3)]
+    np.testing.assert_array_equal(y[0], y[1])
+    np.testing.assert_array_equal(y[0], y[2])
+
+
 def test_8_bit_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
     session = _session(llmc_ops, 64, 32, pack_q8_tiles(q8_0_like(RNG, 64, 32)), None, False, 2, 2, op="MatMulQ8")
     with pytest.raises(Exception, match=r"MatMulQ8: expected A \[\.\.\., 64\], B \[1, 2, 1152\]"):
