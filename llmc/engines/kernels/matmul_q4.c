@@ -164,8 +164,9 @@ static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_
   }
 }
 
-/* The same arithmetic twice: plain C, and compiled for AVX-512 (each element's multiply, round and sum as in C:
- * no contraction into FMAs, so the bits are the same), which quantizes 16 lanes where SSE2 took 4. */
+/* The same arithmetic three times: plain C, and compiled for AVX-512 and for AVX2 (each element's multiply, round
+ * and sum as in C: no contraction into FMAs, so the bits are the same), which quantize 16 or 8 lanes where SSE2
+ * took 4; each path's dot products take the one their CPU has. */
 static void quantize_blocks_c(const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum,
                               int64_t first, int64_t end) {
   quantize_blocks(a, levels, xq, xscale, xsum, first, end);
@@ -175,11 +176,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))
     const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, int64_t first, int64_t end) {
   quantize_blocks(a, levels, xq, xscale, xsum, first, end);
 }
+__attribute__((target("avx2"), optimize("fp-contract=off"))) static void quantize_blocks256(
+    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, int64_t first, int64_t end) {
+  quantize_blocks(a, levels, xq, xscale, xsum, first, end);
+}
 #endif
 
 typedef struct {
   const llmc_q4_args* a;
-  int levels, wide512;
+  int levels, path;
   int8_t* xq;
   float *xscale, *xsum;
   size_t tasks;
@@ -193,8 +198,12 @@ static void quantize_task(void* data, size_t t) {
   int64_t end = groups * ((int64_t)t + 1) / (int64_t)q->tasks * QGROUP;
   end = end < n ? end : n;
 #ifdef LLMC_X86
-  if (q->wide512) {
+  if (q->path == LLMC_Q4_VNNI) {
     quantize_blocks512(q->a, q->levels, q->xq, q->xscale, q->xsum, first, end);
+    return;
+  }
+  if (q->path == LLMC_Q4_AVX2) {
+    quantize_blocks256(q->a, q->levels, q->xq, q->xscale, q->xsum, first, end);
     return;
   }
 #endif
@@ -206,7 +215,7 @@ static void quantize_task(void* data, size_t t) {
 #define QUANTIZE_SPLIT_ROWS 16
 static void quantize_rows(const llmc_q4_args* a, int levels, int path, int8_t* xq, float* xscale, float* xsum,
                           llmc_parallel_fn parallel, void* parallel_ctx) {
-  quantize_job q = {a, levels, path == LLMC_Q4_VNNI, xq, xscale, xsum, 1};
+  quantize_job q = {a, levels, path, xq, xscale, xsum, 1};
   if (parallel && a->threads > 1 && a->M >= QUANTIZE_SPLIT_ROWS) {
     q.tasks = (size_t)a->threads;
     parallel(parallel_ctx, quantize_task, q.tasks, &q);
