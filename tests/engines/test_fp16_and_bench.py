@@ -52,7 +52,7 @@ def test_bench_json_has_every_field(tiny_llama: Built, layout: str, tmp_path: Pa
         ctx["decode_tok_s_per_seq"] / base["decode_tok_s_per_seq"], rel=0.01)
     assert "decode_vs_base_context" not in batch2 and "aggregate_vs_batch1" not in ctx
     for r in rows:  # the machine the run measured, and the paths the operators took on it
-        assert r["cpu_flags"] == [f for f in limits.ISA_FLAGS if f in _cpu_flags()]
+        assert r["cpu_flags"] == [f for f in limits.ISA_FLAGS if f in limits.cpu_flags()]
         assert r["kernel_paths"] == cpu_paths() and r["cpu_model"] == rows[0]["cpu_model"]
     start, end = base["read_bandwidth_gbs"]  # measured in child processes at the start and end of the run
     assert start > 0.5 and end > 0.5
@@ -88,13 +88,6 @@ def test_prefill_flops_counts_each_token_s_layers_the_head_once_and_causal_atten
         assert prefill_flops(engine, manifest, p) == pytest.approx(want, rel=1e-9)
 
 
-def _cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 BF16_PEAKS = {"amx-bf16": "amx-bf16", "avx512-bf16": "avx512-bf16", "avx512f-widened": "avx512-fp32-fma",
               "avx2-widened": "avx2-fp32-fma", "portable": None}
 
@@ -116,7 +109,7 @@ def test_the_matrix_peak_is_that_of_the_instructions_each_precision_s_products_t
     assert kinds["int"] == {"avx512-vnni+amx-bf16": "amx-bf16", "avx512-vnni": "avx512-vnni-int8"}.get(
         paths["matmul_q4"])
     assert kinds["bf16"] == BF16_PEAKS[paths["matmul_bf16"]]
-    flags = _cpu_flags()
+    flags = limits.cpu_flags()
     assert kinds["fp32"] == ("avx512-fp32-fma" if "avx512f" in flags else
                              "avx2-fp32-fma" if {"avx2", "fma"} <= flags else None)
     for peak in peaks.values():

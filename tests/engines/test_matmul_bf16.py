@@ -163,13 +163,10 @@ def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
 
 
 def test_paths_are_chosen_by_the_cpu_and_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmc.bench.limits import cpu_flags
     from llmc.engines.kernels import cpu_paths
 
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
+    flags = cpu_flags()
     native = cpu_paths()["matmul_bf16"]
     if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= flags:
         assert native in ("avx512-bf16", "amx-bf16")

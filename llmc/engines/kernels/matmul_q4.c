@@ -167,10 +167,6 @@ static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_
 /* The same arithmetic three times: plain C, and compiled for AVX-512 and for AVX2 (each element's multiply, round
  * and sum as in C: no contraction into FMAs, so the bits are the same), which quantize 16 or 8 lanes where SSE2
  * took 4; each path's dot products take the one their CPU has. */
-static void quantize_blocks_c(const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum,
-                              int64_t first, int64_t end) {
-  quantize_blocks(a, levels, xq, xscale, xsum, first, end);
-}
 #ifdef LLMC_X86
 __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))) static void quantize_blocks512(
     const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, int64_t first, int64_t end) {
@@ -207,7 +203,7 @@ static void quantize_task(void* data, size_t t) {
     return;
   }
 #endif
-  quantize_blocks_c(q->a, q->levels, q->xq, q->xscale, q->xsum, first, end);
+  quantize_blocks(q->a, q->levels, q->xq, q->xscale, q->xsum, first, end);
 }
 
 /* x's blocks quantized, a prompt's rows (QUANTIZE_SPLIT_ROWS or more) split over the pool's threads (in one thread
