@@ -226,25 +226,42 @@ AVX512 static inline __m512 hsum16(const __m512* v) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), d);
 }
 
-/* acc[g][:] += sum over the chunk's n keys of p[g][t] * V[c0 + t][:], one 16-wide column block of V at a time so
- * the G accumulators of that block stay in registers (G is a constant in each expansion). pstep > 0 (an int8
- * cache): the weights of the dims in group k are at p + k pstep, already times each row's scale of that group, and
- * the int8 values are widened unscaled (where each 16 values took a scalar load, conversion, broadcast and multiply
- * of their scale: one decode row over 2,048 cached tokens, 2 cores, 106 -> 98 us a layer, medians of 6). */
+/* acc[g][:] += sum over the chunk's n keys of p[g][t] * V[c0 + t][:], CB column blocks of 16 of V at a time so the
+ * G x CB accumulators of those blocks stay in registers (G and CB constants in each expansion). Each accumulator
+ * adds its keys in order, whatever CB is (the same bits), but a pass carries G x CB independent FMA chains: one
+ * column block at a time, a decode row's 3 query heads a KV head (SmolLM2) were 3 chains of 4-cycle FMAs, and the
+ * value pass took 32 % of the attention's samples at 8 rows over 200 cached keys. pstep > 0 (an int8 cache): the
+ * weights of the dims in group k are at p + k pstep, already times each row's scale of that group, and the int8
+ * values are widened unscaled (where each 16 values took a scalar load, conversion, broadcast and multiply of
+ * their scale: one decode row over 2,048 cached tokens, 2 cores, 106 -> 98 us a layer, medians of 6). */
+AVX512 static inline __attribute__((always_inline)) void sum_cols(const float* p, size_t pstep,
+                                                                   const char* const* vrow, int kind, int D, int n,
+                                                                   float* acc, int j, const int G, const int CB) {
+  __m512 a[4][MAX_VECTORS];
+  const float* pj[4];
+  for (int c = 0; c < CB; c++) {
+    pj[c] = pstep ? p + (size_t)((j + 16 * c) / LLMC_KV_I8_GROUP) * pstep : p;
+    for (int g = 0; g < G; g++) a[c][g] = _mm512_loadu_ps(acc + g * D + j + 16 * c);
+  }
+  for (int t = 0; t < n; t++)
+    for (int c = 0; c < CB; c++) {
+      const char* row = vrow[t];
+      int jc = j + 16 * c;
+      __m512 vv = pstep ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(row + jc))))
+                        : load16(row, jc, kind, D);
+      for (int g = 0; g < G; g++) a[c][g] = _mm512_fmadd_ps(_mm512_set1_ps(pj[c][g * CHUNK + t]), vv, a[c][g]);
+    }
+  for (int c = 0; c < CB; c++)
+    for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + j + 16 * c, a[c][g]);
+}
+
 AVX512 static inline __attribute__((always_inline)) void sum_values(const float* p, size_t pstep,
                                                                      const char* const* vrow, int kind, int D, int n,
                                                                      float* acc, const int G) {
-  for (int j = 0; j < D; j += 16) {
-    __m512 a[MAX_VECTORS];
-    const float* pj = pstep ? p + (size_t)(j / LLMC_KV_I8_GROUP) * pstep : p;
-    for (int g = 0; g < G; g++) a[g] = _mm512_loadu_ps(acc + g * D + j);
-    for (int t = 0; t < n; t++) {
-      __m512 vv = pstep ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(vrow[t] + j))))
-                        : load16(vrow[t], j, kind, D);
-      for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(pj[g * CHUNK + t]), vv, a[g]);
-    }
-    for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + g * D + j, a[g]);
-  }
+  const int CB = G <= 4 ? 4 : G <= 8 ? 2 : 1; /* up to 16 chains (and registers) of accumulators */
+  int j = 0;
+  for (; j + 16 * CB <= D; j += 16 * CB) sum_cols(p, pstep, vrow, kind, D, n, acc, j, G, CB);
+  for (; j < D; j += 16) sum_cols(p, pstep, vrow, kind, D, n, acc, j, G, 1);
 }
 
 /* c[v * stride + 0..15] = the scores of 16 keys for NV query vectors, given transposed: qt[D][NV]:
