@@ -203,9 +203,12 @@ AVX512 static __attribute__((noinline)) void cap_scores512(float* s, int n, floa
  * decode row over 2,048 cached tokens, 30 layers, 2 cores: 6.0 -> 5.6 ms). The keys' prefetches go to L2 unless
  * prefetch.h is told otherwise (SmolLM2 int4 at batch 1 over 2,048 tokens 91.9 -> 106.9 tok/s on the EPYC VM, its
  * values' too no further gain); the value rows, summed a chunk later, to L1. A prefetch past the buffer's end is
- * harmless (it never faults). */
+ * harmless (it never faults). prefetch_row must be inlined: a helper that only prefetches has no effect GCC
+ * keeps, and where attend_avx512 outgrew the inliner's limit, GCC deleted its calls (this kernel then ran with no
+ * prefetch at all: one decode row over 2,048 fp16 keys, one thread, 225 -> 160 us a layer with them back;
+ * tests/engines/test_kernel_prefetches.py reads the library for them). */
 #define PREFETCH_ROWS 32
-static inline void prefetch_row(const char* row, size_t bytes, int l2) { /* l2: into L2 (prefetch.h), else L1 */
+static inline __attribute__((always_inline)) void prefetch_row(const char* row, size_t bytes, int l2) { /* l2: into L2 (prefetch.h), else L1 */
   for (size_t b = 0; b < bytes; b += 64) llmc_prefetch(row + b, l2);
 }
 
