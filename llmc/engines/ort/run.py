@@ -10,6 +10,8 @@ import numpy as np
 
 from llmc.engines.base import Engine, EngineOptions, KVCache
 from llmc.engines.host_kv import HostKVCache
+from llmc.engines.ort.weights import StreamedWeights
+from llmc.engines.ort.weights import enabled as huge_pages_enabled
 from llmc.engines.steps import StepCore, StepLayout, StepRows
 from llmc.errors import BackendUnavailableError, EngineError, ManifestError
 from llmc.graph import io_names
@@ -26,9 +28,10 @@ def default_threads() -> int:
 
 
 def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None = None,
-                 providers: Sequence[Any] = (CPU_PROVIDER,)) -> object:
+                 providers: Sequence[Any] = (CPU_PROVIDER,), weights: StreamedWeights | None = None) -> object:
     """One ONNX Runtime session; `library`: llmc's operator library to register, when the graph uses it;
-    `providers`: the execution providers in ONNX Runtime's form (ort-cuda: CUDA first)."""
+    `providers`: the execution providers in ONNX Runtime's form (ort-cuda: CUDA first); `weights`: where llmc's
+    operators' weights are held in huge pages (weights.py), shared by the engine's sessions."""
     try:
         import onnxruntime as ort
     except ImportError:  # pragma: no cover - onnxruntime is a runtime dependency
@@ -47,6 +50,8 @@ def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None
         from llmc.engines.kernels import register
 
         register(so, library, threads)
+        if weights is not None:
+            weights.add_to(so, path)
     try:
         session = ort.InferenceSession(str(path), so, providers=list(providers))
     except Exception as e:  # onnxruntime's own exception types: report one line
@@ -78,11 +83,13 @@ class OrtEngineBase(Engine):
         from llmc.engines.kernels import engine_library
 
         library = engine_library(manifest.settings, self.directory)
+        self._weights = StreamedWeights() if library is not None and huge_pages_enabled() else None
         self._prefill = make_session(self.directory / manifest.prefill.file, manifest.prefill, self.threads,
-                                     library, self.providers)
+                                     library, self.providers, self._weights)
         # one graph for both (in-place engines): one session, so the weights are prepacked and held once
         self._decode = self._prefill if manifest.decode == manifest.prefill else make_session(
-            self.directory / manifest.decode.file, manifest.decode, self.threads, library, self.providers)
+            self.directory / manifest.decode.file, manifest.decode, self.threads, library, self.providers,
+            self._weights)
         self._past_names = manifest.kv.names("past")
 
 
