@@ -415,6 +415,10 @@ static inline __attribute__((always_inline)) TARGET void unit_vnni_levels(const 
   float buf[ROWS * UNIT_COLS];
   for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
     int rows = M - m0 < ROWS ? (int)(M - m0) : ROWS, m = 0;
+    for (; L == 2 && rows - m >= 4; m += 4) { /* two levels: one tile at a time (4 x 2 x 2 dot registers spill) */
+      tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 4, 1, L, BITS);
+      tiles_vnni(j, m0 + m, t0 + 1, 1, buf + m * UNIT_COLS, 4, 1, L, BITS);
+    }
     for (; rows - m >= 4; m += 4) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 4, 2, L, BITS);
     for (; rows - m >= 2; m += 2) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 2, 2, L, BITS);
     for (; m < rows; m++) tiles_vnni(j, m0 + m, t0, 0, buf + m * UNIT_COLS, 1, 2, L, BITS);
