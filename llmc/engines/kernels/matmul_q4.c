@@ -168,9 +168,40 @@ static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_
  * and sum as in C: no contraction into FMAs, so the bits are the same), which quantize 16 or 8 lanes where SSE2
  * took 4; each path's dot products take the one their CPU has. */
 #ifdef LLMC_X86
+/* quantize_blocks in AVX-512 registers, a block (two registers) at a time: each element takes the C's operations,
+ * in its order (the multiply, the two adds of round_small, the truncations to int32 and to int8; r = v - s q as a
+ * multiply, then a subtraction), the maxima skip NaNs as the C's comparisons do, and the integer sums do not
+ * depend on their order: the same bits. Compiled from the C, the calls of a decode step (one row: 18 or 48 blocks
+ * each, 121 products) took ~1 ns a value in the calling thread while the pool's other threads waited. */
 __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))) static void quantize_blocks512(
     const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, int64_t first, int64_t end) {
-  quantize_blocks(a, levels, xq, xscale, xsum, first, end);
+  int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K;
+  const __m512 magic = _mm512_set1_ps(12582912.f); /* round_small's 1.5 * 2^23 */
+  const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
+  for (int64_t b = first; b < end; b++) {
+    __m512 v[2] = {_mm512_loadu_ps(a->x + b * LLMC_Q4_BLOCK), _mm512_loadu_ps(a->x + b * LLMC_Q4_BLOCK + 16)};
+    float sum = 0.f;
+    for (int l = 0; l < levels; l++) {
+      __m512 mx = _mm512_setzero_ps(); /* max(f, mx): mx where f is NaN, as block_stats' f > mx ? f : mx */
+      for (int h = 0; h < 2; h++)
+        mx = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v[h]), abs_bits)), mx);
+      float amax = _mm512_reduce_max_ps(mx);
+      float s = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      __m512i q[2];
+      for (int h = 0; h < 2; h++) { /* q as the int8 it is stored as (a NaN's INT_MIN truncates to 0, as in C) */
+        __m128i q8 = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(
+            _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v[h], _mm512_set1_ps(inv)), magic), magic)));
+        _mm_storeu_si128((__m128i*)(xq + l * xq_level + b * LLMC_Q4_BLOCK + 16 * h), q8);
+        q[h] = _mm512_cvtepi8_epi32(q8);
+      }
+      float part = s * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+      sum = l == 0 ? part : sum + part;
+      xscale[l * n + b] = s;
+      for (int h = 0; l + 1 < levels && h < 2; h++) /* the remainder, the next level's input */
+        v[h] = _mm512_sub_ps(v[h], _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(q[h])));
+    }
+    xsum[b] = sum;
+  }
 }
 __attribute__((target("avx2"), optimize("fp-contract=off"))) static void quantize_blocks256(
     const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, int64_t first, int64_t end) {
