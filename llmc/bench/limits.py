@@ -79,25 +79,30 @@ ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_v
              "amx_tile", "amx_bf16", "amx_int8")  # /proc/cpuinfo's names of what the operators dispatch on
 
 
+def _first_cpu() -> dict[str, str]:
+    """/proc/cpuinfo's fields for the first CPU (empty where there is no such file)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    fields: dict[str, str] = {}
+    for line in cpuinfo.read_text(errors="replace").splitlines() if cpuinfo.is_file() else []:
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def cpu_flags() -> set[str]:
     """Every flag /proc/cpuinfo lists for the first CPU (empty where there is no such file)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text(errors="replace").splitlines() if cpuinfo.is_file() else []:
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return set(value.split())
-    return set()
+    return set(_first_cpu().get("flags", "").split())
 
 
 def host_cpu() -> dict[str, Any]:
     """The CPU a run measured, so a row says which machine it is from (the machines here change between sessions,
     some with their BF16 or AMX extensions masked): its model name, which of ISA_FLAGS it lists, and the paths
     llmc's operators take on it now (llmc.engines.kernels.cpu_paths; absent without the library)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text(errors="replace").splitlines() if cpuinfo.is_file() else []
-    model = next((v.strip() for k, _, v in (line.partition(":") for line in lines) if k.strip() == "model name"), "")
-    flags = cpu_flags()
-    info: dict[str, Any] = {"cpu_model": model, "cpu_flags": [f for f in ISA_FLAGS if f in flags]}
+    cpu = _first_cpu()
+    flags = set(cpu.get("flags", "").split())
+    info: dict[str, Any] = {"cpu_model": cpu.get("model name", ""), "cpu_flags": [f for f in ISA_FLAGS if f in flags]}
     from llmc.engines.kernels import cpu_paths
     from llmc.errors import BackendUnavailableError
 

@@ -14,17 +14,18 @@ import shutil
 import subprocess
 from collections import Counter
 
-import pytest
-
 from llmc.engines.kernels import library_path
 
 STREAMING = ("attend_avx512", "unit_vnni", "unit_avx2", "unit_avx512", "unit_f512")
 
 
-def _prefetches_per_function() -> Counter[str]:
+X86 = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+
+
+def _prefetches_per_function() -> tuple[set[str], Counter[str]]:
+    """The library's functions, and the prefetch instructions in each (GCC's clones counted with their origin)."""
     objdump = shutil.which("objdump")
-    if objdump is None:
-        pytest.skip("no objdump (binutils) to read the library's machine code")
+    assert objdump is not None, "no objdump: binutils, which building the library needs, is missing"
     text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(library_path())], check=True,
                           capture_output=True, text=True).stdout
     counts: Counter[str] = Counter()
@@ -37,14 +38,14 @@ def _prefetches_per_function() -> Counter[str]:
             seen.add(function)
         elif "prefetch" in line:
             counts[function] += 1
-    missing = [f for f in STREAMING if f not in seen]
-    if len(missing) == len(STREAMING):
-        pytest.skip("the library carries no local symbols (stripped): its kernels cannot be told apart")
-    assert not missing, f"kernels not found in {library_path().name}: {missing} (renamed? update STREAMING)"
-    return counts
+    assert "llmc_ops_version" in seen, f"{library_path().name} carries no symbols to tell its kernels apart"
+    return seen, counts
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 kernels only")
 def test_every_streaming_kernel_prefetches() -> None:
-    counts = _prefetches_per_function()
+    seen, counts = _prefetches_per_function()
+    if not X86:  # the x86 kernels are not built here: the portable ones, which prefetch nothing, run
+        assert seen.isdisjoint(STREAMING), sorted(seen & set(STREAMING))
+        return
+    assert [f for f in STREAMING if f not in seen] == [], "a streaming kernel was renamed: update STREAMING"
     assert {f: counts[f] for f in STREAMING if counts[f] == 0} == {}

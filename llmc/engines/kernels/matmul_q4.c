@@ -164,9 +164,9 @@ static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_
   }
 }
 
-/* The same arithmetic three times: plain C, and compiled for AVX-512 and for AVX2 (each element's multiply, round
- * and sum as in C: no contraction into FMAs, so the bits are the same), which quantize 16 or 8 lanes where SSE2
- * took 4; each path's dot products take the one their CPU has. */
+/* The same arithmetic three times, the same bits (no contraction into FMAs): plain C (portable), written for
+ * AVX-512 registers (VNNI), and the C compiled for AVX2 (8 lanes where SSE2 took 4); each path's dot products take
+ * the one their CPU has. */
 #ifdef LLMC_X86
 /* quantize_blocks in AVX-512 registers, a block (two registers) at a time: each element takes the C's operations,
  * in its order (the multiply, the two adds of round_small, the truncations to int32 and to int8; r = v - s q as a

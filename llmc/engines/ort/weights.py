@@ -49,7 +49,7 @@ def _arena(nbytes: int) -> tuple[Any, np.ndarray]:
     if advice is not None:
         try:
             region.madvise(advice)
-        except OSError:  # transparent huge pages off ("never") or not built in: 4 KB pages, the same results
+        except OSError:  # a kernel built without transparent huge pages: 4 KB pages, the same results
             pass
     return region, np.frombuffer(region, np.uint8)
 
