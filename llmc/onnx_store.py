@@ -99,9 +99,10 @@ def load_graph(path: Path) -> onnx.ModelProto:
                             "damaged: write it again with the stage that made it") from None
 
 
-def check_external_paths(model_path: Path) -> None:
-    """Refuse external data that points outside the model's folder (a path-traversal hole in ONNX)."""
-    model = load_graph(model_path)
+def check_external_paths(model_path: Path, model: onnx.ModelProto | None = None) -> None:
+    """Refuse external data that points outside the model's folder (a path-traversal hole in ONNX); `model`: the
+    graph at model_path, where the caller has read it already."""
+    model = model if model is not None else load_graph(model_path)
     root = model_path.parent.resolve()
     for init in model.graph.initializer:
         for entry in init.external_data:

@@ -143,7 +143,7 @@ def check_library(library: Path) -> None:
     tmp.replace(verdict)
 
 
-def register(session_options: Any, library: Path, threads: int = 0) -> None:
+def register(session_options: Any, library: Path, threads: int = 0, own_pool: bool = False) -> None:
     """Register an operator library with an ONNX Runtime SessionOptions (checked against this ONNX Runtime the
     first time: check_library). `threads`: the session's intra-op threads, which the 4-bit kernel splits its
     weights among (one contiguous part each)."""
@@ -151,4 +151,6 @@ def register(session_options: Any, library: Path, threads: int = 0) -> None:
         check_library(Path(library))
     if threads > 0:
         session_options.add_session_config_entry("llmc.threads", str(threads))
+    if own_pool:
+        session_options.add_session_config_entry("llmc.pool", "llmc")
     session_options.register_custom_ops_library(str(library))

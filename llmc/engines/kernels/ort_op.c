@@ -43,6 +43,7 @@
 #include "matmul_bf16.h"
 #include "matmul_q4.h"
 #include "ops_version.h"
+#include "pool.h"
 #include "prefetch.h"
 #include "rms_norm.h"
 
@@ -143,13 +144,21 @@ typedef struct {
   int kv_type; /* attention: the cache's element type; matmul: its weights' (T_UINT8: MatMulQ4/Q8, T_BFLOAT16) */
   int bits;    /* MatMulQ4 4, MatMulQ8 8 */
   int threads; /* the session's intra-op threads (its "llmc.threads" config entry), 0 when not given */
+  int own_pool; /* 1: the kernels' parallel calls go to llmc's pool of `threads` (pool.h), else ONNX Runtime's */
 } LlmcOp;
+
+/* The thread count of the pool an op's kernels hand their parallel calls to: llmc's (> 0) or ONNX Runtime's (0). */
+static int pool_threads_of(const OrtCustomOp* op) {
+  const LlmcOp* o = (const LlmcOp*)op;
+  return o->own_pool ? o->threads : 0;
+}
 
 typedef struct {
   const OrtApi* api;
   int64_t num_heads, kv_num_heads, local_window_size;
   float scale, softcap;
   int kv_kind; /* LLMC_KV_* */
+  int pool_threads; /* llmc's pool of this many threads, or 0: ONNX Runtime's (Pool below) */
 } Kernel;
 
 enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, IN_BLOCKS, IN_NEW, N_INPUTS };
@@ -203,6 +212,7 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   Kernel* k = (Kernel*)calloc(1, sizeof(Kernel));
   if (!k) return fail(api, ERR_FAIL, "CachedAttention: out of memory");
   k->api = api;
+  k->pool_threads = pool_threads_of(op);
   int kv_type = ((const LlmcOp*)op)->kv_type;
   k->kv_kind = kv_type == T_FLOAT16 ? LLMC_KV_F16 : kv_type == T_INT8 ? LLMC_KV_I8 : LLMC_KV_F32;
   OrtStatus* s = ((GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64))(info, "num_heads", &k->num_heads);
@@ -266,12 +276,18 @@ typedef struct {
   const OrtApi* api;
   const OrtKernelContext* ctx;
   OrtStatus* status;
+  int threads; /* llmc's pool of this many threads (pool.h), or 0: ONNX Runtime's intra-op pool */
 } Pool;
 
 static void run_parallel(void* pool_, void (*fn)(void*, size_t), size_t total, void* data) {
   Pool* pool = (Pool*)pool_;
+  if (pool->threads) {
+    llmc_pool_run(&pool->threads, fn, total, data);
+    return;
+  }
   pool->status = ((ParallelFor_t)SLOT(pool->api, KernelContext_ParallelFor))(pool->ctx, fn, total, 0, data);
 }
+
 
 /* A kernel's outcome as the op's status: the thread pool's error, else the kernel's message (named by op). */
 static OrtStatus* outcome(const Pool* pool, const char* op, const char* err) {
@@ -359,7 +375,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .block_size = paged ? (int)dims[IN_PAST_K][2] : 0, .max_blocks = paged ? (int)dims[IN_BLOCKS][1] : 0,
       .num_blocks = paged ? (int)dims[IN_PAST_K][0] : 0,
       .new_lens = rank[IN_NEW] >= 0 ? (const int32_t*)data[IN_NEW] : NULL};
-  Pool pool = {api, ctx, NULL};
+  Pool pool = {api, ctx, NULL, k->pool_threads};
   const char* err = llmc_attention(&a, run_parallel, &pool);
   return outcome(&pool, "CachedAttention", err);
 }
@@ -371,6 +387,7 @@ typedef struct {
   const OrtApi* api;
   int64_t K, N, gated, act_bits, int8_prompts;
   int threads;
+  int pool_threads; /* as Kernel's */
   int bf16; /* MatMulBF16, else MatMulQ4 / MatMulQ8 */
   int bits; /* MatMulQ4 4, MatMulQ8 8 */
 } MatMulKernel;
@@ -393,6 +410,7 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   if (!k) return fail(api, ERR_FAIL, "MatMul: out of memory");
   k->api = api;
   k->threads = ((const LlmcOp*)op)->threads;
+  k->pool_threads = pool_threads_of(op);
   k->bf16 = ((const LlmcOp*)op)->kv_type == T_BFLOAT16;
   k->bits = ((const LlmcOp*)op)->bits;
   const char* name = ((const LlmcOp*)op)->name;
@@ -463,7 +481,7 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   void* out_data = NULL;
   CHECK(((GetOutput_t)SLOT(api, KernelContext_GetOutput))(ctx, 0, out_dims, (size_t)rank[MM_A], &out));
   CHECK(((GetTensorMutableData_t)SLOT(api, GetTensorMutableData))(out, &out_data));
-  Pool pool = {api, ctx, NULL};
+  Pool pool = {api, ctx, NULL, k->pool_threads};
   const char* err;
   if (k->bf16) {
     llmc_bf16_args a = {.M = M, .K = k->K, .N = k->N, .x = (const float*)data[MM_A], .w = (const uint16_t*)data[MM_B],
@@ -485,6 +503,7 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
 typedef struct {
   const OrtApi* api;
   float eps;
+  int pool_threads; /* as Kernel's */
 } NormKernel;
 
 enum { RN_X, RN_SKIP, RN_GAMMA, RN_INPUTS };
@@ -499,10 +518,10 @@ static int rn_output_characteristic(const OrtCustomOp* op, size_t i) {
 }
 
 static OrtStatus* rn_create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
-  (void)op;
   NormKernel* k = (NormKernel*)calloc(1, sizeof(NormKernel));
   if (!k) return fail(api, ERR_FAIL, "SkipRMSNorm: out of memory");
   k->api = api;
+  k->pool_threads = pool_threads_of(op);
   k->eps = optional_float(api, info, "epsilon", 1e-5f);
   if (!(k->eps >= 0.f)) {
     free(k);
@@ -538,7 +557,7 @@ static OrtStatus* rn_compute(void* kernel, OrtKernelContext* ctx) {
   llmc_rms_norm_args a = {.M = M, .D = D, .x = (const float*)data[RN_X], .skip = (const float*)data[RN_SKIP],
                           .gamma = (const float*)data[RN_GAMMA], .eps = k->eps, .y = (float*)out[0],
                           .sum = (float*)out[1]};
-  Pool pool = {api, ctx, NULL};
+  Pool pool = {api, ctx, NULL, k->pool_threads};
   return outcome(&pool, "SkipRMSNorm", llmc_skip_rms_norm(&a, run_parallel, &pool));
 }
 
@@ -593,19 +612,33 @@ static LlmcOp make_norm_op(void) {
 
 #define N_OPS 7
 #define MAX_THREADS 256
-static LlmcOp op_sets[MAX_THREADS + 1][N_OPS]; /* one set per thread count: ONNX Runtime keeps pointers to them */
+/* one set per thread count and pool (ONNX Runtime's, llmc's): ONNX Runtime keeps pointers to them */
+static LlmcOp op_sets[2][MAX_THREADS + 1][N_OPS];
 
-/* The session's "llmc.threads" entry (llmc's engines set it to the session's intra-op threads), else 0. */
-static int session_threads(const OrtApi* api, const OrtSessionOptions* options) {
-  char value[16];
-  size_t size = sizeof value;
-  OrtStatus* s = ((GetSessionConfigEntry_t)SLOT(api, GetSessionConfigEntry))(options, "llmc.threads", value, &size);
+/* A session config entry's value into value[size] ("" where the session has none). */
+static void session_entry(const OrtApi* api, const OrtSessionOptions* options, const char* key, char* value,
+                          size_t size) {
+  OrtStatus* s = ((GetSessionConfigEntry_t)SLOT(api, GetSessionConfigEntry))(options, key, value, &size);
   if (s) {
     ((ReleaseStatus_t)SLOT(api, ReleaseStatus))(s);
-    return 0;
+    value[0] = 0;
   }
+}
+
+/* The session's "llmc.threads" entry (llmc's engines set it to the session's threads), else 0. */
+static int session_threads(const OrtApi* api, const OrtSessionOptions* options) {
+  char value[16];
+  session_entry(api, options, "llmc.threads", value, sizeof value);
   int n = atoi(value);
   return n > 0 && n <= MAX_THREADS ? n : 0;
+}
+
+/* 1 where the session's "llmc.pool" entry is "llmc": the kernels run their parallel calls on llmc's pool of
+ * "llmc.threads" threads (pool.h; the session itself then has one intra-op thread), else on ONNX Runtime's. */
+static int session_own_pool(const OrtApi* api, const OrtSessionOptions* options) {
+  char value[16];
+  session_entry(api, options, "llmc.pool", value, sizeof value);
+  return !strcmp(value, "llmc");
 }
 
 /* The operators' contract version (ops_version.h): engines record it and refuse a library of another. */
@@ -627,14 +660,33 @@ EXPORT int llmc_ops_prefetch_l2(void) {
 #endif
 }
 
+/* llmc's pool (pool.h) checked for tests: `calls` calls of `total` tasks on `threads` threads, each task adding its
+ * index + 1 to its own counter; returns the number of tasks not run exactly once per call (0: all were). */
+typedef struct {
+  long* runs;
+} PoolCheck;
+static void pool_check_task(void* data, size_t i) { __atomic_add_fetch(&((PoolCheck*)data)->runs[i], 1, __ATOMIC_RELAXED); }
+EXPORT long llmc_ops_pool_check(int threads, int calls, int total) {
+  if (threads < 1 || calls < 0 || total < 0) return -1;
+  PoolCheck c = {(long*)calloc((size_t)total + 1, sizeof(long))};
+  if (!c.runs) return -1;
+  for (int k = 0; k < calls; k++) llmc_pool_run(&threads, pool_check_task, (size_t)total, &c);
+  long wrong = 0;
+  for (int i = 0; i < total; i++) wrong += c.runs[i] != calls;
+  free(c.runs);
+  return wrong;
+}
+/* The pool's workers started in this process. */
+EXPORT int llmc_ops_pool_workers(void) { return llmc_pool_workers(); }
+
 EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(ORT_API_VERSION_USED);
   if (!api) { /* older than 1.17: say so through the first API version's CreateStatus */
     const OrtApi* v1 = base->GetApi(1);
     return v1 ? fail(v1, ERR_FAIL, "llmc's operators need ONNX Runtime >= 1.17") : NULL;
   }
-  int threads = session_threads(api, options);
-  LlmcOp* ops = op_sets[threads];
+  int threads = session_threads(api, options), own = threads > 1 && session_own_pool(api, options);
+  LlmcOp* ops = op_sets[own][threads];
   if (!ops[0].name) {
     ops[0] = make_op("CachedAttention", T_FLOAT);
     ops[1] = make_op("CachedAttentionF16Cache", T_FLOAT16);
@@ -643,7 +695,7 @@ EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase
     ops[4] = make_matmul_op("MatMulBF16", T_BFLOAT16, 0);
     ops[5] = make_matmul_op("MatMulQ8", T_UINT8, 8);
     ops[6] = make_norm_op();
-    for (int i = 0; i < N_OPS; i++) ops[i].threads = threads;
+    for (int i = 0; i < N_OPS; i++) ops[i].threads = threads, ops[i].own_pool = own;
   }
   /* One domain object per registration: ONNX Runtime keeps a pointer to it in the session options. */
   OrtCustomOpDomain* d = NULL;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from llmc.engines.steps import StepCore, StepLayout, StepRows
 from llmc.errors import BackendUnavailableError, EngineError, ManifestError
 from llmc.graph import io_names
 from llmc.manifest import EngineManifest, GraphSpec, verify_files
-from llmc.onnx_store import check_external_paths
+from llmc.onnx_store import check_external_paths, load_graph
 
 CPU_PROVIDER = "CPUExecutionProvider"
 
@@ -25,6 +26,29 @@ def default_threads() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+# ONNX Runtime's CPU operators that split their work over its intra-op pool where it pays (products, attention,
+# convolutions, mixtures of experts): a graph with one keeps ONNX Runtime's pool. Shape, index and elementwise
+# nodes over a row or a prompt (the embedding's Gather, the last norm, casts) run on one thread either way.
+POOLED_OPS = frozenset({"MatMul", "Gemm", "MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul", "FusedMatMul",
+                        "QLinearMatMul", "MatMulIntegerToFloat", "GroupQueryAttention", "MultiHeadAttention",
+                        "Attention", "Conv", "ConvTranspose", "MoE", "QMoE", "Einsum"})
+
+
+def uses_own_pool(graph: Any, threads: int) -> bool:
+    """Whether llmc's operators run their parallel calls on llmc's own thread pool (kernels/pool.h) instead of
+    ONNX Runtime's, the session then on one thread: where every node that splits its work is llmc's (the int4,
+    int8 and bf16 engines with llmc's operators). A decode step is ~210 short parallel calls, and ONNX Runtime's
+    ParallelFor costs more per call than llmc's spin pool (docs/performance_notes.md). LLMC_POOL=onnxruntime
+    keeps ONNX Runtime's pool everywhere."""
+    choice = os.environ.get("LLMC_POOL", "auto") or "auto"
+    if choice not in ("auto", "onnxruntime"):
+        raise EngineError(f"LLMC_POOL={choice!r}: must be auto (llmc's pool where every parallel node is llmc's) "
+                          "or onnxruntime")
+    if choice == "onnxruntime" or threads < 2:
+        return False
+    return not any(n.op_type in POOLED_OPS for n in graph.graph.node if n.domain in ("", "ai.onnx", "com.microsoft"))
 
 
 def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None = None,
@@ -36,9 +60,12 @@ def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None
         import onnxruntime as ort
     except ImportError:  # pragma: no cover - onnxruntime is a runtime dependency
         raise BackendUnavailableError("onnxruntime is not installed: pip install onnxruntime") from None
-    check_external_paths(path)
+    graph = load_graph(path)
+    check_external_paths(path, graph)
+    own_pool = library is not None and tuple(providers) == (CPU_PROVIDER,) and uses_own_pool(graph, threads)
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
+    # with llmc's pool the session keeps no intra-op workers of its own: three spinning threads on two cores
+    so.intra_op_num_threads = 1 if own_pool else threads
     so.inter_op_num_threads = 1
     # The pool's workers stop spinning when a run ends, so another session of the process (the concat engine's
     # second graph, another engine) has the cores to itself. Measured with an engine of two sessions: time to first
@@ -49,7 +76,7 @@ def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None
     if library is not None:
         from llmc.engines.kernels import register
 
-        register(so, library, threads)
+        register(so, library, threads, own_pool=own_pool)
         if weights is not None:
             weights.add_to(so, path)
     try:

@@ -1,0 +1,141 @@
+/* llmc's own thread pool (pool.h). */
+#define _GNU_SOURCE
+#include "pool.h"
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_WORKERS 255
+#define HOT_NS 50000L /* a worker spins this long after its last task before it yields its core between checks */
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* The call in flight: its generation and next task in one word, so a worker's claim fails once the call it saw
+ * is over (a call ends only when every task is claimed and done, and the next one writes fn, data and total
+ * before it publishes its generation). */
+static struct {
+  _Alignas(64) uint64_t word; /* generation << 32 | next task */
+  _Alignas(64) size_t done;   /* tasks of the call done */
+  _Alignas(64) uint32_t wake; /* the futex the sleeping workers wait on: +1 a call */
+  int sleepers;
+  _Alignas(64) void (*fn)(void*, size_t);
+  void* data;
+  size_t total;
+  int busy;    /* a call in flight: a second caller runs its own tasks */
+  int workers; /* started */
+  long spin_ns;
+  pthread_mutex_t start;
+} P = {.start = PTHREAD_MUTEX_INITIALIZER};
+
+static long now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Claims and runs call g's tasks until none is left (or the call is over). */
+static void work(uint32_t g) {
+  for (;;) {
+    uint64_t w = __atomic_load_n(&P.word, __ATOMIC_SEQ_CST);
+    if ((uint32_t)(w >> 32) != g) return;
+    size_t i = (uint32_t)w;
+    void (*fn)(void*, size_t) = P.fn;
+    void* data = P.data;
+    if (i >= P.total) return;
+    if (!__atomic_compare_exchange_n(&P.word, &w, w + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) continue;
+    fn(data, i);
+    __atomic_add_fetch(&P.done, 1, __ATOMIC_SEQ_CST);
+  }
+}
+
+static void* worker(void* arg) {
+  (void)arg;
+  uint32_t seen = (uint32_t)(__atomic_load_n(&P.word, __ATOMIC_SEQ_CST) >> 32);
+  for (;;) {
+    long since = now_ns();
+    uint32_t g;
+    for (unsigned spins = 1; (g = (uint32_t)(__atomic_load_n(&P.word, __ATOMIC_SEQ_CST) >> 32)) == seen; spins++) {
+      relax();
+      if (spins % 64) continue;
+      long waited = now_ns() - since;
+      if (waited < HOT_NS) continue;
+      if (waited < P.spin_ns) { /* between decode steps: awake, but the core is the others' to take */
+        sched_yield();
+        continue;
+      }
+      uint32_t wake = __atomic_load_n(&P.wake, __ATOMIC_SEQ_CST);
+      __atomic_add_fetch(&P.sleepers, 1, __ATOMIC_SEQ_CST);
+      if ((uint32_t)(__atomic_load_n(&P.word, __ATOMIC_SEQ_CST) >> 32) == seen)
+        syscall(SYS_futex, &P.wake, FUTEX_WAIT_PRIVATE, wake, NULL, NULL, 0);
+      __atomic_sub_fetch(&P.sleepers, 1, __ATOMIC_SEQ_CST);
+      since = now_ns();
+    }
+    seen = g;
+    work(g);
+  }
+  return NULL;
+}
+
+/* A child of fork() has none of the parent's workers. */
+static void forked(void) {
+  P.workers = 0;
+  P.busy = 0;
+  P.sleepers = 0;
+  pthread_mutex_init(&P.start, NULL);
+}
+
+static void start_workers(int n) {
+  if (n > MAX_WORKERS) n = MAX_WORKERS;
+  if (__atomic_load_n(&P.workers, __ATOMIC_ACQUIRE) >= n) return;
+  pthread_mutex_lock(&P.start);
+  if (!P.workers) {
+    const char* e = getenv("LLMC_POOL_SPIN_US");
+    long us = e && *e ? atol(e) : 2000;
+    P.spin_ns = (us < 0 ? 0 : us) * 1000L;
+    static int registered;
+    if (!registered) registered = !pthread_atfork(NULL, NULL, forked);
+  }
+  while (P.workers < n) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int failed = pthread_create(&t, &attr, worker, NULL);
+    pthread_attr_destroy(&attr);
+    if (failed) break; /* the caller and the workers there are take the tasks */
+    __atomic_add_fetch(&P.workers, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&P.start);
+}
+
+void llmc_pool_run(void* threads_, void (*fn)(void*, size_t), size_t total, void* data) {
+  int threads = threads_ ? *(const int*)threads_ : 1;
+  if (total > 1 && threads > 1 && total <= UINT32_MAX && !__atomic_exchange_n(&P.busy, 1, __ATOMIC_SEQ_CST)) {
+    start_workers(threads - 1);
+    P.fn = fn, P.data = data, P.total = total;
+    __atomic_store_n(&P.done, 0, __ATOMIC_SEQ_CST);
+    uint32_t g = (uint32_t)(__atomic_load_n(&P.word, __ATOMIC_SEQ_CST) >> 32) + 1;
+    __atomic_store_n(&P.word, (uint64_t)g << 32, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&P.wake, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&P.sleepers, __ATOMIC_SEQ_CST))
+      syscall(SYS_futex, &P.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    work(g);
+    while (__atomic_load_n(&P.done, __ATOMIC_SEQ_CST) != total) relax();
+    __atomic_store_n(&P.busy, 0, __ATOMIC_SEQ_CST);
+    return;
+  }
+  for (size_t i = 0; i < total; i++) fn(data, i);
+}
+
+int llmc_pool_workers(void) { return __atomic_load_n(&P.workers, __ATOMIC_ACQUIRE); }
