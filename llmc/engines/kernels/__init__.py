@@ -145,8 +145,9 @@ def check_library(library: Path) -> None:
 
 def register(session_options: Any, library: Path, threads: int = 0, own_pool: bool = False) -> None:
     """Register an operator library with an ONNX Runtime SessionOptions (checked against this ONNX Runtime the
-    first time: check_library). `threads`: the session's intra-op threads, which the 4-bit kernel splits its
-    weights among (one contiguous part each)."""
+    first time: check_library). `threads`: the threads the kernels split their work over (the 4-bit kernel: one
+    contiguous part of its weights each); `own_pool`: they run on llmc's own pool of that many threads (pool.h; the
+    session itself then has one intra-op thread), else on the session's intra-op pool."""
     if os.environ.get("LLMC_OPS_SELFTEST") != "0":
         check_library(Path(library))
     if threads > 0:

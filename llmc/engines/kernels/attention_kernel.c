@@ -308,6 +308,8 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
     llmc_bf16_round(q, (int64_t)G * D, qhl[0], qhl[1]);
     llmc_amx_configure();
   }
+  if (!kt && !k16) /* the first key rows, which the loop's prefetches (PREFETCH_ROWS ahead of it) never reach */
+    for (int t = t0; t < t1 && t < t0 + PREFETCH_ROWS; t++) prefetch_row(row_at(K, t), rb, l2);
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
     for (int t = 0; !kt && t < n; t++) krow[t] = row_at(K, c0 + t), vrow[t] = row_at(V, c0 + t);

@@ -50,9 +50,9 @@ static void work(uint32_t g) {
     uint64_t w = __atomic_load_n(&P.word, __ATOMIC_SEQ_CST);
     if ((uint32_t)(w >> 32) != g) return;
     size_t i = (uint32_t)w;
-    void (*fn)(void*, size_t) = P.fn;
-    void* data = P.data;
-    if (i >= P.total) return;
+    void (*fn)(void*, size_t) = __atomic_load_n(&P.fn, __ATOMIC_RELAXED); /* call g's where the claim below holds */
+    void* data = __atomic_load_n(&P.data, __ATOMIC_RELAXED);
+    if (i >= __atomic_load_n(&P.total, __ATOMIC_RELAXED)) return;
     if (!__atomic_compare_exchange_n(&P.word, &w, w + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) continue;
     fn(data, i);
     __atomic_add_fetch(&P.done, 1, __ATOMIC_SEQ_CST);
@@ -123,7 +123,9 @@ void llmc_pool_run(void* threads_, void (*fn)(void*, size_t), size_t total, void
   int threads = threads_ ? *(const int*)threads_ : 1;
   if (total > 1 && threads > 1 && total <= UINT32_MAX && !__atomic_exchange_n(&P.busy, 1, __ATOMIC_SEQ_CST)) {
     start_workers(threads - 1);
-    P.fn = fn, P.data = data, P.total = total;
+    __atomic_store_n(&P.fn, fn, __ATOMIC_RELAXED); /* (published by the generation's store below) */
+    __atomic_store_n(&P.data, data, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.total, total, __ATOMIC_RELAXED);
     __atomic_store_n(&P.done, 0, __ATOMIC_SEQ_CST);
     uint32_t g = (uint32_t)(__atomic_load_n(&P.word, __ATOMIC_SEQ_CST) >> 32) + 1;
     __atomic_store_n(&P.word, (uint64_t)g << 32, __ATOMIC_SEQ_CST);
