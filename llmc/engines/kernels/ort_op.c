@@ -288,7 +288,6 @@ static void run_parallel(void* pool_, void (*fn)(void*, size_t), size_t total, v
   pool->status = ((ParallelFor_t)SLOT(pool->api, KernelContext_ParallelFor))(pool->ctx, fn, total, 0, data);
 }
 
-
 /* A kernel's outcome as the op's status: the thread pool's error, else the kernel's message (named by op). */
 static OrtStatus* outcome(const Pool* pool, const char* op, const char* err) {
   char msg[256];
@@ -660,20 +659,17 @@ EXPORT int llmc_ops_prefetch_l2(void) {
 #endif
 }
 
-/* llmc's pool (pool.h) checked for tests: `calls` calls of `total` tasks on `threads` threads, each task adding its
- * index + 1 to its own counter; returns the number of tasks not run exactly once per call (0: all were). */
-typedef struct {
-  long* runs;
-} PoolCheck;
-static void pool_check_task(void* data, size_t i) { __atomic_add_fetch(&((PoolCheck*)data)->runs[i], 1, __ATOMIC_RELAXED); }
+/* llmc's pool (pool.h) checked for tests: `calls` calls of `total` tasks on `threads` threads, each task counting
+ * its runs; returns the number of tasks not run exactly once per call (0: all were; -1: bad arguments). */
+static void pool_check_task(void* runs, size_t i) { __atomic_add_fetch((long*)runs + i, 1, __ATOMIC_RELAXED); }
 EXPORT long llmc_ops_pool_check(int threads, int calls, int total) {
   if (threads < 1 || calls < 0 || total < 0) return -1;
-  PoolCheck c = {(long*)calloc((size_t)total + 1, sizeof(long))};
-  if (!c.runs) return -1;
-  for (int k = 0; k < calls; k++) llmc_pool_run(&threads, pool_check_task, (size_t)total, &c);
+  long* runs = (long*)calloc((size_t)total + 1, sizeof(long)); /* (+ 1: never calloc(0)) */
+  if (!runs) return -1;
+  for (int k = 0; k < calls; k++) llmc_pool_run(&threads, pool_check_task, (size_t)total, runs);
   long wrong = 0;
-  for (int i = 0; i < total; i++) wrong += c.runs[i] != calls;
-  free(c.runs);
+  for (int i = 0; i < total; i++) wrong += runs[i] != calls;
+  free(runs);
   return wrong;
 }
 /* The pool's workers started in this process. */
