@@ -90,10 +90,12 @@ class HostPagedKVCache(_HostBuffers, PagedKVCache):
         else:
             super().free(slot)
 
-    def block_table(self, slots: list[int]) -> np.ndarray:
-        """[B, max blocks of the rows] int32, each row's table zero-padded (the operator reads only its blocks)."""
-        width = max(1, max(len(self.tables[s]) for s in slots))
-        table = np.zeros((len(slots), width), np.int32)
+    def block_table(self, slots: list[int], out: np.ndarray | None = None) -> np.ndarray:
+        """[B, max blocks of the rows] int32, each row's table zero-padded (the operator reads only its blocks);
+        or written into `out` [B, width >= that] (a bound array: only its rows' used columns change)."""
+        if out is None:
+            out = np.zeros((len(slots), max(1, max(len(self.tables[s]) for s in slots))), np.int32)
         for row, slot in enumerate(slots):
-            table[row, : len(self.tables[slot])] = self.tables[slot]
-        return table
+            blocks = self.tables[slot]
+            out[row, : len(blocks)] = blocks
+        return out

@@ -58,6 +58,8 @@ class StepRows:
     def positions(self) -> np.ndarray:
         """position_ids [B, S]: start[b] + s for new tokens, 0 for pads (in range, never a row's maximum)."""
         width = self.ids.shape[1]
+        if width == 1:  # (a decode step: every row has its one token)
+            return self.start[:, None]
         pos = self.start[:, None] + np.arange(width, dtype=np.int64)[None, :]
         pos[np.arange(width)[None, :] >= self.counts[:, None]] = 0
         return pos.astype(np.int64)
@@ -143,8 +145,9 @@ class StepCore(Engine):
         rows = StepRows(slots, ids, start, counts, self._logits_rows(graph, ids.shape[1]))
         logits = self._run(graph, kv, rows)
         kv.lengths[slots] = start + counts
-        last = counts - 1 if logits.shape[1] > 1 else np.zeros_like(counts)
-        return logits[np.arange(len(slots)), last]  # type: ignore[no-any-return]
+        if logits.shape[1] == 1:
+            return logits[:, 0].copy()  # (the backend may reuse its buffer)
+        return logits[np.arange(len(slots)), counts - 1]  # type: ignore[no-any-return]
 
     def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
         kv.check_room(slots, [len(p) for p in prompts])
@@ -157,6 +160,8 @@ class StepCore(Engine):
         counts = [len(t) for t in tokens]
         kv.check_room(slots, counts)
         layout = self.step_layout(kv)
+        if not layout.window and len(slots) <= (layout.max_rows or len(slots)) and all(n == 1 for n in counts):
+            return self._run_rows("decode", kv, slots, tokens)  # a decode step's usual case: one run, as it is
         parts: list[tuple[list[int], np.ndarray]] = []
         if layout.window:
             ones = [i for i, n in enumerate(counts) if n == 1]

@@ -129,3 +129,29 @@ def test_chunks_of_different_lengths_run_together_and_equal_one_row_runs(tiny_ll
         assert kv.lengths.tolist() == [7, 41, 7, 3]
     np.testing.assert_allclose(logits[0], logits[1], atol=1e-5, rtol=0)
     assert engine._logits.shape[0] == 4  # runs of 4 and of 1 row shared one logits buffer, as large as the largest
+
+
+def test_one_token_steps_on_their_bound_table_equal_one_row_steps(tiny_llama: Built) -> None:
+    """A decode step of one token a row runs on a binding made once per batch size (its block table bound as wide as
+    a table can be, rewritten in place): rows whose order swaps between steps, so that a row of the bound table
+    holds a short table after a long one, get the logits of the same rows decoded one at a time."""
+    engine = load_engine_dir(tiny_llama.engine("llmc"))
+    prompts = [list(range(3, 40)), [4, 8, 30]]  # 37 tokens: three blocks; 3: one
+    kvs = []
+    for _ in range(2):
+        kv = engine.new_paged_kv_cache(2, 64, 8)
+        assert isinstance(kv, HostPagedKVCache)
+        kv.tables[0], kv.tables[1] = [5, 1, 6, 2], [3, 7]
+        engine.prefill([0, 1], prompts, kv)
+        kvs.append(kv)
+    earlier = []
+    for step, slots in enumerate(([0, 1], [1, 0], [0, 1], [1])):
+        tokens = [[10 + step + s] for s in slots]
+        together = engine.decode(slots, tokens, kvs[0])
+        alone = np.concatenate([engine.decode([s], [t], kvs[1]) for s, t in zip(slots, tokens)])
+        np.testing.assert_allclose(together, alone, atol=1e-5, rtol=0)
+        earlier.append((together, together.copy()))
+    for kept, value in earlier:  # each step's logits are the caller's: later steps reuse the bound buffer, not them
+        np.testing.assert_array_equal(kept, value)
+    assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [40, 7]
+    assert {key[2] for key in engine._steps} == {1, 2}  # one binding per batch size, whatever the rows

@@ -23,6 +23,9 @@ from llmc.graph import io_names
 from llmc.manifest import EngineManifest
 
 
+_INT32 = frozenset({io_names.SEQLENS_K, io_names.TOTAL_SEQ_LEN, io_names.BLOCK_TABLE, io_names.NEW_TOKENS})
+
+
 class OrtInplaceEngine(StepCore, OrtEngineBase):
     def __init__(self, manifest: EngineManifest, directory: Path, options: EngineOptions) -> None:
         super().__init__(manifest, directory, options)
@@ -35,7 +38,8 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         # (session, kv, first, stop) -> an IOBinding with the KV rows (slot memory) or the pools (paged memory, the
         # key's first and stop 0) already bound as past and present, and the OrtValues it holds
         self._bindings: dict[tuple[int, int, int, int], tuple[object, list[object]]] = {}
-        # (kv, first, stop) -> the slot window's decode binding above with its step inputs and logits bound as well
+        # (kv, first, stop) -> the slot window's one-token decode binding with its step inputs and logits bound as
+        # well (paged memory: (kv, 0, rows), any rows)
         self._steps: dict[tuple[int, int, int], tuple[object, dict[str, np.ndarray], list[object]]] = {}
         self._logits = np.empty((0, 1, manifest.model.vocab_size), np.float32)  # _logits_buffer
 
@@ -83,20 +87,25 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
             binding.bind_ortvalue_output(present, value)
         return binding, values  # the values stay referenced as long as the binding
 
-    def _feeds(self, kv: KVCache, rows: StepRows) -> dict[str, np.ndarray]:
-        """The graph's token inputs for `rows` (only those it has: a step computes nothing it does not feed)."""
+    def _feeds(self, kv: KVCache, rows: StepRows, table: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The graph's token inputs for `rows` (only those it has: a step computes nothing it does not feed), in
+        their natural integer types (`_INT32` are int32 in the graph); `table`: the block table's array, filled
+        here (a one-token step's bound one, beside its new_tokens of 1)."""
         need, feeds = self._input_names, {io_names.INPUT_IDS: rows.ids}
         seqlens = rows.seqlens
         if io_names.POSITION_IDS in need:
             feeds[io_names.POSITION_IDS] = rows.positions
         if io_names.SEQLENS_K in need:
-            feeds[io_names.SEQLENS_K] = (seqlens - 1).astype(np.int32)  # cached + new - 1
-            feeds[io_names.TOTAL_SEQ_LEN] = np.array(int(seqlens.max()), dtype=np.int32)
+            feeds[io_names.SEQLENS_K] = seqlens - 1  # cached + new - 1
+            feeds[io_names.TOTAL_SEQ_LEN] = seqlens.max()
         if io_names.BLOCK_TABLE in need:
             assert isinstance(kv, HostPagedKVCache)
-            feeds[io_names.BLOCK_TABLE] = kv.block_table(rows.slots)
-        if io_names.NEW_TOKENS in need:
-            feeds[io_names.NEW_TOKENS] = rows.counts.astype(np.int32)
+            if table is None:
+                feeds[io_names.BLOCK_TABLE] = kv.block_table(rows.slots)
+            else:
+                kv.block_table(rows.slots, table)
+        if io_names.NEW_TOKENS in need and table is None:
+            feeds[io_names.NEW_TOKENS] = rows.counts
         return feeds
 
     def _logits_buffer(self, batch: int, rows: int) -> np.ndarray:
@@ -114,15 +123,15 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         session = self._decode if graph == "decode" else self._prefill
         paged = isinstance(kv, HostPagedKVCache)
         batch = len(rows.slots)
-        if isinstance(kv, HostKVCache) and graph == "decode" and rows.ids.shape[1] == 1:
-            binding, step = self._decode_binding(kv, rows.first, rows.first + batch)
-            for name, array in self._feeds(kv, rows).items():
+        if graph == "decode" and rows.ids.shape[1] == 1:
+            binding, step = self._decode_binding(kv, rows.first, rows.first + batch, paged)
+            for name, array in self._feeds(kv, rows, step.get(io_names.BLOCK_TABLE)).items():
                 step[name][...] = array
             logits = step[io_names.LOGITS]
         else:
             binding = self._binding(session, kv, *((0, 0) if paged else (rows.first, rows.first + batch)))
             for name, array in self._feeds(kv, rows).items():
-                binding.bind_cpu_input(name, array)  # type: ignore[attr-defined]
+                binding.bind_cpu_input(name, np.asarray(array, np.int32 if name in _INT32 else np.int64))  # type: ignore[attr-defined]
             logits = self._logits_buffer(batch, rows.logits_rows)
             binding.bind_output(io_names.LOGITS, "cpu", 0, np.float32,  # type: ignore[attr-defined]
                                 list(logits.shape), logits.ctypes.data)
@@ -132,18 +141,26 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
         return logits
 
-    def _decode_binding(self, kv: HostKVCache, first: int, stop: int) -> tuple[object, dict[str, np.ndarray]]:
-        """The one-token decode binding for rows first..stop-1 with its inputs and logits bound once, to arrays
-        that each step fills in place: a step binds nothing."""
-        key = (id(kv), first, stop)
+    def _decode_binding(self, kv: HostKVCache | HostPagedKVCache, first: int, stop: int,
+                        paged: bool) -> tuple[object, dict[str, np.ndarray]]:
+        """The one-token decode binding for rows first..stop-1 (paged memory: for any stop - first rows) with its
+        inputs and logits bound once, to arrays that each step fills in place: a step binds nothing. (Each
+        binding call and fresh array of a step cost ~5-40 us there: after a step's ~100 MB of weights, the
+        interpreter's and numpy's code and data come from memory.)"""
+        batch = stop - first
+        key = (id(kv), 0, batch) if paged else (id(kv), first, stop)
         if key not in self._steps:
-            batch = stop - first
-            binding, kv_values = self._kv_binding(self._decode, kv, first, stop)  # its own: chunks rebind theirs
+            # its own KV binding (chunks rebind theirs); paged: the whole pools
+            binding, kv_values = self._kv_binding(self._decode, kv, *((0, 0) if paged else (first, stop)))
             arrays: dict[str, np.ndarray] = {
                 io_names.INPUT_IDS: np.zeros((batch, 1), np.int64),
                 io_names.POSITION_IDS: np.zeros((batch, 1), np.int64),
                 io_names.SEQLENS_K: np.zeros(batch, np.int32), io_names.TOTAL_SEQ_LEN: np.zeros((), np.int32),
+                io_names.NEW_TOKENS: np.ones(batch, np.int32),
                 io_names.LOGITS: np.zeros((batch, 1, self.vocab_size), np.float32)}
+            if paged:  # as wide as any row's table can be: the operator reads only the blocks a row has
+                assert isinstance(kv, HostPagedKVCache)
+                arrays[io_names.BLOCK_TABLE] = np.zeros((batch, -(-kv.max_len // kv.block_size)), np.int32)
             arrays = {name: a for name, a in arrays.items() if name in self._input_names or name == io_names.LOGITS}
             values = {name: self._ort.OrtValue.ortvalue_from_numpy(a) for name, a in arrays.items()}
             for name, value in values.items():
