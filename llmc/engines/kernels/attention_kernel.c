@@ -200,9 +200,12 @@ AVX512 static __attribute__((noinline)) void cap_scores512(float* s, int n, floa
 /* One core keeps too few cache misses in flight to stream the cache at the memory's speed: keys are prefetched
  * this many rows ahead, and each key's value row while the key is scored (in paged memory a chunk's values sit in
  * blocks of 16 rows scattered over the pool, where the hardware prefetcher loses the stream at every block: one
- * decode row over 2,048 cached tokens, 30 layers, 2 cores: 6.0 -> 5.6 ms). The keys' prefetches go to L2 unless
- * prefetch.h is told otherwise (SmolLM2 int4 at batch 1 over 2,048 tokens 91.9 -> 106.9 tok/s on the EPYC VM, its
- * values' too no further gain); the value rows, summed a chunk later, to L1. A prefetch past the buffer's end is
+ * decode row over 2,048 cached tokens, 30 layers, 2 cores: 6.0 -> 5.6 ms). Both go to L2 unless prefetch.h is told
+ * otherwise (the keys: SmolLM2 int4 at batch 1 over 2,048 tokens 91.9 -> 106.9 tok/s on the EPYC VM). The values
+ * went to L1 until 2026-12-04: a chunk's 16 KB of them, prefetched while its 16 KB of keys streamed through the
+ * same 32 KB L1, held its miss buffers and were partly evicted before their sums; in L2 the kernel alone (one
+ * decode row, SmolLM2's 30 layers over 2,048 fp16 keys in paged blocks, 2 threads, 3.3 MB streamed between
+ * layers) 3.0-4.0 -> 2.2-2.8 ms, alternating builds (docs/performance_notes.md). A prefetch past the buffer's end is
  * harmless (it never faults). prefetch_row must be inlined: a helper that only prefetches has no effect GCC
  * keeps, and where attend_avx512 outgrew the inliner's limit, GCC deleted its calls (this kernel then ran with no
  * prefetch at all: one decode row over 2,048 fp16 keys, one thread, 225 -> 160 us a layer with them back;
@@ -350,7 +353,7 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
         prefetch_row(krow[t + PREFETCH_ROWS], rb, l2);
       else if (!K->table || c0 + t + PREFETCH_ROWS < t1)
         prefetch_row(row_at(K, c0 + t + PREFETCH_ROWS), rb, l2);
-      prefetch_row(vrow[t], rb, 0); /* the key's value row, summed after the chunk's softmax (16 KB a chunk: in L1) */
+      prefetch_row(vrow[t], rb, l2); /* the key's value row, summed after the chunk's softmax */
       if (nv == 4 && G <= MAX_VECTORS) { /* D = 64: the key row in 4 registers, reused by every query vector;
                                           * each one's 16 unreduced products per 16 keys reduced together (hsum16) */
         __m512 k0 = load16(row, 0, kind, D), k1 = load16(row, 16, kind, D), k2 = load16(row, 32, kind, D),

@@ -3,8 +3,9 @@ writes each step's K/V into buffers that are bound (IOBinding, OrtValue over our
 present. Nothing copies the cache. With llmc's attention operator the buffers are paged, the default there: every
 layer's K and V are pools of blocks [num_blocks, Hkv, block_size, D] shared by all sequences, and the operator writes
 each new token into its row's block and reads a row's keys and values where its block table says they are (a cached
-prompt prefix in blocks other rows share, too): no gather, no copy; the pools are bound once per session and a run
-binds only its token inputs, the block table and the logits, for exactly the rows asked for. The other lowerings
+prompt prefix in blocks other rows share, too): no gather, no copy; the pools are bound once per session and a prompt's
+run binds only its token inputs, the block table and the logits, for exactly the rows asked for, while a decode
+step of one token a row binds nothing (`_decode_binding`). The other lowerings
 keep a slot of max_len positions per sequence and run windows of consecutive slots (steps.py).
 """
 
