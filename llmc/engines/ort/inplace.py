@@ -23,7 +23,6 @@ from llmc.errors import EngineError
 from llmc.graph import io_names
 from llmc.manifest import EngineManifest
 
-
 _INT32 = frozenset({io_names.SEQLENS_K, io_names.TOTAL_SEQ_LEN, io_names.BLOCK_TABLE, io_names.NEW_TOKENS})
 
 
