@@ -237,9 +237,12 @@ static void quantize_task(void* data, size_t t) {
   quantize_blocks(q->a, q->levels, q->xq, q->xscale, q->xsum, first, end);
 }
 
-/* x's blocks quantized, a prompt's rows (QUANTIZE_SPLIT_ROWS or more) split over the pool's threads (in one thread
- * they took ~5 % of a 128-token prefill's samples while the other thread waited). */
-#define QUANTIZE_SPLIT_ROWS 16
+/* x's blocks quantized, QUANTIZE_SPLIT_ROWS rows or more split over the pool's threads (in one thread a 128-token
+ * prefill's took ~5 % of its samples while the other thread waited; from 8 rows on since llmc's own pool, whose call
+ * costs less than ONNX Runtime's: SmolLM2's default int4 engine's 121 products at 8 rows, alternating, 12.56 / 10.89
+ * / 10.60 -> 12.37 / 10.80 / 10.33 ms, and 10.97 / 15.18 / 13.02 -> 10.12 / 11.47 / 12.22 ms; at 4 rows within
+ * noise). */
+#define QUANTIZE_SPLIT_ROWS 8
 static void quantize_rows(const llmc_q4_args* a, int levels, int path, int8_t* xq, float* xscale, float* xsum,
                           llmc_parallel_fn parallel, void* parallel_ctx) {
   quantize_job q = {a, levels, path, xq, xscale, xsum, 1};
