@@ -155,3 +155,28 @@ def test_one_token_steps_on_their_bound_table_equal_one_row_steps(tiny_llama: Bu
         np.testing.assert_array_equal(kept, value)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [40, 7]
     assert {key[2] for key in engine._steps} == {1, 2}  # one binding per batch size, whatever the rows
+
+
+def test_a_new_paged_cache_never_runs_on_an_old_one_s_bindings(tiny_llama: Built,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine keys its bindings by the cache's id, which Python reuses once a cache is gone: with every id the
+    same (as a freed cache's often is for the next), a new cache's one-token steps still read and write its own
+    pools, not those bound for the one before."""
+    import llmc.engines.ort.inplace as inplace
+
+    engine = load_engine_dir(tiny_llama.engine("llmc"))
+
+    def decoded(prompt: list[int]) -> list[np.ndarray]:
+        kv = engine.new_paged_kv_cache(1, 64, 8)
+        assert isinstance(kv, HostPagedKVCache)
+        kv.tables[0] = [4, 6, 1, 3]
+        out = [engine.prefill([0], [prompt], kv)]
+        for token in (7, 9, 11):
+            out.append(engine.decode([0], [[token]], kv))
+        return out
+
+    want = decoded(list(range(3, 40)))
+    monkeypatch.setattr(inplace, "id", lambda obj: 1, raising=False)  # every cache's id the same
+    decoded(list(range(50, 80)))  # another prompt in another cache
+    for got, expected in zip(decoded(list(range(3, 40))), want):
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)

@@ -59,7 +59,8 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         if not self._block_size:
             raise NotImplementedError("this engine keeps the slot layout (built with --no-kv-paged or another "
                                       "attention lowering)")
-        self._bindings.clear()
+        self._bindings.clear()  # (keyed by the cache's id, which a new cache may reuse)
+        self._steps.clear()
         return HostPagedKVCache(self.manifest.kv, num_slots, max_len, num_blocks, self._block_size)
 
     def step_layout(self, kv: KVCache) -> StepLayout:
