@@ -92,10 +92,12 @@ class HostPagedKVCache(_HostBuffers, PagedKVCache):
 
     def block_table(self, slots: list[int], out: np.ndarray | None = None) -> np.ndarray:
         """[B, max blocks of the rows] int32, each row's table zero-padded (the operator reads only its blocks);
-        or written into `out` [B, width >= that] (a bound array: only its rows' used columns change)."""
+        or written into `out` [B, ceil(max_len / block_size)] (a bound array: only its rows' used columns change;
+        a block reserved past max_len, never read, is left out)."""
         if out is None:
             out = np.zeros((len(slots), max(1, max(len(self.tables[s]) for s in slots))), np.int32)
+        width = out.shape[1]
         for row, slot in enumerate(slots):
             blocks = self.tables[slot]
-            out[row, : len(blocks)] = blocks
+            out[row, : len(blocks)] = blocks if len(blocks) <= width else blocks[:width]
         return out

@@ -180,3 +180,18 @@ def test_a_new_paged_cache_never_runs_on_an_old_one_s_bindings(tiny_llama: Built
     decoded(list(range(50, 80)))  # another prompt in another cache
     for got, expected in zip(decoded(list(range(3, 40))), want):
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def test_a_bound_block_table_takes_the_blocks_a_row_can_read() -> None:
+    """The one-token step's table is ceil(max_len / block_size) wide: each row's blocks are written over what an
+    earlier row left, and a block reserved past max_len (never read) is left out."""
+    from llmc.manifest import KVSpec
+
+    spec = KVSpec(layout="inplace", dtype="float16", num_layers=1, num_kv_heads=1, head_dim=4,
+                  past_key="pk{i}", past_value="pv{i}", present_key="k{i}", present_value="v{i}", paged=True)
+    kv = HostPagedKVCache(spec, 2, 32, 8, 16)
+    out = np.full((2, 2), 7, np.int32)
+    kv.tables[0], kv.tables[1] = [3, 5, 6], [2]
+    assert kv.block_table([0, 1], out) is out
+    assert out.tolist() == [[3, 5], [2, 7]]
+    assert kv.block_table([1, 0]).tolist() == [[2, 0, 0], [3, 5, 6]]
