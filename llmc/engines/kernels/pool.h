@@ -7,8 +7,9 @@
  * pool that publishes the call in one cache line: a 207 KB product took 11.8-15.1 us on two threads against
  * 7.6-9.5 us (docs/performance_notes.md).
  *
- * The pool: threads - 1 workers, started on first use, each spinning on the call counter for LLMC_POOL_SPIN_US
- * (default 300) after its last task and then sleeping on a futex; the caller runs tasks too. Tasks are claimed
+ * The pool: threads - 1 workers, started on first use, each spinning on the call counter for 50 us after its last
+ * task, then yielding its core between checks up to LLMC_POOL_SPIN_US (default 2,000: the gap between two decode
+ * steps), then sleeping on a futex; the caller runs tasks too. Tasks are claimed
  * from one counter, so a late worker leaves its share to the caller (run_part's parts take the others' units from
  * their ends either way). One call at a time: a second caller meanwhile (another session's thread, a nested call)
  * runs its tasks in its own thread.
