@@ -245,6 +245,24 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
     np.testing.assert_allclose(_cache_values(feeds["past_value"]), v, atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("name", [n for n in CASES if n != "odd-head-size"])
+def test_keys_are_rotated_into_the_cache_to_the_same_bits_on_every_path(library: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        name: str) -> None:
+    """The rotary on AVX-512 (16 dims at a time) rounds each product, difference and sum as the portable C does:
+    an fp32 cache holds the same bits from either path, full and partial rotary, prompts and decode rows."""
+    from llmc.engines.kernels import cpu_paths
+
+    case, keys = CASES[name], {}
+    for generic in (False, True):
+        monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
+        assert (cpu_paths()["attention"] == "portable") if generic else True
+        feeds, _ = _inputs(case, "fp32", True)
+        _run_in_place(library, tmp_path, case, "fp32", True, feeds)
+        keys[generic] = feeds["past_key"]
+    np.testing.assert_array_equal(keys[False], keys[True])
+
+
 @pytest.mark.parametrize("cache", ["fp32", "fp16", "int8"])
 @pytest.mark.parametrize("name", ["decode-split-rows", "decode-d64-6-heads", "decode-window-split-rows-softcap"])
 def test_key_prefetches_into_l1_or_l2_change_no_bit(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -103,19 +103,22 @@ static inline const char* row_at(const rows_t* r, int t) {
 
 static inline float flushed_exp(float x) { return x < -80.f ? 0.f : expf(x); } /* see llmc_exp512 */
 
-/* y = x * mul with the first 2R dims rotated at position pos (pairs (d, d + R), d < R; R = 0 or no table: none). */
-static void rotate(const float* x, float* y, const float* cos, const float* sin, int pos, int D, int R, float mul) {
+/* y[d * stride] = x[d] * mul with the first 2R dims rotated at position pos (pairs (d, d + R), d < R; R = 0 or no
+ * table: none). stride > 1 writes the vector as a column of a [D][stride] matrix (a prompt's packed-key scores
+ * take their query vectors so: scores16). */
+static void rotate(const float* x, float* y, const float* cos, const float* sin, int pos, int D, int R, float mul,
+                   size_t stride) {
   int r = cos ? R : 0;
   if (r) {
     const float* c = cos + (size_t)pos * r;
     const float* s = sin + (size_t)pos * r;
     for (int d = 0; d < r; d++) {
       float x1 = x[d], x2 = x[d + r];
-      y[d] = (x1 * c[d] - x2 * s[d]) * mul;
-      y[d + r] = (x2 * c[d] + x1 * s[d]) * mul;
+      y[d * stride] = (x1 * c[d] - x2 * s[d]) * mul;
+      y[(d + r) * stride] = (x2 * c[d] + x1 * s[d]) * mul;
     }
   }
-  for (int d = 2 * r; d < D; d++) y[d] = x[d] * mul;
+  for (int d = 2 * r; d < D; d++) y[d * stride] = x[d] * mul;
 }
 
 /* Gemma 2's logit softcap over a chunk's n scores: s = cap * tanh(s / cap). Kept out of line (as the AVX-512 one):
@@ -179,6 +182,54 @@ AVX512 static inline __m512 load16(const char* row, int j, int kind, int D) {
                          _mm512_set1_ps(group_scale_f16c(row, D, j)));
   return _mm512_loadu_ps((const float*)row + j);
 }
+
+/* 16 dims from d at y + d * stride, masked (stride > 1: a scatter). A whole 16 is stored unmasked: loads of what a
+ * masked store wrote wait for it to reach the cache (no store forwarding), and the rotated vectors are read at once
+ * (a decode row's scores, the cache row's conversion). */
+AVX512 static inline void put16(float* y, int d, size_t stride, __mmask16 k, __m512 v) {
+  if (stride == 1) {
+    if (k == (__mmask16)0xffff)
+      _mm512_storeu_ps(y + d, v);
+    else
+      _mm512_mask_storeu_ps(y + d, k, v);
+    return;
+  }
+  __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  _mm512_set1_epi32((int)stride));
+  _mm512_mask_i32scatter_ps(y + (size_t)d * stride, k, at, v, 4);
+}
+
+/* rotate() 16 dims at a time, the same bits: each product, difference, sum and scaling rounded on its own as the
+ * scalar code does (the empty asm statements keep the compiler from fusing a product into the next add; a test
+ * holds the two paths' rotated keys to the same bits). */
+#define NO_FUSE(v) __asm__("" : "+v"(v))
+AVX512 static void rotate512(const float* x, float* y, const float* cos, const float* sin, int pos, int D, int R,
+                             float mul, size_t stride) {
+  int r = cos ? R : 0;
+  __m512 vm = _mm512_set1_ps(mul);
+  if (r) {
+    const float* c = cos + (size_t)pos * r;
+    const float* s = sin + (size_t)pos * r;
+    for (int d = 0; d < r; d += 16) {
+      __mmask16 k = r - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (r - d)) - 1);
+      __m512 x1 = _mm512_maskz_loadu_ps(k, x + d), x2 = _mm512_maskz_loadu_ps(k, x + d + r);
+      __m512 vc = _mm512_maskz_loadu_ps(k, c + d), vs = _mm512_maskz_loadu_ps(k, s + d);
+      __m512 a = _mm512_mul_ps(x1, vc), b = _mm512_mul_ps(x2, vs), a2 = _mm512_mul_ps(x2, vc),
+             b2 = _mm512_mul_ps(x1, vs);
+      NO_FUSE(a);
+      NO_FUSE(b);
+      NO_FUSE(a2);
+      NO_FUSE(b2);
+      put16(y, d, stride, k, _mm512_mul_ps(_mm512_sub_ps(a, b), vm));
+      put16(y, d + r, stride, k, _mm512_mul_ps(_mm512_add_ps(a2, b2), vm));
+    }
+  }
+  for (int d = 2 * r; d < D; d += 16) {
+    __mmask16 k = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1);
+    put16(y, d, stride, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + d), vm));
+  }
+}
+#undef NO_FUSE
 
 /* Gemma 2's softcap over a chunk's n scores, 16 at a time: cap * tanh(x), x = s / cap, with
  * tanh |x| = (1 - e) / (1 + e), e = exp(-2 |x|) (an absolute error of about 1e-7 of cap, nothing to a softmax).
@@ -286,8 +337,26 @@ AVX512 static inline __attribute__((always_inline)) void scores16(const float* q
   for (int v = 0; v < NV; v++) _mm512_storeu_ps(c + v * stride, a[v]);
 }
 
-/* Keys [t0, t1) of one KV head for G query vectors q[G][D] (a decode row's query heads, or a block of prompt rows'
- * heads: MAX_VECTORS at most), each seeing keys [lo[g], hi[g]) of them (lo NULL: all of them); online softmax;
+/* scores16 from the vectors as rows, q[NV][QD], for a head size QD known when compiled (64, 128): the operands sit
+ * at constant offsets (v QD) from one pointer as in the columns' form, and the vectors need no transposing. With
+ * the rotation on AVX-512 (rotate512), a 128-token prompt's attention over SmolLM2's shapes (15 query vectors a
+ * unit) went 395-439 -> 345-365 us a layer on one thread, 294-318 -> 267-288 on two, alternating (EPYC VM): the
+ * scalar rotation and the transposing loop had been ~15 % of it. */
+AVX512 static inline __attribute__((always_inline)) void scores16_rows(const float* q, const int QD, const float* kg,
+                                                                        float* c, size_t stride, const int NV) {
+  __m512 a[16];
+  for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int d = 0; d < QD; d++, q++, kg += 16) {
+    __m512 k = _mm512_load_ps(kg);
+    for (int v = 0; v < NV; v++) a[v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v * QD]), k, a[v]);
+  }
+  for (int v = 0; v < NV; v++) _mm512_storeu_ps(c + v * stride, a[v]);
+}
+
+/* Keys [t0, t1) of one KV head for G query vectors q[G][D] (with packed keys k16 and a head size other than 64 and
+ * 128: q[D][G], the vectors as columns, as run_unit rotates them) (a decode row's query heads, or a block of prompt
+ * rows' heads: MAX_VECTORS at most), each seeing keys [lo[g], hi[g]) of them (lo NULL: all of them); online softmax;
  * m[G], l[G], acc[G][D] out. A chunk's keys outside a vector's range score -inf (weight 0). */
 AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0,
                                  int t1, const int* lo, const int* hi, float softcap, float* m, float* l,
@@ -302,10 +371,6 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
   memset(acc, 0, sizeof(float) * G * D);
   uint16_t qhl[2][MAX_VECTORS * TILE_MAX_D] __attribute__((aligned(64))); /* kt: the vectors' hi and lo, 0 past G */
   const uint16_t* qt[2] = {qhl[0], qhl[1]};
-  float q16[MAX_VECTORS * K16_MAX_D] __attribute__((aligned(64))); /* k16: the vectors transposed, [D][G] */
-  if (k16)
-    for (int d = 0; d < D; d++)
-      for (int v = 0; v < G; v++) q16[d * G + v] = q[v * D + d];
   if (kt) {
     for (int lv = 0; lv < 2; lv++) memset(qhl[lv] + G * D, 0, sizeof(uint16_t) * (size_t)(MAX_VECTORS - G) * D);
     llmc_bf16_round(q, (int64_t)G * D, qhl[0], qhl[1]);
@@ -325,7 +390,11 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
         float* dst = inside ? s + (kg - c0) : c;
         size_t stride = inside ? CHUNK : 16;
 #define SCORES(NV) \
-  case NV: scores16(q16, D, g0, dst, stride, NV); break;
+  case NV:                                                \
+    if (D == 64) scores16_rows(q, 64, g0, dst, stride, NV);   \
+    else if (D == 128) scores16_rows(q, 128, g0, dst, stride, NV); \
+    else scores16(q, D, g0, dst, stride, NV);                 \
+    break;
         switch (G) {
           SCORES(1) SCORES(2) SCORES(3) SCORES(4) SCORES(5) SCORES(6) SCORES(7) SCORES(8)
           SCORES(9) SCORES(10) SCORES(11) SCORES(12) SCORES(13) SCORES(14) SCORES(15) default: SCORES(16)
@@ -553,6 +622,18 @@ static rows_t head_rows(const llmc_attention_args* a, const void* base, int b, i
   return r;
 }
 
+/* rotate() on the job's path (the same bits either way). */
+static inline void rotate_for(const job* j, const float* x, float* y, int pos, float mul, size_t stride) {
+  const llmc_attention_args* a = j->a;
+#ifdef LLMC_X86
+  if (j->avx512) {
+    rotate512(x, y, a->cos, a->sin, pos, a->D, a->R, mul, stride);
+    return;
+  }
+#endif
+  rotate(x, y, a->cos, a->sin, pos, a->D, a->R, mul, stride);
+}
+
 /* New K (rotated) and V of every valid token into the cache; zeros for the padded query rows' output. */
 static void write_new(const job* j) {
   const llmc_attention_args* a = j->a;
@@ -567,7 +648,7 @@ static void write_new(const job* j) {
         continue;
       }
       for (int h = 0; h < a->Hkv; h++) {
-        rotate(src + (size_t)(a->H + h) * D, tmp, a->cos, a->sin, past + i, D, a->R, 1.f);
+        rotate_for(j, src + (size_t)(a->H + h) * D, tmp, past + i, 1.f, 1);
         store_row(cache_row(a, a->k, b, h, past + i), tmp, D, a->kv_kind, j->f16c);
         store_row(cache_row(a, a->v, b, h, past + i), src + (size_t)(a->H + a->Hkv + h) * D, D, a->kv_kind, j->f16c);
       }
@@ -686,7 +767,11 @@ static void run_unit(void* data, size_t u) {
     int k0 = first + sp * j->split_len, k1 = k0 + j->split_len < keys ? k0 + j->split_len : keys;
     const float* src = a->qkv + ((size_t)b * a->S + i) * j->W;
     for (int g = 0; g < G; g++) {
-      rotate(src + (size_t)(h * G + g) * D, q + (ri * G + g) * D, a->cos, a->sin, past + i, D, a->R, a->scale);
+      if (j->k16 && D != 64 && D != 128) /* (the packed keys' scores take the vectors as columns of q [D][rows * G]
+                                           * where the head size is not one scores16_rows is compiled for) */
+        rotate_for(j, src + (size_t)(h * G + g) * D, q + ri * G + g, past + i, a->scale, (size_t)rows * G);
+      else
+        rotate_for(j, src + (size_t)(h * G + g) * D, q + (ri * G + g) * D, past + i, a->scale, 1);
       lo[ri * G + g] = k0, hi[ri * G + g] = k1;
     }
     if (ri == 0) t0 = k0, t1 = k1;
