@@ -103,22 +103,19 @@ static inline const char* row_at(const rows_t* r, int t) {
 
 static inline float flushed_exp(float x) { return x < -80.f ? 0.f : expf(x); } /* see llmc_exp512 */
 
-/* y[d * stride] = x[d] * mul with the first 2R dims rotated at position pos (pairs (d, d + R), d < R; R = 0 or no
- * table: none). stride > 1 writes the vector as a column of a [D][stride] matrix (a prompt's packed-key scores
- * take their query vectors so: scores16). */
-static void rotate(const float* x, float* y, const float* cos, const float* sin, int pos, int D, int R, float mul,
-                   size_t stride) {
+/* y = x * mul with the first 2R dims rotated at position pos (pairs (d, d + R), d < R; R = 0 or no table: none). */
+static void rotate(const float* x, float* y, const float* cos, const float* sin, int pos, int D, int R, float mul) {
   int r = cos ? R : 0;
   if (r) {
     const float* c = cos + (size_t)pos * r;
     const float* s = sin + (size_t)pos * r;
     for (int d = 0; d < r; d++) {
       float x1 = x[d], x2 = x[d + r];
-      y[d * stride] = (x1 * c[d] - x2 * s[d]) * mul;
-      y[(d + r) * stride] = (x2 * c[d] + x1 * s[d]) * mul;
+      y[d] = (x1 * c[d] - x2 * s[d]) * mul;
+      y[d + r] = (x2 * c[d] + x1 * s[d]) * mul;
     }
   }
-  for (int d = 2 * r; d < D; d++) y[d * stride] = x[d] * mul;
+  for (int d = 2 * r; d < D; d++) y[d] = x[d] * mul;
 }
 
 /* Gemma 2's logit softcap over a chunk's n scores: s = cap * tanh(s / cap). Kept out of line (as the AVX-512 one):
@@ -201,7 +198,8 @@ AVX512 static inline void put16(float* y, int d, size_t stride, __mmask16 k, __m
 
 /* rotate() 16 dims at a time, the same bits: each product, difference, sum and scaling rounded on its own as the
  * scalar code does (the empty asm statements keep the compiler from fusing a product into the next add; a test
- * holds the two paths' rotated keys to the same bits). */
+ * holds the two paths' rotated keys to the same bits). y[d * stride]: stride > 1 writes the vector as a column of a
+ * [D][stride] matrix (a prompt's packed-key scores take their vectors so for head sizes other than 64 and 128). */
 #define NO_FUSE(v) __asm__("" : "+v"(v))
 AVX512 static void rotate512(const float* x, float* y, const float* cos, const float* sin, int pos, int D, int R,
                              float mul, size_t stride) {
@@ -622,7 +620,8 @@ static rows_t head_rows(const llmc_attention_args* a, const void* base, int b, i
   return r;
 }
 
-/* rotate() on the job's path (the same bits either way). */
+/* rotate() on the job's path (the same bits either way); stride > 1 (columns) only on AVX-512, where packed keys
+ * are. */
 static inline void rotate_for(const job* j, const float* x, float* y, int pos, float mul, size_t stride) {
   const llmc_attention_args* a = j->a;
 #ifdef LLMC_X86
@@ -631,7 +630,8 @@ static inline void rotate_for(const job* j, const float* x, float* y, int pos, f
     return;
   }
 #endif
-  rotate(x, y, a->cos, a->sin, pos, a->D, a->R, mul, stride);
+  (void)stride; /* (1: k16 is AVX-512's) */
+  rotate(x, y, a->cos, a->sin, pos, a->D, a->R, mul);
 }
 
 /* New K (rotated) and V of every valid token into the cache; zeros for the padded query rows' output. */
