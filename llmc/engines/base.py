@@ -124,12 +124,14 @@ class Engine(ABC):
         return 2 * kv.num_layers * kv.num_kv_heads * kv.row_width * kv.itemsize
 
     @abstractmethod
-    def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
-        """Run whole prompts into empty slots; returns next-token logits [B, V] (float32)."""
+    def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache, *, keep: bool = True) -> np.ndarray:
+        """Run whole prompts into empty slots; returns next-token logits [B, V] (float32). keep=False: they may be
+        the engine's own output buffer, overwritten by its next call (for a caller that reads them at once: the
+        engine loop's sampler; a decode step then copies no logits)."""
 
     @abstractmethod
-    def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
+    def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache, *, keep: bool = True) -> np.ndarray:
         """Append tokens (usually one each; more for a prefill chunk) to non-empty slots.
 
-        Returns the logits after each row's last new token [B, V] (float32).
+        Returns the logits after each row's last new token [B, V] (float32); keep as in `prefill`.
         """

@@ -23,7 +23,7 @@ from llmc.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("llmc.runtime")
 
-EngineCall = Callable[[list[int], list[list[int]], KVCache], np.ndarray]  # Engine.prefill or Engine.decode
+EngineCall = Callable[..., np.ndarray]  # Engine.prefill or Engine.decode
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,8 @@ class EngineLoop:
         """
         seqs = [s for s, _ in rows]
         try:
-            logits = run([s.slot for s in seqs], [toks for _, toks in rows], self.kv)
+            # (keep=False: the engine's own buffer, sampled before its next call)
+            logits = run([s.slot for s in seqs], [toks for _, toks in rows], self.kv, keep=False)
         except EngineError:
             if len(rows) == 1:
                 seqs[0].finish(FinishReason.ERROR)

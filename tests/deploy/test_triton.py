@@ -117,10 +117,10 @@ def test_streams_each_request_and_batches_across_them(model: Any, reference: LLM
     batch_sizes: list[int] = []
     decode = model.llm.engine.decode
 
-    def recording(slots: list[int], *args: Any) -> Any:
+    def recording(slots: list[int], *args: Any, **kwargs: Any) -> Any:
         batch_sizes.append(len(slots))
         time.sleep(0.002)  # long enough steps that requests queued together run together
-        return decode(slots, *args)
+        return decode(slots, *args, **kwargs)
 
     model.llm.engine.decode = recording
     prompts = ["Hello there", "The capital of France is", "1 2 3 4", "Once upon a time"]
@@ -159,7 +159,7 @@ def test_bad_requests_get_one_final_error(model: Any) -> None:
 def test_a_cancelled_request_ends_and_frees_its_slot(model: Any) -> None:
     r = _request(0, "Count with me:", max_tokens=200, temperature=0.0)
     slow = model.llm.engine.decode
-    model.llm.engine.decode = lambda *a: (time.sleep(0.01), slow(*a))[1]
+    model.llm.engine.decode = lambda *a, **k: (time.sleep(0.01), slow(*a, **k))[1]
     model.execute([r])
     deadline = time.monotonic() + 30
     while not r.responses and time.monotonic() < deadline:

@@ -121,3 +121,29 @@ def test_a_full_row_in_the_window_is_a_limit_error_and_nothing_runs() -> None:
     with pytest.raises(LimitError, match=r"rows 0..2 is full"):
         core.decode([0, 2], [[1], [2]], kv)
     assert core.calls == [] and kv.lengths.tolist() == [1, 4, 1]
+
+
+class Reusing(Recording):
+    """A backend that writes every run's logits into one buffer it keeps (as the ONNX Runtime engines do)."""
+
+    def _run(self, graph: str, kv: KVCache, rows: StepRows) -> np.ndarray:
+        value = super()._run(graph, kv, rows)
+        if not hasattr(self, "buffer") or self.buffer.shape != value.shape:
+            self.buffer = np.empty_like(value)
+        self.buffer[...] = value
+        return self.buffer
+
+
+def test_logits_are_copied_unless_the_caller_reads_them_before_the_next_call() -> None:
+    core = Reusing(StepLayout(window=False, equal_new=False), logits="last")
+    kv = core.new_kv_cache(4, 64)
+    kept = core.prefill([0, 1], [[1, 2], [3]], kv)
+    lent = core.decode([0, 1], [[4], [5]], kv, keep=False)  # one run: the backend's buffer itself
+    assert np.shares_memory(lent, core.buffer) and lent[:, 0].tolist() == [0.0, 100.0]
+    core.decode([1, 0], [[6], [7]], kv)
+    assert lent[:, 0].tolist() == [100.0, 0.0]  # overwritten by the next run, as lent
+    assert kept[:, 0].tolist() == [0.0, 100.0] and not np.shares_memory(kept, core.buffer)
+    split = Reusing(StepLayout(window=False, equal_new=False, max_rows=1), logits="last")
+    kv = split.new_kv_cache(4, 64)
+    out = split.prefill([2, 3], [[1], [2]], kv, keep=False)  # two runs: the first's rows must not be overwritten
+    assert out[:, 0].tolist() == [200.0, 300.0]

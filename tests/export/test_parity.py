@@ -193,9 +193,9 @@ def test_chunked_prompts_equal_singles(engine: Engine) -> None:
     chunk_sizes: list[int] = []
     decode = engine.decode
 
-    def spy(slots: list[int], tokens: list[list[int]], kv: Any) -> np.ndarray:
+    def spy(slots: list[int], tokens: list[list[int]], kv: Any, **kwargs: Any) -> np.ndarray:
         chunk_sizes.extend(len(t) for t in tokens if len(t) > 1)
-        return decode(slots, tokens, kv)
+        return decode(slots, tokens, kv, **kwargs)
 
     engine.decode = spy  # type: ignore[method-assign]
     singles = []

@@ -156,13 +156,13 @@ class FakeEngine(Engine):
     def new_paged_kv_cache(self, num_slots: int, max_len: int, num_blocks: int) -> PagedKVCache:
         return FakePagedKVCache(num_slots, max_len, num_blocks, self.block_size)
 
-    def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache) -> np.ndarray:
+    def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache, *, keep: bool = True) -> np.ndarray:
         assert isinstance(kv, (FakeKVCache, FakePagedKVCache))
         for slot in slots:
             assert kv.lengths[slot] == 0 and not kv.history(slot), f"prefill into slot {slot} holding tokens"
         return self._run("prefill", slots, prompts, kv)
 
-    def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache) -> np.ndarray:
+    def decode(self, slots: list[int], tokens: list[list[int]], kv: KVCache, *, keep: bool = True) -> np.ndarray:
         assert isinstance(kv, (FakeKVCache, FakePagedKVCache))
         for slot in slots:
             assert kv.lengths[slot] > 0, f"decode into empty slot {slot}"

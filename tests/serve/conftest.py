@@ -89,9 +89,9 @@ def slow_down(llm: LLM, seconds: float) -> None:
     """Make every decode step take at least `seconds` (long requests for disconnect/backpressure/drain tests)."""
     decode = llm.engine.decode
 
-    def slow(*args: Any) -> Any:
+    def slow(*args: Any, **kwargs: Any) -> Any:
         time.sleep(seconds)
-        return decode(*args)
+        return decode(*args, **kwargs)
 
     llm.engine.decode = slow  # type: ignore[method-assign]
 
@@ -100,10 +100,10 @@ def fail_prefill_on(llm: LLM, marker: int, exc: type[Exception] = EngineError) -
     """Make prefill raise `exc` for any batch with a prompt that holds token `marker`."""
     prefill = llm.engine.prefill
 
-    def failing(slots: list[int], prompts: list[list[int]], kv: Any) -> Any:
+    def failing(slots: list[int], prompts: list[list[int]], kv: Any, **kwargs: Any) -> Any:
         if any(marker in p for p in prompts):
             raise exc(f"injected failure for token {marker}")
-        return prefill(slots, prompts, kv)
+        return prefill(slots, prompts, kv, **kwargs)
 
     llm.engine.prefill = failing  # type: ignore[method-assign]
 

@@ -91,11 +91,11 @@ def test_an_exception_in_a_step_fails_the_running_requests_and_the_loop_goes_on(
     decode = llm.engine.decode
     calls = {"n": 0}
 
-    def flaky(*args: object) -> object:
+    def flaky(*args: object, **kwargs: object) -> object:
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("boom")
-        return decode(*args)  # type: ignore[operator]
+        return decode(*args, **kwargs)  # type: ignore[operator]
 
     llm.engine.decode = flaky  # type: ignore[method-assign]
 
