@@ -29,6 +29,24 @@ def test_every_task_of_every_call_runs_exactly_once(threads: int, total: int) ->
     assert _library().llmc_ops_pool_check(threads, 3000, total) == 0
 
 
+def test_a_larger_call_after_a_smaller_one_runs_each_task_once_and_returns() -> None:
+    """Calls of 2 and 3 tasks in turn: a worker that read a finished call's word and then the next call's larger
+    total claimed a task under the old generation, so it ran twice and the caller waited forever (pool.c). In a
+    child process, so that a hang fails the test instead of stopping the run; 200,000 calls take well under a
+    second, and before the fix hung within seconds on every try."""
+    import subprocess
+    import sys
+
+    code = ("from llmc.engines.kernels import _library; "
+            "print(_library().llmc_ops_pool_check_alternating(2, 200000, 2, 3))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the pool's caller never saw its call end (calls of 2 and 3 tasks in turn)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+
+
 def test_concurrent_callers_each_get_all_their_tasks_run() -> None:
     """One call at a time takes the pool; the others meanwhile run their tasks in their own threads."""
     results: list[int] = []

@@ -672,6 +672,18 @@ EXPORT long llmc_ops_pool_check(int threads, int calls, int total) {
   free(runs);
   return wrong;
 }
+/* Calls of `small` and `large` tasks in turn (the pool's race between a finished call and the next, larger one):
+ * the number of task runs that were not exactly once a call. */
+EXPORT long llmc_ops_pool_check_alternating(int threads, int calls, int small, int large) {
+  if (threads < 1 || calls < 0 || small < 0 || large < small) return -1;
+  long* runs = (long*)calloc((size_t)large + 1, sizeof(long));
+  if (!runs) return -1;
+  for (int k = 0; k < calls; k++) llmc_pool_run(&threads, pool_check_task, (size_t)(k % 2 ? large : small), runs);
+  long wrong = 0;
+  for (int i = 0; i < large; i++) wrong += runs[i] != (i < small ? calls : calls / 2);
+  free(runs);
+  return wrong;
+}
 /* The pool's workers started in this process. */
 EXPORT int llmc_ops_pool_workers(void) { return llmc_pool_workers(); }
 

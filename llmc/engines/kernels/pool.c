@@ -21,17 +21,28 @@ static inline void relax(void) {
 #endif
 }
 
+/* A call's task function, its argument and its task count. */
+typedef struct {
+  void (*fn)(void*, size_t);
+  void* data;
+  size_t total;
+} call_t;
+
 /* The call in flight: its generation and next task in one word, so a worker's claim fails once the call it saw
- * is over (a call ends only when every task is claimed and done, and the next one writes fn, data and total
- * before it publishes its generation). */
+ * is over (a call ends only when every task is claimed and done). Each call's fn, data and total go to the slot
+ * of its generation's parity, written before the generation is published: a worker that read generation g reads
+ * g's slot, and its claim of a task of g succeeds only while g is the call in flight, when that slot is still g's
+ * (the next call writes the other slot; the one after it cannot start before g's tasks are done). With one set of
+ * fields, a worker that had read the word of a finished call (g, its total) and then the next call's larger total
+ * could claim index total_g under generation g before the next generation was published, run the next call's
+ * function with it, and count it done: that task ran twice and `done` passed `total`, so the caller spun forever
+ * (seen once on the EPYC VM, in a `llmc bench` at batch 1: the caller in the wait below, the worker asleep). */
 static struct {
   _Alignas(64) uint64_t word; /* generation << 32 | next task */
   _Alignas(64) size_t done;   /* tasks of the call done */
   _Alignas(64) uint32_t wake; /* the futex the sleeping workers wait on: +1 a call */
   int sleepers;
-  _Alignas(64) void (*fn)(void*, size_t);
-  void* data;
-  size_t total;
+  _Alignas(64) call_t call[2]; /* [generation & 1] */
   int busy;    /* a call in flight: a second caller runs its own tasks */
   int workers; /* started */
   long spin_ns;
@@ -50,9 +61,10 @@ static void work(uint32_t g) {
     uint64_t w = __atomic_load_n(&P.word, __ATOMIC_SEQ_CST);
     if ((uint32_t)(w >> 32) != g) return;
     size_t i = (uint32_t)w;
-    void (*fn)(void*, size_t) = __atomic_load_n(&P.fn, __ATOMIC_RELAXED); /* call g's where the claim below holds */
-    void* data = __atomic_load_n(&P.data, __ATOMIC_RELAXED);
-    if (i >= __atomic_load_n(&P.total, __ATOMIC_RELAXED)) return;
+    call_t* c = &P.call[g & 1]; /* call g's where the claim below holds */
+    void (*fn)(void*, size_t) = __atomic_load_n(&c->fn, __ATOMIC_RELAXED);
+    void* data = __atomic_load_n(&c->data, __ATOMIC_RELAXED);
+    if (i >= __atomic_load_n(&c->total, __ATOMIC_RELAXED)) return;
     if (!__atomic_compare_exchange_n(&P.word, &w, w + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) continue;
     fn(data, i);
     __atomic_add_fetch(&P.done, 1, __ATOMIC_SEQ_CST);
@@ -123,11 +135,12 @@ void llmc_pool_run(void* threads_, void (*fn)(void*, size_t), size_t total, void
   int threads = threads_ ? *(const int*)threads_ : 1;
   if (total > 1 && threads > 1 && total <= UINT32_MAX && !__atomic_exchange_n(&P.busy, 1, __ATOMIC_SEQ_CST)) {
     start_workers(threads - 1);
-    __atomic_store_n(&P.fn, fn, __ATOMIC_RELAXED); /* (published by the generation's store below) */
-    __atomic_store_n(&P.data, data, __ATOMIC_RELAXED);
-    __atomic_store_n(&P.total, total, __ATOMIC_RELAXED);
-    __atomic_store_n(&P.done, 0, __ATOMIC_SEQ_CST);
     uint32_t g = (uint32_t)(__atomic_load_n(&P.word, __ATOMIC_SEQ_CST) >> 32) + 1;
+    call_t* c = &P.call[g & 1]; /* (published by the generation's store below) */
+    __atomic_store_n(&c->fn, fn, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->data, data, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->total, total, __ATOMIC_RELAXED);
+    __atomic_store_n(&P.done, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&P.word, (uint64_t)g << 32, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&P.wake, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&P.sleepers, __ATOMIC_SEQ_CST))
