@@ -22,7 +22,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
                                                      "paged KV memory admit while KV blocks are free).")] = 8,
         max_queue: Annotated[int, typer.Option(help="Sequences waiting beyond those; past it: 429.")] = 64,
         kv_budget_mb: KVBudgetMB = 1024,
-        kv_block_size: Annotated[int, typer.Option(help="Tokens per KV block (paged engines).")] = 16,
+        kv_block_size: Annotated[int, typer.Option(help="Tokens per KV block (paged engines).")] = 64,
         prefix_caching: Annotated[bool, typer.Option(help="Reuse the KV blocks of a prompt prefix computed "
                                                           "before (paged engines).")] = True,
         max_step_tokens: Annotated[int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")] = 512,

@@ -23,7 +23,7 @@ class EngineOptions:
 
     threads: int = 0  # 0: the engine's recorded default (physical cores)
     kv_budget_mb: int = 1024  # memory for the KV cache; its blocks (or slots x max_len) are sized from it
-    kv_block_size: int = 16  # tokens per KV block, where the engine pages its KV memory
+    kv_block_size: int = 64  # tokens per KV block, where the engine pages its KV memory (why 64: docs/kv_cache.md)
 
     def __post_init__(self) -> None:
         if self.threads < 0:

@@ -18,7 +18,7 @@ class RuntimeConfig:
     min_chunk: int = 32  # a prompt chunk smaller than this waits for the next step
     chat_template: str | None = None  # a Jinja file overriding the model's template
     prefix_caching: bool = True  # reuse the KV blocks of a cached prompt prefix (engines with paged KV memory)
-    kv_block_size: int = 16  # tokens per KV block (paged engines)
+    kv_block_size: int = EngineOptions.kv_block_size  # tokens per KV block (paged engines)
 
     def __post_init__(self) -> None:
         self.engine_options()  # threads and the KV budget: the engine's own checks

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import Built
 
-from llmc.engines.base import PagedKVCache
+from llmc.engines.base import EngineOptions, PagedKVCache
 from llmc.engines.host_kv import HostPagedKVCache
 from llmc.engines.registry import load_engine_dir
 from llmc.engines.steps import StepRows
@@ -35,6 +35,9 @@ def slot_engine(tiny_llama: Built, tmp_path_factory: pytest.TempPathFactory) -> 
     return out
 
 
+BLOCKS_OF_16 = EngineOptions(kv_block_size=16)  # the tests below count in blocks of 16 tokens
+
+
 def generate(engine_dir: Path, prompts: list[list[int]], config: RuntimeConfig, max_tokens: int = 12) -> list:
     loop = EngineLoop(load_engine_dir(engine_dir, config.engine_options()), None, config)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -48,7 +51,7 @@ def generate(engine_dir: Path, prompts: list[list[int]], config: RuntimeConfig, 
 def test_paged_tokens_equal_slot_tokens_for_mixed_lengths(tiny_llama: Built, slot_engine: Path,
                                                           block_size: int) -> None:
     paged = load_engine_dir(tiny_llama.engine("llmc"))
-    assert paged.manifest.kv.paged and paged.kv_block_size == 16
+    assert paged.manifest.kv.paged and paged.kv_block_size == EngineOptions().kv_block_size == 64
     config = RuntimeConfig(max_running=4, kv_budget_mb=4, max_step_tokens=24, min_chunk=4, kv_block_size=block_size)
     want = generate(slot_engine, PROMPTS, config)
     assert generate(tiny_llama.engine("llmc"), PROMPTS, config) == want
@@ -56,7 +59,7 @@ def test_paged_tokens_equal_slot_tokens_for_mixed_lengths(tiny_llama: Built, slo
 
 
 def test_prefix_cached_logits_equal_uncached(tiny_llama: Built) -> None:
-    engine = load_engine_dir(tiny_llama.engine("llmc"))
+    engine = load_engine_dir(tiny_llama.engine("llmc"), BLOCKS_OF_16)
     system, question = list(range(3, 35)), [40, 41, 42, 7]  # 32 tokens: two blocks of 16
     kv = engine.new_paged_kv_cache(2, 128, 16)
     assert isinstance(kv, HostPagedKVCache)
@@ -74,8 +77,8 @@ def test_prefix_cached_logits_equal_uncached(tiny_llama: Built) -> None:
 def test_prefix_caching_in_the_loop_computes_only_the_rest_with_the_same_tokens(tiny_llama: Built) -> None:
     system = list(range(3, 51))  # 48 tokens: three blocks
     prompts = [system + [60 + i, 61] for i in range(3)]
-    on, off = (RuntimeConfig(max_running=4, kv_budget_mb=4, prefix_caching=p) for p in (True, False))
-    loop = EngineLoop(load_engine_dir(tiny_llama.engine("llmc")), None, on)
+    on, off = (RuntimeConfig(max_running=4, kv_budget_mb=4, prefix_caching=p, kv_block_size=16) for p in (True, False))
+    loop = EngineLoop(load_engine_dir(tiny_llama.engine("llmc"), on.engine_options()), None, on)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     first = loop.add_request(prompts[0], params)
     while loop.has_work:
@@ -89,8 +92,8 @@ def test_prefix_caching_in_the_loop_computes_only_the_rest_with_the_same_tokens(
 
 
 def test_preempted_sequence_resumes_to_the_same_greedy_output(tiny_llama: Built) -> None:
-    config = RuntimeConfig(max_running=3, kv_budget_mb=4)
-    loop = EngineLoop(load_engine_dir(tiny_llama.engine("llmc")), None, config)
+    config = RuntimeConfig(max_running=3, kv_budget_mb=4, kv_block_size=16)
+    loop = EngineLoop(load_engine_dir(tiny_llama.engine("llmc"), config.engine_options()), None, config)
     assert isinstance(loop.kv, PagedKVCache)
     loop.scheduler.blocks = BlockManager(9, loop.kv.block_size)  # 144 tokens for three sequences of 60
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -100,7 +103,7 @@ def test_preempted_sequence_resumes_to_the_same_greedy_output(tiny_llama: Built)
         loop.step()
     assert loop.stats().preemptions > 0
     got = [loop.result(r).outputs[0].token_ids for r in rids]
-    assert got == generate(tiny_llama.engine("llmc"), prompts, RuntimeConfig(max_running=3, kv_budget_mb=4), 40)
+    assert got == generate(tiny_llama.engine("llmc"), prompts, config, 40)
 
 
 def test_chunks_of_different_lengths_run_together_and_equal_one_row_runs(tiny_llama: Built,
