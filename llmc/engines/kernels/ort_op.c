@@ -659,30 +659,23 @@ EXPORT int llmc_ops_prefetch_l2(void) {
 #endif
 }
 
-/* llmc's pool (pool.h) checked for tests: `calls` calls of `total` tasks on `threads` threads, each task counting
- * its runs; returns the number of tasks not run exactly once per call (0: all were; -1: bad arguments). */
+/* llmc's pool (pool.h) checked for tests: `calls` calls on `threads` threads, of `small` and `large` tasks in turn
+ * (the race between a finished call and the next, larger one), each task counting its runs; returns the number of
+ * tasks not run exactly once per call that had them (0: all were; -1: bad arguments). */
 static void pool_check_task(void* runs, size_t i) { __atomic_add_fetch((long*)runs + i, 1, __ATOMIC_RELAXED); }
-EXPORT long llmc_ops_pool_check(int threads, int calls, int total) {
-  if (threads < 1 || calls < 0 || total < 0) return -1;
-  long* runs = (long*)calloc((size_t)total + 1, sizeof(long)); /* (+ 1: never calloc(0)) */
-  if (!runs) return -1;
-  for (int k = 0; k < calls; k++) llmc_pool_run(&threads, pool_check_task, (size_t)total, runs);
-  long wrong = 0;
-  for (int i = 0; i < total; i++) wrong += runs[i] != calls;
-  free(runs);
-  return wrong;
-}
-/* Calls of `small` and `large` tasks in turn (the pool's race between a finished call and the next, larger one):
- * the number of task runs that were not exactly once a call. */
 EXPORT long llmc_ops_pool_check_alternating(int threads, int calls, int small, int large) {
   if (threads < 1 || calls < 0 || small < 0 || large < small) return -1;
-  long* runs = (long*)calloc((size_t)large + 1, sizeof(long));
+  long* runs = (long*)calloc((size_t)large + 1, sizeof(long)); /* (+ 1: never calloc(0)) */
   if (!runs) return -1;
   for (int k = 0; k < calls; k++) llmc_pool_run(&threads, pool_check_task, (size_t)(k % 2 ? large : small), runs);
   long wrong = 0;
   for (int i = 0; i < large; i++) wrong += runs[i] != (i < small ? calls : calls / 2);
   free(runs);
   return wrong;
+}
+/* `calls` calls of `total` tasks each. */
+EXPORT long llmc_ops_pool_check(int threads, int calls, int total) {
+  return llmc_ops_pool_check_alternating(threads, calls, total, total);
 }
 /* The pool's workers started in this process. */
 EXPORT int llmc_ops_pool_workers(void) { return llmc_pool_workers(); }
