@@ -16,7 +16,7 @@ from collections import Counter
 
 from llmc.engines.kernels import library_path
 
-STREAMING = ("attend_avx512", "unit_vnni", "unit_avx2", "unit_avx512", "unit_f512")
+STREAMING = ("attend_avx512", "unit_vnni", "unit_avx2", "unit_avx512", "unit_f512", "read_ahead")
 
 
 X86 = platform.machine() in ("x86_64", "AMD64", "i386", "i686")

@@ -145,9 +145,9 @@ def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gated: boo
 
 def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, gated: bool,
              threads: int, told: int | None, act_bits: int | None = None, op: str = "MatMulQ4",
-             int8_prompts: int | None = None) -> object:
+             int8_prompts: int | None = None, own_pool: bool = False) -> object:
     """A one-node session; `told` is the thread count the library is given (llmc.threads), None for none;
-    `act_bits`, `int8_prompts` None: the node has no such attribute."""
+    `act_bits`, `int8_prompts` None: the node has no such attribute; own_pool: on llmc's pool of `told` threads."""
     import onnxruntime as ort
 
     inputs = ["x", "w"] + (["bias"] if bias is not None else [])
@@ -160,9 +160,11 @@ def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
     model.ir_version = 10
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
+    so.intra_op_num_threads = 1 if own_pool else threads
     if told is not None:
         so.add_session_config_entry("llmc.threads", str(told))
+    if own_pool:
+        so.add_session_config_entry("llmc.pool", "llmc")
     so.register_custom_ops_library(str(library))
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 

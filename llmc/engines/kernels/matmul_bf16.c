@@ -13,6 +13,7 @@
  */
 #include "matmul_bf16.h"
 
+#include "ahead.h"
 #include "amx_bf16.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
@@ -42,6 +43,7 @@ typedef struct {
   int amx; /* this call runs on the AMX tiles */
   int l2;  /* the AVX-512 path's weight prefetches go to L2, not L1 (prefetch.h) */
   int64_t ahead; /* ... this many bf16 pairs ahead of its loads */
+  unsigned char* taken; /* [parts]: 1 once a task has run the part */
 } bf16_job;
 
 #ifdef LLMC_X86
@@ -346,10 +348,9 @@ int llmc_bf16_path(void) {
 #endif
 }
 
-/* Task p: the units of its contiguous part of W. */
-static void run_part(void* data, size_t task) {
-  const bf16_job* j = (const bf16_job*)data;
-  int64_t first = j->units * (int64_t)task / j->parts, end = j->units * ((int64_t)task + 1) / j->parts;
+/* The units of part p of W. */
+static void run_units(const bf16_job* j, int64_t p) {
+  int64_t first = j->units * p / j->parts, end = j->units * (p + 1) / j->parts;
   for (int64_t u = first; u < end; u++) {
 #ifdef LLMC_X86
     if (j->amx) {
@@ -370,6 +371,17 @@ static void run_part(void* data, size_t task) {
     }
 #endif
     unit_generic(j, u);
+  }
+}
+
+/* A task runs its pool thread's own contiguous part of W (the one its idle time read ahead: ahead.h), else part
+ * `task`, then any part no task has taken (a worker may join a call late): each part once. */
+static void run_part(void* data, size_t task) {
+  bf16_job* j = (bf16_job*)data;
+  int64_t own = llmc_ahead_own_part(task, j->parts);
+  for (int64_t i = 0; i < j->parts; i++) {
+    int64_t p = (own + i) % j->parts;
+    if (!__atomic_exchange_n(&j->taken[p], 1, __ATOMIC_ACQ_REL)) run_units(j, p);
   }
 #ifdef LLMC_X86
   if (j->amx) llmc_amx_release();
@@ -408,10 +420,19 @@ const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel,
 #endif
     for (int64_t i = 0; i < a->M * a->K; i++) ((uint16_t*)xb)[i] = llmc_to_bf16(a->x[i]);
   j.parts = parallel && a->threads > 1 && j.units >= 2 ? (a->threads < j.units ? a->threads : j.units) : 1;
-  if (j.parts > 1)
+  unsigned char one = 0;
+  j.taken = j.parts > 1 ? calloc((size_t)j.parts, 1) : &one;
+  if (!j.taken) {
+    free(xbuf);
+    return "out of memory for the work split";
+  }
+  if (j.parts > 1) {
+    if (!j.amx) llmc_ahead_before(a->w, 2 * a->K * LLMC_BF16_TILE * (int64_t)sizeof(uint16_t), j.units, j.parts);
     parallel(parallel_ctx, run_part, (size_t)j.parts, &j);
-  else
+    free(j.taken);
+  } else {
     run_part(&j, 0);
+  }
   free(xbuf);
   return NULL;
 }

@@ -21,6 +21,7 @@
  */
 #include "matmul_q4.h"
 
+#include "ahead.h"
 #include "amx_bf16.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
@@ -745,15 +746,17 @@ static int64_t take(part* p, int back) {
   }
 }
 
-/* Task i of `parts` streams one contiguous part of W (as the hardware prefetchers like it: measured 10-15 % more
- * bandwidth at one row than units claimed one at a time, which interleave the threads' reads), then helps with
- * the others' from their ends: two cores of a VM stream at different speeds (measured: the faster one waited
- * ~3.5 us of a 20 us layer for the other). */
+/* A task streams one contiguous part of W (as the hardware prefetchers like it: measured 10-15 % more bandwidth at
+ * one row than units claimed one at a time, which interleave the threads' reads): its pool thread's own, which that
+ * thread's idle time read ahead (ahead.h), else part `task`. Then it helps with the others' from their ends: two
+ * cores of a VM stream at different speeds (measured: the faster one waited ~3.5 us of a 20 us layer for the
+ * other), and a worker may join a call late. */
 static void run_part(void* data, size_t task) {
   job* j = (job*)data;
-  for (int64_t u; (u = take(&j->part[task], 0)) >= 0;) run_unit(j, u, task);
+  int64_t own = llmc_ahead_own_part(task, j->parts);
+  for (int64_t u; (u = take(&j->part[own], 0)) >= 0;) run_unit(j, u, task);
   for (int64_t i = 1; i < j->parts; i++)
-    for (int64_t u; (u = take(&j->part[((int64_t)task + i) % j->parts], 1)) >= 0;) run_unit(j, u, task);
+    for (int64_t u; (u = take(&j->part[(own + i) % j->parts], 1)) >= 0;) run_unit(j, u, task);
   end_task(j);
 }
 
@@ -835,6 +838,7 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
       uint64_t front = (uint64_t)(units * p / parts), back = (uint64_t)(units * (p + 1) / parts);
       part_of[p].range = front | back << 32;
     }
+    if (!wide) llmc_ahead_before(a->w, blocks * 2 * tile_bytes, units, parts);
     parallel(parallel_ctx, run_part, (size_t)parts, &j);
   } else if (!parallel || units < 2 || a->threads == 1) {
     for (int64_t u = 0; u < units; u++) run_unit(&j, u, 0);

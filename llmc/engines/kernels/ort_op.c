@@ -38,7 +38,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "ahead.h"
 #include "attention_kernel.h"
 #include "matmul_bf16.h"
 #include "matmul_q4.h"
@@ -679,6 +681,44 @@ EXPORT long llmc_ops_pool_check(int threads, int calls, int total) {
 }
 /* The pool's workers started in this process. */
 EXPORT int llmc_ops_pool_workers(void) { return llmc_pool_workers(); }
+
+/* Reading ahead (ahead.h) checked for tests: three 4-bit products A, B, C of K 64 and `n` columns in turn on llmc's
+ * pool of `threads` threads, `rounds` times, the caller busy for `gap_us` between two (as it is with the norms).
+ * Returns the bytes the workers prefetched ahead meanwhile; -1 when a product failed, -2 for bad arguments, -3 when
+ * B and C are not what A and B learned to run next (reading ahead is off: LLMC_AHEAD_KB=0). */
+static void pool_parallel(void* threads, void (*fn)(void*, size_t), size_t total, void* data) {
+  llmc_pool_run(threads, fn, total, data);
+}
+/* The bytes the workers have prefetched ahead in this process, and the bytes they read ahead (KiB, 0: off). */
+EXPORT long long llmc_ops_ahead_bytes(void) { return llmc_ahead_bytes(); }
+EXPORT void llmc_ops_ahead_set_kb(long long kb) { llmc_ahead_set_kb(kb); }
+EXPORT long long llmc_ops_ahead_kb(void) { return llmc_ahead_kb(); }
+EXPORT long long llmc_ops_ahead_check(int threads, int rounds, int n, int gap_us) {
+  if (threads < 1 || rounds < 1 || n < 32 || n % 32 || gap_us < 0) return -2;
+  const int64_t K = 64;
+  size_t w_bytes = (size_t)(n / 32 * (K / LLMC_Q4_BLOCK) * LLMC_Q4_PAIR_BYTES);
+  uint8_t* w = (uint8_t*)calloc(3, w_bytes);
+  float* x = (float*)calloc((size_t)K, sizeof(float));
+  float* y = (float*)calloc((size_t)n, sizeof(float));
+  long long before = llmc_ahead_bytes(), result = -1;
+  if (!w || !x || !y) goto done;
+  for (int r = 0; r < rounds; r++)
+    for (int i = 0; i < 3; i++) {
+      llmc_q4_args a = {.M = 1, .K = K, .N = n, .x = x, .w = w + i * w_bytes, .y = y, .threads = threads};
+      if (llmc_q4_matmul(&a, pool_parallel, &threads)) goto done;
+      struct timespec t0, t;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      do clock_gettime(CLOCK_MONOTONIC, &t);
+      while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < gap_us);
+    }
+  result = llmc_ahead_successor(w) == w + w_bytes && llmc_ahead_successor(w + w_bytes) == w + 2 * w_bytes
+               ? llmc_ahead_bytes() - before : -3;
+done:
+  free(w);
+  free(x);
+  free(y);
+  return result;
+}
 
 EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(ORT_API_VERSION_USED);

@@ -71,8 +71,19 @@ static void work(uint32_t g) {
   }
 }
 
+/* This thread's index in the pool (pool.h): 0 while it runs a call as its caller, w for worker w, else -1. Stored
+ * plus one, so that every other thread's zero means -1. */
+static _Thread_local int self_plus_one;
+int llmc_pool_self(void) { return self_plus_one - 1; }
+
+static void (*idle_fn)(uint32_t);
+void llmc_pool_when_idle(void (*fn)(uint32_t)) { __atomic_store_n(&idle_fn, fn, __ATOMIC_RELEASE); }
+int llmc_pool_idle_since(uint32_t call) {
+  return (uint32_t)(__atomic_load_n(&P.word, __ATOMIC_RELAXED) >> 32) == call;
+}
+
 static void* worker(void* arg) {
-  (void)arg;
+  self_plus_one = (int)(intptr_t)arg + 1;
   uint32_t seen = (uint32_t)(__atomic_load_n(&P.word, __ATOMIC_SEQ_CST) >> 32);
   for (;;) {
     long since = now_ns();
@@ -95,6 +106,8 @@ static void* worker(void* arg) {
     }
     seen = g;
     work(g);
+    void (*fn)(uint32_t) = __atomic_load_n(&idle_fn, __ATOMIC_ACQUIRE);
+    if (fn) fn(g);
   }
   return NULL;
 }
@@ -123,7 +136,7 @@ static void start_workers(int n) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int failed = pthread_create(&t, &attr, worker, NULL);
+    int failed = pthread_create(&t, &attr, worker, (void*)(intptr_t)(P.workers + 1));
     pthread_attr_destroy(&attr);
     if (failed) break; /* the caller and the workers there are take the tasks */
     __atomic_add_fetch(&P.workers, 1, __ATOMIC_RELEASE);
@@ -145,7 +158,9 @@ void llmc_pool_run(void* threads_, void (*fn)(void*, size_t), size_t total, void
     __atomic_add_fetch(&P.wake, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&P.sleepers, __ATOMIC_SEQ_CST))
       syscall(SYS_futex, &P.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    self_plus_one = 1;
     work(g);
+    self_plus_one = 0;
     while (__atomic_load_n(&P.done, __ATOMIC_SEQ_CST) != total) relax();
     __atomic_store_n(&P.busy, 0, __ATOMIC_SEQ_CST);
     return;

@@ -12,16 +12,30 @@
  * steps), then sleeping on a futex; the caller runs tasks too. Tasks are claimed
  * from one counter, so a late worker leaves its share to the caller (run_part's parts take the others' units from
  * their ends either way). One call at a time: a second caller meanwhile (another session's thread, a nested call)
- * runs its tasks in its own thread.
+ * runs its tasks in its own thread. After its share of a call, a worker runs the idle function if one is set
+ * (llmc_pool_when_idle: ahead.h reads the next product's weights ahead there) until the next call comes.
  */
 #ifndef LLMC_POOL_H
 #define LLMC_POOL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Runs fn(data, i) for i in [0, total) over the pool of `threads` threads (the caller one of them); the
  * llmc_parallel_fn form, ctx pointing at the thread count (an int). */
 void llmc_pool_run(void* threads, void (*fn)(void*, size_t), size_t total, void* data);
+
+/* The index of the thread that calls it in the pool: 0 for a caller while it runs its call's tasks, 1 .. threads - 1
+ * for the workers, -1 for any other thread (one of ONNX Runtime's, or a caller running its tasks alone). A task may
+ * use it to pick the share of a call this thread is best placed to run (ahead.h), never for correctness. */
+int llmc_pool_self(void);
+
+/* Sets the function each worker runs after its share of every call (NULL: none), with the call's generation: idle
+ * time until the next call. It must return soon after llmc_pool_idle_since(call) turns 0, which the next call's
+ * tasks then wait for. */
+void llmc_pool_when_idle(void (*fn)(uint32_t call));
+/* 1 while no call after `call` has been published. */
+int llmc_pool_idle_since(uint32_t call);
 
 /* The workers started so far (tests). */
 int llmc_pool_workers(void);

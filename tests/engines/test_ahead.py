@@ -1,0 +1,93 @@
+"""Reading ahead (llmc/engines/kernels/ahead.c): after their share of each call, llmc's idle pool workers prefetch the
+part of the next decode product's weights each of them will stream, the next product learned from the order the
+products ran in last time. It is a hint: it never changes a result, and LLMC_AHEAD_KB=0 turns it off."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmc.engines.kernels import _library
+from llmc.graph.quant import pack_bf16_tiles, pack_q4_tiles
+
+from .test_matmul_q4 import _session
+
+X86 = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+ON_X86_ONLY = pytest.mark.skipif(not X86, reason="reading ahead prefetches with x86's instructions; elsewhere it is off")
+
+
+def _lib() -> ctypes.CDLL:
+    lib = _library()
+    for name in ("llmc_ops_ahead_check", "llmc_ops_ahead_bytes", "llmc_ops_ahead_kb"):
+        getattr(lib, name).restype = ctypes.c_longlong
+    lib.llmc_ops_ahead_set_kb.argtypes = [ctypes.c_longlong]
+    return lib
+
+
+@pytest.fixture
+def set_kb() -> Iterator[Callable[[int], None]]:
+    """Sets how far the workers read ahead for one test, and puts back what it was."""
+    lib = _lib()
+    kept = lib.llmc_ops_ahead_kb()
+    yield lib.llmc_ops_ahead_set_kb
+    lib.llmc_ops_ahead_set_kb(kept)
+
+
+@ON_X86_ONLY
+@pytest.mark.parametrize("threads", [2, 3])
+def test_idle_workers_read_ahead_of_the_product_that_ran_next(set_kb: Callable[[int], None], threads: int) -> None:
+    """Three products in turn, the caller busy for 20 us between two: each learns which product came next (else
+    -3), and the workers prefetch its weights while they wait (bytes > 0)."""
+    set_kb(2048)
+    assert _lib().llmc_ops_ahead_check(threads, 100, 4096, 20) > 0
+
+
+def test_turned_off_it_prefetches_nothing(set_kb: Callable[[int], None]) -> None:
+    lib = _lib()
+    set_kb(0)
+    assert lib.llmc_ops_ahead_kb() == 0
+    before = lib.llmc_ops_ahead_bytes()
+    assert lib.llmc_ops_ahead_check(2, 50, 4096, 20) in (0, -3)  # (-3: nothing learned; 0: learned before)
+    assert lib.llmc_ops_ahead_bytes() == before
+
+
+def test_llmc_ahead_kb_0_turns_it_off_in_a_new_process() -> None:
+    code = ("import ctypes; from llmc.engines.kernels import _library; lib = _library(); "
+            "lib.llmc_ops_ahead_check.restype = lib.llmc_ops_ahead_bytes.restype = ctypes.c_longlong; "
+            "print(lib.llmc_ops_ahead_check(2, 50, 4096, 20), lib.llmc_ops_ahead_bytes(), lib.llmc_ops_ahead_kb())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LLMC_AHEAD_KB": "0"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["-3", "0", "0"]
+
+
+@pytest.mark.parametrize("op", ["MatMulQ4", "MatMulBF16"])
+def test_products_on_llmcs_pool_give_the_same_bits_reading_ahead_or_not(llmc_ops: Path,
+                                                                        set_kb: Callable[[int], None],
+                                                                        op: str) -> None:
+    """Two products in turn on llmc's pool of 2 threads, decode rows and batch 8 (each thread takes its own part
+    first, the part its idle time read ahead, and every part runs once), against one thread."""
+    rng = np.random.default_rng(7)
+    k, n = 192, 320
+    pack = pack_bf16_tiles if op == "MatMulBF16" else pack_q4_tiles
+    packed = [pack(rng.standard_normal((k, n)).astype(np.float32)) for _ in range(2)]
+    xs = [rng.standard_normal((rows, 1, k)).astype(np.float32) for rows in (1, 8)]
+
+    def run(threads: int, own_pool: bool) -> list[np.ndarray]:
+        sessions = [_session(llmc_ops, k, n, w, None, False, threads, threads, op=op, own_pool=own_pool)
+                    for w in packed]
+        return [s.run(None, {"x": x})[0] for _ in range(20) for x in xs for s in sessions]  # type: ignore[attr-defined]
+
+    alone = run(1, False)
+    for kb in (2048, 0):
+        set_kb(kb)
+        for got, expected in zip(run(2, True), alone, strict=True):
+            np.testing.assert_array_equal(got, expected)
