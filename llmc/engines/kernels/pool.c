@@ -158,9 +158,10 @@ void llmc_pool_run(void* threads_, void (*fn)(void*, size_t), size_t total, void
     __atomic_add_fetch(&P.wake, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&P.sleepers, __ATOMIC_SEQ_CST))
       syscall(SYS_futex, &P.wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    int kept = self_plus_one;
     self_plus_one = 1;
     work(g);
-    self_plus_one = 0;
+    self_plus_one = kept;
     while (__atomic_load_n(&P.done, __ATOMIC_SEQ_CST) != total) relax();
     __atomic_store_n(&P.busy, 0, __ATOMIC_SEQ_CST);
     return;
