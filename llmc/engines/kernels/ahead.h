@@ -10,7 +10,8 @@
  * the part of the product after it, up to LLMC_AHEAD_KB KiB (default 2048) ahead, stopping as soon as the next
  * call comes. Measured on the EPYC VM, SmolLM2's default int4 engine at batch 1, one process switching it on and
  * off every 64 steps, the medians of 10 rounds: a step 3.92 -> 3.70 ms (4 MB ahead), 4.18 -> 3.95 (2 MB), the
- * session's run alone 5-8 % faster; batch 8, bound by the dot products, within noise (docs/performance_notes.md).
+ * session's run alone 5-8 % faster; the bf16 engine 9.83 -> 9.22 ms; batch 8, bound by the dot products, within
+ * noise (docs/performance_notes.md).
  *
  * The successor is only a hint: the table keeps any product's weights by address (a prefetch of an address freed
  * since never faults), and a wrong or missing successor costs only the prefetches. The results never depend on it.
