@@ -91,3 +91,35 @@ def test_products_on_llmcs_pool_give_the_same_bits_reading_ahead_or_not(llmc_ops
         set_kb(kb)
         for got, expected in zip(run(2, True), alone, strict=True):
             np.testing.assert_array_equal(got, expected)
+
+
+def test_concurrent_callers_keep_their_bits_while_the_workers_read_ahead(llmc_ops: Path,
+                                                                         set_kb: Callable[[int], None]) -> None:
+    """Two threads run their own products on llmc's pool at once (one holds the pool, the other runs its tasks in
+    its own thread), so the successors learned are interleaved and the hints wrong half the time: every result
+    stays the bits of one thread alone."""
+    import threading
+
+    set_kb(2048)
+    rng = np.random.default_rng(11)
+    k, n = 256, 640
+    cases = [("MatMulQ4", pack_q4_tiles), ("MatMulBF16", pack_bf16_tiles)]
+    packed = [pack(rng.standard_normal((k, n)).astype(np.float32)) for _, pack in cases]
+    x = rng.standard_normal((1, 1, k)).astype(np.float32)
+    expected = [_session(llmc_ops, k, n, w, None, False, 1, 1, op=op).run(None, {"x": x})[0]  # type: ignore[attr-defined]
+                for (op, _), w in zip(cases, packed, strict=True)]
+    sessions = [_session(llmc_ops, k, n, w, None, False, 2, 2, op=op, own_pool=True)
+                for (op, _), w in zip(cases, packed, strict=True)]
+    wrong: list[str] = []
+
+    def caller(i: int) -> None:
+        for _ in range(200):
+            if not np.array_equal(sessions[i].run(None, {"x": x})[0], expected[i]):  # type: ignore[attr-defined]
+                wrong.append(cases[i][0])
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert wrong == []
