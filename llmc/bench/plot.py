@@ -56,4 +56,4 @@ def _measured_line(ax: Any, xs: list[int], runs: list[dict[str, Any]], per_batch
     if runs and all("measured_limit_tok_s_per_seq" in r for r in runs):
         gbs = [g for g in runs[0]["read_bandwidth_gbs"] if g]
         ax.plot(xs, [r["measured_limit_tok_s_per_seq"] * (r["batch"] if per_batch else 1) for r in runs], "k:",
-                label=f"limit at the {sum(gbs) / len(gbs):.0f} GB/s measured")
+                label=f"limit at the {min(gbs):.0f}-{max(gbs):.0f} GB/s measured around the rounds")

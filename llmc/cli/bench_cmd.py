@@ -102,7 +102,8 @@ def _torch_note(r: dict[str, Any]) -> str:
 
 
 def _bandwidth_note(measured: list[float | None], assumed: float, threads: int) -> str:
-    figures = " and ".join("n/a" if gbs is None else f"{gbs:.1f}" for gbs in measured)
-    return (f"limits use {assumed:g} GB/s (--bandwidth-gbs); this machine read {figures} GB/s at the start and the "
-            f"end of the run ({threads} threads reading 512 MiB: llmc's read kernel, or ONNX Runtime's ReduceSum over "
-            "256 MiB where llmc's operators are not built)")
+    figures = ", ".join("n/a" if gbs is None else f"{gbs:.1f}" for gbs in measured)
+    return (f"limits use {assumed:g} GB/s (--bandwidth-gbs); this machine read {figures} GB/s before the first round "
+            f"and after each ({threads} threads reading 512 MiB: llmc's read kernel, or ONNX Runtime's ReduceSum over "
+            "256 MiB where llmc's operators are not built); \"as measured\": the median round against the bandwidth "
+            "read around it")
