@@ -63,52 +63,66 @@ void llmc_ahead_before(const void* w, int64_t unit_bytes, int64_t units, int64_t
   if (!budget_bytes() || !w || parts < 1) return;
   node* n = node_of(w, 1);
   if (!n) return;
-  __atomic_store_n(&n->unit_bytes, unit_bytes, __ATOMIC_RELAXED);
-  __atomic_store_n(&n->units, units, __ATOMIC_RELAXED);
-  __atomic_store_n(&n->parts, parts, __ATOMIC_RELEASE);
-  node* before = __atomic_exchange_n(&last, n, __ATOMIC_ACQ_REL);
-  if (before && before != n) __atomic_store_n(&before->next, n, __ATOMIC_RELEASE);
+  /* (each store only where the value changes: the lines the workers read stay clean in their caches) */
+  if (__atomic_load_n(&n->unit_bytes, __ATOMIC_RELAXED) != unit_bytes)
+    __atomic_store_n(&n->unit_bytes, unit_bytes, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&n->units, __ATOMIC_RELAXED) != units) __atomic_store_n(&n->units, units, __ATOMIC_RELAXED);
+  if (__atomic_load_n(&n->parts, __ATOMIC_RELAXED) != parts) __atomic_store_n(&n->parts, parts, __ATOMIC_RELEASE);
+  node* before = __atomic_load_n(&last, __ATOMIC_RELAXED);
+  if (before != n) __atomic_store_n(&last, n, __ATOMIC_RELAXED);
+  if (before && before != n && __atomic_load_n(&before->next, __ATOMIC_RELAXED) != n)
+    __atomic_store_n(&before->next, n, __ATOMIC_RELEASE);
   __atomic_store_n(&target, __atomic_load_n(&n->next, __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
   __atomic_add_fetch(&epoch, 1, __ATOMIC_RELEASE);
 }
+
+/* A worker's place in the chain (thread-local: read once and written back once a call, as each access to a shared
+ * library's thread-locals is a call of __tls_get_addr). */
+typedef struct {
+  node *at, *start; /* the product being read and the one the chain began at (NULL: done) */
+  int64_t off, spent; /* bytes read of `at`'s part, and of the budget */
+  uint32_t seen;      /* the epoch `start` was taken at */
+} cursor;
 
 /* A worker's idle time after call `call`: its part of the target's weights, then of the products after it, until
  * the budget is read or the next call comes. Where it got to is kept across calls (the attention's and the
  * norms' calls come between two products) until the next product moves the target. */
 static void read_ahead(uint32_t call) {
 #ifdef AHEAD_X86
-  static _Thread_local node *at, *start;
-  static _Thread_local int64_t off, spent;
-  static _Thread_local uint32_t seen;
+  static _Thread_local cursor mine;
+  cursor* where = &mine;
+  cursor c = *where;
   uint32_t e = __atomic_load_n(&epoch, __ATOMIC_ACQUIRE);
-  if (e != seen) {
-    seen = e;
-    at = start = __atomic_load_n(&target, __ATOMIC_ACQUIRE);
-    off = spent = 0;
+  if (e != c.seen) {
+    c.seen = e;
+    c.at = c.start = __atomic_load_n(&target, __ATOMIC_ACQUIRE);
+    c.off = c.spent = 0;
   }
   int self = llmc_pool_self();
-  int64_t limit = __atomic_load_n(&budget, __ATOMIC_RELAXED);
-  while (at && spent < limit && llmc_pool_idle_since(call)) {
-    int64_t parts = __atomic_load_n(&at->parts, __ATOMIC_ACQUIRE);
-    int64_t units = __atomic_load_n(&at->units, __ATOMIC_RELAXED);
-    int64_t unit_bytes = __atomic_load_n(&at->unit_bytes, __ATOMIC_RELAXED);
+  int64_t limit = __atomic_load_n(&budget, __ATOMIC_RELAXED), done = 0;
+  while (c.at && c.spent < limit && llmc_pool_idle_since(call)) {
+    int64_t parts = __atomic_load_n(&c.at->parts, __ATOMIC_ACQUIRE);
+    int64_t units = __atomic_load_n(&c.at->units, __ATOMIC_RELAXED);
+    int64_t unit_bytes = __atomic_load_n(&c.at->unit_bytes, __ATOMIC_RELAXED);
     if (parts < 1 || units < parts || unit_bytes < 1) {
-      at = NULL;
+      c.at = NULL;
       break;
     }
     int64_t p = self % parts, first = units * p / parts;
     int64_t len = (units * (p + 1) / parts - first) * unit_bytes;
-    const char* base = (const char*)at->w + first * unit_bytes;
-    int64_t from = off, stop = off + STEP_BYTES < len ? off + STEP_BYTES : len;
-    for (; off < stop; off += 64) _mm_prefetch(base + off, _MM_HINT_T2);
-    spent += STEP_BYTES; /* (a whole step even at a part's end: the budget bounds the loop) */
-    __atomic_add_fetch(&prefetched, off - from, __ATOMIC_RELAXED);
-    if (off >= len) { /* on to the product after it, unless the chain came round (all of a small model's) */
-      at = __atomic_load_n(&at->next, __ATOMIC_ACQUIRE);
-      at = at == start ? NULL : at;
-      off = 0;
+    const char* base = (const char*)c.at->w + first * unit_bytes;
+    int64_t from = c.off, stop = c.off + STEP_BYTES < len ? c.off + STEP_BYTES : len;
+    for (; c.off < stop; c.off += 64) _mm_prefetch(base + c.off, _MM_HINT_T2);
+    c.spent += STEP_BYTES; /* (a whole step even at a part's end: the budget bounds the loop) */
+    done += c.off - from;
+    if (c.off >= len) { /* on to the product after it, unless the chain came round (all of a small model's) */
+      c.at = __atomic_load_n(&c.at->next, __ATOMIC_ACQUIRE);
+      c.at = c.at == c.start ? NULL : c.at;
+      c.off = 0;
     }
   }
+  *where = c;
+  if (done) __atomic_add_fetch(&prefetched, done, __ATOMIC_RELAXED);
 #else
   (void)call;
 #endif
