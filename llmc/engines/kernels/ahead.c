@@ -27,7 +27,12 @@ static uint32_t epoch; /* +1 a product: a worker seeing it change starts over at
 static int64_t budget = -1; /* bytes a worker reads ahead of a product (0: off); -1 until read from the environment */
 static int64_t prefetched;
 
+#ifdef AHEAD_X86
 static void read_ahead(uint32_t call);
+#define READER read_ahead
+#else
+#define READER NULL /* (reading ahead is off: the prefetch is x86's) */
+#endif
 
 static int64_t budget_bytes(void) {
   int64_t b = __atomic_load_n(&budget, __ATOMIC_ACQUIRE);
@@ -39,7 +44,7 @@ static int64_t budget_bytes(void) {
 #else
   b = 0; /* (the prefetch is x86's) */
 #endif
-  if (b) llmc_pool_when_idle(read_ahead);
+  if (b) llmc_pool_when_idle(READER);
   __atomic_store_n(&budget, b, __ATOMIC_RELEASE);
   return b;
 }
@@ -87,8 +92,8 @@ typedef struct {
 /* A worker's idle time after call `call`: its part of the target's weights, then of the products after it, until
  * the budget is read or the next call comes. Where it got to is kept across calls (the attention's and the
  * norms' calls come between two products) until the next product moves the target. */
-static void read_ahead(uint32_t call) {
 #ifdef AHEAD_X86
+static void read_ahead(uint32_t call) {
   static _Thread_local cursor mine;
   cursor* where = &mine;
   cursor c = *where;
@@ -123,10 +128,8 @@ static void read_ahead(uint32_t call) {
   }
   *where = c;
   if (done) __atomic_add_fetch(&prefetched, done, __ATOMIC_RELAXED);
-#else
-  (void)call;
-#endif
 }
+#endif
 
 int64_t llmc_ahead_own_part(size_t task, int64_t parts) {
   int self = llmc_pool_self();
@@ -140,7 +143,7 @@ void llmc_ahead_set_kb(int64_t kb) {
   int64_t b = 0;
   (void)kb;
 #endif
-  llmc_pool_when_idle(b ? read_ahead : NULL);
+  llmc_pool_when_idle(b ? READER : NULL);
   __atomic_store_n(&budget, b, __ATOMIC_RELEASE);
 }
 

@@ -33,6 +33,7 @@
 #define MAX_ROWS 4   /* rows of x per pass over a unit's weights */
 #define PREFETCH_PAIRS 8     /* the AVX-512 path: pairs of k ahead of the loads, prefetching into L1 */
 #define PREFETCH_PAIRS_L2 16 /* into L2 (prefetch.h) */
+#define LOCAL_PARTS 64 /* parts (threads) whose taken flags live on the stack */
 
 typedef struct {
   const llmc_bf16_args* a;
@@ -420,8 +421,8 @@ const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel,
 #endif
     for (int64_t i = 0; i < a->M * a->K; i++) ((uint16_t*)xb)[i] = llmc_to_bf16(a->x[i]);
   j.parts = parallel && a->threads > 1 && j.units >= 2 ? (a->threads < j.units ? a->threads : j.units) : 1;
-  unsigned char one = 0;
-  j.taken = j.parts > 1 ? calloc((size_t)j.parts, 1) : &one;
+  unsigned char taken[LOCAL_PARTS] = {0}; /* (a decode call allocates nothing for its split) */
+  j.taken = j.parts <= LOCAL_PARTS ? taken : calloc((size_t)j.parts, 1);
   if (!j.taken) {
     free(xbuf);
     return "out of memory for the work split";
@@ -429,10 +430,10 @@ const char* llmc_bf16_matmul(const llmc_bf16_args* a, llmc_parallel_fn parallel,
   if (j.parts > 1) {
     if (!j.amx) llmc_ahead_before(a->w, 2 * a->K * LLMC_BF16_TILE * (int64_t)sizeof(uint16_t), j.units, j.parts);
     parallel(parallel_ctx, run_part, (size_t)j.parts, &j);
-    free(j.taken);
   } else {
     run_part(&j, 0);
   }
+  if (j.taken != taken) free(j.taken);
   free(xbuf);
   return NULL;
 }

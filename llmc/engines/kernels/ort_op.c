@@ -686,9 +686,6 @@ EXPORT int llmc_ops_pool_workers(void) { return llmc_pool_workers(); }
  * pool of `threads` threads, `rounds` times, the caller busy for `gap_us` between two (as it is with the norms).
  * Returns the bytes the workers prefetched ahead meanwhile; -1 when a product failed, -2 for bad arguments, -3 when
  * B and C are not what A and B learned to run next (reading ahead is off: LLMC_AHEAD_KB=0). */
-static void pool_parallel(void* threads, void (*fn)(void*, size_t), size_t total, void* data) {
-  llmc_pool_run(threads, fn, total, data);
-}
 /* The bytes the workers have prefetched ahead in this process, and the bytes they read ahead (KiB, 0: off). */
 EXPORT long long llmc_ops_ahead_bytes(void) { return llmc_ahead_bytes(); }
 EXPORT void llmc_ops_ahead_set_kb(long long kb) { llmc_ahead_set_kb(kb); }
@@ -705,7 +702,8 @@ EXPORT long long llmc_ops_ahead_check(int threads, int rounds, int n, int gap_us
   for (int r = 0; r < rounds; r++)
     for (int i = 0; i < 3; i++) {
       llmc_q4_args a = {.M = 1, .K = K, .N = n, .x = x, .w = w + i * w_bytes, .y = y, .threads = threads};
-      if (llmc_q4_matmul(&a, pool_parallel, &threads)) goto done;
+      Pool pool = {NULL, NULL, NULL, threads}; /* llmc's pool (run_parallel needs no ONNX Runtime there) */
+      if (llmc_q4_matmul(&a, run_parallel, &pool)) goto done;
       struct timespec t0, t;
       clock_gettime(CLOCK_MONOTONIC, &t0);
       do clock_gettime(CLOCK_MONOTONIC, &t);
