@@ -682,14 +682,14 @@ EXPORT long llmc_ops_pool_check(int threads, int calls, int total) {
 /* The pool's workers started in this process. */
 EXPORT int llmc_ops_pool_workers(void) { return llmc_pool_workers(); }
 
-/* Reading ahead (ahead.h) checked for tests: three 4-bit products A, B, C of K 64 and `n` columns in turn on llmc's
- * pool of `threads` threads, `rounds` times, the caller busy for `gap_us` between two (as it is with the norms).
- * Returns the bytes the workers prefetched ahead meanwhile; -1 when a product failed, -2 for bad arguments, -3 when
- * B and C are not what A and B learned to run next (reading ahead is off: LLMC_AHEAD_KB=0). */
 /* The bytes the workers have prefetched ahead in this process, and the bytes they read ahead (KiB, 0: off). */
 EXPORT long long llmc_ops_ahead_bytes(void) { return llmc_ahead_bytes(); }
 EXPORT void llmc_ops_ahead_set_kb(long long kb) { llmc_ahead_set_kb(kb); }
 EXPORT long long llmc_ops_ahead_kb(void) { return llmc_ahead_kb(); }
+/* Reading ahead (ahead.h) checked for tests: three 4-bit products A, B, C of K 64 and `n` columns in turn on llmc's
+ * pool of `threads` threads, `rounds` times, the caller busy for `gap_us` between two (as it is with the norms).
+ * Returns the bytes the workers prefetched ahead meanwhile; -1 when a product failed, -2 for bad arguments, -3 when
+ * B and C are not what A and B learned to run next (reading ahead is off: LLMC_AHEAD_KB=0). */
 EXPORT long long llmc_ops_ahead_check(int threads, int rounds, int n, int gap_us) {
   if (threads < 1 || rounds < 1 || n < 32 || n % 32 || gap_us < 0) return -2;
   const int64_t K = 64;
