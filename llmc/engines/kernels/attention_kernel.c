@@ -378,7 +378,14 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
     for (int t = t0; t < t1 && t < t0 + PREFETCH_ROWS; t++) prefetch_row(row_at(K, t), rb, l2);
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
-    for (int t = 0; !kt && t < n; t++) krow[t] = row_at(K, c0 + t), vrow[t] = row_at(V, c0 + t);
+    for (int t = 0; !kt && t < n;) { /* a block's rows are contiguous: one table lookup per run of them, not per
+                                      * row (a C harness, one decode row over 2,048 fp16 or int8 keys in blocks of
+                                      * 64, one thread, the cache in L3: the kernel 6 % shorter) */
+      int at = c0 + t, run = K->table ? K->mask + 1 - (at & K->mask) : n - t;
+      run = run < n - t ? run : n - t;
+      const char *kr = row_at(K, at), *vr = row_at(V, at);
+      for (int i = 0; i < run; i++, t++, kr += rb, vr += rb) krow[t] = kr, vrow[t] = vr;
+    }
     if (k16) { /* the chunk's scores 16 keys at a time from a multiple of 16: a group inside the chunk straight
                 * into s, one across its edges through c */
       for (int kg = c0 / 16 * 16; kg < c0 + n; kg += 16) {
