@@ -126,7 +126,8 @@ class KVSpec:
 
     A later layout ("inplace": one [B, Hkv, max_len, D] buffer bound as past and present) is a different value
     here, not a different CLI. dtype "int8" (llmc's attention operator only): rows of D int8 and an fp16 scale per
-    group of 32, [B, Hkv, L, D + 2 ceil(D / 32)] (`row_width`).
+    group of 32, [B, Hkv, L, D + 2 ceil(D / 32)] (`row_width`); the keys are held times a 32-point Hadamard matrix
+    on each whole 32 of their dims (the queries meet them through the same one: the same scores).
     """
 
     layout: str

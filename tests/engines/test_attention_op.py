@@ -166,14 +166,27 @@ def _quantize_rows(x: np.ndarray) -> np.ndarray:
     return np.concatenate([q.astype(np.int8), scales.view(np.int8)], axis=-1)
 
 
-def _cache_values(buf: np.ndarray) -> np.ndarray:
-    """A cache buffer's values in float64 (int8 rows: each group's q times its scale)."""
+def _hadamard(n: int) -> np.ndarray:
+    """The n-point Hadamard matrix scaled to be orthonormal (symmetric: its own inverse)."""
+    h = np.ones((1, 1))
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def _cache_values(buf: np.ndarray, keys: bool = False) -> np.ndarray:
+    """A cache buffer's values in float64 (int8 rows: each group's q times its scale; an int8 cache's keys are stored
+    times the 32-point Hadamard matrix on each whole 32 of their dims, which this undoes)."""
     if buf.dtype != np.int8:
         return buf.astype(np.float64)
     n = buf.shape[-1]
     d = next(d for d in range(n, 0, -1) if d + 2 * -(-d // GROUP) == n)
     scales = np.ascontiguousarray(buf[..., d:]).view(np.float16).astype(np.float64)
-    return buf[..., :d].astype(np.float64) * np.repeat(scales, GROUP, axis=-1)[..., :d]
+    x = buf[..., :d].astype(np.float64) * np.repeat(scales, GROUP, axis=-1)[..., :d]
+    if keys:
+        for d0 in range(0, d - 31, 32):
+            x[..., d0:d0 + 32] = x[..., d0:d0 + 32] @ _hadamard(32)
+    return x
 
 
 def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0,
@@ -198,9 +211,9 @@ def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0,
     if rope:
         freqs = np.outer(np.arange(L + 3), 1.0 / 10000 ** (np.arange(0, 2 * R, 2) / (2 * R)))
         feeds["cos"], feeds["sin"] = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
-    expected = _reference(feeds["qkv"], _cache_values(feeds["past_key"]), _cache_values(feeds["past_value"]), past,
-                          new, H, Hkv, feeds.get("cos"), feeds.get("sin"), opts.get("window", 0),
-                          opts.get("softcap", 0.0))
+    expected = _reference(feeds["qkv"], _cache_values(feeds["past_key"], keys=True),
+                          _cache_values(feeds["past_value"]), past, new, H, Hkv, feeds.get("cos"), feeds.get("sin"),
+                          opts.get("window", 0), opts.get("softcap", 0.0))
     return feeds, expected
 
 
@@ -232,26 +245,59 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
     rope = name != "odd-head-size"
     feeds, (out, k, v) = _inputs(case, cache, rope)
     got = _run_in_place(library, tmp_path, case, cache, rope, feeds)
-    # an fp16 cache rounds the new K and V to 11 bits, an int8 one to half a step of max |row| / 127
-    tol = {"fp32": 2e-5, "fp16": 3e-3, "int8": 2.5e-2}[cache]
+    # an fp16 cache rounds the new K and V to 11 bits, an int8 one to half a step of max |row| / 127 (the 33-row
+    # prompt of head size 32: its worst element 3.6e-2 off)
+    tol = {"fp32": 2e-5, "fp16": 3e-3, "int8": 4e-2}[cache]
     if cache == "int8" and (_options(case).get("window") or case[4] >= 64):
-        # a few keys' weighted mean averages less rounding away; 64-dim scores make a sharper softmax (the 150-row
-        # prompt's worst element is 4.5e-2 off, one position at a time or in blocks alike), 128 and 256 sharper
-        # still (6.8e-2, the portable path's and the tiles' alike)
-        tol = 5e-2 if case[4] <= 64 else 8e-2
+        # a few keys' weighted mean averages less rounding away; 64-dim scores make a sharper softmax (the worst
+        # element 5.4e-2 off, in the 36-row chunks of mixed counts; the portable path's and the blocks' alike), 128
+        # and 256 sharper still (6.8e-2, the portable path's and the tiles' alike)
+        tol = 6e-2 if case[4] <= 64 else 8e-2
     np.testing.assert_allclose(got, out, atol=tol, rtol=0)
     # the cache was updated where it lives: the new K/V at their positions, every other position untouched
-    np.testing.assert_allclose(_cache_values(feeds["past_key"]), k, atol=tol, rtol=0)
+    np.testing.assert_allclose(_cache_values(feeds["past_key"], keys=True), k, atol=tol, rtol=0)
     np.testing.assert_allclose(_cache_values(feeds["past_value"]), v, atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
+def test_int8_cache_keys_with_a_few_large_channels_keep_their_scores(library: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       generic: bool) -> None:
+    """Keys whose few large channels would set their int8 groups' scales (what the rotary leaves in a real model's
+    keys) lose less through the cache than rows rounded as they are: the cache holds each key times a 32-point
+    Hadamard matrix, which spreads those channels over their group, and the queries meet them through the same one."""
+    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
+    B, S, H, Hkv, D = 1, 40, 6, 2, 64
+    rng = np.random.default_rng(7)
+    qkv = rng.standard_normal((B, S, (H + 2 * Hkv) * D)).astype(np.float32)
+    keys = qkv[..., H * D:(H + Hkv) * D].reshape(B, S, Hkv, D)
+    keys[..., [3, 37]] *= 25.0  # two large channels a head, one in each group of 32
+    qkv[..., H * D:(H + Hkv) * D] = keys.reshape(B, S, Hkv * D)
+    empty = np.zeros((B, Hkv, S, D + 4), np.int8)
+    feeds = {"qkv": qkv, "past_key": empty, "past_value": empty.copy(),
+             "seqlens_k": np.array([S - 1], np.int32), "total_sequence_length": np.array(S, np.int32)}
+    got = _run_in_place(library, tmp_path, (B, S, H, Hkv, D, S, [0], [S], True), "int8", False, feeds)
+    exact, k, _ = _reference(qkv, np.zeros((B, Hkv, S, D)), np.zeros((B, Hkv, S, D)), [0], [S], H, Hkv, None, None)
+    np.testing.assert_allclose(_cache_values(feeds["past_key"], keys=True), k, atol=0.3, rtol=0)
+    # the same attention over keys and values rounded to int8 rows as they are (no Hadamard matrix)
+    rounded = qkv.copy()
+    kv = rounded[..., H * D:].reshape(B, S, 2 * Hkv, D)
+    rounded[..., H * D:] = _cache_values(_quantize_rows(kv)).reshape(B, S, 2 * Hkv * D)
+    plain, _, _ = _reference(rounded, np.zeros((B, Hkv, S, D)), np.zeros((B, Hkv, S, D)), [0], [S], H, Hkv, None,
+                             None)
+    err, err_plain = np.abs(got - exact).mean(), np.abs(plain - exact).mean()
+    assert err < 0.5 * err_plain, (err, err_plain)
+
+
+@pytest.mark.parametrize("cache", ["fp32", "int8"])
 @pytest.mark.parametrize("name", [n for n in CASES if n != "odd-head-size"])
 def test_keys_are_rotated_into_the_cache_to_the_same_bits_on_every_path(library: Path, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch,
-                                                                        name: str) -> None:
+                                                                        name: str, cache: str) -> None:
     """The rotary on AVX-512 (16 dims at a time) rounds each product, difference and sum as the portable C does:
-    an fp32 cache holds the same bits from either path, full and partial rotary, prompts and decode rows (a CPU
-    without AVX-512 runs the portable C both times)."""
+    an fp32 cache holds the same bits from either path, full and partial rotary, prompts and decode rows; an int8
+    cache the same rows and scales (its keys' Hadamard matrix passes over them in the same order on both paths). A
+    CPU without AVX-512 runs the portable C both times."""
     from llmc.engines.kernels import cpu_paths
 
     case, keys = CASES[name], {}
@@ -259,8 +305,8 @@ def test_keys_are_rotated_into_the_cache_to_the_same_bits_on_every_path(library:
         monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
         if generic:
             assert cpu_paths()["attention"] == "portable"
-        feeds, _ = _inputs(case, "fp32", True)
-        _run_in_place(library, tmp_path, case, "fp32", True, feeds)
+        feeds, _ = _inputs(case, cache, True)
+        _run_in_place(library, tmp_path, case, cache, True, feeds)
         keys[generic] = feeds["past_key"]
     np.testing.assert_array_equal(keys[False], keys[True])
 
@@ -410,7 +456,7 @@ def test_an_engine_of_another_operator_version_is_refused_at_load(tiny_llama: Bu
     assert data["settings"]["llmc_ops"] == ops_version() and not list(engine.glob("*.so"))
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "0"}}))
     with pytest.raises(ManifestError, match=f"built with llmc's operators version 0; this installation has version "
-                                            f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11\\): build the engine again"):
+                                            f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11, 12\\): build the engine again"):
         load_engine_dir(engine)
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "5"}}))
     load_engine_dir(engine)  # versions 6 and 7 only added an optional input and an operator: version 5 runs
@@ -573,8 +619,9 @@ def test_paged_matches_reference_reading_blocks_in_place(library: Path, tmp_path
     feeds, _ = _inputs(case, cache, True, seed=3)
     table, shared = _to_pool(feeds, past, bs, np.random.default_rng(4))
     opts = _options(case)
-    out, k, v = _reference(feeds["qkv"], _cache_values(feeds["past_key"]), _cache_values(feeds["past_value"]), past,
-                           new, H, Hkv, feeds["cos"], feeds["sin"], opts.get("window", 0), opts.get("softcap", 0.0))
+    out, k, v = _reference(feeds["qkv"], _cache_values(feeds["past_key"], keys=True),
+                           _cache_values(feeds["past_value"]), past, new, H, Hkv, feeds["cos"], feeds["sin"],
+                           opts.get("window", 0), opts.get("softcap", 0.0))
     row = feeds["past_key"].shape[-1]
     pools = {}
     for name_in in ("past_key", "past_value"):
@@ -596,16 +643,17 @@ def test_paged_matches_reference_reading_blocks_in_place(library: Path, tmp_path
         if name_in in pools:
             binding.bind_ortvalue_output(name_in.replace("past_", "present_"), value)
     session.run_with_iobinding(binding)  # type: ignore[attr-defined]
-    tol = {"fp16": 3e-3, "int8": 2.5e-2}[cache]
+    tol = {"fp16": 3e-3, "int8": 4e-2}[cache]  # as in test_matches_reference_in_place
     if cache == "int8" and case[4] == 64 and _options(case).get("window"):
-        tol = 5e-2  # as in test_matches_reference_in_place: a short window's mean of few int8 rows
+        tol = 6e-2  # as there: a short window's mean of few int8 rows
     np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], out, atol=tol, rtol=0)
     written = set()
     for name_in, want in (("past_key", k), ("past_value", v)):
         for b in range(B):
             end = past[b] + new[b]
             rows = np.concatenate([pools[name_in][blk] for blk in table[b]], axis=1)[:, :end]
-            np.testing.assert_allclose(_cache_values(rows), want[b, :, :end], atol=tol, rtol=0)
+            np.testing.assert_allclose(_cache_values(rows, keys=name_in == "past_key"), want[b, :, :end], atol=tol,
+                                       rtol=0)
             written |= {int(table[b, t // bs]) for t in range(past[b], end)}
             assert all(int(table[b, i]) not in written or i >= shared[b] for i in range(shared[b]))
         untouched = [blk for blk in range(len(before[name_in])) if blk not in written]

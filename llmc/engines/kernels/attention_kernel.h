@@ -3,8 +3,9 @@
  * Inputs follow com.microsoft.GroupQueryAttention as llmc's graphs use it:
  *   qkv   [B, S, (H + 2 Hkv) D] fp32: packed Q, K, V of the new tokens
  *   k, v  [B, Hkv, L, D] fp32 or fp16, or [B, Hkv, L, D + 2 ceil(D / 32)] int8: each row D int8, then one fp16
- *         scale per group of 32 of them (x = scale * q, scale = max |x| / 127 over the group); the new K (rotated)
- *         and V are written at their positions
+ *         scale per group of 32 of them (x = scale * q, scale = max |x| / 127 over the group), an int8 cache's keys
+ *         times the 32-point orthonormal Hadamard matrix on each whole 32 of their dims (hadamard_groups; the
+ *         queries meet them through it too); the new K (rotated) and V are written at their positions
  *   seqlens[b] = tokens of row b after this step - 1
  *   first prompt (total_sequence_length == S): row b has seqlens[b] + 1 new tokens (right-padded), no past;
  *   otherwise row b has S new tokens after seqlens[b] + 1 - S cached ones, or, with new_lens, new_lens[b] new
