@@ -12,6 +12,7 @@ Hadamard matrix first: llmc's cache now):
   hk / hv        the same after the 32-point orthonormal Hadamard matrix on each 32 of the row (Hk: the whole head's)
   kcN            keys per channel over groups of N positions (a trailing "a": with a zero point)
   skA            keys divided and queries multiplied per channel pair by max|k|^A / max|q|^(1-A), then int8
+  hqN            the queries through the 32-point matrix and rounded to int8 per N (what int8 scores would do)
 One line per form: mean and max KL against fp32 and top-1 agreement. Needs the export extra (torch, transformers).
 """
 
@@ -99,11 +100,11 @@ def main(argv: list[str]) -> None:
             prompts.append(model.generate(ids, max_new_tokens=48, do_sample=False) if chat else ids)
 
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    state: dict = {"parts": [], "smooth": None, "stats": {}}
+    state: dict = {"parts": [], "smooth": None, "q": 0, "stats": {}, "collect": True}
 
     def attention(module, query, key, value, *args, **kwargs):  # type: ignore[no-untyped-def]
         layer = module.layer_idx
-        if state["smooth"] is None and not state["parts"]:  # the fp32 pass: each channel's largest |k| and |q|
+        if state["collect"]:  # the fp32 pass: each channel's largest |k| and |q|
             km, qm = key.abs().amax(2)[0], query.abs().amax(2)[0]
             old = state["stats"].get(layer)
             state["stats"][layer] = (km, qm) if old is None else (torch.maximum(old[0], km), torch.maximum(old[1], qm))
@@ -111,6 +112,9 @@ def main(argv: list[str]) -> None:
             s = state["smooth"][layer]
             key = key / s[None, :, None, :]
             query = query * s.repeat_interleave(query.shape[1] // key.shape[1], 0)[None, :, None, :]
+        if state["q"]:  # the queries through the 32-point matrix, rounded to int8 per state["q"], and back
+            h = torch.block_diag(*[hadamard(32)] * (query.shape[-1] // 32))
+            query = rounded(query @ h, state["q"], False) @ h.T
         for which, kind, group, zero in state["parts"]:
             if which == "k":
                 key = apply(key, kind, group, zero)
@@ -126,10 +130,13 @@ def main(argv: list[str]) -> None:
             return [model(ids).logits[0].float() for ids in prompts]
 
     reference = logits()
+    state["collect"] = False
     for form in forms:
-        state["parts"], state["smooth"] = [], None
+        state["parts"], state["smooth"], state["q"] = [], None, 0
         for part in form.split(","):
-            if part.startswith("sk"):
+            if part.startswith("hq"):
+                state["q"] = int(part[2:] or 32)
+            elif part.startswith("sk"):
                 alpha, smooth = float(part[2:]), {}
                 for layer, (km, qm) in state["stats"].items():
                     hkv, d = km.shape
