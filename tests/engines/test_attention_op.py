@@ -141,6 +141,11 @@ CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row
     # head sizes 128 and 256: the value tiles in passes of 4 column tiles (64 dims)
     "prompt-d128-tiles": (1, 34, 4, 2, 128, 40, [0], [34], True),
     "prompt-d256-tiles": (1, 33, 2, 2, 256, 40, [0], [33], True),
+    # head size 80: an int8 row's last group holds 16 values, past the Hadamard matrix's whole 32s (its keys' first
+    # 64 dims go through it, the last 16 as they are); 32 positions or more: the packed keys take its query vectors
+    # as columns
+    "prompt-d80-partial-group": (1, 36, 4, 2, 80, 40, [0], [36], True),
+    "decode-d80-partial-group": (2, 1, 4, 2, 80, 300, [280, 9], [1, 1], False),
 }
 
 
