@@ -262,9 +262,10 @@ def test_bench_compares_with_transformers_run_after_each_engine_run(tiny_llama: 
     for r in rows:
         low, high = r["torch_decode_tok_s_per_seq_range"]
         assert 0 < low <= r["torch_decode_tok_s_per_seq"] <= high and r["torch_ttft_ms"] > 0
+        # (the ratios are reported to 2 decimals: 0.005 off at most, 2.9 % of a tiny model's 0.17 on a busy VM)
         assert r["speedup_vs_torch"] == pytest.approx(r["decode_tok_s_per_seq"] / r["torch_decode_tok_s_per_seq"],
-                                                      rel=0.02)
-        assert r["ttft_speedup_vs_torch"] == pytest.approx(r["torch_ttft_ms"] / r["ttft_ms"], rel=0.02)
+                                                      rel=0.02, abs=0.005)
+        assert r["ttft_speedup_vs_torch"] == pytest.approx(r["torch_ttft_ms"] / r["ttft_ms"], rel=0.02, abs=0.005)
 
 
 def test_bench_alternates_the_engine_and_transformers(tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:
