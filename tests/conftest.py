@@ -125,7 +125,8 @@ def hf_factory() -> Callable[[Built], Any]:
             import torch
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(str(built.hf_dir), dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(str(built.hf_dir), dtype=torch.float32,
+                                                         attn_implementation="eager")  # as sources.load
             cache[built.hf_dir] = model.eval()
         return cache[built.hf_dir]
 

@@ -62,7 +62,7 @@ def _serve(conn: Connection, source: str, threads: int) -> None:
         return
     try:
         torch.set_num_threads(threads)
-        model = sources.load(sources.resolve(source)).model
+        model = sources.load(sources.resolve(source), attention=None).model  # the backend users get
     except Exception as e:  # noqa: BLE001 - reported to the parent as one line
         conn.send((False, f"--compare-torch could not load {source}: {_first_line(e)}"))
         return

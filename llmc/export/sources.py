@@ -168,8 +168,12 @@ def _gguf_source(path: Path, name: str) -> ModelSource:
     return ModelSource(name, path, "gguf", model_type)
 
 
-def load(src: ModelSource) -> LoadedModel:
-    """Load weights and tokenizer with transformers (fp32, eval, no remote code)."""
+def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
+    """Load weights and tokenizer with transformers (fp32, eval, no remote code).
+
+    `attention` is transformers' attn_implementation. The default, eager, is each model's own definition, the one
+    the export's parity is checked against: transformers' default backend may leave a feature out (5.17 ran Gemma 2
+    through SDPA, which drops its attention softcap). None takes transformers' default (speed comparisons)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -179,7 +183,8 @@ def load(src: ModelSource) -> LoadedModel:
         folder, kwargs["gguf_file"] = src.path.parent, src.path.name
     else:
         kwargs["use_safetensors"] = src.use_safetensors
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kwargs,
+                                                 **({"attn_implementation": attention} if attention else {}))
     model.eval()
     if src.kind == "gguf":
         # The GGUF weights are dequantized to fp32; drop the "quantized" label so the model acts as a plain one.

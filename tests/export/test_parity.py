@@ -364,3 +364,13 @@ def test_weights_stored_once(tiny: Built, hf: Any, stage: str) -> None:
         assert size >= 0.9 * param_bytes
     for g in graphs:  # the graphs themselves hold no weights
         assert g.stat().st_size < 0.25 * param_bytes
+
+
+def test_the_reference_runs_the_models_own_attention(tiny_factory: Callable[[str], Built]) -> None:
+    """Parity is checked against each model's eager attention, its definition: transformers' default backend may
+    leave a feature out (5.17 ran Gemma 2 through SDPA, which drops its attention softcap: 2.3e-3 off)."""
+    from llmc.export import sources
+
+    src = sources.resolve(str(tiny_factory("llama").hf_dir))
+    assert sources.load(src).model.config._attn_implementation == "eager"
+    assert sources.load(src, attention=None).model.config._attn_implementation == "sdpa"  # transformers' default
