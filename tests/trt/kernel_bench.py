@@ -63,6 +63,18 @@ def compare(kind: str, batch: int, heads: int, kv_heads: int, dim: int, length: 
             "rel_err": err, "triton_ms": ours_ms, "sdpa_ms": _time_ms(sdpa)}
 
 
+def to_pool(cache: Any, table: Any, block_size: int) -> Any:
+    """Slot caches [B, Hkv, max_seq, D] as a pool [B * max_blocks, Hkv, block_size, D] (contiguous, as the paged
+    kernel reads it) whose block table[b, i] holds row b's positions i * block_size onwards."""
+    import torch
+
+    batch, kv_heads, max_seq, dim = cache.shape
+    blocks = cache.view(batch, kv_heads, max_seq // block_size, block_size, dim).transpose(1, 2).flatten(0, 1)
+    # (empty_like would copy a single row's transposed strides: the pool would not be laid out as the kernel reads)
+    pool = torch.empty(blocks.shape, dtype=blocks.dtype, device=blocks.device)
+    return pool.index_copy_(0, table.flatten().long(), blocks)
+
+
 def compare_paged(kind: str, batch: int, heads: int, kv_heads: int, dim: int, length: int,
                   block_size: int = 16) -> dict[str, Any]:
     """The paged kernel against the slot kernel on the same caches (the slots' blocks shuffled into one pool):
@@ -82,17 +94,14 @@ def compare_paged(kind: str, batch: int, heads: int, kv_heads: int, dim: int, le
     max_blocks = MAX_SEQ // block_size
     table = torch.randperm(batch * max_blocks, device=dev).to(torch.int32).view(batch, max_blocks)
 
-    def pool(cache: Any) -> Any:  # [B, Hkv, MAX_SEQ, D] -> [num_blocks, Hkv, block_size, D] through the table
-        blocks = cache.view(batch, kv_heads, max_blocks, block_size, dim).transpose(1, 2).flatten(0, 1)
-        return torch.empty_like(blocks).index_copy_(0, table.flatten().long(), blocks)
-
-    pool_k, pool_v = pool(cache_k), pool(cache_v)
+    pool_k, pool_v = to_pool(cache_k, table, block_size), to_pool(cache_v, table, block_size)
     block_m, scale = BLOCK_M["prefill" if kind == "prefill" else "decode"], dim ** -0.5
     ref = launch_attention(q, k_new, v_new, cache_k, cache_v, pos, scale, block_m)
     out = launch_paged_attention(q, k_new, v_new, pool_k, pool_v, table, pos, scale, block_m)
     err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
     return {"kind": kind, "batch": batch, "heads": f"{heads}/{kv_heads}", "dim": dim, "length": length,
-            "rel_err": err, "kv_equal": bool(torch.equal(pool(cache_k), pool_k) and torch.equal(pool(cache_v), pool_v)),
+            "rel_err": err, "kv_equal": bool(torch.equal(to_pool(cache_k, table, block_size), pool_k)
+                                             and torch.equal(to_pool(cache_v, table, block_size), pool_v)),
             "slot_ms": _time_ms(lambda: launch_attention(q, k_new, v_new, cache_k, cache_v, pos, scale, block_m)),
             "paged_ms": _time_ms(lambda: launch_paged_attention(q, k_new, v_new, pool_k, pool_v, table, pos, scale,
                                                                 block_m))}

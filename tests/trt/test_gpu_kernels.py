@@ -1,5 +1,6 @@
 """The Triton attention kernels on a GPU against torch's scaled_dot_product_attention, fp16 (prefill and decode,
-grouped heads, several lengths): relative error <= 1e-2. Timings are printed (and tabled by scripts/gpu_check.sh)."""
+grouped heads, several lengths): relative error <= 1e-2, launched by Triton and as TensorRT launches the plugins'
+AOT kernels (aot_launch.py). Timings are printed (and tabled by scripts/gpu_check.sh)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import importlib.util
 
 import pytest
 
+from .aot_launch import CASES as AOT_CASES
+from .aot_launch import Driver, answer, check
 from .kernel_bench import CASES, compare, compare_paged
 
 
@@ -34,3 +37,14 @@ def test_paged_kernel_matches_the_slot_kernel(case: tuple) -> None:
     result = compare_paged(*case)
     print(result)
     assert result["rel_err"] <= 1e-3 and result["kv_equal"], result
+
+
+@pytest.mark.parametrize("case", AOT_CASES, ids=[f"{'paged' if c[6] else 'slot'}-{c[0]}-b{c[1]}-d{c[4]}-t{c[5]}"
+                                                 for c in AOT_CASES])
+def test_aot_kernel_launched_as_tensorrt_launches_it(case: tuple) -> None:
+    """The plugin's AOT answer (PTX, grid, block, shared memory, extra args) through the CUDA driver in TensorRT's
+    argument order, the caches aliased: the attention matches SDPA and the cache holds the new K/V exactly."""
+    driver = Driver()
+    ok, detail = check(answer(*case), driver)
+    print(detail)
+    assert ok, detail

@@ -111,6 +111,12 @@ def test_triton_is_pinned() -> None:
 
 # -- the engine side: alias check, stream handle, CUDA graphs per binding ------------------------------------------
 
+@pytest.fixture(autouse=True)
+def _no_cuda_bindings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FakeStream stands for a cudaStream_t of a cuda-bindings without the native-handle helper, also on a GPU
+    machine where the real cuda-bindings (whose helper refuses a FakeStream) is installed."""
+    monkeypatch.setitem(sys.modules, "cuda.bindings.utils", None)  # type: ignore[arg-type]
+
 def _manifest(attention: str = "plugin"):  # type: ignore[no-untyped-def]
     kv = io.kv_spec(MODEL, "float16", layout="inplace")
     prefill, decode = io.inplace_specs(MODEL, kv, "onnx")
@@ -130,7 +136,7 @@ def test_present_must_alias_past() -> None:
 
 
 def test_stream_handle_uses_the_native_getter(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert stream_handle(FakeStream()) == 0xABC  # no cuda-bindings here: getPtr(), never int()
+    assert stream_handle(FakeStream()) == 0xABC  # no native-handle helper: getPtr(), never int()
     utils = ModuleType("cuda.bindings.utils")
     utils.get_cuda_native_handle = lambda s: 0xDEF  # type: ignore[attr-defined]
     for name, module in (("cuda", ModuleType("cuda")), ("cuda.bindings", ModuleType("cuda.bindings")),

@@ -19,9 +19,11 @@ No `from __future__ import annotations` here: tensorrt.plugin reads the decorate
 Triton, torch, tensorrt and onnxruntime-extensions are imported only inside the functions that need them.
 """
 
+import ctypes
 import functools
 import inspect
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -184,10 +186,48 @@ def compile_attention(dtype: str, num_heads: int, kv_num_heads: int, head_dim: i
     return _compile(attention_kernel(), "attention", SIGNATURE, special, dtype, consts, target)
 
 
+def ptx_isa(ptx: str) -> int:
+    """The PTX ISA a module declares (`.version 9.4` -> 94)."""
+    found = re.search(r"^\s*\.version\s+(\d+)\.(\d+)", ptx, re.M)
+    if found is None:
+        raise ValueError("the PTX declares no .version")
+    return int(found.group(1)) * 10 + int(found.group(2))
+
+
+def cuda_ptx_isa(cuda_version: int) -> int:
+    """The newest PTX ISA a CUDA release compiles, from its version number as cuDriverGetVersion gives it
+    (12080 -> 87, 13000 -> 90): 11.x -> 7.x, 12.0-12.5 -> 8.0-8.5, 12.6 -> 8.5, 12.8 -> 8.7, 12.9 -> 8.8, 13.x -> 9.x."""
+    major, minor = cuda_version // 1000, cuda_version % 1000 // 10
+    if major >= 13:
+        return 90 + (major - 13) * 10 + minor
+    if major == 12:
+        return 80 + minor - (minor >= 6)
+    if major == 11:
+        return 70 + minor
+    raise ValueError(f"CUDA {major}.{minor} is older than 11.0, the oldest the plugin's PTX is written for")
+
+
+def driver_ptx_isa() -> int | None:
+    """The newest PTX ISA this machine's CUDA driver compiles, or None where there is no driver.
+
+    TensorRT hands the plugin's PTX to the driver. Triton declares the ISA of the ptxas it ships (9.4 from Triton
+    3.9's CUDA 13.4), which an older driver refuses (CUDA_ERROR_UNSUPPORTED_PTX_VERSION): `_compile` then writes
+    the kernel again for the driver's ISA."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value <= 0:
+        return None
+    return cuda_ptx_isa(version.value)
+
+
 def _compile(kernel: Any, what: str, parameters: tuple[str, ...], special: dict[str, str], dtype: str,
              consts: dict[str, int | float], target: Any) -> Any:
     """triton.compile of `kernel` with every parameter a pointer to `dtype` but the `special` ones, and `consts`
-    as its constexprs; a kernel that would need scratch memory TensorRT's AOT plugins cannot give is refused."""
+    as its constexprs, its PTX no newer than this machine's driver compiles (`driver_ptx_isa`); a kernel that would
+    need scratch memory TensorRT's AOT plugins cannot give is refused."""
     import triton
 
     ty = {"float16": "fp16", "float32": "fp32"}[dtype]
@@ -195,7 +235,11 @@ def _compile(kernel: Any, what: str, parameters: tuple[str, ...], special: dict[
     params = inspect.signature(triton.compiler.ASTSource).parameters
     key = "constexprs" if "constexprs" in params else "constants"
     src = triton.compiler.ASTSource(fn=kernel, signature=signature, **{key: consts})
-    compiled = triton.compile(src, target=target, options={"num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+    options = {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
+    compiled = triton.compile(src, target=target, options=options)
+    newest = driver_ptx_isa()
+    if newest is not None and ptx_isa(compiled.asm["ptx"]) > newest:  # written for a newer driver than this one
+        compiled = triton.compile(src, target=target, options={**options, "ptx_version": newest})
     for scratch in ("global_scratch_size", "profile_scratch_size"):
         if getattr(compiled.metadata, scratch, 0):
             raise RuntimeError(f"the {what} kernel needs {scratch}: TensorRT AOT plugins cannot provide it")
