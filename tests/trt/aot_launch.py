@@ -71,12 +71,12 @@ def answer(kind: str, batch: int, heads: int, kv_heads: int, dim: int, length: i
     block_m, scale = BLOCK_M["prefill" if kind == "prefill" else "decode"], dim ** -0.5
     if paged:
         compiled = plugin.compile_paged_attention("float16", heads, kv_heads, dim, scale, block_m, BLOCK_SIZE, target)
-        last = MAX_SEQ // BLOCK_SIZE  # MAX_BLOCKS, from block_table's shape
+        last, parameters = MAX_SEQ // BLOCK_SIZE, len(plugin.PAGED_SIGNATURE)  # MAX_BLOCKS: block_table's shape
     else:
         compiled = plugin.compile_attention("float16", heads, kv_heads, dim, scale, block_m, target)
-        last = MAX_SEQ  # MAX_SEQ, from past_key's shape
+        last, parameters = MAX_SEQ, len(plugin.SIGNATURE)  # MAX_SEQ: past_key's shape
     name, ptx, launch, extra = plugin._aot_launch(NumericPlugin, compiled, Desc(batch, heads, seq, dim),
-                                                  heads // kv_heads, kv_heads, block_m, last)
+                                                  heads // kv_heads, kv_heads, block_m, last, parameters)
     return {"case": [kind, batch, heads, kv_heads, dim, length, paged], "triton": triton.__version__, "name": name,
             "ptx": ptx, "isa": plugin.ptx_isa(ptx), "grid": [launch.grid_x, launch.grid_y, launch.grid_z],
             "block": [launch.block_x, launch.block_y, launch.block_z], "shared": launch.shared_mem,
@@ -166,7 +166,7 @@ def run(record: dict[str, Any], driver: Driver) -> dict[str, Any]:
     ours = [ctypes.c_void_p(t.data_ptr()) for t in inputs] + [ctypes.c_int32(v) for v in record["extra"]] + \
         [ctypes.c_void_p(t.data_ptr()) for t in (out, kc, vc)]  # the outputs alias their caches
     declared = ptx_parameters(record["ptx"], record["name"])
-    hidden = [ctypes.c_void_p(None) for _ in range(declared - len(ours))]  # Triton's scratch pointers (sizes 0)
+    hidden = [ctypes.c_void_p(None) for _ in range(declared - len(ours))]  # answers saved before the trimming
     fn = driver.function(record["ptx"], record["name"])
     driver.launch(fn, record["grid"], record["block"], record["shared"], ours + hidden,
                   torch.cuda.current_stream().cuda_stream)

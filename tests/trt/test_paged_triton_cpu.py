@@ -156,8 +156,10 @@ def test_trt_plugin_registers_the_paged_kernel(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "tensorrt.plugin", trtp)
     monkeypatch.setattr(plugin, "_TRT_REGISTERED", False)
     calls: list[tuple[Any, ...]] = []
-    compiled = SimpleNamespace(metadata=SimpleNamespace(name="llmc_paged_attention_fwd", num_warps=4, shared=9216),
-                               asm={"ptx": "PTX"})
+    name = "llmc_paged_attention_fwd"  # a PTX entry of our 12 parameters and Triton's 2 scratch pointers
+    ptx = (f".version 9.0\n.entry {name}(\n" + ",\n".join(f"\t.param .u64 {name}_param_{i}" for i in range(14))
+           + f"\n)\n{{\n\tld.param.b64 %rd1, [{name}_param_11];\n}}\n")
+    compiled = SimpleNamespace(metadata=SimpleNamespace(name=name, num_warps=4, shared=9216), asm={"ptx": ptx})
     monkeypatch.setattr(plugin, "compile_paged_attention", lambda *a, **k: calls.append((a, k)) or compiled)
     plugin.register_trt_plugin()
     assert {pid for _, pid in registered} == {PLUGIN_ID, PAGED_PLUGIN_ID}
@@ -174,5 +176,6 @@ def test_trt_plugin_registers_the_paged_kernel(monkeypatch: pytest.MonkeyPatch) 
     assert describe(q, *[desc] * 4, table, desc, 8, 4, 128, 0.088, 16, 0, 0.0, 16) == ("like", "aliased", "aliased")
     name, ptx, launch, extra = aot(q, *[desc] * 4, table, desc, 8, 4, 128, 0.088, 16, 64, 1.5, 16, (), 0)
     assert calls == [(("float16", 8, 4, 128, 0.088, 16, 16), {"window": 64, "softcap": 1.5})]
-    assert (name, ptx, extra) == ("llmc_paged_attention_fwd", "PTX", (5, 7))
+    assert (name, extra) == ("llmc_paged_attention_fwd", (5, 7))
+    assert ptx.count(".param .u64") == 12 and ptx.endswith(f"{name}_param_11\n)\n{{\n\tld.param.b64 %rd1, [{name}_param_11];\n}}\n")
     assert (launch.grid_x, launch.grid_y, launch.block_x, launch.shared_mem) == (1, 12, 128, 9216)  # 5*2/16, 3*4

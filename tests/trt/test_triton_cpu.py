@@ -113,8 +113,31 @@ def test_aot_answer_for_tensorrt(case: tuple, grid: list[int], extra: list[int])
     record = answer(*case, target=GPUTarget("cuda", 90, 32))
     assert record["grid"] == grid and record["extra"] == extra
     assert record["block"] == [NUM_WARPS * 32, 1, 1] and 0 < record["shared"] <= SHARED_OPT_IN
-    ours = len(PAGED_SIGNATURE if case[6] else SIGNATURE)
-    assert ptx_parameters(record["ptx"], record["name"]) >= ours
+    assert ptx_parameters(record["ptx"], record["name"]) == len(PAGED_SIGNATURE if case[6] else SIGNATURE)
+
+
+def test_the_plugins_ptx_declares_what_tensorrt_passes(tmp_path: Path) -> None:
+    """Triton's two scratch pointers are left out of the entry TensorRT launches (inputs, extras, outputs), and the
+    PTX still assembles (Triton's own ptxas); a parameter the code reads is never dropped."""
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    from llmc.engines.trt.plugin import SIGNATURE, compile_attention, trim_parameters
+
+    from .aot_launch import ptx_parameters
+
+    compiled = compile_attention("float16", 9, 3, 64, 0.125, 16, GPUTarget("cuda", 90, 32))
+    name, ptx = compiled.metadata.name, compiled.asm["ptx"]
+    assert ptx_parameters(ptx, name) == len(SIGNATURE) + 2  # Triton's global and profile scratch
+    trimmed = trim_parameters(ptx, name, len(SIGNATURE))
+    assert ptx_parameters(trimmed, name) == len(SIGNATURE) and trim_parameters(trimmed, name, len(SIGNATURE)) == trimmed
+    (tmp_path / "k.ptx").write_text(trimmed)
+    subprocess.run([get_ptxas(90).path, "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+                   check=True, capture_output=True)
+    with pytest.raises(RuntimeError, match=rf"reads its parameter {name}_param_10, past the 10"):
+        trim_parameters(ptx, name, len(SIGNATURE) - 1)  # VC_OUT, which the kernel stores to
 
 
 def test_a_single_rows_pool_is_laid_out_as_the_kernel_reads_it() -> None:

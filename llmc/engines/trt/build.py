@@ -133,8 +133,8 @@ def fp16_checkpoint(ckpt: Checkpoint) -> Checkpoint:
 
 def check_triton(version: str) -> None:
     """The plugin's kernel is compiled ahead of time with the Triton release it is tested with (TRITON_PIN): older ones
-    lack `ASTSource(constexprs=...)` with constexpr signature entries, newer ones may add hidden kernel parameters
-    that TensorRT's launch does not pass."""
+    lack `ASTSource(constexprs=...)` with constexpr signature entries, newer ones may change the hidden kernel
+    parameters (`plugin.trim_parameters` leaves 3.9's two scratch pointers out of what TensorRT launches)."""
     if version_tuple(version)[:2] != TRITON_PIN:
         pin = ".".join(map(str, TRITON_PIN))
         raise BackendUnavailableError(f"--attention plugin compiles its kernel with Triton {pin}.x, this machine has "

@@ -210,9 +210,9 @@ def cuda_ptx_isa(cuda_version: int) -> int:
 def driver_ptx_isa() -> int | None:
     """The newest PTX ISA this machine's CUDA driver compiles, or None where there is no driver.
 
-    TensorRT hands the plugin's PTX to the driver. Triton declares the ISA of the ptxas it ships (9.4 from Triton
-    3.9's CUDA 13.4), which an older driver refuses (CUDA_ERROR_UNSUPPORTED_PTX_VERSION): `_compile` then writes
-    the kernel again for the driver's ISA."""
+    TensorRT takes the plugin's kernel as PTX. Triton declares the ISA of the ptxas it ships (9.4 from Triton 3.9's
+    CUDA 13.4), which an older driver's compiler refuses (CUDA_ERROR_UNSUPPORTED_PTX_VERSION, seen with a CUDA 13.0
+    driver): `_compile` then writes the kernel again for the driver's ISA."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -306,13 +306,32 @@ def compile_paged_attention(dtype: str, num_heads: int, kv_num_heads: int, head_
     return _compile(paged_attention_kernel(), "paged attention", PAGED_SIGNATURE, special, dtype, consts, target)
 
 
+def trim_parameters(ptx: str, name: str, keep: int) -> str:
+    """The PTX with its entry `name` declaring only its first `keep` parameters.
+
+    Triton appends two pointers to every kernel's parameters, its global and profile scratch. TensorRT's AOT launch
+    passes the plugin's input pointers, extra ints and output pointers, no more, and the driver reads as many
+    arguments as the entry declares. `_compile` refuses kernels whose scratch sizes are not 0, so the code never
+    reads them; a dropped parameter the code does read is refused here."""
+    entry = re.search(rf"\.entry\s+{re.escape(name)}\s*\(([^)]*)\)", ptx)
+    if entry is None:
+        raise ValueError(f"the PTX has no entry {name}")
+    params = entry.group(1).split(",")
+    for param in params[keep:]:
+        used = len(re.findall(rf"\b{re.escape(param.split()[-1])}\b", ptx)) - 1
+        if used:
+            raise RuntimeError(f"kernel {name} reads its parameter {param.split()[-1]}, past the {keep} TensorRT passes")
+    return ptx if len(params) <= keep else ptx[:entry.start(1)] + ",".join(params[:keep]) + "\n" + ptx[entry.end(1):]
+
+
 _TRT_REGISTERED = False
 
 
 def _aot_launch(trtp: Any, compiled: Any, q: Any, groups: int, kv_num_heads: int, block_m: int,
-                last_int: Any) -> tuple[Any, Any, Any, Any]:
-    """The AOT plugin's answer for a compiled kernel: its name, PTX, launch grid (tiles of block_m query rows x
-    batch rows x KV heads) and its two int32 arguments, S and `last_int` (MAX_SEQ or MAX_BLOCKS)."""
+                last_int: Any, parameters: int) -> tuple[Any, Any, Any, Any]:
+    """The AOT plugin's answer for a compiled kernel: its name, PTX (declaring our `parameters` only:
+    `trim_parameters`), launch grid (tiles of block_m query rows x batch rows x KV heads) and its two int32
+    arguments, S and `last_int` (MAX_SEQ or MAX_BLOCKS)."""
     seq = q.shape_expr[2]
     launch = trtp.KernelLaunchParams()
     launch.grid_x = trtp.cdiv(seq * groups, block_m)
@@ -320,7 +339,8 @@ def _aot_launch(trtp: Any, compiled: Any, q: Any, groups: int, kv_num_heads: int
     launch.block_x = compiled.metadata.num_warps * 32
     launch.shared_mem = compiled.metadata.shared
     extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(seq), trtp.SymInt32(last_int)])
-    return compiled.metadata.name, compiled.asm["ptx"], launch, extra
+    name = compiled.metadata.name
+    return name, trim_parameters(compiled.asm["ptx"], name, parameters), launch, extra
 
 
 def register_trt_plugin() -> None:
@@ -365,7 +385,7 @@ def register_trt_plugin() -> None:
         compiled = compile_attention("float16", num_heads, kv_num_heads, head_dim, scale, block_m, window=window,
                                      softcap=softcap)
         return _aot_launch(trtp, compiled, q, num_heads // kv_num_heads, kv_num_heads, block_m,
-                           past_key.shape_expr[2])
+                           past_key.shape_expr[2], len(SIGNATURE))
 
     @trtp.register(PAGED_PLUGIN_ID)
     def _describe_paged(q: trtp.TensorDesc, k_new: trtp.TensorDesc, v_new: trtp.TensorDesc,
@@ -395,6 +415,6 @@ def register_trt_plugin() -> None:
         compiled = compile_paged_attention("float16", num_heads, kv_num_heads, head_dim, scale, block_m, block_size,
                                            window=window, softcap=softcap)
         return _aot_launch(trtp, compiled, q, num_heads // kv_num_heads, kv_num_heads, block_m,
-                           block_table.shape_expr[1])
+                           block_table.shape_expr[1], len(PAGED_SIGNATURE))
 
     _TRT_REGISTERED = True
