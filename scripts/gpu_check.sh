@@ -15,7 +15,8 @@
 #   2. versions  TensorRT, the pinned Triton (TRITON_PIN, checked as the build checks it), cuda-bindings, the ONNX
 #                Runtime providers, torch and the CUDA driver: every one reported, a missing one fails the step
 #   3. kernels   the Triton attention kernels vs torch scaled_dot_product_attention, fp16, GQA, prefill and decode
-#                at several lengths: relative error (<= 1e-2) and time of both
+#                at several lengths: relative error (<= 1e-2) and time of both, launched from Python and replayed
+#                from a CUDA graph (device time alone)
 #   4. aot       the plugins' AOT answers launched as TensorRT launches them (tests/trt/aot_launch.py): PTX through
 #                the driver, TensorRT's argument order, the aliased caches; slot and paged kernels vs SDPA
 #   5. cpu       the CPU checks of the TensorRT path on this machine's packages: recording stand-ins (strongly typed
@@ -126,7 +127,8 @@ found.append(f"onnxruntime {onnxruntime.__version__} ({', '.join(providers)})")
 if "CUDAExecutionProvider" not in providers:
     missing.append("onnxruntime-gpu")
 import torch
-found.append(f"torch {torch.__version__} ({torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'})")
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+found.append(f"torch {torch.__version__} ({gpu})")
 try:
     driver = ctypes.c_int(0)
     ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(driver))
@@ -151,6 +153,9 @@ with open(sys.argv[1], "a") as rows:
         status = "ok" if r["rel_err"] <= 1e-2 else "FAIL"
         detail = (f"rel err {r['rel_err']:.1e}  triton {r['triton_ms']:.3f} ms  sdpa {r['sdpa_ms']:.3f} ms  "
                   f"({r['triton_ms'] / r['sdpa_ms']:.2f}x)")
+        if r["triton_graph_ms"] and r["sdpa_graph_ms"]:  # device time alone, from CUDA-graph replays
+            detail += (f"  graphs {r['triton_graph_ms']:.3f} / {r['sdpa_graph_ms']:.3f} ms "
+                       f"({r['triton_graph_ms'] / r['sdpa_graph_ms']:.2f}x)")
         name = f"  {r['kind']} b={r['batch']} h={r['heads']} d={r['dim']} t={r['length']}"
         rows.write(json.dumps({"step": name, "status": status, "seconds": "", "detail": detail}) + "\n")
 print(f"worst relative error {worst:.1e}")
@@ -222,8 +227,9 @@ step versions 30 versions
 step kernels 90 kernels
 step aot 150 aot
 # (test_triton_is_pinned asserts this environment has the pinned Triton: the versions step reports that)
-step cpu 120 "$PY" -m pytest -q -rs -p no:cacheprovider tests/trt/test_trt_calls.py tests/engines/test_onnx_static.py \
-  tests/engines/test_ort_cuda.py -m "not gpu and not slow" --deselect tests/trt/test_trt_calls.py::test_triton_is_pinned
+step cpu 120 "$PY" -m pytest -q -rs -p no:cacheprovider tests/trt/test_trt_calls.py \
+  tests/engines/test_onnx_static.py tests/engines/test_ort_cuda.py -m "not gpu and not slow" \
+  --deselect tests/trt/test_trt_calls.py::test_triton_is_pinned
 # the files holding gpu / trt tests (collecting all of tests/ would need the serve and ray extras too)
 step pytest 240 "$PY" -m pytest -m "gpu or trt" tests/trt tests/engines/test_ort_cuda.py -q -rs -p no:cacheprovider
 HAS_TRT=0; HAS_ORT_CUDA=0
