@@ -5,8 +5,8 @@
 #   PYTHON=python3.11 scripts/gpu_check.sh
 #   LLMC_EXPORT=dir scripts/gpu_check.sh  use an existing SmolLM2 export instead of exporting (offline machines)
 #   WHEELS=dir scripts/gpu_check.sh       offline: install llmc's missing dependencies from these wheels
-#   AOT_PTX=file scripts/gpu_check.sh     also launch the kernels another machine's Triton wrote (`python -m
-#                                         trt.aot_launch save FILE` where the pinned Triton is, no GPU needed)
+#   AOT_PTX=file scripts/gpu_check.sh     also launch the kernels another machine's Triton wrote
+#   (scripts/gpu_carry.sh prepares both where the pinned Triton and a package index are, no GPU needed)
 #
 # Steps (each with its own time limit; a failed step is a FAIL row, the others still run):
 #   1. install   pip install -e '.[export,gpu,dev]' (onnxruntime-gpu in place of onnxruntime), skipped when all
