@@ -1,7 +1,7 @@
 """The TensorRT plugins' ahead-of-time kernels launched as TensorRT's AOT plugin launcher launches them, without
 TensorRT: the plugin's answer (`plugin._aot_launch`: kernel name, PTX, grid, block, shared memory, the extra int32
-arguments) taken over concrete shapes, the PTX loaded by the CUDA driver (ctypes on libcuda, as TensorRT hands it
-over), the arguments in TensorRT's order (input pointers, the extra int32s, output pointers, an aliased output on
+arguments) taken over concrete shapes, the PTX loaded by the CUDA driver's compiler (ctypes on libcuda), the
+arguments in TensorRT's order (input pointers, the extra int32s, output pointers, an aliased output on
 its input's memory), the result checked against torch's scaled_dot_product_attention and the written cache.
 
 Used by tests/trt/test_gpu_kernels.py and scripts/gpu_check.sh (its aot step). `python -m trt.aot_launch save
@@ -84,7 +84,8 @@ def answer(kind: str, batch: int, heads: int, kv_heads: int, dim: int, length: i
 
 
 def ptx_parameters(ptx: str, name: str) -> int:
-    """How many parameters the PTX entry `name` declares (ours, then any Triton appends)."""
+    """How many parameters the PTX entry `name` declares (ours, then any Triton appends and `trim_parameters`
+    has not dropped: answers saved before it)."""
     entry = re.search(rf"\.entry\s+{re.escape(name)}\s*\(([^)]*)\)", ptx)
     if entry is None:
         raise ValueError(f"the PTX has no entry {name}")
