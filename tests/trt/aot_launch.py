@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import re
 import sys
 from typing import Any
 
@@ -83,15 +82,6 @@ def answer(kind: str, batch: int, heads: int, kv_heads: int, dim: int, length: i
             "extra": list(extra)}
 
 
-def ptx_parameters(ptx: str, name: str) -> int:
-    """How many parameters the PTX entry `name` declares (ours, then any Triton appends and `trim_parameters`
-    has not dropped: answers saved before it)."""
-    entry = re.search(rf"\.entry\s+{re.escape(name)}\s*\(([^)]*)\)", ptx)
-    if entry is None:
-        raise ValueError(f"the PTX has no entry {name}")
-    return entry.group(1).count(".param")
-
-
 class Driver:
     """cuModuleLoadData / cuModuleGetFunction / cuLaunchKernel on the current (torch's primary) context."""
 
@@ -136,6 +126,8 @@ def run(record: dict[str, Any], driver: Driver) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
+    from llmc.engines.trt.plugin import entry_parameters
+
     from .kernel_bench import to_pool
 
     kind, batch, heads, kv_heads, dim, length, paged = record["case"]
@@ -166,7 +158,7 @@ def run(record: dict[str, Any], driver: Driver) -> dict[str, Any]:
         inputs, want = [q, k_new, v_new, kc, vc, pos], (want_k, want_v)
     ours = [ctypes.c_void_p(t.data_ptr()) for t in inputs] + [ctypes.c_int32(v) for v in record["extra"]] + \
         [ctypes.c_void_p(t.data_ptr()) for t in (out, kc, vc)]  # the outputs alias their caches
-    declared = ptx_parameters(record["ptx"], record["name"])
+    declared = len(entry_parameters(record["ptx"], record["name"]))
     hidden = [ctypes.c_void_p(None) for _ in range(declared - len(ours))]  # answers saved before the trimming
     fn = driver.function(record["ptx"], record["name"])
     driver.launch(fn, record["grid"], record["block"], record["shared"], ours + hidden,

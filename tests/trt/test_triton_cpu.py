@@ -106,14 +106,14 @@ def test_aot_answer_for_tensorrt(case: tuple, grid: list[int], extra: list[int])
     entry declaring TensorRT's arguments (inputs, extras, outputs) before any Triton adds."""
     from triton.backends.compiler import GPUTarget
 
-    from llmc.engines.trt.plugin import NUM_WARPS, PAGED_SIGNATURE, SIGNATURE
+    from llmc.engines.trt.plugin import NUM_WARPS, PAGED_SIGNATURE, SIGNATURE, entry_parameters
 
-    from .aot_launch import SHARED_OPT_IN, answer, ptx_parameters
+    from .aot_launch import SHARED_OPT_IN, answer
 
     record = answer(*case, target=GPUTarget("cuda", 90, 32))
     assert record["grid"] == grid and record["extra"] == extra
     assert record["block"] == [NUM_WARPS * 32, 1, 1] and 0 < record["shared"] <= SHARED_OPT_IN
-    assert ptx_parameters(record["ptx"], record["name"]) == len(PAGED_SIGNATURE if case[6] else SIGNATURE)
+    assert len(entry_parameters(record["ptx"], record["name"])) == len(PAGED_SIGNATURE if case[6] else SIGNATURE)
 
 
 def test_the_plugins_ptx_declares_what_tensorrt_passes(tmp_path: Path) -> None:
@@ -124,15 +124,14 @@ def test_the_plugins_ptx_declares_what_tensorrt_passes(tmp_path: Path) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
 
-    from llmc.engines.trt.plugin import SIGNATURE, compile_attention, trim_parameters
-
-    from .aot_launch import ptx_parameters
+    from llmc.engines.trt.plugin import SIGNATURE, compile_attention, entry_parameters, trim_parameters
 
     compiled = compile_attention("float16", 9, 3, 64, 0.125, 16, GPUTarget("cuda", 90, 32))
     name, ptx = compiled.metadata.name, compiled.asm["ptx"]
-    assert ptx_parameters(ptx, name) == len(SIGNATURE) + 2  # Triton's global and profile scratch
+    assert len(entry_parameters(ptx, name)) == len(SIGNATURE) + 2  # Triton's global and profile scratch
     trimmed = trim_parameters(ptx, name, len(SIGNATURE))
-    assert ptx_parameters(trimmed, name) == len(SIGNATURE) and trim_parameters(trimmed, name, len(SIGNATURE)) == trimmed
+    assert entry_parameters(trimmed, name) == entry_parameters(ptx, name)[:len(SIGNATURE)]
+    assert trim_parameters(trimmed, name, len(SIGNATURE)) == trimmed
     (tmp_path / "k.ptx").write_text(trimmed)
     subprocess.run([get_ptxas(90).path, "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
                    check=True, capture_output=True)

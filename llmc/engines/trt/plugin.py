@@ -306,6 +306,18 @@ def compile_paged_attention(dtype: str, num_heads: int, kv_num_heads: int, head_
     return _compile(paged_attention_kernel(), "paged attention", PAGED_SIGNATURE, special, dtype, consts, target)
 
 
+def _entry(ptx: str, name: str) -> re.Match[str]:
+    entry = re.search(rf"\.entry\s+{re.escape(name)}\s*\(([^)]*)\)", ptx)
+    if entry is None:
+        raise ValueError(f"the PTX has no entry {name}")
+    return entry
+
+
+def entry_parameters(ptx: str, name: str) -> list[str]:
+    """The parameter names the PTX entry `name` declares, in order (ours, then any Triton appends)."""
+    return [param.split()[-1] for param in _entry(ptx, name).group(1).split(",")]
+
+
 def trim_parameters(ptx: str, name: str, keep: int) -> str:
     """The PTX with its entry `name` declaring only its first `keep` parameters.
 
@@ -313,14 +325,11 @@ def trim_parameters(ptx: str, name: str, keep: int) -> str:
     passes the plugin's input pointers, extra ints and output pointers, no more, and the driver reads as many
     arguments as the entry declares. `_compile` refuses kernels whose scratch sizes are not 0, so the code never
     reads them; a dropped parameter the code does read is refused here."""
-    entry = re.search(rf"\.entry\s+{re.escape(name)}\s*\(([^)]*)\)", ptx)
-    if entry is None:
-        raise ValueError(f"the PTX has no entry {name}")
+    entry = _entry(ptx, name)
     params = entry.group(1).split(",")
-    for param in params[keep:]:
-        used = len(re.findall(rf"\b{re.escape(param.split()[-1])}\b", ptx)) - 1
-        if used:
-            raise RuntimeError(f"kernel {name} reads its parameter {param.split()[-1]}, past the {keep} TensorRT passes")
+    for param in entry_parameters(ptx, name)[keep:]:
+        if len(re.findall(rf"\b{re.escape(param)}\b", ptx)) > 1:  # more than its declaration
+            raise RuntimeError(f"kernel {name} reads its parameter {param}, past the {keep} TensorRT passes")
     return ptx if len(params) <= keep else ptx[:entry.start(1)] + ",".join(params[:keep]) + "\n" + ptx[entry.end(1):]
 
 
