@@ -262,8 +262,9 @@ def test_8_bit_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytes
 @pytest.mark.parametrize("batch", [1, 8])
 def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str,
                                                         op: str, act_bits: int, batch: int) -> None:
-    """Where the weights' streaming prefetches go (prefetch.h: L2 on x86 unless told; LLMC_PREFETCH picks
-    either on any CPU) changes no bit of a decode product; a long K (48 blocks) runs past both distances."""
+    """Where the weights' streaming prefetches go (prefetch.h: L2 at three distances on x86 unless told;
+    LLMC_PREFETCH picks any on any CPU) changes no bit of a decode product; a long K (48 blocks) runs past every
+    distance."""
     from llmc.engines.kernels import cpu_paths
 
     for name, value in PATHS[path].items():
@@ -273,11 +274,12 @@ def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypat
     packed = pack_q4_tiles(w, False) if op == "MatMulQ4" else pack_q8_tiles(w, False)
     x = RNG.standard_normal((batch, 1, k)).astype(np.float32)
     y = {}
-    for level in ("l1", "l2"):
+    for level in ("l1", "l2", "l2x3"):
         monkeypatch.setenv("LLMC_PREFETCH", level)
         assert cpu_paths()["prefetch"] == level
         y[level] = _session(llmc_ops, k, n, packed, None, False, 2, 2, act_bits, op=op).run(None, {"x": x})[0]
     np.testing.assert_array_equal(y["l1"], y["l2"])
+    np.testing.assert_array_equal(y["l1"], y["l2x3"])
     held = w if op == "MatMulQ4" else unpack_q8_tiles(packed, n, False)
     expected = _reference(x, held, None, False, act_bits)
     np.testing.assert_allclose(y["l2"], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
@@ -285,15 +287,18 @@ def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypat
 
 def test_the_prefetch_level_is_l2_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """L2 on every x86 CPU (measured better on AMD's Zen 4 and Intel's Emerald Rapids, within noise on Sapphire
-    Rapids: prefetch.h); LLMC_PREFETCH=l1 or l2 overrides, anything else is ignored."""
+    Rapids), on AMD's the products' weights at three distances (measured on Zen 4: prefetch.h); LLMC_PREFETCH=l1,
+    l2 or l2x3 overrides, anything else is ignored."""
     from llmc.engines.kernels import cpu_paths
 
-    for value in (None, "l3", "L2", "", "l1"):
+    amd = "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
+    for value in (None, "l3", "L2", "", "l2x", "l1", "l2", "l2x3"):
         if value is None:
             monkeypatch.delenv("LLMC_PREFETCH", raising=False)
         else:
             monkeypatch.setenv("LLMC_PREFETCH", value)
-        assert cpu_paths()["prefetch"] == ("l1" if value == "l1" else "l2")
+        default = "l2x3" if amd else "l2"
+        assert cpu_paths()["prefetch"] == (value if value in ("l1", "l2", "l2x3") else default)
 
 
 PROMPT_CASES = [  # k, n, batch, new tokens, gated, bias: 32 rows or more (matmul_q4.h, LLMC_Q4_WIDE_ROWS)

@@ -9,7 +9,8 @@ C API table it is handed at registration (no link against ONNX Runtime), and pic
 the CPU it runs on: AVX-512 (VNNI for MatMulQ4/Q8, BF16 or AVX-512F for MatMulBF16, AMX-BF16 for prompts), AVX2 or
 portable C (LLMC_KERNELS_GENERIC=1 forces the portable ones, LLMC_KERNELS_AVX2=1 the AVX2 ones, LLMC_KERNELS_NO_BF16=1
 MatMulBF16's AVX-512F one, LLMC_KERNELS_NO_AMX=1 no tiles), and where its streaming prefetches of weights and cached
-keys put the lines (prefetch.h: L2 on x86; LLMC_PREFETCH=l1 or l2 overrides, the results the same bit for bit), and
+keys put the lines (prefetch.h: L2 on x86, on AMD's the 4-bit and 8-bit products' weights at three distances; LLMC_PREFETCH=l1,
+l2 or l2x3 overrides, the results the same bit for bit), and
 how far llmc's idle pool workers read the next decode product's weights ahead (ahead.h: LLMC_AHEAD_KB, 0 off). Before a library is first registered with an ONNX Runtime, `check_library` runs selftest.py
 against it in a child process (once per ONNX Runtime version and library, the verdict kept in the cache folder):
 the C code reaches ONNX Runtime's API by positions in its table, so a table that differs shows up there as a clear
@@ -36,6 +37,7 @@ from llmc.manifest import EngineSettings
 HERE = Path(__file__).parent
 Q4_PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni", 3: "avx512-vnni+amx-bf16"}  # (3: prompts on AMX tiles)
 BF16_PATHS = {0: "portable", 1: "avx512-bf16", 2: "amx-bf16", 3: "avx512f-widened", 4: "avx2-widened"}
+PREFETCH_MODES = {0: "l1", 1: "l2", 2: "l2x3"}  # (l2x3: the 4-bit and 8-bit products' weights at three distances)
 
 
 def library_path() -> Path:
@@ -78,7 +80,7 @@ def cpu_paths() -> dict[str, str]:
             "matmul_q4": Q4_PATHS.get(int(lib.llmc_ops_q4_path()), "portable"),
             "matmul_bf16": BF16_PATHS.get(int(lib.llmc_ops_bf16_path()), "portable"),
             # where the vector paths' streaming prefetches of weights and keys go (the portable ones take none)
-            "prefetch": "l2" if lib.llmc_ops_prefetch_l2() else "l1"}
+            "prefetch": PREFETCH_MODES.get(int(lib.llmc_ops_prefetch_mode()), "l1")}
 
 
 def engine_library(settings: EngineSettings, directory: Path) -> Path | None:

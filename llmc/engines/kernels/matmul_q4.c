@@ -44,6 +44,7 @@
 #define UNIT_COLS (UNIT_TILES * LLMC_Q4_TILE)
 #define PREFETCH_BLOCKS 4    /* tile-pair blocks ahead of the loads, prefetching into L1 (further measured no faster) */
 #define PREFETCH_BLOCKS_L2 8 /* into L2 (prefetch.h; EPYC VM: 2 slower at 8 rows, 16 no faster) */
+#define PREFETCH_BYTES_L2X3 5120 /* into L2 at 5, 10 and 20 KiB (prefetch.h: LLMC_PREFETCH_L2X3) */
 #ifndef WIDE_X_BYTES
 #define WIDE_X_BYTES (768 << 10) /* wide: the bf16 rows of x one work item takes (see wide_row_block) */
 #endif
@@ -61,8 +62,8 @@ typedef struct {
   const float* xsum;   /* [M, blocks]: the block sums of x as quantized, sum_l xscale_l sum(xq_l) */
   int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE (the dot products' path for few rows) */
   int wide;      /* this call runs on AMX-BF16 (prompts): xb, not xq */
-  int l2;        /* the weights' streaming prefetches go to L2, not L1 (prefetch.h) */
-  int64_t ahead; /* how far ahead of its loads a task prefetches the weights, in bytes */
+  int prefetch;  /* where the weights' streaming prefetches go (prefetch.h: llmc_prefetch_mode) */
+  int64_t ahead; /* how far ahead of its loads a task prefetches the weights, in bytes (the nearest, for l2x3) */
   const uint16_t* xb;    /* wide: [M + LLMC_AMX_SPAN, K] x in bf16 (one level, act_bits 16 too: matmul_q4.h) */
   uint16_t* expand;      /* wide: per task, one unit's weights in bf16, [2 tiles][K / 2][32] */
   int64_t parts; /* contiguous parts, one per thread (0: units are claimed, or all run in this thread) */
@@ -406,7 +407,7 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
     for (int c = 0; c < (BITS == 8 ? 8 : 4); c++)
       for (int t = 0; t < NT; t++) {
         const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + c * 64;
-        llmc_prefetch(p + j->ahead, j->l2);
+        llmc_prefetch_stream(p, j->ahead, j->prefetch);
         __m512i raw = _mm512_loadu_si512(p);
         if (BITS == 8) { /* one register of 4 consecutive k x 16 columns */
           for (int m = 0; m < RM; m++)
@@ -427,7 +428,7 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
       }
     for (int t = 0; t < NT; t++) {
       const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + (BITS == 8 ? 512 : 256);
-      llmc_prefetch(p + j->ahead, j->l2); /* the block's scale and min line, as its values' lines */
+      llmc_prefetch_stream(p, j->ahead, j->prefetch); /* the block's scale and min line, as its values' lines */
       __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
       __m512 min = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 32)));
       for (int m = 0; m < RM; m++) {
@@ -496,7 +497,7 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
     for (int c = 0; c < (BITS == 8 ? 8 : 4); c++)
       for (int t = 0; t < NT; t++) {
         const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + c * 64;
-        llmc_prefetch(p + j->ahead, j->l2);
+        llmc_prefetch_stream(p, j->ahead, j->prefetch);
         for (int h = 0; h < 2; h++) {
           __m256i raw = _mm256_loadu_si256((const __m256i*)(p + 32 * h));
           if (BITS == 8) {
@@ -522,7 +523,7 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
       }
     for (int t = 0; t < NT; t++) {
       const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + (BITS == 8 ? 512 : 256);
-      llmc_prefetch(p + j->ahead, j->l2); /* the block's scale and min line, as its values' lines */
+      llmc_prefetch_stream(p, j->ahead, j->prefetch); /* the block's scale and min line, as its values' lines */
       for (int h = 0; h < 2; h++) {
         __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * h)));
         __m256 min = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 32 + 16 * h)));
@@ -814,8 +815,13 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   job j = {.a = a, .units = units, .blocks = blocks, .pairs = pairs, .row_block = row_block, .bits = bits,
            .tile_bytes = tile_bytes, .levels = levels, .path = path, .wide = wide, .parts = parts, .part = part_of};
 #ifdef LLMC_X86
-  j.l2 = path != LLMC_Q4_PORTABLE && !wide && llmc_prefetch_l2();
-  j.ahead = (j.l2 ? PREFETCH_BLOCKS_L2 : PREFETCH_BLOCKS) * 2 * tile_bytes;
+  j.prefetch = path != LLMC_Q4_PORTABLE && !wide ? llmc_prefetch_mode() : LLMC_PREFETCH_L1;
+  /* a prompt's row blocks after the first read a unit's weights from cache: one distance (on the EPYC VM, SmolLM2's
+   * 121 products at 128 rows in a C loop, five alternating runs: 112-134 ms with one, 111-138 with three, medians
+   * 116 and 134; a decode step's products streamed faster with three: prefetch.h) */
+  if (j.prefetch == LLMC_PREFETCH_L2X3 && a->M > ROWS) j.prefetch = LLMC_PREFETCH_L2;
+  j.ahead = j.prefetch == LLMC_PREFETCH_L2X3 ? PREFETCH_BYTES_L2X3
+                                              : (j.prefetch ? PREFETCH_BLOCKS_L2 : PREFETCH_BLOCKS) * 2 * tile_bytes;
 #endif
   if (wide) {
 #ifdef LLMC_X86

@@ -652,10 +652,11 @@ EXPORT int llmc_ops_attention_path(void) { return llmc_attention_uses_avx512(); 
 EXPORT int llmc_ops_q4_path(void) { return llmc_q4_path(); }
 EXPORT int llmc_ops_bf16_path(void) { return llmc_bf16_path(); }
 /* Where the AVX2 / AVX-512 paths' streaming prefetches (MatMulQ4/Q8's and MatMulBF16's weights at decode, decode
- * attention's keys) go: 1 L2, 0 L1 (prefetch.h; the portable paths prefetch nothing). */
-EXPORT int llmc_ops_prefetch_l2(void) {
+ * attention's keys) go: 0 L1, 1 L2, 2 L2 at three distances for the 4-bit and 8-bit products' weights (prefetch.h:
+ * llmc_prefetch_mode; the portable paths prefetch nothing). */
+EXPORT int llmc_ops_prefetch_mode(void) {
 #if defined(__x86_64__) || defined(__i386__)
-  return llmc_prefetch_l2();
+  return llmc_prefetch_mode();
 #else
   return 0;
 #endif
