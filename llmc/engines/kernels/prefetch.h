@@ -12,12 +12,12 @@
  *
  * On AMD's CPUs the 4-bit and 8-bit products' weights at decode go to L2 at three distances (LLMC_PREFETCH_L2X3;
  * Intel's keep one until it is measured there): each line is asked for at d, 2 d and 4 d bytes ahead of its load
- * (d = 5 KiB). Measured on the EPYC VM (2026-12-04, s40), SmolLM2's 121
- * int4 products in a C loop on llmc's pool, each round beside the read probe over the same 98 MB: one distance
- * streamed 0.89-0.92 of what the probe read while the VM's memory gave ~35-42 GB/s and ~0.67-0.70 when it gave
- * 45-58 (the products stayed at ~34-35 GB/s, as if a core kept only so many prefetches in flight), three
- * distances 0.97 and 0.79 (41.7 GB/s). One distance of 10 or 20 KiB, or the same line asked for twice at 5 KiB,
- * streamed as one at 5; two distances (5 and 10, 10 and 20 KiB) between the two (docs/performance_notes.md).
+ * (d = 5 KiB). Measured on the EPYC VM (2026-12-04, s40), SmolLM2's 121 int4 products in a C loop on llmc's pool
+ * (scripts/stream_products.c), each run beside the read probe over the same 98 MB: one distance streamed 0.89-0.92
+ * of what the probe read while the VM's memory gave ~35-42 GB/s and ~0.67-0.70 when it gave 45-58 (the products
+ * stayed at ~34-35 GB/s, as if a core kept only so many prefetches in flight), three distances 0.97 and 0.79
+ * (41.7 GB/s). One distance of 10 or 20 KiB, or the same line asked for twice at 5 KiB, streamed as one at 5; two
+ * distances (5 and 10, 10 and 20 KiB) between the two (docs/performance_notes.md).
  *
  * LLMC_PREFETCH=l1, l2 (one distance into L2) or l2x3 overrides the choice (tests run each on one machine; the
  * results never depend on it). The bf16 product and the attention take L2 at one distance for l2x3 (the bf16
