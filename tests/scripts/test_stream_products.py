@@ -1,0 +1,60 @@
+"""scripts/stream_products.c: built from the operators' sources as its header says, it runs SmolLM2's 121 decode
+products and the read probe over the same bytes, for each prefetch setting, and refuses bad arguments."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = ROOT / "llmc" / "engines" / "kernels"
+LINE = re.compile(r"LLMC_PREFETCH=(\S+) rows (\d+) act_bits (\d+): ([\d.]+) MB; products ([\d.]+) ms = ([\d.]+) GB/s; "
+                  r"probe ([\d.]+) GB/s whole, ([\d.]+) in the products' chunks; products / probe ([\d.]+)")
+
+pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not shutil.which("gcc"),
+                                reason="the harness is x86 C (AVX-512 probe loop) built with gcc")
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("stream") / "stream_products"
+    sources = [ROOT / "scripts" / "stream_products.c"] + [KERNELS / f for f in ("matmul_q4.c", "ahead.c",
+                                                                                 "amx_bf16.c", "pool.c")]
+    built = subprocess.run(["gcc", "-O2", "-std=gnu11", "-fno-math-errno", "-Wall", f"-I{KERNELS}",
+                            *map(str, sources), "-o", str(out), "-lpthread", "-lm"],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    return out
+
+
+def _cpu_has_avx512f() -> bool:
+    return "avx512f" in Path("/proc/cpuinfo").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists() or not _cpu_has_avx512f(),
+                    reason="the probe loop is AVX-512F")
+@pytest.mark.parametrize("prefetch", ["l2", "l2x3"])
+def test_the_products_and_the_probe_stream_the_same_bytes(harness: Path, prefetch: str) -> None:
+    done = subprocess.run([str(harness), "2", "1", "20", "8"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LLMC_PREFETCH": prefetch})
+    assert done.returncode == 0, done.stderr
+    m = LINE.fullmatch(done.stdout.strip())
+    assert m, done.stdout
+    assert (m[1], m[2], m[3]) == (prefetch, "1", "8")
+    assert float(m[4]) == pytest.approx(98.2, abs=0.1)  # SmolLM2's 120 4-bit products and its 8-bit head
+    gbs, whole, chunked, ratio = float(m[6]), float(m[7]), float(m[8]), float(m[9])
+    assert gbs > 0 and whole > 0 and chunked > 0
+    assert ratio == pytest.approx(gbs / whole, rel=0.02)
+
+
+@pytest.mark.parametrize("args", [["0"], ["2", "0"], ["2", "1", "5"]])
+def test_bad_arguments_get_a_usage_line(harness: Path, args: list[str]) -> None:
+    done = subprocess.run([str(harness), *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: stream_products") and done.stderr.count("\n") == 1
