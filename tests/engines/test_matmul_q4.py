@@ -262,9 +262,9 @@ def test_8_bit_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytes
 @pytest.mark.parametrize("batch", [1, 8])
 def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str,
                                                         op: str, act_bits: int, batch: int) -> None:
-    """Where the weights' streaming prefetches go (prefetch.h: L2 at three distances on x86 unless told;
-    LLMC_PREFETCH picks any on any CPU) changes no bit of a decode product; a long K (48 blocks) runs past every
-    distance."""
+    """Where the weights' streaming prefetches go (prefetch.h: L2 on x86 unless told, at three distances on AMD's
+    CPUs; LLMC_PREFETCH picks any on any CPU) changes no bit of a decode product; a long K (48 blocks) runs past
+    every distance."""
     from llmc.engines.kernels import cpu_paths
 
     for name, value in PATHS[path].items():

@@ -9,12 +9,12 @@ C API table it is handed at registration (no link against ONNX Runtime), and pic
 the CPU it runs on: AVX-512 (VNNI for MatMulQ4/Q8, BF16 or AVX-512F for MatMulBF16, AMX-BF16 for prompts), AVX2 or
 portable C (LLMC_KERNELS_GENERIC=1 forces the portable ones, LLMC_KERNELS_AVX2=1 the AVX2 ones, LLMC_KERNELS_NO_BF16=1
 MatMulBF16's AVX-512F one, LLMC_KERNELS_NO_AMX=1 no tiles), and where its streaming prefetches of weights and cached
-keys put the lines (prefetch.h: L2 on x86, on AMD's the 4-bit and 8-bit products' weights at three distances; LLMC_PREFETCH=l1,
-l2 or l2x3 overrides, the results the same bit for bit), and
-how far llmc's idle pool workers read the next decode product's weights ahead (ahead.h: LLMC_AHEAD_KB, 0 off). Before a library is first registered with an ONNX Runtime, `check_library` runs selftest.py
-against it in a child process (once per ONNX Runtime version and library, the verdict kept in the cache folder):
-the C code reaches ONNX Runtime's API by positions in its table, so a table that differs shows up there as a clear
-error, not as a crash or wrong numbers in an engine.
+keys put the lines (prefetch.h: L2 on x86, on AMD's CPUs the 4-bit and 8-bit products' weights at three distances;
+LLMC_PREFETCH=l1, l2 or l2x3 overrides, the results the same bit for bit), and how far llmc's idle pool workers
+read the next decode product's weights ahead (ahead.h: LLMC_AHEAD_KB, 0 off). Before a library is first registered
+with an ONNX Runtime, `check_library` runs selftest.py against it in a child process (once per ONNX Runtime version
+and library, the verdict kept in the cache folder): the C code reaches ONNX Runtime's API by positions in its table,
+so a table that differs shows up there as a clear error, not as a crash or wrong numbers in an engine.
 """
 
 from __future__ import annotations
