@@ -1,18 +1,18 @@
 /* How fast the 4-bit and 8-bit products stream their weights, against the same bytes read by a plain loop: a C
  * loop of SmolLM2-135M's 121 decode products (30 layers of qkv, o, gate+up and down at 4 bits, the 8-bit head) on
  * llmc's pool, with nothing between them (no ONNX Runtime, attention, norms or Python), then the read probe's loop
- * (bandwidth.c) over the same buffer on the same pool: whole (each thread one half), and in the products' chunks
- * (one pool call a product, each thread half of it). Each figure is the median of the steps after 10 of warm-up.
+ * (bandwidth.h: llmc_read_span) over the same buffer on the same pool: whole (each thread one half), and in the
+ * products' chunks (one pool call a product, each thread half of it). Each figure is the median of the steps after
+ * 10 of warm-up.
  *
  *   cd llmc/engines/kernels && gcc -O3 -std=gnu11 -fno-math-errno -I. ../../../scripts/stream_products.c \
- *       matmul_q4.c ahead.c amx_bf16.c pool.c -o /tmp/stream_products -lpthread -lm
+ *       matmul_q4.c ahead.c amx_bf16.c pool.c bandwidth.c -o /tmp/stream_products -lpthread -lm
  *   for i in 1 2 3; do for p in l2 l2x3; do LLMC_PREFETCH=$p /tmp/stream_products 2 1 150; done; done
  *
  * Arguments: threads (2), rows of x (1: a batch-1 decode step), steps (150), activation bits (16: the default
  * engine's raised layers; 8). The VM's memory speed moves from minute to minute, so set each run against its own
  * probe and alternate the configurations (docs/performance_notes.md, 2026-12-04 s40). */
 #define _GNU_SOURCE
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "bandwidth.h"
 #include "matmul_q4.h"
 #include "pool.h"
 
@@ -32,7 +33,7 @@ typedef struct {
 typedef struct {
   const char* p;
   size_t n;
-  float sink[2];
+  double sink[2];
 } span;
 
 static int threads = 2;
@@ -48,20 +49,11 @@ static void on_pool(void* ctx, void (*fn)(void*, size_t), size_t total, void* da
   llmc_pool_run(&threads, fn, total, data);
 }
 
-/* The read probe's loop (bandwidth.c) over half of a span a task. */
-__attribute__((target("avx512f"))) static void read_half(void* data, size_t task) {
+/* The read probe's loop over half of a span a task. */
+static void read_half(void* data, size_t task) {
   span* s = (span*)data;
   size_t half = s->n / 2 / 256 * 256;
-  const char* p = s->p + task * half;
-  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  for (size_t i = 0; i + 256 <= half; i += 256) {
-    for (int l = 0; l < 256; l += 64) _mm_prefetch(p + i + 2048 + l, _MM_HINT_T0);
-    s0 = _mm512_add_ps(s0, _mm512_load_ps((const float*)(p + i)));
-    s1 = _mm512_add_ps(s1, _mm512_load_ps((const float*)(p + i + 64)));
-    s2 = _mm512_add_ps(s2, _mm512_load_ps((const float*)(p + i + 128)));
-    s3 = _mm512_add_ps(s3, _mm512_load_ps((const float*)(p + i + 192)));
-  }
-  s->sink[task & 1] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+  s->sink[task & 1] = llmc_read_span(s->p + task * half, half);
 }
 
 static int by_value(const void* a, const void* b) {

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "bandwidth.h"
 #include "probe_clock.h"
 
 #ifdef __x86_64__
@@ -23,7 +24,6 @@
 typedef struct {
   const char* p;
   size_t n;
-  int wide;
   double sink;
 } part_t;
 
@@ -50,15 +50,16 @@ static double read_portable(const char* p, size_t n) {
   return (double)(s[0] ^ s[1] ^ s[2] ^ s[3]);
 }
 
+double llmc_read_span(const char* p, size_t n) {
+#ifdef __x86_64__
+  if (__builtin_cpu_supports("avx512f") && !getenv("LLMC_KERNELS_GENERIC")) return read_avx512(p, n);
+#endif
+  return read_portable(p, n);
+}
+
 static void* run_part(void* arg) {
   part_t* t = (part_t*)arg;
-#ifdef __x86_64__
-  if (t->wide) {
-    t->sink = read_avx512(t->p, t->n);
-    return NULL;
-  }
-#endif
-  t->sink = read_portable(t->p, t->n);
+  t->sink = llmc_read_span(t->p, t->n);
   return NULL;
 }
 
@@ -72,10 +73,6 @@ EXPORT double llmc_read_gbs(int threads, size_t bytes, int repeats) {
   madvise(buf, per * (size_t)threads, MADV_HUGEPAGE); /* as large allocations get where the kernel allows it */
 #endif
   memset(buf, 1, per * (size_t)threads); /* every page real memory */
-  int wide = 0;
-#ifdef __x86_64__
-  wide = __builtin_cpu_supports("avx512f") && !getenv("LLMC_KERNELS_GENERIC");
-#endif
   part_t parts[64];
   pthread_t tid[64];
   double times[64];
@@ -84,7 +81,7 @@ EXPORT double llmc_read_gbs(int threads, size_t bytes, int repeats) {
     double t0 = llmc_probe_seconds();
     int started = 0;
     for (int i = 0; i < threads; i++) {
-      parts[i] = (part_t){buf + (size_t)i * per, per, wide, 0.0};
+      parts[i] = (part_t){buf + (size_t)i * per, per, 0.0};
       if (i > 0 && pthread_create(&tid[i], NULL, run_part, &parts[i]) != 0) break;
       started = i + 1;
     }
