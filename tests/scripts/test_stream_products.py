@@ -9,24 +9,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from c_harness import build
 
-ROOT = Path(__file__).resolve().parents[2]
-KERNELS = ROOT / "llmc" / "engines" / "kernels"
 LINE = re.compile(r"LLMC_PREFETCH=(\S+) rows (\d+) act_bits (\d+): ([\d.]+) MB; products ([\d.]+) ms = ([\d.]+) GB/s; "
                   r"probe ([\d.]+) GB/s whole, ([\d.]+) in the products' chunks; products / probe ([\d.]+)")
 
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("stream") / "stream_products"
-    sources = [ROOT / "scripts" / "stream_products.c"] + [KERNELS / f for f in ("matmul_q4.c", "ahead.c",
-                                                                                 "amx_bf16.c", "pool.c", "bandwidth.c")]
-    compiler = os.environ.get("CC", "cc")  # (as setup.py builds llmc's operators: CC where it is set)
-    built = subprocess.run([compiler, "-O2", "-std=gnu11", "-fno-math-errno", "-Wall", f"-I{KERNELS}",
-                            *map(str, sources), "-o", str(out), "-lpthread", "-lm"],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    return out
+    return build("stream_products.c", ("matmul_q4.c", "ahead.c", "amx_bf16.c", "pool.c", "bandwidth.c"),
+                 tmp_path_factory.mktemp("stream") / "stream_products")
 
 
 @pytest.mark.parametrize(("prefetch", "generic"), [("l2", False), ("l2x3", False), ("l2", True)])
