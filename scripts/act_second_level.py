@@ -119,8 +119,9 @@ def main() -> None:
         m.register_forward_pre_hook(lambda mod, args, n=n: (quantize(args[0], n),))
 
     def by_columns(mod: torch.nn.Linear, args: tuple, out: torch.Tensor, name: str) -> torch.Tensor | None:
-        """`cols`: the output tiles in state["tiles"][name] from two levels of x, the rest from one. `fisher`:
-        keeps the output (its gradient) and the one-level error of each output column."""
+        """`cols`: the output tiles in state["tiles"][name] (or tile-block pairs) from two levels of x, the rest
+        from one. `fisher`: keeps the output (its gradient) and the one-level error of each output column (or each
+        input block's share of it). `lr`: lowrank()'s product."""
         if state["mode"] == "lr":
             return state["lr_forward"](mod, args[0], name)
         if state["mode"] not in ("cols", "fisher"):
