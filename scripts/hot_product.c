@@ -2,7 +2,7 @@
  * SmolLM2's shapes called again and again on llmc's pool (its weights, ~0.3-1 MB, in L2), timed, against the rate
  * matrix_peak.c measures for `vpdpbusd` on the same threads in the same run. Where scripts/stream_products.c times
  * the products streamed from memory, this separates the loop's arithmetic from the memory (docs/performance_notes.md,
- * 2026-12-04 s41: at 8 rows one int8 level ran at 57-64 % of the rate, two at 64-74 %).
+ * 2026-12-04 s41: at 8 rows one int8 level ran at 54-64 % of the rate, two at 64-74 %).
  *
  *   cd llmc/engines/kernels && gcc -O3 -std=gnu11 -fno-math-errno -I. ../../../scripts/hot_product.c \
  *       matmul_q4.c matmul_bf16.c matrix_peak.c ahead.c amx_bf16.c pool.c -o /tmp/hot_product -lpthread -lm
