@@ -221,6 +221,24 @@ def level(x):
     return torch.round(x / torch.where(s == 0, torch.ones_like(s), s)) * s
 
 
+def sampled_gradients(model, calibration: list, samples: int, state: dict, mode: str):
+    """For each calibration sequence, `samples` times: a token drawn from the model at each scored position, and the
+    gradient of their summed log-probability taken back through the model in `mode` (whose hooks keep what they
+    need in state["kept"]). Yields (draw, state["kept"]) after each backward pass; the draws are seeded."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    for seq, n, _ in calibration:
+        for draw in range(samples):
+            state.update(mode=mode, kept={})
+            logits = model(torch.tensor([seq])).logits[0, n - 1:len(seq) - 1]
+            lp = torch.log_softmax(logits.double(), -1)
+            y = torch.multinomial(lp.exp(), 1, generator=gen)
+            model.zero_grad(set_to_none=True)
+            lp.gather(1, y).sum().backward()
+            yield draw, state["kept"]
+
+
 def lowrank(model, linear: dict, product, first: set, calibration: list, verify: list, state: dict, score,
             fracs: list[float], samples: int) -> None:
     """One int8 level of x everywhere, and for each product a rank-R correction of that level's error r = x - x1:
@@ -238,21 +256,13 @@ def lowrank(model, linear: dict, product, first: set, calibration: list, verify:
     fisher = {p: torch.zeros(K[p], K[p], dtype=torch.float64) for p in prods}
     r2 = {p: torch.zeros(K[p], dtype=torch.float64) for p in prods}
     count = {p: 0 for p in prods}
-    gen = torch.Generator().manual_seed(0)
-    for seq, n, _ in calibration:
-        for si in range(samples):
-            state.update(mode="lrfisher", kept={})
-            logits = model(torch.tensor([seq])).logits[0, n - 1:len(seq) - 1]
-            lp = torch.log_softmax(logits.double(), -1)
-            y = torch.multinomial(lp.exp(), 1, generator=gen)
-            model.zero_grad(set_to_none=True)
-            lp.gather(1, y).sum().backward()
-            for p, (x, e2) in state["kept"].items():
-                g = x.grad.reshape(-1, K[p]).double()
-                fisher[p] += g.T @ g / samples
-                if si == 0:
-                    r2[p] += e2.double().sum(0)
-                    count[p] += e2.shape[0]
+    for si, kept in sampled_gradients(model, calibration, samples, state, "lrfisher"):
+        for p, (x, e2) in kept.items():
+            g = x.grad.reshape(-1, K[p]).double()
+            fisher[p] += g.T @ g / samples
+            if si == 0:
+                r2[p] += e2.double().sum(0)
+                count[p] += e2.shape[0]
     state["mode"] = "fp"
     eig = {}
     for p in prods:
@@ -311,20 +321,12 @@ def columns(model, linear: dict, calibration: list, verify: list, state: dict, s
     state["pairs"] = pairs
     score_n = {n: torch.zeros((m.out_features, m.in_features // 32) if pairs else m.out_features,
                               dtype=torch.float64) for n, m in linear.items()}
-    gen = torch.Generator().manual_seed(0)
-    for seq, n, _ in calibration:
-        for _ in range(samples):
-            state.update(mode="fisher", kept={})
-            logits = model(torch.tensor([seq])).logits[0, n - 1:len(seq) - 1]
-            lp = torch.log_softmax(logits.double(), -1)
-            y = torch.multinomial(lp.exp(), 1, generator=gen)
-            model.zero_grad(set_to_none=True)
-            lp.gather(1, y).sum().backward()
-            for name, (out, err) in state["kept"].items():
-                g = out.grad.reshape(-1, out.shape[-1]).double()
-                e = err.double() if pairs else err.reshape(g.shape).double()
-                w = g ** 2 if not pairs else (g ** 2)[..., None]
-                score_n[name] += 0.5 * (w * e ** 2).sum(0) / samples
+    for _, kept in sampled_gradients(model, calibration, samples, state, "fisher"):
+        for name, (out, err) in kept.items():
+            g = out.grad.reshape(-1, out.shape[-1]).double()
+            e = err.double() if pairs else err.reshape(g.shape).double()
+            w = g ** 2 if not pairs else (g ** 2)[..., None]
+            score_n[name] += 0.5 * (w * e ** 2).sum(0) / samples
     state["mode"] = "fp"
     tiles = []  # (predicted KL per MAC, name, tile, MACs)
     for name, m in linear.items():

@@ -16,25 +16,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "matmul_q4.h"
-#include "pool.h"
+#include "harness.h"
 
 double llmc_matrix_gflops(int kind, int threads, int repeats); /* matrix_peak.c (kind 2: AVX-512 VNNI) */
 
 static int threads = 2;
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void on_pool(void* ctx, void (*fn)(void*, size_t), size_t total, void* data) {
-  (void)ctx;
-  llmc_pool_run(&threads, fn, total, data);
-}
 
 int main(int argc, char** argv) {
   int64_t K = argc > 1 ? atoll(argv[1]) : 576, N = argc > 2 ? atoll(argv[2]) : 3072, M = argc > 3 ? atoll(argv[3]) : 8;
@@ -54,9 +42,9 @@ int main(int argc, char** argv) {
   memset(w, 0x11, bytes); /* nibbles of 1, fp16 scales and mins of 0x1111 (~6e-4): finite sums */
   for (int64_t i = 0; i < M * K; i++) x[i] = (float)((i * 37) % 101 - 50) / 50.f;
   llmc_q4_args a = {.M = M, .K = K, .N = N, .x = x, .w = w, .y = y, .threads = threads, .act_bits = act, .bits = 4};
-  llmc_parallel_fn parallel = threads > 1 ? on_pool : NULL;
+  llmc_parallel_fn parallel = threads > 1 ? harness_on_pool : NULL;
   for (int i = 0; i < calls / 10; i++) {
-    const char* e = llmc_q4_matmul(&a, parallel, NULL);
+    const char* e = llmc_q4_matmul(&a, parallel, &threads);
     if (e) {
       fprintf(stderr, "%s\n", e);
       return 1;
@@ -64,9 +52,9 @@ int main(int argc, char** argv) {
   }
   double best = 1e30;
   for (int r = 0; r < 5; r++) {
-    double t = now();
-    for (int i = 0; i < calls; i++) llmc_q4_matmul(&a, parallel, NULL);
-    t = (now() - t) / calls;
+    double t = llmc_probe_seconds();
+    for (int i = 0; i < calls; i++) llmc_q4_matmul(&a, parallel, &threads);
+    t = (llmc_probe_seconds() - t) / calls;
     best = t < best ? t : best;
   }
   double rate = llmc_matrix_gflops(2, threads, 3) / 128.0; /* G vpdpbusd a second: 64 MACs, 128 flops each */

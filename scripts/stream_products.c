@@ -18,11 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "bandwidth.h"
 #include "matmul_q4.h"
-#include "pool.h"
+#include "harness.h"
 
 typedef struct {
   int64_t K, N;
@@ -38,17 +37,6 @@ typedef struct {
 
 static int threads = 2;
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void on_pool(void* ctx, void (*fn)(void*, size_t), size_t total, void* data) {
-  (void)ctx;
-  llmc_pool_run(&threads, fn, total, data);
-}
-
 /* The read probe's loop over half of a span a task. */
 static void read_half(void* data, size_t task) {
   span* s = (span*)data;
@@ -56,15 +44,7 @@ static void read_half(void* data, size_t task) {
   s->sink[task & 1] = llmc_read_span(s->p + task * half, half);
 }
 
-static int by_value(const void* a, const void* b) {
-  double d = *(const double*)a - *(const double*)b;
-  return (d > 0) - (d < 0);
-}
-
-static double median_after_warmup(double* t, int steps) {
-  qsort(t + 10, (size_t)(steps - 10), sizeof(double), by_value);
-  return t[10 + (steps - 10) / 2];
-}
+static double median_after_warmup(double* t, int steps) { return llmc_probe_median(t + 10, steps - 10); }
 
 int main(int argc, char** argv) {
   threads = argc > 1 ? atoi(argv[1]) : 2;
@@ -108,33 +88,33 @@ int main(int argc, char** argv) {
   for (int i = 0; i < rows * 1536; i++) x[i] = (float)((i * 37) % 101) / 50.f - 1.f;
 
   for (int s = 0; s < steps; s++) {
-    double t0 = now();
+    double t0 = llmc_probe_seconds();
     for (int i = 0; i < n; i++) {
       llmc_q4_args a = {.M = rows, .K = p[i].K, .N = p[i].N, .gated = p[i].gated, .x = x, .w = w + p[i].off,
                         .y = y, .threads = threads, .act_bits = act_bits, .bits = p[i].bits};
-      const char* e = llmc_q4_matmul(&a, on_pool, NULL);
+      const char* e = llmc_q4_matmul(&a, harness_on_pool, &threads);
       if (e) {
         fprintf(stderr, "%s\n", e);
         return 1;
       }
     }
-    t[s] = now() - t0;
+    t[s] = llmc_probe_seconds() - t0;
   }
   double products = median_after_warmup(t, steps);
   for (int s = 0; s < steps; s++) {
     span whole = {(const char*)w, bytes, {0, 0}};
-    double t0 = now();
+    double t0 = llmc_probe_seconds();
     llmc_pool_run(&threads, read_half, 2, &whole);
-    t[s] = now() - t0;
+    t[s] = llmc_probe_seconds() - t0;
   }
   double probe = median_after_warmup(t, steps);
   for (int s = 0; s < steps; s++) {
-    double t0 = now();
+    double t0 = llmc_probe_seconds();
     for (int i = 0; i < n; i++) {
       span chunk = {(const char*)w + p[i].off, (i + 1 < n ? p[i + 1].off : bytes) - p[i].off, {0, 0}};
       llmc_pool_run(&threads, read_half, 2, &chunk);
     }
-    t[s] = now() - t0;
+    t[s] = llmc_probe_seconds() - t0;
   }
   double chunked = median_after_warmup(t, steps);
   const char* mode = getenv("LLMC_PREFETCH");
