@@ -26,6 +26,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         prefix_caching: Annotated[bool, typer.Option(help="Reuse the KV blocks of a prompt prefix computed "
                                                           "before (paged engines).")] = True,
         max_step_tokens: Annotated[int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")] = 512,
+        kv_prefault: Annotated[bool, typer.Option(help="Map and zero the whole KV budget at start-up: the memory is "
+                                                      "held from the start, and no page faults land in the first "
+                                                      "requests' steps.")] = True,
         threads: Threads = 0,
         chat_template: ChatTemplate = None,
         shutdown_timeout: Annotated[float, typer.Option(help="Seconds to drain requests on SIGTERM.")] = 30.0,
@@ -53,7 +56,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         _check_flags(max_queue, port, shutdown_timeout, max_request_bytes, api_key)
         runtime = RuntimeConfig(threads=threads, max_running=max_running, kv_budget_mb=kv_budget_mb,
                                 max_step_tokens=max_step_tokens, kv_block_size=kv_block_size,
-                                prefix_caching=prefix_caching,
+                                prefix_caching=prefix_caching, kv_prefault=kv_prefault,
                                 chat_template=str(chat_template) if chat_template else None)
         engine_dir = ensure_engine(model, ConsoleSteps(8, prefix="setup "))
         config = ServeConfig(model_name=served_model_name or _default_name(model, engine_dir), host=host,

@@ -48,7 +48,8 @@ class RayAppConfig:
 
     def runtime(self) -> RuntimeConfig:
         return RuntimeConfig(threads=self.threads, max_running=self.max_running, kv_budget_mb=self.kv_budget_mb,
-                             max_step_tokens=self.max_step_tokens, chat_template=self.chat_template)
+                             max_step_tokens=self.max_step_tokens, chat_template=self.chat_template,
+                             kv_prefault=True)  # a replica serves: its KV memory held from the start
 
     @property
     def autoscaling(self) -> bool:

@@ -32,7 +32,8 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"]) / args["model_version"] / params.get("engine_dir", "engine")
         runtime = RuntimeConfig(threads=int(params.get("threads", 0)), kv_budget_mb=int(params.get("kv_budget_mb", 1024)),
-                                max_running=int(params.get("max_running", 8)), max_step_tokens=512)
+                                max_running=int(params.get("max_running", 8)), max_step_tokens=512,
+                                kv_prefault=True)
         self.llm = LLM(folder, runtime)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="llmc-triton-loop", daemon=True)

@@ -58,6 +58,11 @@ class KVCache(ABC):
     def free(self, slot: int) -> None:
         self.lengths[slot] = 0
 
+    def prefault(self, threads: int = 1) -> int:
+        """Map and zero every page of this memory now (a server at start-up), not when the first requests' steps
+        write into it; returns the bytes touched. Device memory is written when it is allocated: nothing to do."""
+        return 0
+
     def check_room(self, slots: list[int], new_tokens: list[int]) -> None:
         for slot, n in zip(slots, new_tokens):
             if self.lengths[slot] + n > self.max_len:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from llmc.engines.base import KVCache, PagedKVCache
@@ -21,6 +23,16 @@ class _HostBuffers:
     def buffers(self) -> list[np.ndarray]:
         """K and V buffers interleaved by layer, in the order of KVSpec.names()."""
         return [buf for pair in zip(self.keys, self.values) for buf in pair]
+
+    def prefault(self, threads: int = 1) -> int:
+        """Write zeros over every buffer (they are zeros already: np.zeros maps pages lazily), so the kernel maps
+        them now. Left lazy, the first write of each page lands inside a decode step: on a VM that backs its
+        memory on first touch, 3-5 s a GiB, 50-75 ms stalls between tokens (docs/kv_cache.md).
+        ndarray.fill lets go of the GIL: the buffers go over `threads` threads."""
+        buffers = self.keys + self.values
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            list(pool.map(lambda buf: buf.fill(0), buffers))
+        return sum(buf.nbytes for buf in buffers)
 
 
 class HostKVCache(_HostBuffers, KVCache):

@@ -19,6 +19,9 @@ class RuntimeConfig:
     chat_template: str | None = None  # a Jinja file overriding the model's template
     prefix_caching: bool = True  # reuse the KV blocks of a cached prompt prefix (engines with paged KV memory)
     kv_block_size: int = EngineOptions.kv_block_size  # tokens per KV block (paged engines)
+    # map and zero the whole KV budget when the engine loads (a server: its memory held from the start, and no page
+    # faults inside the first requests' steps); off, pages are mapped as tokens first reach them
+    kv_prefault: bool = False
 
     def __post_init__(self) -> None:
         self.engine_options()  # threads and the KV budget: the engine's own checks

@@ -97,9 +97,11 @@ class EngineLoop:
         sched = SchedulerConfig(cfg.max_running, max_len, cfg.max_step_tokens, cfg.min_chunk,
                                 whole_prompts_over=rope_long, num_blocks=int(num_blocks), block_size=bs,
                                 prefix_caching=cfg.prefix_caching and not rope_long)
-        if num_blocks:
-            return engine.new_paged_kv_cache(cfg.max_running, max_len, int(num_blocks)), sched
-        return engine.new_kv_cache(cfg.max_running, max_len), sched
+        kv = (engine.new_paged_kv_cache(cfg.max_running, max_len, int(num_blocks)) if num_blocks
+              else engine.new_kv_cache(cfg.max_running, max_len))
+        if cfg.kv_prefault:
+            kv.prefault(engine.threads or 1)
+        return kv, sched
 
     # -- requests ----------------------------------------------------------------------------------------
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:

@@ -28,13 +28,14 @@ from llmc.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelC
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """How `llmc serve` runs one engine; built once by the CLI. `runtime`: how the engine runs (small prompt chunks
-    per step by default: they keep running streams' inter-token latency low)."""
+    """How `llmc serve` runs one engine; built once by the CLI. `runtime`: how the engine runs (by default small
+    prompt chunks per step, which keep running streams' inter-token latency low, and the KV budget mapped at
+    start-up)."""
 
     model_name: str | None = None  # what clients pass as `model`; None: the engine folder's name
     host: str = "127.0.0.1"
     port: int = 8000
-    runtime: RuntimeConfig = RuntimeConfig(max_step_tokens=512)
+    runtime: RuntimeConfig = RuntimeConfig(max_step_tokens=512, kv_prefault=True)
     max_queue: int = 64  # sequences waiting beyond the running ones; past it: 429
     shutdown_timeout: float = 30.0  # SIGTERM: seconds to drain in-flight requests
     retry_after_s: float = 1.0

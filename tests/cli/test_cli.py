@@ -197,3 +197,19 @@ def test_build_negative_threads(tmp_path: Path, tiny_llama: Built) -> None:
 def test_build_from_a_folder_that_is_not_an_export(tmp_path: Path, tiny_llama: Built) -> None:
     _assert_user_error(_cli("build", tiny_llama.hf_dir, "-o", tmp_path / "e"), "llmc.json")
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize(("flags", "prefault"), [((), True), (("--no-kv-prefault",), False)])
+def test_serve_maps_its_kv_budget_at_start_unless_told_not_to(monkeypatch: pytest.MonkeyPatch, engine_dir: Path,
+                                                              flags: tuple[str, ...], prefault: bool) -> None:
+    import llmc.pipeline
+    import llmc.serve.server
+    from llmc.serve.app import ServeConfig
+
+    seen: list[ServeConfig] = []
+    monkeypatch.setattr(llmc.pipeline, "ensure_engine", lambda ref, progress=None: Path(ref))
+    monkeypatch.setattr(llmc.serve.server, "run_server", lambda source, config, log_level="info": seen.append(config))
+    result = _cli("serve", engine_dir, "--kv-budget-mb", "64", *flags)
+    assert result.exit_code == 0, result.output
+    assert [(c.runtime.kv_prefault, c.runtime.kv_budget_mb) for c in seen] == [(prefault, 64)]
+    assert ServeConfig().runtime.kv_prefault  # an app made without the CLI serves the same way

@@ -152,6 +152,7 @@ def test_ray_serve_config(deploy_engine_dir: Path, tmp_path: Path) -> None:
     assert schema.http_options.port == 8123
     cfg = RayAppConfig.from_args(app_schema.args)
     assert cfg.engine_dir == str(deploy_engine_dir.resolve())
+    assert cfg.runtime().kv_prefault  # a replica serves: its KV budget mapped when it starts, as `llmc serve`'s
     assert cfg.autoscaling_config() == {"min_replicas": 1, "max_replicas": 3, "initial_replicas": 2,
                                         "target_ongoing_requests": 4.0}
 

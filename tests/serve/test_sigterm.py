@@ -42,7 +42,7 @@ def test_sigterm_drains_the_stream_and_exits_zero(serve_engine_dir: Path) -> Non
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [*_llmc(), "serve", str(serve_engine_dir), "--port", str(port), "--threads", "1",
-           "--served-model-name", "tiny", "--shutdown-timeout", "30", "--log-level", "info"]
+           "--served-model-name", "tiny", "--shutdown-timeout", "30", "--log-level", "info", "--kv-budget-mb", "64"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
     try:
         _wait_healthy(url, proc)

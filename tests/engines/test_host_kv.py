@@ -1,0 +1,66 @@
+"""Host KV memory: allocated lazily (the kernel maps a page when it is first written), or mapped whole at once by
+`prefault` (a server at start-up: RuntimeConfig.kv_prefault, on by default for `llmc serve`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import Built
+
+from llmc.engines.host_kv import HostKVCache, HostPagedKVCache
+from llmc.manifest import KVSpec
+from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.generator import EngineLoop
+
+# 2 layers x K and V, 48 MiB each: above glibc's largest mmap threshold (32 MiB), so every buffer is a fresh mapping
+# whatever this process allocated and freed before
+SPEC = KVSpec("inplace", "float16", num_layers=2, num_kv_heads=4, head_dim=64, past_key="pk.{i}",
+              past_value="pv.{i}", present_key="k.{i}", present_value="v.{i}", paged=True)
+BLOCKS, BLOCK_SIZE = 6144, 16  # 6144 x 4 x 16 x 64 x 2 bytes = 48 MiB a buffer
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc to count resident pages")
+@pytest.mark.parametrize("kind", ["paged", "slots"])
+def test_prefault_maps_every_page_and_a_lazy_cache_maps_none(kind: str) -> None:
+    before = resident_mib()
+    if kind == "paged":
+        kv: Any = HostPagedKVCache(SPEC, num_slots=4, max_len=1024, num_blocks=BLOCKS, block_size=BLOCK_SIZE)
+    else:  # the slot layout: [slots, Hkv, max_len, D]
+        kv = HostKVCache(SPEC, num_slots=6, max_len=BLOCKS * BLOCK_SIZE // 6)
+    mib = kv.nbytes / 2**20
+    assert mib == pytest.approx(192)
+    lazy = resident_mib() - before
+    assert lazy < 0.1 * mib, f"{lazy:.0f} MiB resident of {mib:.0f} before any write"
+
+    assert kv.prefault(threads=2) == kv.nbytes
+    mapped = resident_mib() - before
+    assert mapped > 0.95 * mib, f"{mapped:.0f} MiB resident of {mib:.0f} after prefault"
+    assert all(not buf.any() for buf in kv.buffers())  # still zeros: nothing but the mapping changed
+
+
+def test_the_loop_prefaults_its_kv_memory_only_when_asked(monkeypatch: pytest.MonkeyPatch, tiny_llama: Built) -> None:
+    from llmc.engines.base import EngineOptions
+    from llmc.engines.registry import load_engine_dir
+
+    calls: list[tuple[int, int]] = []
+    real = HostPagedKVCache.prefault
+
+    def spy(self: HostPagedKVCache, threads: int = 1) -> int:
+        calls.append((threads, real(self, threads)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(HostPagedKVCache, "prefault", spy)
+    engine = load_engine_dir(tiny_llama.engine_dir, EngineOptions(threads=2))
+    loop = EngineLoop(engine, None, RuntimeConfig(kv_budget_mb=8))
+    assert calls == [] and isinstance(loop.kv, HostPagedKVCache)
+    loop = EngineLoop(engine, None, RuntimeConfig(kv_budget_mb=8, kv_prefault=True))
+    assert calls == [(2, loop.kv.nbytes)] and loop.kv.nbytes > 7 * 2**20
+    assert np.all([not buf.any() for buf in loop.kv.buffers()])
