@@ -48,8 +48,14 @@ def llmc_child(engine_dir: str, batch: int, new: int, reps: int, threads: int, p
     engine = load_engine_dir(engine_dir, EngineOptions(threads=threads))
     slots = list(range(batch))
 
+    # the KV memory once, as llmc's runtime holds it (and its pages mapped: a cache made afresh for each run paid
+    # the first write of every page inside the timed steps, up to ~10 % of batch 1 on the EPYC VM: docs/performance_notes.md, s42)
+    kv = engine.new_kv_cache(batch, len(rows[0]) + new)
+    kv.prefault()
+
     def one() -> dict:
-        kv = engine.new_kv_cache(batch, len(rows[0]) + new)
+        for slot in slots:
+            kv.free(slot)
         t0 = time.perf_counter()
         tokens = np.argmax(engine.prefill(slots, [list(r) for r in rows], kv), -1)
         t1 = time.perf_counter()

@@ -2,7 +2,7 @@
 prefix cache (full blocks named by a hash of their tokens chained with the previous block's hash).
 
 A block is in exactly one of three states:
-  - free: in `free`, no hash, reference count 0;
+  - free: in `free` (the last freed on top), no hash, reference count 0;
   - referenced: reference count >= 1 (held by that many block tables); it may carry a hash (then it is full and
     immutable: only its owner's last, partial block is ever written);
   - cached: reference count 0 with a hash, in `evictable` (least recently released first); a request whose prefix
@@ -12,7 +12,7 @@ KV memory (buffers, bindings) and scheduling live elsewhere; this class never to
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from llmc.errors import InputError
@@ -50,7 +50,10 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
-        self.free: deque[int] = deque(range(num_blocks))
+        # a stack: the block freed last is handed out first, and blocks never used (0 first) only when none freed
+        # is left, so KV memory is written (its pages mapped) no further than the most ever held at once; a queue
+        # cycled through the whole pool, and each step's first writes into fresh pages paid their mapping (s42)
+        self.free: list[int] = list(range(num_blocks - 1, -1, -1))
         self.refs = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...]] = [()] * num_blocks  # a hashed block's tokens: a hit is exact
@@ -161,7 +164,7 @@ class BlockManager:
 
     def _take(self) -> int:
         if self.free:
-            block = self.free.popleft()
+            block = self.free.pop()
         else:
             block, _ = self.evictable.popitem(last=False)  # the least recently released cached block
             del self.cached[self.block_hash[block]]  # type: ignore[arg-type]

@@ -163,6 +163,35 @@ def test_bench_prefills_every_run_in_full(tiny_llama: Built, monkeypatch: pytest
     assert len(hits) == 6 and hits == [0] * 6
 
 
+def test_bench_timed_runs_write_only_kv_blocks_written_before(tiny_llama: Built,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first round every run reuses blocks earlier runs wrote (their pages mapped, as a server's are): a
+    free queue cycled through the whole pool, and each timed run paid the first write of fresh pages."""
+    from llmc.runtime.block_manager import BlockManager
+
+    taken: set[int] = set()
+    fresh: list[int] = []  # per measured run (warm-ups included): blocks no run had taken before
+    real_take, real_measure = BlockManager._take, engine_bench.measure
+
+    def take(self: BlockManager) -> int:
+        block = real_take(self)
+        if block not in taken:
+            taken.add(block)
+            fresh[-1] += 1
+        return block
+
+    def recording(loop: object, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+        fresh.append(0)
+        return real_measure(loop, prompts, new_tokens)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BlockManager, "_take", take)
+    monkeypatch.setattr(engine_bench, "measure", recording)
+    engine_bench.run_bench(engine_bench.BenchConfig(tiny_llama.engine("llmc"), (1, 4), 64, 8, contexts=(200,),
+                                                    repeat=3))
+    # round 1: each configuration's warm-up then its run; rounds 2 and 3: the runs
+    assert len(fresh) == 12 and sum(fresh[:6]) > 0 and fresh[6:] == [0] * 6, fresh
+
+
 def test_bench_against_a_second_engine_alternates_them_and_gives_the_ratios(
         tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:
     order: list[object] = []

@@ -174,3 +174,21 @@ def test_a_block_size_the_operator_cannot_page_is_refused_naming_it(size: int) -
 
     with pytest.raises(InputError, match=f"--kv-block-size must be a power of 2 from 1 to 256, got {size}"):
         RuntimeConfig(kv_block_size=size)
+
+
+def test_the_block_freed_last_is_handed_out_first_and_unused_blocks_only_after() -> None:
+    """KV memory is written no further than the most blocks ever held at once (the pages of the rest stay unmapped);
+    a queue cycled through the whole pool, mapping a fresh page inside some step until every one had been."""
+    bm = BlockManager(num_blocks=8, block_size=4, prefix_caching=False)
+    a, _ = bm.admit(list(range(10)))  # 3 blocks
+    b, _ = bm.admit(list(range(6)))  # 2 blocks
+    assert a.blocks == [0, 1, 2] and b.blocks == [3, 4]
+    bm.release(a)
+    c, _ = bm.admit(list(range(14)))  # 4 blocks: a's three (its first on top), then the lowest never used
+    assert c.blocks == [0, 1, 2, 5]
+    bm.release(b), bm.release(c)
+    for _ in range(20):  # request after request of up to 6 blocks: nothing past the 6 ever held at once
+        t, _ = bm.admit(list(range(21)))
+        assert max(t.blocks) <= 5, t.blocks
+        bm.release(t)
+    check(bm, [])
