@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -15,33 +17,61 @@ from llmc.manifest import KVSpec
 from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.generator import EngineLoop
 
-# 2 layers x K and V, 48 MiB each: above glibc's largest mmap threshold (32 MiB), so every buffer is a fresh mapping
-# whatever this process allocated and freed before
+# 2 layers x K and V, 48 MiB each
 SPEC = KVSpec("inplace", "float16", num_layers=2, num_kv_heads=4, head_dim=64, past_key="pk.{i}",
               past_value="pv.{i}", present_key="k.{i}", present_value="v.{i}", paged=True)
 BLOCKS, BLOCK_SIZE = 6144, 16  # 6144 x 4 x 16 x 64 x 2 bytes = 48 MiB a buffer
 
 
-def resident_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mincore.argtypes = LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MADV_DONTNEED = 4
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc to count resident pages")
+def _pages(buf: np.ndarray) -> tuple[int, int]:
+    """The whole pages inside buf: (first address, length)."""
+    start = -(-buf.ctypes.data // PAGE) * PAGE
+    return start, (buf.ctypes.data + buf.nbytes) // PAGE * PAGE - start
+
+
+def resident_mib(buffers: list[np.ndarray]) -> float:
+    """MiB of these buffers' pages mapped in memory (mincore(2): the buffers' own pages, whatever else the process
+    allocates or frees meanwhile)."""
+    total = 0
+    for buf in buffers:
+        start, length = _pages(buf)
+        vec = np.zeros(length // PAGE, np.uint8)
+        if LIBC.mincore(start, length, vec.ctypes.data):
+            raise OSError(ctypes.get_errno(), "mincore")
+        total += int(np.count_nonzero(vec & 1)) * PAGE
+    return total / 2**20
+
+
+def unmap(buffers: list[np.ndarray]) -> None:
+    """Drop the buffers' pages (they read as zeros again): the allocator may have handed out memory that some earlier
+    test in this process wrote, which is mapped already."""
+    for buf in buffers:
+        start, length = _pages(buf)
+        if LIBC.madvise(start, length, MADV_DONTNEED):
+            raise OSError(ctypes.get_errno(), "madvise")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts mapped pages with Linux's mincore(2)")
 @pytest.mark.parametrize("kind", ["paged", "slots"])
 def test_prefault_maps_every_page_and_a_lazy_cache_maps_none(kind: str) -> None:
-    before = resident_mib()
     if kind == "paged":
         kv: Any = HostPagedKVCache(SPEC, num_slots=4, max_len=1024, num_blocks=BLOCKS, block_size=BLOCK_SIZE)
     else:  # the slot layout: [slots, Hkv, max_len, D]
         kv = HostKVCache(SPEC, num_slots=6, max_len=BLOCKS * BLOCK_SIZE // 6)
     mib = kv.nbytes / 2**20
     assert mib == pytest.approx(192)
-    lazy = resident_mib() - before
+    unmap(kv.buffers())
+    lazy = resident_mib(kv.buffers())
     assert lazy < 0.1 * mib, f"{lazy:.0f} MiB resident of {mib:.0f} before any write"
 
     assert kv.prefault(threads=2) == kv.nbytes
-    mapped = resident_mib() - before
+    mapped = resident_mib(kv.buffers())
     assert mapped > 0.95 * mib, f"{mapped:.0f} MiB resident of {mib:.0f} after prefault"
     assert all(not buf.any() for buf in kv.buffers())  # still zeros: nothing but the mapping changed
 
