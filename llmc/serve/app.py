@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI-compatible endpoints over one `AsyncEngine` (see docs SERVING.md)."""
+"""The FastAPI app: OpenAI-compatible endpoints over one `AsyncEngine` (docs/serving.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run the app under uvicorn with the shutdown SERVING.md asks for.
+"""Run the app under uvicorn with the shutdown docs/serving.md describes.
 
 SIGTERM (or Ctrl-C): uvicorn stops accepting connections and lets in-flight responses finish for up to
 `shutdown_timeout` seconds, cancels what is left, then the app's lifespan stops the engine. The process exits 0.
