@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -100,7 +101,10 @@ class EngineLoop:
         kv = (engine.new_paged_kv_cache(cfg.max_running, max_len, int(num_blocks)) if num_blocks
               else engine.new_kv_cache(cfg.max_running, max_len))
         if cfg.kv_prefault:
-            kv.prefault(engine.threads or 1)
+            t0 = time.perf_counter()
+            mapped = kv.prefault(engine.threads or 1)
+            if mapped:
+                log.info("KV memory: %.0f MB mapped at start-up in %.1f s", mapped / 2**20, time.perf_counter() - t0)
         return kv, sched
 
     # -- requests ----------------------------------------------------------------------------------------

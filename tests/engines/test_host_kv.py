@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import sys
 from typing import Any
@@ -76,7 +77,8 @@ def test_prefault_maps_every_page_and_a_lazy_cache_maps_none(kind: str) -> None:
     assert all(not buf.any() for buf in kv.buffers())  # still zeros: nothing but the mapping changed
 
 
-def test_the_loop_prefaults_its_kv_memory_only_when_asked(monkeypatch: pytest.MonkeyPatch, tiny_llama: Built) -> None:
+def test_the_loop_prefaults_its_kv_memory_only_when_asked(monkeypatch: pytest.MonkeyPatch, tiny_llama: Built,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
     from llmc.engines.base import EngineOptions
     from llmc.engines.registry import load_engine_dir
 
@@ -91,6 +93,8 @@ def test_the_loop_prefaults_its_kv_memory_only_when_asked(monkeypatch: pytest.Mo
     engine = load_engine_dir(tiny_llama.engine_dir, EngineOptions(threads=2))
     loop = EngineLoop(engine, None, RuntimeConfig(kv_budget_mb=8))
     assert calls == [] and isinstance(loop.kv, HostPagedKVCache)
-    loop = EngineLoop(engine, None, RuntimeConfig(kv_budget_mb=8, kv_prefault=True))
+    with caplog.at_level(logging.INFO, logger="llmc.runtime"):
+        loop = EngineLoop(engine, None, RuntimeConfig(kv_budget_mb=8, kv_prefault=True))
     assert calls == [(2, loop.kv.nbytes)] and loop.kv.nbytes > 7 * 2**20
+    assert f"KV memory: {loop.kv.nbytes / 2**20:.0f} MB mapped at start-up" in caplog.text  # what an operator sees
     assert np.all([not buf.any() for buf in loop.kv.buffers()])

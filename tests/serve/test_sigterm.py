@@ -70,3 +70,5 @@ def test_sigterm_drains_the_stream_and_exits_zero(serve_engine_dir: Path) -> Non
             proc.wait()
     log = proc.stderr.read().decode() if proc.stderr else ""
     assert "Shutting down" in log
+    # llmc's own start-up line, in uvicorn's format, before uvicorn's (the KV budget is mapped as the engine loads)
+    assert log.index("INFO:     KV memory: 64 MB mapped at start-up in ") < log.index("Application startup complete")
