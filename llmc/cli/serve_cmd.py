@@ -9,6 +9,7 @@ import typer
 
 from llmc.cli.common import ChatTemplate, KVBudgetMB, Threads
 from llmc.runtime.tool_calls import ToolFormat
+from llmc.serve.logs import LogLevel
 
 
 def register(app: typer.Typer, wrap: Any) -> None:
@@ -33,7 +34,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         chat_template: ChatTemplate = None,
         shutdown_timeout: Annotated[float, typer.Option(help="Seconds to drain requests on SIGTERM.")] = 30.0,
         served_model_name: Annotated[str | None, typer.Option(help="Name clients pass as `model`.")] = None,
-        log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+        log_level: Annotated[LogLevel, typer.Option(help="Log level (uvicorn's and llmc's lines).")] = LogLevel.info,
         api_key: Annotated[str | None, typer.Option(
             envvar="LLMC_API_KEY", show_envvar=True,
             help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise).")] = None,

@@ -6,45 +6,27 @@ SIGTERM (or Ctrl-C): uvicorn stops accepting connections and lets in-flight resp
 
 from __future__ import annotations
 
-import logging
 import signal
 from pathlib import Path
 from types import FrameType
 
 from llmc.runtime.llm import LLM
 from llmc.serve.app import ServeConfig, create_app
+from llmc.serve.logs import LogLevel, log_level_of, show_llmc_logs
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:
     """uvicorn re-raises the signal it shut down on once it is done; this makes that a no-op (exit 0)."""
 
 
-def show_llmc_logs(level: str = "info") -> logging.Handler:
-    """llmc's own loggers (`llmc.runtime`, `llmc.serve`: start-up facts, a request ended by a fault) print to stderr
-    beside uvicorn's lines, in its format, at the server's level; without a handler only warnings and errors showed,
-    as bare messages. Added once per process; returns the handler."""
-    logger = logging.getLogger("llmc")
-    for handler in logger.handlers:
-        if getattr(handler, "llmc_server", False):
-            break
-    else:
-        from uvicorn.logging import DefaultFormatter
-
-        handler = logging.StreamHandler()
-        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))
-        handler.llmc_server = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
-    logger.setLevel(level.upper())
-    return handler
-
-
-def run_server(source: LLM | str | Path, config: ServeConfig, log_level: str = "info") -> None:
+def run_server(source: LLM | str | Path, config: ServeConfig, log_level: LogLevel | str = "info") -> None:
     """Serve until SIGTERM/SIGINT; blocks. Call from the main thread (signal handlers)."""
     import uvicorn
 
-    show_llmc_logs(log_level)
+    level = log_level_of(log_level)
+    show_llmc_logs(level)
     app = create_app(source, config)
-    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=level.value,
                                timeout_graceful_shutdown=max(1, round(config.shutdown_timeout)),
                                timeout_keep_alive=5)
     server = uvicorn.Server(uv_config)

@@ -213,3 +213,18 @@ def test_serve_maps_its_kv_budget_at_start_unless_told_not_to(monkeypatch: pytes
     assert result.exit_code == 0, result.output
     assert [(c.runtime.kv_prefault, c.runtime.kv_budget_mb) for c in seen] == [(prefault, 64)]
     assert ServeConfig().runtime.kv_prefault  # an app made without the CLI serves the same way
+
+
+def test_serve_log_level_is_one_of_uvicorn_s_and_a_wrong_one_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                                         engine_dir: Path) -> None:
+    import llmc.pipeline
+    import llmc.serve.server
+
+    seen: list[object] = []
+    monkeypatch.setattr(llmc.pipeline, "ensure_engine", lambda ref, progress=None: Path(ref))
+    monkeypatch.setattr(llmc.serve.server, "run_server",
+                        lambda source, config, log_level="info": seen.append(log_level))
+    result = _cli("serve", engine_dir, "--log-level", "bogus")
+    assert result.exit_code == 2 and seen == [] and "Traceback" not in result.output  # (was a ValueError)
+    assert "'bogus' is not one of" in result.output and "'trace'" in result.output
+    assert _cli("serve", engine_dir, "--log-level", "trace").exit_code == 0 and seen == ["trace"]
