@@ -26,7 +26,7 @@ class LogLevel(str, Enum):
 
 def log_level_of(level: LogLevel | str) -> LogLevel:
     try:
-        return LogLevel(str(getattr(level, "value", level)).lower())
+        return LogLevel(level.lower())  # (a LogLevel is a str: its value lowered)
     except ValueError:
         raise InputError(f"log level must be one of {', '.join(v.value for v in LogLevel)}, got {level!r}",
                          "log_level") from None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import sys
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,7 @@ SPEC = KVSpec("inplace", "float16", num_layers=2, num_kv_heads=4, head_dim=64, p
 BLOCKS, BLOCK_SIZE = 6144, 16  # 6144 x 4 x 16 x 64 x 2 bytes = 48 MiB a buffer
 
 
-LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC = ctypes.CDLL(None, use_errno=True)  # Linux (llmc's platform: README): mincore(2), madvise(2)
 LIBC.mincore.argtypes = LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_DONTNEED = 4
@@ -58,7 +57,6 @@ def unmap(buffers: list[np.ndarray]) -> None:
             raise OSError(ctypes.get_errno(), "madvise")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts mapped pages with Linux's mincore(2)")
 @pytest.mark.parametrize("kind", ["paged", "slots"])
 def test_prefault_maps_every_page_and_a_lazy_cache_maps_none(kind: str) -> None:
     if kind == "paged":
