@@ -118,6 +118,7 @@ class ModelSpec:
 
 
 KV_INT8_GROUP = 32  # an "int8" KV row: one fp16 scale per this many values (llmc/engines/kernels/attention_kernel.h)
+KEY_TILE = 16  # a key_tiles cache: positions per group of keys held as [head_dim][16] (LLMC_KEY_TILE there)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,9 @@ class KVSpec:
     # "inplace" only: the buffers are pools of KV blocks [num_blocks, Hkv, block_size, row] shared by the batch's
     # rows, addressed through a block_table [B, max_blocks] input (llmc's attention operator): paged KV memory
     paged: bool = False
+    # paged fp32 / fp16 pools of llmc's operator: the keys of each 16 aligned positions of a block held in their
+    # 16 rows' bytes as [head_dim][16] (the operator's key_tiles; the values stay rows); blocks of 16 or more
+    key_tiles: bool = False
 
     @property
     def row_width(self) -> int:

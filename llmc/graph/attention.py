@@ -265,7 +265,8 @@ class CachedAttention(GroupQueryAttention):
         inputs = [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope]
         if self.c.opts.paged:  # rows of different counts after a past run together (new_tokens)
             inputs = [*inputs, *[""] * (2 - len(rope)), io.BLOCK_TABLE, io.NEW_TOKENS]
-        return self._node(op, i, inputs, self._attrs(i), LLMC_DOMAIN)
+        attrs = {**self._attrs(i), **({"key_tiles": 1} if self.c.opts.key_tiles else {})}
+        return self._node(op, i, inputs, attrs, LLMC_DOMAIN)
 
     def last_token(self, x: str) -> str:
         """Paged graphs: row b's last new token is at new_tokens[b] - 1 (any row, past or not); otherwise as

@@ -41,6 +41,7 @@ class GraphOptions:
     fuse_norms: bool = False  # residual Add + norm as ONNX Runtime's Skip*LayerNormalization (not for TensorRT)
     kv_dtype: str = ""  # "llmc" attention: the cache's dtype when it is not the graph's ("float16", "int8")
     paged: bool = False  # "llmc" attention: KV block pools addressed through io_names.BLOCK_TABLE
+    key_tiles: bool = False  # "llmc" attention: keys in groups of 16 positions as [D][16] (KVSpec.key_tiles)
     calibrate: tuple[str, ...] = ()  # linear layers computed in both precisions, mixed by CALIBRATE_INPUT
     moe: str = "loop"  # mixture-of-experts lowering (llmc/graph/moe.py): "loop" (standard ops, the picked experts
     # only: the export), "ort" (com.microsoft.MoE: ONNX Runtime engines), "dense" (no control flow: TensorRT)

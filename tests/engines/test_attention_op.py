@@ -149,6 +149,10 @@ CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row
 }
 
 
+PROMPT_PATH_CASES = ["prompt-d64-blocks-long", "prompt-d64-blocks-window-softcap", "chunk-after-past-d64-tiles",
+                     "chunks-mixed-counts-d64-tiles", "prompt-d32-tiles", "prompt-d128-tiles", "prompt-d256-tiles"]
+
+
 def _options(case: tuple) -> dict[str, Any]:
     return case[9] if len(case) > 9 else {}
 
@@ -223,12 +227,13 @@ def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0,
 
 
 def _run_in_place(library: Path, tmp_path: Path, case: tuple, cache: str, rope: bool,
-                  feeds: dict[str, np.ndarray]) -> np.ndarray:
-    """The case's output; its past caches (in `feeds`) updated in place as the engines bind them."""
+                  feeds: dict[str, np.ndarray], **attrs: Any) -> np.ndarray:
+    """The case's output; its past caches (in `feeds`) updated in place as the engines bind them; `attrs`: more
+    node attributes."""
     import onnxruntime as ort
 
     session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], cache, rope,
-                                       new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case)))
+                                       new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case), **attrs))
     binding = session.io_binding()  # type: ignore[attr-defined]
     binding.bind_output("out")  # first: copy_outputs_to_cpu lists the outputs in the order they were bound
     for name_in, array in feeds.items():
@@ -262,6 +267,79 @@ def test_matches_reference_in_place(library: Path, tmp_path: Path, monkeypatch: 
     # the cache was updated where it lives: the new K/V at their positions, every other position untouched
     np.testing.assert_allclose(_cache_values(feeds["past_key"], keys=True), k, atol=tol, rtol=0)
     np.testing.assert_allclose(_cache_values(feeds["past_value"]), v, atol=tol, rtol=0)
+
+
+TILE = 16  # key_tiles: positions per group of keys held as [D][16]
+
+
+def _tile(x: np.ndarray) -> np.ndarray:
+    """Keys [..., L, D] (L a multiple of 16) as a key_tiles cache holds them: each 16 positions' rows as [D][16]."""
+    *lead, L, D = x.shape
+    return np.ascontiguousarray(x.reshape(*lead, L // TILE, TILE, D).swapaxes(-1, -2)).reshape(*lead, L, D)
+
+
+def _untile(x: np.ndarray) -> np.ndarray:
+    *lead, L, D = x.shape
+    return np.ascontiguousarray(x.reshape(*lead, L // TILE, D, TILE).swapaxes(-1, -2)).reshape(*lead, L, D)
+
+
+def _tiles_case(case: tuple) -> tuple:
+    """The case with its cache length rounded up to a multiple of 16 (what key_tiles needs)."""
+    return (*case[:5], -(-case[5] // TILE) * TILE, *case[6:])
+
+
+def _check_key_tiles(library: Path, tmp_path: Path, name: str, cache: str) -> None:
+    """The case with key_tiles = 1 (its cache length rounded up to 16) against the reference: the output, and the
+    cache, untiled, holding the new keys at their positions and every other position as it was."""
+    case = _tiles_case(CASES[name])
+    rope = name != "odd-head-size"
+    feeds, (out, k, v) = _inputs(case, cache, rope)
+    feeds["past_key"] = _tile(feeds["past_key"])
+    got = _run_in_place(library, tmp_path, case, cache, rope, feeds, key_tiles=1)
+    tol = {"fp32": 2e-5, "fp16": 3e-3}[cache]
+    np.testing.assert_allclose(got, out, atol=tol, rtol=0)
+    np.testing.assert_allclose(_untile(feeds["past_key"]).astype(np.float64), k, atol=tol, rtol=0)
+    np.testing.assert_allclose(feeds["past_value"].astype(np.float64), v, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
+@pytest.mark.parametrize("cache", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_key_tiles_match_reference_in_place(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            name: str, cache: str, generic: bool) -> None:
+    """key_tiles = 1: the keys of every 16 positions held as [D][16]. Decode rows and short prompts score 16 keys
+    a product straight from the cache's groups; prompts of 32 positions or more widen the groups into their packed
+    keys (AMX tiles' or fp32's), where the row layout transposed its rows; the portable path reads a key's dims 16
+    apart."""
+    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
+    _check_key_tiles(library, tmp_path, name, cache)
+
+
+@pytest.mark.parametrize("cache", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", PROMPT_PATH_CASES)
+def test_key_tiles_prompts_without_packed_keys_match_reference(library: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch, name: str,
+                                                               cache: str) -> None:
+    """Prompts of 32 positions or more with neither AMX tiles nor packed keys (LLMC_KERNELS_NO_AMX,
+    LLMC_KERNELS_NO_PACKED_KEYS) score their blocks of up to 16 query vectors from the cache's groups as decode
+    rows do."""
+    monkeypatch.setenv("LLMC_KERNELS_NO_AMX", "1")
+    monkeypatch.setenv("LLMC_KERNELS_NO_PACKED_KEYS", "1")
+    _check_key_tiles(library, tmp_path, name, cache)
+
+
+@pytest.mark.parametrize(("cache", "length", "attrs", "message"), [
+    ("fp16", 32, {"key_tiles": 2}, r"key_tiles 2: must be 0 \(rows\) or 1"),
+    ("int8", 32, {"key_tiles": 1}, "key_tiles 1: an fp32 or fp16 cache only"),
+    ("fp16", 40, {"key_tiles": 1}, "key tiles: cache length 40 must be a multiple of 16"),
+])
+def test_bad_key_tiles_are_refused_naming_them(library: Path, tmp_path: Path, cache: str, length: int, attrs: dict,
+                                               message: str) -> None:
+    case = (*CASES["chunk-after-past"][:5], length, *CASES["chunk-after-past"][6:])
+    feeds, _ = _inputs(case, cache, True)
+    with pytest.raises(Exception, match=message):
+        session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], cache, True, **attrs))
+        session.run(None, feeds)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
@@ -334,9 +412,6 @@ def test_key_prefetches_into_l1_or_l2_change_no_bit(library: Path, tmp_path: Pat
     np.testing.assert_array_equal(got["l1"][1], got["l2"][1])
     np.testing.assert_allclose(got["l2"][0], out, atol={"fp32": 2e-5, "fp16": 3e-3, "int8": 5e-2}[cache], rtol=0)
 
-
-PROMPT_PATH_CASES = ["prompt-d64-blocks-long", "prompt-d64-blocks-window-softcap", "chunk-after-past-d64-tiles",
-                     "chunks-mixed-counts-d64-tiles", "prompt-d32-tiles", "prompt-d128-tiles", "prompt-d256-tiles"]
 
 
 def _outputs_under(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, cache: str,
@@ -461,7 +536,7 @@ def test_an_engine_of_another_operator_version_is_refused_at_load(tiny_llama: Bu
     assert data["settings"]["llmc_ops"] == ops_version() and not list(engine.glob("*.so"))
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "0"}}))
     with pytest.raises(ManifestError, match=f"built with llmc's operators version 0; this installation has version "
-                                            f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11, 12\\): build the engine again"):
+                                            f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11, 12, 13\\): build the engine again"):
         load_engine_dir(engine)
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "5"}}))
     load_engine_dir(engine)  # versions 6 and 7 only added an optional input and an operator: version 5 runs
@@ -608,18 +683,21 @@ def _to_pool(feeds: dict[str, np.ndarray], past: list[int], bs: int,
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
-@pytest.mark.parametrize("cache", ["fp16", "int8"])
+@pytest.mark.parametrize("cache", ["fp16", "int8", "fp16-key-tiles"])
 @pytest.mark.parametrize("name", ["prompt-right-padded", "decode-split-rows", "chunk-after-past",
                                   "decode-window-split-rows-softcap", "prompt-d64-blocks-window-softcap"])
 def test_paged_matches_reference_reading_blocks_in_place(library: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch, name: str, cache: str,
                                                          generic: bool) -> None:
     """Block tables over a shuffled pool, rows sharing their prefix blocks: the same output as the reference, the
-    new K/V written into the rows' own blocks, shared and spare blocks untouched."""
+    new K/V written into the rows' own blocks, shared and spare blocks untouched; fp16-key-tiles: the key pool's
+    blocks of 32 hold two groups of 16 keys each as [D][16] (key_tiles)."""
     import onnxruntime as ort
 
     monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
-    case, bs = CASES[name], 16
+    tiles = cache.endswith("key-tiles")
+    cache = cache.removesuffix("-key-tiles")
+    case, bs = CASES[name], 32 if tiles else 16
     (B, _, H, Hkv), (past, new) = case[:4], case[6:8]
     feeds, _ = _inputs(case, cache, True, seed=3)
     table, shared = _to_pool(feeds, past, bs, np.random.default_rng(4))
@@ -635,9 +713,10 @@ def test_paged_matches_reference_reading_blocks_in_place(library: Path, tmp_path
         for b in range(B):
             for i, block in enumerate(table[b]):
                 pool[block] = feeds[name_in][b, :, i * bs:(i + 1) * bs]
-        pools[name_in] = pool
+        pools[name_in] = _tile(pool) if tiles and name_in == "past_key" else pool
     before = {n: p.copy() for n, p in pools.items()}
-    session = _session(library, _paged_graph(tmp_path / "p.onnx", H, Hkv, cache, True, **_attrs(case)))
+    session = _session(library, _paged_graph(tmp_path / "p.onnx", H, Hkv, cache, True, **_attrs(case),
+                                             **({"key_tiles": 1} if tiles else {})))
     binding = session.io_binding()  # type: ignore[attr-defined]
     binding.bind_output("out")
     values = []
@@ -648,6 +727,8 @@ def test_paged_matches_reference_reading_blocks_in_place(library: Path, tmp_path
         if name_in in pools:
             binding.bind_ortvalue_output(name_in.replace("past_", "present_"), value)
     session.run_with_iobinding(binding)  # type: ignore[attr-defined]
+    if tiles:
+        pools["past_key"], before["past_key"] = _untile(pools["past_key"]), _untile(before["past_key"])
     tol = {"fp16": 3e-3, "int8": 4e-2}[cache]  # as in test_matches_reference_in_place
     if cache == "int8" and case[4] == 64 and _options(case).get("window"):
         tol = 6e-2  # as there: a short window's mean of few int8 rows

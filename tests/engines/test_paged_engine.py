@@ -47,15 +47,25 @@ def generate(engine_dir: Path, prompts: list[list[int]], config: RuntimeConfig, 
     return [loop.result(r).outputs[0].token_ids for r in rids]
 
 
-@pytest.mark.parametrize("block_size", [16, 4])
+@pytest.mark.parametrize("block_size", [16, 32])
 def test_paged_tokens_equal_slot_tokens_for_mixed_lengths(tiny_llama: Built, slot_engine: Path,
                                                           block_size: int) -> None:
     paged = load_engine_dir(tiny_llama.engine("llmc"))
     assert paged.manifest.kv.paged and paged.kv_block_size == EngineOptions().kv_block_size == 64
+    assert paged.manifest.kv.key_tiles and not load_engine_dir(slot_engine).manifest.kv.key_tiles
     config = RuntimeConfig(max_running=4, kv_budget_mb=4, max_step_tokens=24, min_chunk=4, kv_block_size=block_size)
     want = generate(slot_engine, PROMPTS, config)
     assert generate(tiny_llama.engine("llmc"), PROMPTS, config) == want
     assert generate(tiny_llama.engine("llmc"), PROMPTS[::-1], config) == want[::-1]
+
+
+def test_blocks_smaller_than_a_group_of_keys_are_refused_naming_the_size(tiny_llama: Built) -> None:
+    """A paged engine holds its keys 16 positions at a time (key_tiles): a block size under 16 is refused at load,
+    naming it, where it would otherwise fail inside the first step."""
+    from llmc.errors import InputError
+
+    with pytest.raises(InputError, match="--kv-block-size 8: this engine holds its keys in groups of 16 positions"):
+        load_engine_dir(tiny_llama.engine("llmc"), EngineOptions(kv_block_size=8))
 
 
 def test_prefix_cached_logits_equal_uncached(tiny_llama: Built) -> None:

@@ -9,6 +9,8 @@
  * 30 layers of SmolLM2 attention over a 128 / 512 / 2,048-token prompt, 2 threads, 14.2 / 167-180 / 2,227-2,624 ms
  * one position at a time, 9.0-10.6 / 112-143 / 1,437-1,539 in blocks.
  * With a local window, a row reads only the keys in its window (and a long decode row's split covers that span).
+ * With key_tiles (fp32 / fp16 caches) the keys of each 16 positions sit in the cache as [D][16], so a decode row
+ * scores 16 keys per FMA with nothing to reduce across lanes and a prompt's packed keys are its groups widened.
  * An fp16 cache halves the bytes read; keys and values are widened to fp32 as they are loaded, and the arithmetic
  * is fp32, except for a prompt's over an fp16 or int8 cache where the CPU grants AMX-BF16 tiles: there each row's
  * keys and values are packed once per call into the tiles' layout as bf16 hi + lo (x ~ hi + lo to ~16 bits), and
@@ -94,11 +96,27 @@ typedef struct {
   const int32_t* table;  /* paged: the row's block table */
   size_t rb, block_step; /* bytes per cache row; paged: per block (Hkv * block_size rows) */
   int shift, mask;       /* paged: block_size = 1 << shift */
+  int tiles;             /* keys of a key_tiles cache: row_at(t) of a multiple of 16 is its group [D][16] */
 } rows_t;
 
 static inline const char* row_at(const rows_t* r, int t) {
   if (!r->table) return r->base + (size_t)t * r->rb;
   return r->base + (size_t)r->table[t >> r->shift] * r->block_step + (size_t)(t & r->mask) * r->rb;
+}
+
+#define TILE_MASK (LLMC_KEY_TILE - 1)
+/* Key t of a cache of `kind` (fp32 or fp16 with tiles) in fp32, whichever layout holds it. */
+static void key_row(const rows_t* K, int t, int kind, int D, float* out) {
+  if (!K->tiles) {
+    const char* row = row_at(K, t);
+    for (int d = 0; d < D; d++) out[d] = load1(row, d, kind, D);
+    return;
+  }
+  const char* g = row_at(K, t & ~TILE_MASK);
+  size_t r = (size_t)(t & TILE_MASK);
+  for (int d = 0; d < D; d++)
+    out[d] = kind == LLMC_KV_F16 ? (float)((const _Float16*)g)[(size_t)d * LLMC_KEY_TILE + r]
+                                 : ((const float*)g)[(size_t)d * LLMC_KEY_TILE + r];
 }
 
 static inline float flushed_exp(float x) { return x < -80.f ? 0.f : expf(x); } /* see llmc_exp512 */
@@ -128,18 +146,19 @@ static __attribute__((noinline)) void cap_scores(float* s, int n, float cap) {
 /* Keys [t0, t1) of one KV head for G query heads q[G][D]: online softmax; m[G], l[G], acc[G][D] out. */
 static void attend_generic(const float* q, const rows_t* K, const rows_t* V, int kind, int G, int D, int t0, int t1,
                            float softcap, float* m, float* l, float* acc) {
-  float s[CHUNK * 64];
+  float s[CHUNK * 64], key[1024];
   for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
   memset(acc, 0, sizeof(float) * G * D);
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
-    for (int t = 0; t < n; t++)
+    for (int t = 0; t < n; t++) {
+      key_row(K, c0 + t, kind, D, key);
       for (int g = 0; g < G; g++) {
-        const char* row = row_at(K, c0 + t);
         float dot = 0.f;
-        for (int d = 0; d < D; d++) dot += q[g * D + d] * load1(row, d, kind, D);
+        for (int d = 0; d < D; d++) dot += q[g * D + d] * key[d];
         s[g * CHUNK + t] = dot;
       }
+    }
     for (int g = 0; g < G; g++) {
       if (softcap > 0.f) cap_scores(s + g * CHUNK, n, softcap);
       float mx = m[g];
@@ -352,6 +371,39 @@ AVX512 static inline __attribute__((always_inline)) void scores16_rows(const flo
   for (int v = 0; v < NV; v++) _mm512_storeu_ps(c + v * stride, a[v]);
 }
 
+/* c[v * stride + 0..15] = the scores of the 16 keys of a key_tiles group kg ([QD][16] fp16 or fp32, as the cache
+ * holds them) for NV query vectors q[NV][QD]: each dim of the 16 keys loaded and widened once for the NV vectors,
+ * nothing reduced across lanes (the rows' loop spends ~9 of its ~55 operations a key and 3 vectors on hsum16 and
+ * the stores and loads of its unreduced products). Up to 8 vectors take two sums each (even and odd dims): a
+ * decode row's 3 vectors are then 6 chains of FMAs, not 3 waiting on their latency. */
+AVX512 static inline __attribute__((always_inline)) void scores16_tiles(const float* q, const int QD, const char* kg,
+                                                                         const int f16, float* c, size_t stride,
+                                                                         const int NV) {
+  __m512 a[16], e[8];
+  const int two = NV <= 8;
+  for (int v = 0; v < NV; v++) a[v] = _mm512_setzero_ps();
+  for (int v = 0; two && v < NV; v++) e[v] = _mm512_setzero_ps();
+#define TILE_DIM(d) (f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(kg + (size_t)(d) * 32))) \
+                         : _mm512_loadu_ps((const float*)kg + (size_t)(d) * 16))
+  if (two) {
+    for (int d = 0; d < QD; d += 2) {
+      __m512 k0 = TILE_DIM(d), k1 = TILE_DIM(d + 1);
+      for (int v = 0; v < NV; v++) {
+        a[v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v * QD + d]), k0, a[v]);
+        e[v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v * QD + d + 1]), k1, e[v]);
+      }
+    }
+    for (int v = 0; v < NV; v++) a[v] = _mm512_add_ps(a[v], e[v]);
+  } else {
+    for (int d = 0; d < QD; d++) {
+      __m512 k = TILE_DIM(d);
+      for (int v = 0; v < NV; v++) a[v] = _mm512_fmadd_ps(_mm512_set1_ps(q[v * QD + d]), k, a[v]);
+    }
+  }
+#undef TILE_DIM
+  for (int v = 0; v < NV; v++) _mm512_storeu_ps(c + v * stride, a[v]);
+}
+
 /* Keys [t0, t1) of one KV head for G query vectors q[G][D] (with packed keys k16 and a head size other than 64 and
  * 128: q[D][G], the vectors as columns, as run_unit rotates them) (a decode row's query heads, or a block of prompt
  * rows' heads: MAX_VECTORS at most), each seeing keys [lo[g], hi[g]) of them (lo NULL: all of them); online softmax;
@@ -374,8 +426,9 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
     llmc_bf16_round(q, (int64_t)G * D, qhl[0], qhl[1]);
     llmc_amx_configure();
   }
+  int tiles = !kt && !k16 && K->tiles; /* (a prompt's keys packed, k16 or AMX's, come from the cache's groups) */
   if (!kt && !k16) /* the first key rows, which the loop's prefetches (PREFETCH_ROWS ahead of it) never reach */
-    for (int t = t0; t < t1 && t < t0 + PREFETCH_ROWS; t++) prefetch_row(row_at(K, t), rb, l2);
+    for (int t = tiles ? t0 & ~TILE_MASK : t0; t < t1 && t < t0 + PREFETCH_ROWS; t++) prefetch_row(row_at(K, t), rb, l2);
   for (int c0 = t0; c0 < t1; c0 += CHUNK) {
     int n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
     for (int t = 0; !kt && t < n;) { /* a block's rows are contiguous: one table lookup per run of them, not per
@@ -386,25 +439,51 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
       const char *kr = row_at(K, at), *vr = row_at(V, at);
       for (int i = 0; i < run; i++, t++, kr += rb, vr += rb) krow[t] = kr, vrow[t] = vr;
     }
-    if (k16) { /* the chunk's scores 16 keys at a time from a multiple of 16: a group inside the chunk straight
-                * into s, one across its edges through c */
+    if (k16 || tiles) { /* the chunk's scores 16 keys at a time from a multiple of 16: a group inside the chunk
+                         * straight into s, one across its edges through c */
       for (int kg = c0 / 16 * 16; kg < c0 + n; kg += 16) {
-        float c[MAX_VECTORS * 16] __attribute__((aligned(64)));
-        const float* g0 = k16 + (size_t)(kg / 16) * D * 16;
+        float c[64 * 16] __attribute__((aligned(64)));
         int inside = kg >= c0 && kg + 16 <= c0 + n;
         float* dst = inside ? s + (kg - c0) : c;
         size_t stride = inside ? CHUNK : 16;
+        if (tiles) {
+          const char* tg = row_at(K, kg);
+          int f16 = kind == LLMC_KV_F16;
+          if (kg + PREFETCH_ROWS < t1 || !K->table) /* the group PREFETCH_ROWS keys on (a table only in range), */
+            prefetch_row(row_at(K, kg + PREFETCH_ROWS), LLMC_KEY_TILE * rb, l2);
+          for (int t = kg < c0 ? c0 : kg; t < kg + 16 && t < c0 + n; t++) /* and the group's value rows: all at
+                                                                           * once (spread over the scores' steps, a
+                                                                           * batch-8 step was ~1-2 % longer) */
+            prefetch_row(vrow[t - c0], rb, l2);
+          for (int v0 = 0; v0 < G; v0 += 16) { /* (G up to 64 on a decode row) */
+            const float* qv = q + (size_t)v0 * D;
+            float* dv = dst + v0 * stride;
+#define TSCORES(NV)                                                        \
+  case NV:                                                                 \
+    if (D == 64) f16 ? scores16_tiles(qv, 64, tg, 1, dv, stride, NV) : scores16_tiles(qv, 64, tg, 0, dv, stride, NV); \
+    else if (D == 128) f16 ? scores16_tiles(qv, 128, tg, 1, dv, stride, NV) : scores16_tiles(qv, 128, tg, 0, dv, stride, NV); \
+    else scores16_tiles(qv, D, tg, f16, dv, stride, NV);                   \
+    break;
+            switch (G - v0) {
+              TSCORES(1) TSCORES(2) TSCORES(3) TSCORES(4) TSCORES(5) TSCORES(6) TSCORES(7) TSCORES(8)
+              TSCORES(9) TSCORES(10) TSCORES(11) TSCORES(12) TSCORES(13) TSCORES(14) TSCORES(15) default: TSCORES(16)
+            }
+#undef TSCORES
+          }
+        } else {
+          const float* g0 = k16 + (size_t)(kg / 16) * D * 16;
 #define SCORES(NV) \
   case NV:                                                \
     if (D == 64) scores16_rows(q, 64, g0, dst, stride, NV);   \
     else if (D == 128) scores16_rows(q, 128, g0, dst, stride, NV); \
     else scores16(q, D, g0, dst, stride, NV);                 \
     break;
-        switch (G) {
-          SCORES(1) SCORES(2) SCORES(3) SCORES(4) SCORES(5) SCORES(6) SCORES(7) SCORES(8)
-          SCORES(9) SCORES(10) SCORES(11) SCORES(12) SCORES(13) SCORES(14) SCORES(15) default: SCORES(16)
-        }
+          switch (G) {
+            SCORES(1) SCORES(2) SCORES(3) SCORES(4) SCORES(5) SCORES(6) SCORES(7) SCORES(8)
+            SCORES(9) SCORES(10) SCORES(11) SCORES(12) SCORES(13) SCORES(14) SCORES(15) default: SCORES(16)
+          }
 #undef SCORES
+        }
         if (inside) continue;
         int from = kg > c0 ? kg : c0, to = kg + 16 < c0 + n ? kg + 16 : c0 + n;
         for (int g = 0; g < G; g++)
@@ -421,7 +500,7 @@ AVX512 static void attend_avx512(const float* q, const rows_t* K, const rows_t* 
           memcpy(s + g * CHUNK + (from - c0), c + g * 32 + (from - kp), sizeof(float) * (size_t)(to - from));
       }
     }
-    for (int t = 0; !kt && !k16 && t < n; t++) {
+    for (int t = 0; !kt && !k16 && !tiles && t < n; t++) {
       const char* row = krow[t];
       if (t + PREFETCH_ROWS < n) /* the chunk's own rows; past its end: the next chunk's (a table only in range) */
         prefetch_row(krow[t + PREFETCH_ROWS], rb, l2);
@@ -676,6 +755,19 @@ static inline char* cache_row(const llmc_attention_args* a, void* base, int b, i
   return (char*)base + (((size_t)block * a->Hkv + h) * a->block_size + t % a->block_size) * rb;
 }
 
+/* Key t of (row b, KV head h) into its key_tiles group: dim d at element 16 d + t % 16 of the group's rows. */
+static void store_key_tiled(const llmc_attention_args* a, int b, int h, int t, const float* x, int f16c) {
+  char* g = cache_row(a, a->k, b, h, t & ~TILE_MASK);
+  size_t r = (size_t)(t & TILE_MASK);
+  if (a->kv_kind == LLMC_KV_F16) { /* (typed stores: a memcpy of a run-time size was a call per dim) */
+    uint16_t row[1024];
+    store_row((char*)row, x, a->D, a->kv_kind, f16c);
+    for (int d = 0; d < a->D; d++) ((uint16_t*)g)[(size_t)d * LLMC_KEY_TILE + r] = row[d];
+  } else {
+    for (int d = 0; d < a->D; d++) ((float*)g)[(size_t)d * LLMC_KEY_TILE + r] = x[d];
+  }
+}
+
 static rows_t head_rows(const llmc_attention_args* a, const void* base, int b, int h) {
   rows_t r = {0};
   r.rb = row_bytes(a->kv_kind, a->D);
@@ -721,7 +813,10 @@ static void write_new(const job* j) {
       for (int h = 0; h < a->Hkv; h++) {
         rotate_for(j, src + (size_t)(a->H + h) * D, tmp, past + i, 1.f, 1);
         if (a->kv_kind == LLMC_KV_I8) hadamard_for(j, tmp, D, 1);
-        store_row(cache_row(a, a->k, b, h, past + i), tmp, D, a->kv_kind, j->f16c);
+        if (a->key_tiles)
+          store_key_tiled(a, b, h, past + i, tmp, j->f16c);
+        else
+          store_row(cache_row(a, a->k, b, h, past + i), tmp, D, a->kv_kind, j->f16c);
         store_row(cache_row(a, a->v, b, h, past + i), src + (size_t)(a->H + a->Hkv + h) * D, D, a->kv_kind, j->f16c);
       }
     }
@@ -735,8 +830,16 @@ static void write_new(const job* j) {
 /* Row t of `rows` (a cache of `kind`) widened to fp32 and split into bf16 hi + lo. */
 AVX512 static inline void row_hilo(const rows_t* rows, int t, int kind, int D, uint16_t (*hl)[TILE_MAX_D]) {
   float row[TILE_MAX_D] __attribute__((aligned(64)));
-  const char* r = row_at(rows, t);
-  for (int d = 0; d < D; d += 16) _mm512_store_ps(row + d, load16(r, d, kind, D));
+  if (rows->tiles) { /* key t's dims out of its group: 16 apart (fp32 or fp16) */
+    const char* g = row_at(rows, t & ~TILE_MASK);
+    size_t r = (size_t)(t & TILE_MASK);
+    for (int d = 0; d < D; d++)
+      row[d] = kind == LLMC_KV_F16 ? _cvtsh_ss(((const unsigned short*)g)[(size_t)d * LLMC_KEY_TILE + r])
+                                   : ((const float*)g)[(size_t)d * LLMC_KEY_TILE + r];
+  } else {
+    const char* r = row_at(rows, t);
+    for (int d = 0; d < D; d += 16) _mm512_store_ps(row + d, load16(r, d, kind, D));
+  }
   llmc_bf16_round(row, D, hl[0], hl[1]);
 }
 
@@ -745,6 +848,7 @@ AVX512 static void pack_keys(const job* j, int b, int h, uint16_t* out) {
   int D = a->D, keys = past_of(a, b) + new_of(a, b);
   size_t group = (size_t)(D / LLMC_AMX_K) * 2 * 512;
   rows_t K = head_rows(a, a->k, b, h);
+  K.tiles = a->key_tiles;
   uint16_t hl[2][TILE_MAX_D];
   memset(out + (size_t)(keys / 32 * 2) * group, 0, sizeof(uint16_t) * 2 * group); /* the last pair's tail */
   for (int t = 0; t < keys; t++) {
@@ -787,6 +891,16 @@ AVX512 static void pack_keys16(const job* j, int b, int h, float* out) {
   memset(out + (size_t)(keys / 16) * D * 16, 0, sizeof(float) * (size_t)D * 16); /* the last group's tail */
   for (int t0 = 0; t0 < keys; t0 += 16) {
     float* g = out + (size_t)(t0 / 16) * D * 16;
+    if (a->key_tiles) { /* the cache's group is this layout already: widened, the keys past the row's masked to 0 */
+      const char* kg = row_at(&K, t0);
+      __mmask16 keep = keys - t0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (keys - t0)) - 1);
+      for (int d = 0; d < D; d++)
+        _mm512_store_ps(g + (size_t)d * 16,
+                        _mm512_maskz_mov_ps(keep, a->kv_kind == LLMC_KV_F16
+                                                      ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(kg + (size_t)d * 32)))
+                                                      : _mm512_loadu_ps((const float*)kg + (size_t)d * 16)));
+      continue;
+    }
     for (int t = t0; t < keys && t < t0 + 16; t++) {
       const char* r = row_at(&K, t);
       for (int d = 0; d < D; d += 16) {
@@ -854,6 +968,7 @@ static void run_unit(void* data, size_t u) {
   int nvec = rows * G;
   (void)lo, (void)hi; /* (the portable path takes one position per unit) */
   rows_t Kr = head_rows(a, a->k, b, h), Vr = head_rows(a, a->v, b, h);
+  Kr.tiles = a->key_tiles;
   const rows_t *K = &Kr, *V = &Vr;
   if (t0 >= t1) {
     for (int g = 0; g < nvec; g++) m[g] = -INFINITY, l[g] = 0.f;
@@ -992,6 +1107,12 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
                         a->L != a->max_blocks * a->block_size)) {
     snprintf(err_buf, sizeof err_buf, "block size %d, %d blocks per row: a power of 2 and at least 1 block",
              a->block_size, a->max_blocks);
+    return err_buf;
+  }
+  if (a->key_tiles && (a->kv_kind == LLMC_KV_I8 || (a->block_table ? a->block_size : a->L) % LLMC_KEY_TILE)) {
+    if (a->kv_kind == LLMC_KV_I8) return "key tiles: an fp32 or fp16 cache only (an int8 cache holds rows)";
+    snprintf(err_buf, sizeof err_buf, "key tiles: %s %d must be a multiple of %d", a->block_table ? "block size" : "cache length",
+             a->block_table ? a->block_size : a->L, LLMC_KEY_TILE);
     return err_buf;
   }
   int max_keys = 0;

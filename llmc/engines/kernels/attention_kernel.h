@@ -17,6 +17,10 @@
  *         0: all keys up to p
  *   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2); 0: off
  *   out   [B, S, H D] fp32; padded query rows get zeros.
+ *   key_tiles (fp32 and fp16 caches): the keys of each 16 aligned positions 16i .. 16i + 15 of a KV head are held
+ *         in their 16 rows' bytes as [D][16] (dim d of position 16i + r at element 16 d + r) instead of row by row;
+ *         the values stay rows. A decode row's scores then take 16 keys per product with nothing to reduce across
+ *         lanes (attention_kernel.c). Needs L (slot layout) or block_size (paged) a multiple of 16.
  *   block_table [B, max_blocks] int32 or NULL: paged KV memory. Then k, v are pools [num_blocks, Hkv, block_size,
  *         row] shared by all rows, and position t of row b sits in block block_table[b][t / block_size] at
  *         t % block_size (L = max_blocks * block_size; block_size a power of 2); blocks holding a row's cached
@@ -51,7 +55,10 @@ typedef struct {
   const int32_t* block_table; /* NULL: k, v are [B, Hkv, L, row] */
   int block_size, max_blocks, num_blocks;
   const int32_t* new_lens; /* NULL: S new tokens per row (or the first-prompt form); else row b's count, 1..S */
+  int key_tiles;           /* 1: keys in groups of 16 positions [D][16] (see above); 0: rows */
 } llmc_attention_args;
+
+#define LLMC_KEY_TILE 16 /* positions per group of a key_tiles cache */
 
 /* Returns NULL on success, else a message naming the value and its limit. `parallel` runs fn(data, i) for
  * i in [0, total) (ONNX Runtime's intra-op pool); NULL runs them in this thread. */

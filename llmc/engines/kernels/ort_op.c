@@ -15,7 +15,9 @@
  * tokens each, or, when total_sequence_length == S, seqlens_k[b] + 1 of a first prompt.
  * Attributes: num_heads, kv_num_heads (int), scale (float); optional, as GroupQueryAttention's: local_window_size
  * (int, default -1 = none; W >= 1: the query at position p sees keys p - W < t <= p only, and the kernel reads no
- * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale).
+ * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale); llmc's own:
+ * key_tiles (int, default 0; 1, fp32 and fp16 caches: the keys of each 16 aligned positions held as [D][16] in their
+ * rows' bytes, attention_kernel.h; the cache's length or block size a multiple of 16).
  *
  * MatMulQ4 (matmul_q4.h): A [..., K] fp32, B uint8 [ceil(N / 32), K / 32, 640] (the packed 4-bit tiles), bias [N]
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated;
@@ -157,7 +159,7 @@ static int pool_threads_of(const OrtCustomOp* op) {
 
 typedef struct {
   const OrtApi* api;
-  int64_t num_heads, kv_num_heads, local_window_size;
+  int64_t num_heads, kv_num_heads, local_window_size, key_tiles;
   float scale, softcap;
   int kv_kind; /* LLMC_KV_* */
   int pool_threads; /* llmc's pool of this many threads, or 0: ONNX Runtime's (Pool below) */
@@ -226,7 +228,14 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
     char msg[160];
     k->local_window_size = optional_int(api, info, "local_window_size", -1);
     k->softcap = optional_float(api, info, "softcap", 0.f);
-    if (k->local_window_size == 0 || k->local_window_size < -1) {
+    k->key_tiles = optional_int(api, info, "key_tiles", 0);
+    if (k->key_tiles != 0 && k->key_tiles != 1) {
+      snprintf(msg, sizeof msg, "CachedAttention: key_tiles %lld: must be 0 (rows) or 1 (groups of 16 positions)",
+               (long long)k->key_tiles);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
+    } else if (k->key_tiles && k->kv_kind == LLMC_KV_I8) {
+      s = fail(api, ERR_INVALID_ARGUMENT, "CachedAttention: key_tiles 1: an fp32 or fp16 cache only (CachedAttentionI8Cache holds rows)");
+    } else if (k->local_window_size == 0 || k->local_window_size < -1) {
       snprintf(msg, sizeof msg, "CachedAttention: local_window_size %lld: must be -1 (no window) or at least 1",
                (long long)k->local_window_size);
       s = fail(api, ERR_INVALID_ARGUMENT, msg);
@@ -375,7 +384,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .block_table = paged ? (const int32_t*)data[IN_BLOCKS] : NULL,
       .block_size = paged ? (int)dims[IN_PAST_K][2] : 0, .max_blocks = paged ? (int)dims[IN_BLOCKS][1] : 0,
       .num_blocks = paged ? (int)dims[IN_PAST_K][0] : 0,
-      .new_lens = rank[IN_NEW] >= 0 ? (const int32_t*)data[IN_NEW] : NULL};
+      .new_lens = rank[IN_NEW] >= 0 ? (const int32_t*)data[IN_NEW] : NULL, .key_tiles = (int)k->key_tiles};
   Pool pool = {api, ctx, NULL, k->pool_threads};
   const char* err = llmc_attention(&a, run_parallel, &pool);
   return outcome(&pool, "CachedAttention", err);

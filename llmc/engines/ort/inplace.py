@@ -19,9 +19,9 @@ from llmc.engines.base import EngineOptions, KVCache, PagedKVCache
 from llmc.engines.host_kv import HostKVCache, HostPagedKVCache
 from llmc.engines.ort.run import OrtEngineBase
 from llmc.engines.steps import StepCore, StepLayout, StepRows
-from llmc.errors import EngineError
+from llmc.errors import EngineError, InputError
 from llmc.graph import io_names
-from llmc.manifest import EngineManifest
+from llmc.manifest import KEY_TILE, EngineManifest
 
 _INT32 = frozenset({io_names.SEQLENS_K, io_names.TOTAL_SEQ_LEN, io_names.BLOCK_TABLE, io_names.NEW_TOKENS})
 
@@ -35,6 +35,9 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         self._present_names = manifest.kv.names("present")
         self._input_names = [n for n in manifest.decode.input_names() if n not in self._past_names]
         self._block_size = options.kv_block_size if manifest.kv.paged else 0
+        if manifest.kv.key_tiles and self._block_size % KEY_TILE:
+            raise InputError(f"--kv-block-size {self._block_size}: this engine holds its keys in groups of {KEY_TILE} "
+                             f"positions, so its blocks need at least {KEY_TILE}", "kv_block_size")
         # (session, kv, first, stop) -> an IOBinding with the KV rows (slot memory) or the pools (paged memory, the
         # key's first and stop 0) already bound as past and present, and the OrtValues it holds
         self._bindings: dict[tuple[int, int, int, int], tuple[object, list[object]]] = {}
