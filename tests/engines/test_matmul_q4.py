@@ -145,13 +145,15 @@ def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gated: boo
 
 def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, gated: bool,
              threads: int, told: int | None, act_bits: int | None = None, op: str = "MatMulQ4",
-             int8_prompts: int | None = None, own_pool: bool = False) -> object:
+             int8_prompts: int | None = None, own_pool: bool = False, window: float | None = None) -> object:
     """A one-node session; `told` is the thread count the library is given (llmc.threads), None for none;
-    `act_bits`, `int8_prompts` None: the node has no such attribute; own_pool: on llmc's pool of `told` threads."""
+    `act_bits`, `int8_prompts`, `window` None: the node has no such attribute; own_pool: on llmc's pool of `told`
+    threads."""
     import onnxruntime as ort
 
     inputs = ["x", "w"] + (["bias"] if bias is not None else [])
-    attrs = {name: v for name, v in (("act_bits", act_bits), ("int8_prompts", int8_prompts)) if v is not None}
+    attrs = {name: v for name, v in (("act_bits", act_bits), ("int8_prompts", int8_prompts), ("window", window))
+             if v is not None}
     node = helper.make_node(op, inputs, ["y"], domain="ai.llmc", K=k, N=n, gated=int(gated), **attrs)
     inits = [numpy_helper.from_array(packed, "w")] + ([numpy_helper.from_array(bias, "bias")] if bias is not None
                                                       else [])
@@ -410,6 +412,64 @@ def test_a_prompt_s_activations_quantized_over_threads_change_no_bit(llmc_ops: P
         None, {"x": x})[0] for t in (1, 2, 3)]
     np.testing.assert_array_equal(y[0], y[1])
     np.testing.assert_array_equal(y[0], y[2])
+
+
+WINDOW_ROWS = 2  # matmul_q4.h: LLMC_Q4_WINDOW_ROWS
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("op", ["MatMulQ4", "MatMulQ8"])
+@pytest.mark.parametrize(("threads", "told"), [(2, 2), (1, 1)])
+@pytest.mark.parametrize(("batch", "seq", "n", "with_bias"), [
+    (1, 1, 200, False),  # one row: two levels throughout
+    (2, 1, 200, True),  # decode's batch of 2 with a bias
+    (9, 1, 100, False),  # 9 rows = 8 + 1, the last tile 4 columns wide
+    (3, 4, 72, True),  # a 12-row prompt (no AMX tiles at 12 rows), ragged
+])
+def test_a_window_takes_the_second_level_only_near_each_row_s_largest(
+        llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, op: str, threads: int, told: int, batch: int,
+        seq: int, n: int, with_bias: bool) -> None:
+    """window w (act_bits 16): from WINDOW_ROWS rows on, every 16-column tile is act_bits 8's value except those
+    holding an act_bits 8 value within w of its row's largest, which are act_bits 16's: the same bits as each."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    k = 128
+    if op == "MatMulQ8":
+        w = q8_0_like(RNG, k, n, fp16=True)
+        packed = pack_q8_tiles(w)
+    else:
+        w = _q4_1_like(k, n)
+        packed = pack_q4_tiles(w)
+    bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
+    x = RNG.standard_normal((batch, seq, k)).astype(np.float32) + 1.0
+    run = {bits: _session(llmc_ops, k, n, packed, bias, False, threads, told, bits, op=op).run(None, {"x": x})[0]
+           for bits in (8, 16)}
+    y8, y16 = run[8].reshape(-1, n), run[16].reshape(-1, n)
+    tiles = -(-n // 16)
+    padded = np.pad(y8, ((0, 0), (0, tiles * 16 - n)), constant_values=-np.inf)
+    gaps = y8.max(-1, keepdims=True) - padded.reshape(-1, tiles, 16).max(-1)  # each tile's below its row's largest
+    window = float(np.median(gaps, -1).min()) * 0.9  # every row keeps more than half its tiles at one level
+    got = _session(llmc_ops, k, n, packed, bias, False, threads, told, 16, op=op, window=window).run(
+        None, {"x": x})[0].reshape(-1, n)
+    if batch * seq < WINDOW_ROWS:
+        np.testing.assert_array_equal(got, y16)
+        return
+    near = (padded >= y8.max(-1, keepdims=True) - window).reshape(-1, tiles, 16).any(-1)
+    expected = np.where(np.repeat(near, 16, -1)[:, :n], y16, y8)
+    np.testing.assert_array_equal(got, expected)
+    assert near.any(-1).all() and not near.all(), near.sum(-1)  # each row has tiles on both sides
+    assert not np.array_equal(y8, y16)
+
+
+def test_a_window_is_refused_where_it_does_not_apply(llmc_ops: Path) -> None:
+    w = pack_q4_tiles(_q4_1_like(64, 32))
+    for act_bits, gated, window, why in [(8, False, 4.0, "window 4: must be"), (16, True, 4.0, "window 4: must be"),
+                                         (16, False, -1.0, "window -1: must be"),
+                                         (16, False, float("inf"), "window inf: must be")]:
+        with pytest.raises(Exception, match=rf"MatMulQ4: {why} a finite margin >= 0, and 0 unless act_bits is 16 "
+                                            rf"without a gate \(act_bits {act_bits}, gated {int(gated)}\)"):
+            _session(llmc_ops, 64, 32, w, None, gated, 2, 2, act_bits, window=window)
+    _session(llmc_ops, 64, 32, w, None, False, 2, 2, 8, window=0.0)  # 0: off, with any act_bits
 
 
 def test_8_bit_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:

@@ -3,6 +3,7 @@ most sensitive layers until llmc verify's top-1 agreement reaches the target."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,9 @@ from llmc.engines.ort.build import MAX_QUALITY_BUILDS, BuildConfig, build_ort, e
 from llmc.engines.ort.graphs import load_checkpoint, quantizable
 from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, _float_weight
 from llmc.engines.registry import load_engine_dir
+from llmc.graph.layers import HEAD_WINDOW, head_window
 from llmc.graph.quant import QuantSpec, quantize_as
-from llmc.manifest import load_export
+from llmc.manifest import ModelSpec, load_export
 from llmc.runtime.tokenizer import Tokenizer
 from llmc.runtime.verify import VERIFY_PROMPTS, compare_engines, encode_prompt
 
@@ -138,6 +140,17 @@ def test_16_bit_activations_on_the_8_bit_head_come_closer(tiny_llama: Built, tmp
                     if n.op_type == "MatMulQ8"]
             assert [{a.name: a.i for a in n.attribute}.get("act_bits", 8) for n in head] == [
                 16 if precision == "int8-act16" else 8]
+            # the second level only near each row's largest logit (layers.head_window), from 2 rows on
+            assert [{a.name: a.f for a in n.attribute}.get("window", 0.0) for n in head] == [
+                HEAD_WINDOW if precision == "int8-act16" else 0.0]
+            if precision == "int8-act16":  # a batch of rows gives each row its own top token, as alone
+                kv = engine.new_kv_cache(3, 16)
+                prompts = [ids, ids[:3], [7, 11, 2, 9]]
+                together = engine.prefill([0, 1, 2], prompts, kv)
+                for i, p in enumerate(prompts):
+                    alone = engine.prefill([0], [p], engine.new_kv_cache(1, 8))[0]
+                    assert int(np.argmax(together[i])) == int(np.argmax(alone))
+                    np.testing.assert_allclose(together[i], alone, atol=0.05 * np.abs(alone).max())
     if matmul == "ort":
         assert errors["int8-act16"] < errors["int8"] / 20, errors
     else:
@@ -154,3 +167,12 @@ def test_short_of_the_target_a_build_raises_a_fifth_more_then_everything() -> No
     assert ks == [108, 121, 121, 121][: MAX_QUALITY_BUILDS - 1]
     assert next_raise(2, 121, 0) == 3 and next_raise(0, 121, 0) == 1  # small layouts step by one
     assert next_raise(5, 121, MAX_QUALITY_BUILDS - 2) == 121
+
+
+def test_the_head_s_window_is_in_its_outputs_units_and_off_under_a_soft_cap() -> None:
+    m = ModelSpec(family="llama", hf_architecture="LlamaForCausalLM", hidden_size=8, num_layers=1, num_heads=1,
+                  num_kv_heads=1, head_dim=8, intermediate_size=8, vocab_size=64, max_positions=64, norm="rms",
+                  norm_eps=1e-5, activation="silu", positions="rope")
+    assert head_window(m) == HEAD_WINDOW == 8.0
+    assert head_window(replace(m, logits_scaling=4.0)) == 32.0  # the logits are the head's outputs / 4
+    assert head_window(replace(m, final_softcap=30.0)) == 0.0  # tanh squeezes any gap: two levels everywhere

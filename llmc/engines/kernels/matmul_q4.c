@@ -136,8 +136,8 @@ static inline __attribute__((always_inline)) int32_t quantize_block(const float*
  * (AVX2's 8-bit dot products are of the centred weights q - 128: that path adds the 128 xsum back.)
  * x's blocks are consecutive across rows (block mb = m blocks + b at x + 32 mb), so they go in groups of QGROUP. */
 static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_args* a, int levels, int8_t* xq,
-                                                                     float* xscale, float* xsum, int64_t first,
-                                                                     int64_t end) {
+                                                                     float* xscale, float* xsum, float* xsum1,
+                                                                     int64_t first, int64_t end) {
   int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K;
   for (int64_t b0 = first; b0 < end; b0 += QGROUP) {
     int g = n - b0 < QGROUP ? (int)(n - b0) : QGROUP;
@@ -151,6 +151,7 @@ static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_
       float s = amax[j] / 127.f;
       sum[j] = s * (float)quantize_block(v, amax[j], qj);
       xscale[b0 + j] = s;
+      if (xsum1) xsum1[b0 + j] = sum[j];
       if (levels == 2)
         for (int i = 0; i < LLMC_Q4_BLOCK; i++) r[j * LLMC_Q4_BLOCK + i] = v[i] - s * (float)qj[i];
     }
@@ -176,7 +177,8 @@ static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_
  * depend on their order: the same bits. Compiled from the C, the calls of a decode step (one row: 18 or 48 blocks
  * each, 121 products) took ~1 ns a value in the calling thread while the pool's other threads waited. */
 __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))) static void quantize_blocks512(
-    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, int64_t first, int64_t end) {
+    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, float* xsum1, int64_t first,
+    int64_t end) {
   int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K;
   const __m512 magic = _mm512_set1_ps(12582912.f); /* round_small's 1.5 * 2^23 */
   const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
@@ -198,6 +200,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))
       }
       float part = s * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
       sum = l == 0 ? part : sum + part;
+      if (l == 0 && xsum1) xsum1[b] = part;
       xscale[l * n + b] = s;
       for (int h = 0; l + 1 < levels && h < 2; h++) /* the remainder, the next level's input */
         v[h] = _mm512_sub_ps(v[h], _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(q[h])));
@@ -206,8 +209,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))
   }
 }
 __attribute__((target("avx2"), optimize("fp-contract=off"))) static void quantize_blocks256(
-    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, int64_t first, int64_t end) {
-  quantize_blocks(a, levels, xq, xscale, xsum, first, end);
+    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, float* xsum1, int64_t first,
+    int64_t end) {
+  quantize_blocks(a, levels, xq, xscale, xsum, xsum1, first, end);
 }
 #endif
 
@@ -215,7 +219,7 @@ typedef struct {
   const llmc_q4_args* a;
   int levels, path;
   int8_t* xq;
-  float *xscale, *xsum;
+  float *xscale, *xsum, *xsum1; /* xsum1: the first level's block sums alone, or NULL (see window_pass) */
   size_t tasks;
 } quantize_job;
 
@@ -228,15 +232,15 @@ static void quantize_task(void* data, size_t t) {
   end = end < n ? end : n;
 #ifdef LLMC_X86
   if (q->path == LLMC_Q4_VNNI) {
-    quantize_blocks512(q->a, q->levels, q->xq, q->xscale, q->xsum, first, end);
+    quantize_blocks512(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, first, end);
     return;
   }
   if (q->path == LLMC_Q4_AVX2) {
-    quantize_blocks256(q->a, q->levels, q->xq, q->xscale, q->xsum, first, end);
+    quantize_blocks256(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, first, end);
     return;
   }
 #endif
-  quantize_blocks(q->a, q->levels, q->xq, q->xscale, q->xsum, first, end);
+  quantize_blocks(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, first, end);
 }
 
 /* x's blocks quantized, QUANTIZE_SPLIT_ROWS rows or more split over the pool's threads (in one thread a 128-token
@@ -246,8 +250,8 @@ static void quantize_task(void* data, size_t t) {
  * noise). */
 #define QUANTIZE_SPLIT_ROWS 8
 static void quantize_rows(const llmc_q4_args* a, int levels, int path, int8_t* xq, float* xscale, float* xsum,
-                          llmc_parallel_fn parallel, void* parallel_ctx) {
-  quantize_job q = {a, levels, path, xq, xscale, xsum, 1};
+                          float* xsum1, llmc_parallel_fn parallel, void* parallel_ctx) {
+  quantize_job q = {a, levels, path, xq, xscale, xsum, xsum1, 1};
   if (parallel && a->threads > 1 && a->M >= QUANTIZE_SPLIT_ROWS) {
     q.tasks = (size_t)a->threads;
     parallel(parallel_ctx, quantize_task, q.tasks, &q);
@@ -325,43 +329,46 @@ static inline float half_to_float(const uint8_t* p) {
   return (float)f;
 }
 
-/* L: activation levels (a constant where inlined). */
-static inline __attribute__((always_inline)) void unit_generic_levels(const job* j, int64_t u, const int L) {
+/* Row m's tile t over all blocks at L activation levels (a constant where inlined), added into acc [16]. */
+static inline __attribute__((always_inline)) void tile_generic(const job* j, int64_t m, int64_t t, const int L,
+                                                               float* acc) {
   const llmc_q4_args* a = j->a;
   int64_t blocks = j->blocks, xq_level = a->M * a->K, xs_level = a->M * blocks;
+  for (int64_t b = 0; b < blocks; b++) {
+    const uint8_t* p = tile_block(a->w, blocks, t, b, j->tile_bytes);
+    const int8_t* xq = j->xq + m * a->K + b * LLMC_Q4_BLOCK;
+    int64_t mb = m * blocks + b;
+    float xsum = j->xsum[mb];
+    for (int c = 0; c < LLMC_Q4_TILE; c++) {
+      float d = 0.f;
+      for (int l = 0; l < L; l++) {
+        const int8_t* r = xq + l * xq_level;
+        int32_t dot = 0;
+        if (j->bits == 8)
+          for (int chunk = 0; chunk < 8; chunk++)
+            for (int i = 0; i < 4; i++) dot += p[chunk * 64 + c * 4 + i] * r[4 * chunk + i];
+        else
+          for (int chunk = 0; chunk < 4; chunk++)
+            for (int i = 0; i < 4; i++) {
+              uint8_t byte = p[chunk * 64 + c * 4 + i];
+              dot += (byte & 15) * r[8 * chunk + i] + (byte >> 4) * r[8 * chunk + 4 + i];
+            }
+        d += j->xscale[l * xs_level + mb] * (float)dot;
+      }
+      const uint8_t* grid = p + (j->bits == 8 ? 512 : 256); /* 16 scales, then 16 mins */
+      acc[c] += half_to_float(grid + 2 * c) * d + half_to_float(grid + 32 + 2 * c) * xsum;
+    }
+  }
+}
+
+static inline __attribute__((always_inline)) void unit_generic_levels(const job* j, int64_t u, const int L) {
   float buf[ROWS * UNIT_COLS];
-  for (int64_t m0 = 0; m0 < a->M; m0 += ROWS) {
-    int rows = a->M - m0 < ROWS ? (int)(a->M - m0) : ROWS;
+  for (int64_t m0 = 0; m0 < j->a->M; m0 += ROWS) {
+    int rows = j->a->M - m0 < ROWS ? (int)(j->a->M - m0) : ROWS;
     memset(buf, 0, sizeof buf);
     for (int t = 0; t < UNIT_TILES; t++)
-      for (int m = 0; m < rows; m++) {
-        float* acc = buf + m * UNIT_COLS + t * LLMC_Q4_TILE;
-        for (int64_t b = 0; b < blocks; b++) {
-          const uint8_t* p = tile_block(a->w, blocks, u * UNIT_TILES + t, b, j->tile_bytes);
-          const int8_t* xq = j->xq + (m0 + m) * a->K + b * LLMC_Q4_BLOCK;
-          int64_t mb = (m0 + m) * blocks + b;
-          float xsum = j->xsum[mb];
-          for (int c = 0; c < LLMC_Q4_TILE; c++) {
-            float d = 0.f;
-            for (int l = 0; l < L; l++) {
-              const int8_t* r = xq + l * xq_level;
-              int32_t dot = 0;
-              if (j->bits == 8)
-                for (int chunk = 0; chunk < 8; chunk++)
-                  for (int i = 0; i < 4; i++) dot += p[chunk * 64 + c * 4 + i] * r[4 * chunk + i];
-              else
-                for (int chunk = 0; chunk < 4; chunk++)
-                  for (int i = 0; i < 4; i++) {
-                    uint8_t byte = p[chunk * 64 + c * 4 + i];
-                    dot += (byte & 15) * r[8 * chunk + i] + (byte >> 4) * r[8 * chunk + 4 + i];
-                  }
-              d += j->xscale[l * xs_level + mb] * (float)dot;
-            }
-            const uint8_t* grid = p + (j->bits == 8 ? 512 : 256); /* 16 scales, then 16 mins */
-            acc[c] += half_to_float(grid + 2 * c) * d + half_to_float(grid + 32 + 2 * c) * xsum;
-          }
-        }
-      }
+      for (int m = 0; m < rows; m++)
+        tile_generic(j, m0 + m, u * UNIT_TILES + t, L, buf + m * UNIT_COLS + t * LLMC_Q4_TILE);
     store_unit(j, u, m0, rows, buf);
   }
 }
@@ -772,6 +779,96 @@ static void run_units(void* data, size_t task) {
   end_task(j);
 }
 
+/* ---------------------------------------------------------------- the second level within a window */
+
+/* Row m's tile t at two levels (j: levels 2, xsum the two levels' block sums) over the one-level values in y, plus
+ * the bias: act_bits 16's bits for that tile (a row's tile takes the same operations whatever the rows and tiles
+ * around it in a pass). */
+#ifdef LLMC_X86
+static TARGET void window_tile_vnni(const job* j, int64_t m, int64_t t, float* buf) {
+  if (j->bits == 8)
+    tiles_vnni(j, m, t, 0, buf, 1, 1, 2, 8);
+  else
+    tiles_vnni(j, m, t, 0, buf, 1, 1, 2, 4);
+}
+static TARGET2 void window_tile_avx2(const job* j, int64_t m, int64_t t, float* buf) {
+  if (j->bits == 8)
+    tiles_avx2(j, m, t, buf, 1, 1, 2, 8);
+  else
+    tiles_avx2(j, m, t, buf, 1, 1, 2, 4);
+}
+#endif
+
+static void window_tile(const job* j, int64_t m, int64_t t) {
+  float buf[UNIT_COLS] = {0};
+#ifdef LLMC_X86
+  if (j->path == LLMC_Q4_VNNI)
+    window_tile_vnni(j, m, t, buf);
+  else if (j->path == LLMC_Q4_AVX2)
+    window_tile_avx2(j, m, t, buf);
+  else
+#endif
+    tile_generic(j, m, t, 2, buf);
+  const llmc_q4_args* a = j->a;
+  int64_t n0 = t * LLMC_Q4_TILE, cols = a->N - n0 < LLMC_Q4_TILE ? a->N - n0 : LLMC_Q4_TILE;
+  for (int64_t c = 0; c < cols; c++) a->y[m * a->N + n0 + c] = buf[c] + (a->bias ? a->bias[n0 + c] : 0.f);
+}
+
+/* Row y [N]'s tiles holding a value >= its largest (NaNs skipped) minus `window`, into hits; returns their count. */
+static int64_t hit_tiles(const float* y, int64_t N, float window, int32_t* hits) {
+  float top = -INFINITY;
+  for (int64_t i = 0; i < N; i++) top = y[i] > top ? y[i] : top;
+  float floor = top - window;
+  int64_t count = 0;
+  for (int64_t n0 = 0; n0 < N; n0 += LLMC_Q4_TILE) {
+    int hit = 0;
+    for (int64_t c = n0; c < N && c < n0 + LLMC_Q4_TILE; c++) hit |= y[c] >= floor;
+    if (hit) hits[count++] = (int32_t)(n0 / LLMC_Q4_TILE);
+  }
+  return count;
+}
+
+#ifdef LLMC_X86
+/* hit_tiles in AVX-512 registers (the order of a max does not change it; vmaxps keeps its second operand where the
+ * first is NaN, as the C's comparison does). */
+__attribute__((target("avx512f"))) static int64_t hit_tiles512(const float* y, int64_t N, float window,
+                                                               int32_t* hits) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  int64_t full = N / LLMC_Q4_TILE * LLMC_Q4_TILE;
+  __mmask16 tail = (__mmask16)((1u << (N - full)) - 1);
+  for (int64_t i = 0; i < full; i += 16) mx = _mm512_max_ps(_mm512_loadu_ps(y + i), mx);
+  if (tail) mx = _mm512_mask_max_ps(mx, tail, _mm512_maskz_loadu_ps(tail, y + full), mx);
+  __m512 floor = _mm512_set1_ps(_mm512_reduce_max_ps(mx) - window);
+  int64_t count = 0;
+  for (int64_t i = 0; i < full; i += 16)
+    if (_mm512_cmp_ps_mask(_mm512_loadu_ps(y + i), floor, _CMP_GE_OQ)) hits[count++] = (int32_t)(i / 16);
+  if (tail && _mm512_mask_cmp_ps_mask(tail, _mm512_maskz_loadu_ps(tail, y + full), floor, _CMP_GE_OQ))
+    hits[count++] = (int32_t)(full / 16);
+  return count;
+}
+#endif
+
+typedef struct {
+  const job* j; /* levels 2 */
+  int32_t* hits; /* [M][tiles] */
+} window_job;
+
+/* Task m: row m's tiles holding a one-level value within the window of its largest, again at two levels. */
+static void window_row(void* data, size_t task) {
+  const window_job* w = (const window_job*)data;
+  const llmc_q4_args* a = w->j->a;
+  int64_t m = (int64_t)task, tiles = (a->N + LLMC_Q4_TILE - 1) / LLMC_Q4_TILE;
+  int32_t* hits = w->hits + m * tiles;
+  int64_t count;
+#ifdef LLMC_X86
+  if (w->j->path == LLMC_Q4_VNNI)
+    count = hit_tiles512(a->y + m * a->N, a->N, a->window, hits);
+  else
+#endif
+    count = hit_tiles(a->y + m * a->N, a->N, a->window, hits);
+  for (int64_t i = 0; i < count; i++) window_tile(w->j, m, hits[i]);
+}
+
 const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
   static _Thread_local char msg[160];
   if (a->K <= 0 || a->K % LLMC_Q4_BLOCK || a->N <= 0 || (a->gated && a->N % (2 * LLMC_Q4_TILE))) {
@@ -787,9 +884,19 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     snprintf(msg, sizeof msg, "bits %d must be 4 (scale + min blocks) or 8 (symmetric blocks)", a->bits);
     return msg;
   }
+  if (!(a->window >= 0.f) || isinf(a->window)) {
+    snprintf(msg, sizeof msg, "window %g must be a finite margin >= 0 (0: off)", (double)a->window);
+    return msg;
+  }
+  if (a->window > 0.f && (a->act_bits != 16 || a->gated)) {
+    snprintf(msg, sizeof msg, "window %g applies to act_bits 16 without a gate (got act_bits %d, gated %d)",
+             (double)a->window, a->act_bits, a->gated);
+    return msg;
+  }
   if (a->M <= 0) return NULL;
   int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = dot_path();
   int wide = path == LLMC_Q4_VNNI && !a->int8_prompts && a->M >= LLMC_Q4_WIDE_ROWS && tiles_allowed();
+  int windowed = levels == 2 && a->window > 0.f && !wide && a->M >= LLMC_Q4_WINDOW_ROWS;
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
   int64_t pairs = (a->N + UNIT_COLS - 1) / UNIT_COLS, row_block = wide ? wide_row_block(a->M, a->K) : a->M;
   int64_t units = pairs * ((a->M + row_block - 1) / row_block);
@@ -806,6 +913,9 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   size_t bytes = wide ? xb_bytes + 64 + (size_t)tasks * expand_bytes
                       : (size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
                             sizeof(float) * (size_t)(a->M * blocks);
+  int64_t tiles = (a->N + LLMC_Q4_TILE - 1) / LLMC_Q4_TILE;
+  if (windowed) /* the first level's block sums, then each row's tiles in its window */
+    bytes += sizeof(float) * (size_t)(a->M * blocks) + sizeof(int32_t) * (size_t)(a->M * tiles);
   void* scratch = malloc(bytes);
   if (!scratch) {
     free(part_of);
@@ -814,6 +924,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   int64_t tile_bytes = bits == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
   job j = {.a = a, .units = units, .blocks = blocks, .pairs = pairs, .row_block = row_block, .bits = bits,
            .tile_bytes = tile_bytes, .levels = levels, .path = path, .wide = wide, .parts = parts, .part = part_of};
+  job j2; /* windowed: the second pass, at two levels over the tiles in each row's window */
+  window_job wj = {0};
 #ifdef LLMC_X86
   j.prefetch = path != LLMC_Q4_PORTABLE && !wide ? llmc_prefetch_mode() : LLMC_PREFETCH_L1;
   /* a prompt's row blocks after the first read a unit's weights from cache: one distance (on the EPYC VM, SmolLM2's
@@ -836,8 +948,18 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     float* xscale = (float*)scratch;
     float* xsum = xscale + levels * a->M * blocks;
     int8_t* xq = (int8_t*)(xsum + a->M * blocks);
-    quantize_rows(a, levels, path, xq, xscale, xsum, parallel, parallel_ctx);
-    j.xq = xq, j.xscale = xscale, j.xsum = xsum;
+    float* xsum1 = windowed ? (float*)(xq + levels * a->M * a->K) : NULL;
+    quantize_rows(a, levels, path, xq, xscale, xsum, xsum1, parallel, parallel_ctx);
+    j.xq = xq, j.xscale = xscale, j.xsum = windowed ? xsum1 : xsum;
+    if (windowed) { /* every tile at the first level first: act_bits 8's values */
+      j.levels = 1;
+      j2 = j;
+      j2.levels = 2, j2.xsum = xsum, j2.parts = 0, j2.part = NULL;
+#ifdef LLMC_X86
+      j2.prefetch = LLMC_PREFETCH_L2, j2.ahead = PREFETCH_BLOCKS * 2 * tile_bytes; /* the tile's own next blocks */
+#endif
+      wj.j = &j2, wj.hits = (int32_t*)(xsum1 + a->M * blocks);
+    }
   }
   if (parts) {
     for (int64_t p = 0; p < parts; p++) { /* contiguous parts as equal as units allow */
@@ -852,6 +974,10 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   } else {
     parallel(parallel_ctx, run_units, units < POOL_TASKS ? (size_t)units : POOL_TASKS, &j);
   }
+  if (windowed && parallel && a->threads != 1)
+    parallel(parallel_ctx, window_row, (size_t)a->M, &wj);
+  else
+    for (int64_t m = 0; windowed && m < a->M; m++) window_row(&wj, (size_t)m);
   free(part_of);
   free(scratch);
   return NULL;

@@ -32,6 +32,15 @@
  * 1.13e-4 on the two int8 levels, verify's top-1 99.2 % and greedy match 26.2 this way, 98.9 % and 24.8 those),
  * while a second bf16 level (x ~ hi + lo, KL 4.8e-5) cost a second pass of the tiles: prefill 1.5x as long.
  *
+ * window (act_bits 16, not gated; 0 = off): from LLMC_Q4_WINDOW_ROWS rows on (decode's batches; never the AMX-BF16
+ * prompts) each row is first computed at one int8 level, exactly act_bits 8's values, and then the 16-column tiles
+ * holding a value within `window` of the row's largest are computed again at two levels, exactly act_bits 16's: for
+ * the LM head, whose logits matter only near the largest (at a margin of 8 a token outside has a probability under
+ * e^-8 of the top one's, and one level's ~0.04 mean error there moves it by ~4 %, ~1e-5 of the distribution), the
+ * second level's integer work on ~1-3 % of the columns instead of all, and the same top token. Fewer rows than
+ * LLMC_Q4_WINDOW_ROWS take the two levels throughout (their product waits on the weights' bytes, not the
+ * arithmetic, and a second read of the window's tiles would cost more).
+ *
  * gated (SwiGLU): W holds the gate and up projections as alternating tiles (gate tile i at 2 i, its up tile at
  * 2 i + 1) and y [M, N / 2] = silu(x @ gate) * (x @ up): the MLP's first half in one pass.
  */
@@ -50,6 +59,9 @@
 #define LLMC_Q8_TILE_BYTES 576 /* bits 8: 512 bytes of 8-bit values, 16 fp16 scales, 16 fp16 mins */
 #define LLMC_Q8_PAIR_BYTES (2 * LLMC_Q8_TILE_BYTES)
 #define LLMC_Q4_WIDE_ROWS 32 /* rows from which a product may take AMX-BF16 (see above) */
+#ifndef LLMC_Q4_WINDOW_ROWS
+#define LLMC_Q4_WINDOW_ROWS 2 /* rows from which a window takes effect (see above) */
+#endif
 
 typedef struct {
   int64_t M, K, N;   /* x [M, K]; W [K, N]; K a multiple of 32; gated: N a multiple of 32 */
@@ -63,6 +75,8 @@ typedef struct {
   int bits;          /* the weights': 4 (LLMC_Q4_TILE_BYTES a tile's block; 0 means 4) or 8 (LLMC_Q8_TILE_BYTES) */
   int int8_prompts;  /* 1: prompts too take the int8 arithmetic above (the calibration graph, which measures what
                       * decode computes); 0: from LLMC_Q4_WIDE_ROWS rows on they may take AMX-BF16 (below) */
+  float window;      /* act_bits 16, not gated: the second level only within this margin of a row's largest value
+                      * (above); 0: everywhere */
 } llmc_q4_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */

@@ -21,7 +21,9 @@
  *
  * MatMulQ4 (matmul_q4.h): A [..., K] fp32, B uint8 [ceil(N / 32), K / 32, 640] (the packed 4-bit tiles), bias [N]
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated;
- * optional act_bits (default 8: int8 activations; 16: two int8 levels, ~15 bits, twice the integer work).
+ * optional act_bits (default 8: int8 activations; 16: two int8 levels, ~15 bits, twice the integer work), window
+ * (float, default 0; act_bits 16 without a gate: the second level only for the tiles within this margin of each
+ * row's largest output, from LLMC_Q4_WINDOW_ROWS rows on: the LM head's batches).
  *
  * MatMulBF16 (matmul_bf16.h): A [..., K] fp32, B bfloat16 [ceil(N / 16), K / 2, 32] (the packed tiles), bias [N]
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with the optional gated = 1 (silu(gate) * up, its tiles
@@ -36,6 +38,7 @@
  * version 17 (ONNX Runtime 1.17, the first with KernelContext_ParallelFor), which any later runtime also serves.
  */
 #include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -396,6 +399,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
 typedef struct {
   const OrtApi* api;
   int64_t K, N, gated, act_bits, int8_prompts;
+  float window; /* MatMulQ4 / MatMulQ8 with act_bits 16: the second level's margin (matmul_q4.h) */
   int threads;
   int pool_threads; /* as Kernel's */
   int bf16; /* MatMulBF16, else MatMulQ4 / MatMulQ8 */
@@ -454,6 +458,16 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
       s = fail(api, ERR_INVALID_ARGUMENT, msg);
     }
   }
+  if (!s) {
+    k->window = optional_float(api, info, "window", 0.f);
+    if (!(k->window >= 0.f) || isinf(k->window) || (k->window > 0.f && (k->act_bits != 16 || k->gated))) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "%s: window %g: must be a finite margin >= 0, and 0 unless act_bits is 16 without "
+               "a gate (act_bits %lld, gated %lld)", name, (double)k->window, (long long)k->act_bits,
+               (long long)k->gated);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
+    }
+  }
   if (s) {
     free(k);
     return s;
@@ -502,7 +516,7 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
     llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],
                       .w = (const uint8_t*)data[MM_B], .bias = (const float*)data[MM_BIAS], .y = (float*)out_data,
                       .threads = k->threads, .act_bits = (int)k->act_bits, .bits = k->bits,
-                      .int8_prompts = (int)k->int8_prompts};
+                      .int8_prompts = (int)k->int8_prompts, .window = k->window};
     err = llmc_q4_matmul(&a, run_parallel, &pool);
   }
   return outcome(&pool, name, err);
