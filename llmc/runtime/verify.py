@@ -80,13 +80,20 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
-def compare_engines(reference: Engine, candidate: Engine, prompts: list[list[int]], steps: int = 32) -> dict[str, float]:
-    """Top-1 agreement and mean KL(reference || candidate) of next-token distributions along the reference's own
-    greedy continuations, and the mean length over which the candidate's greedy output matches the reference's."""
+def _together(engine: Engine, prompts: list[list[int]], tokens: list[list[int]], steps: int) -> list[np.ndarray]:
+    """Each prompt's next-token logits along its `tokens`, all the prompts in one batch: one prefill of them all, then
+    one decode step of every row at a time (as a server's batch runs them)."""
+    kv = engine.new_kv_cache(len(prompts), max(len(p) for p in prompts) + steps + 1)
+    rows = list(range(len(prompts)))
+    logits = [list(engine.prefill(rows, prompts, kv))]
+    for i in range(steps):
+        logits.append(list(engine.decode(rows, [[t[i]] for t in tokens], kv)))
+    return [np.stack([step[r] for step in logits]) for r in rows]
+
+
+def _scores(refs: list[tuple[np.ndarray, list[int]]], candidates: list[np.ndarray], steps: int) -> dict[str, float]:
     agree, kls, match = [], [], []
-    for prompt in prompts:
-        ref_logits, ref_tokens = _trace(reference, prompt, None, steps)
-        cand_logits, _ = _trace(candidate, prompt, ref_tokens, steps)
+    for (ref_logits, ref_tokens), cand_logits in zip(refs, candidates):
         ref_top, cand_top = ref_logits.argmax(-1), cand_logits.argmax(-1)
         agree.append(ref_top == cand_top)
         p_log, q_log = _log_softmax(ref_logits), _log_softmax(cand_logits)
@@ -96,3 +103,17 @@ def compare_engines(reference: Engine, candidate: Engine, prompts: list[list[int
     return {"top1_agreement": float(np.concatenate(agree).mean()), "mean_kl": float(np.concatenate(kls).mean()),
             "greedy_match_mean": float(np.mean(match)), "greedy_match_min": float(np.min(match)),
             "positions": float(sum(a.size for a in agree))}
+
+
+def compare_engines(reference: Engine, candidate: Engine, prompts: list[list[int]], steps: int = 32,
+                    together: bool = False) -> dict[str, Any]:
+    """Top-1 agreement and mean KL(reference || candidate) of next-token distributions along the reference's own
+    greedy continuations, and the mean length over which the candidate's greedy output matches the reference's.
+    The candidate runs each prompt alone; `together` also runs them all as one batch, the same scores under the key
+    "together" (an engine whose rows depend on their batch, as a windowed head's do, differs there)."""
+    refs = [_trace(reference, p, None, steps) for p in prompts]
+    report: dict[str, Any] = _scores(refs, [_trace(candidate, p, tokens, steps)[0]
+                                            for p, (_, tokens) in zip(prompts, refs)], steps)
+    if together:
+        report["together"] = _scores(refs, _together(candidate, prompts, [t for _, t in refs], steps), steps)
+    return report

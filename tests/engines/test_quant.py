@@ -142,6 +142,9 @@ def test_verify_passes_and_fails_on_the_threshold(quant_engines: dict[str, Path]
     ok = runner.invoke(app, ["verify", str(quant_engines["int8"]), "--min-top1", "0.5", "--steps", "4"])
     assert ok.exit_code == 0, ok.output
     assert "top-1 agreement" in ok.output and "mean KL" in ok.output
+    lines = [line.split(": ", 1)[1] for line in ok.output.splitlines()
+             if line.startswith(("vs export (", "decoded together (8 rows a step"))]
+    assert len(lines) == 2 and lines[0] == lines[1], ok.output  # its rows do not depend on their batch
     strict = runner.invoke(app, ["verify", str(quant_engines["int4"]), "--min-top1", "0", "--max-kl", "0",
                                  "--steps", "4"])
     assert strict.exit_code == 1
