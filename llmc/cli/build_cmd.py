@@ -66,7 +66,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
                  "MoE operator), standard (per-expert MatMuls) or ort (com.microsoft.MoE).")] = MoELowering.auto,
         quality_target: Annotated[float, typer.Option(
             help="--quant: raise the most sensitive layers (measured on calibration prompts) until llmc verify's "
-                 "top-1 agreement with the model reaches this (0: every layer at --quant).")] = 0.99,
+                 "top-1 agreement with the model reaches this and the golden prompt's answer is the model's (0: every "
+                 "layer at --quant).")] = 0.99,
         quality_bytes: Annotated[float, typer.Option(
             help="--quant: the raised layers may take the weight bytes per decode step up to this many times those "
                  "with every layer at --quant.")] = 1.15,

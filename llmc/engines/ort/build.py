@@ -45,19 +45,35 @@ from llmc.progress import Progress, Quiet
 RUNTIME_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
                  "golden.npz")
 ENGINE_WEIGHTS = "weights.bin"
-MAX_QUALITY_BUILDS = 5  # engines a quality target may build and measure (the last one: every layer raised)
-QUALITY_STEP = 1.2  # short of the target, the next build raises this many times the layers (at least one more)
+MAX_QUALITY_BUILDS = 5  # engines a quality target may build and measure in its search
+QUALITY_STEP = 1.2  # short of the target, the next build raises this many times the layers ...
+QUALITY_FLOOR = 1 / 8  # ... and at least this share of the candidates more
 
 
-def next_raise(k: int, candidates: int, attempt: int) -> int:
-    """The layers the next quality build raises after build `attempt` (from 0) with k fell short: QUALITY_STEP times
-    as many (at least one more), every candidate for the last build allowed. A near miss (the calibration predicts
-    well) costs a few more layers, not half again as many: each raised layer's 16-bit activations cost decode time
-    wherever the dot products, not the bytes, bound a step (SmolLM2 int4: 90 -> 135 layers raised all 121, batch 1
-    0.76-0.81x the all-int4 engine; 90 -> 108 kept 0.94-1.05x at top-1 99.6 %)."""
-    if attempt + 2 >= MAX_QUALITY_BUILDS:
-        return candidates
-    return min(candidates, max(k + 1, math.ceil(QUALITY_STEP * k)))
+def next_raise(short: int, reached: int | None, candidates: int, builds_left: int) -> int | None:
+    """The layers the next quality build raises, or None when the search is done. `short`: the most layers raised
+    in a build short of the target (-1: none yet); `reached`: the fewest raised in one that reached it (None: none
+    yet); `builds_left`: the builds the search may still make.
+
+    Until a build reaches the target: QUALITY_STEP times as many (and at least QUALITY_FLOOR of the candidates
+    more), every candidate in the last build allowed. A near miss (the calibration predicts well) costs a few more
+    layers, not half again as many: each raised layer's 16-bit activations cost decode time wherever the dot
+    products, not the bytes, bound a step (SmolLM2 int4: 90 -> 135 layers raised all 121, batch 1 0.76-0.81x the
+    all-int4 engine; 90 -> 108 kept 0.94-1.05x at top-1 99.6 %). The floor is for layouts predicted small: SmolLM2 at
+    --quality-target 0.98 was predicted 0 layers, which met the top-1 target but not the golden gate, and one more
+    layer a build took every build up to the last, which raised all 121. Once a build has reached the target
+    after one fell short: halfway between the two while builds are left, so the search ends at the fewest raised
+    layers it measured to reach it. A first build that reaches the target ends the search."""
+    if reached is None:
+        if short >= candidates:
+            return None
+        if builds_left <= 1:
+            return candidates if builds_left == 1 else None
+        return min(candidates, max(short + 1, math.ceil(QUALITY_STEP * short),
+                                   short + math.ceil(QUALITY_FLOOR * candidates)))
+    if short < 0 or reached - short <= 1 or builds_left < 1:
+        return None
+    return (short + reached) // 2
 
 
 def engine_manifest(export: ExportManifest, export_dir: Path, backend: str, precision: str,
@@ -117,7 +133,8 @@ def _fallback(cfg: BuildConfig, export: ExportManifest) -> BuildConfig | None:
 def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: BuildConfig,
                    progress: Progress) -> EngineManifest:
     """The engine in `work` (emptied first): with --quant and a quality target, at the layer precisions chosen by
-    measurement; else as configured."""
+    measurement (the most sensitive layers raised until llmc verify's top-1 agreement reaches the target and,
+    unless divergence is allowed, the golden prompt's greedy continuation is the model's); else as configured."""
     _clear(work)
     if cfg.quant is Quant.none or cfg.quality_target <= 0 or cfg.layout:
         return _build_into(work, export_dir, export, cfg, progress)
@@ -137,16 +154,41 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
     library = library_path() if cfg.uses_llmc_ops() else None
     search = PrecisionSearch(ckpt, names, spec, reference, [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS],
                              library, threads, cfg.quality_bytes)
-    k, target = search.first_k(cfg.quality_target), cfg.quality_target
+    target = cfg.quality_target
     verify_prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
-    for attempt in range(MAX_QUALITY_BUILDS):
+
+    def measured(k: int) -> tuple[EngineManifest, dict[str, float], str | None]:
+        """The engine with the k most sensitive layers raised, its llmc verify report, and why it falls short of the
+        target (None: it does not)."""
         _clear(work)
         manifest = _build_into(work, export_dir, export, replace(cfg, layout=search.layout(k)), progress)
         report = compare_engines(reference, load_engine_dir(work, EngineOptions(threads=threads)), verify_prompts)
-        if report["top1_agreement"] >= target or k >= len(search.order) or attempt + 1 == MAX_QUALITY_BUILDS:
+        if report["top1_agreement"] < target:
+            return manifest, report, f"below {target:.1%}"
+        # the golden gate is part of the target: a layout that meets the top-1 agreement but leaves the model's
+        # greedy answer to the golden prompt is short of it too (else the build would fail at the gate, or fall back
+        # to ONNX Runtime's operators, whose int8 activations are no closer)
+        return manifest, report, None if cfg.allow_divergence else _divergence(manifest, work)
+
+    k, short, reached = search.first_k(target), -1, None
+    for builds in range(1, MAX_QUALITY_BUILDS + 1):
+        manifest, report, why = measured(k)
+        if why is None:
+            reached = k
+        else:
+            short = max(short, k)
+        step = next_raise(short, reached, len(search.order), MAX_QUALITY_BUILDS - builds)
+        if why or step is not None:
+            then = ("raising more" if why else "trying fewer") if step is not None else \
+                f"keeping the {reached} layers that reached it" if reached is not None else "every candidate raised"
+            progress.step(f"top-1 {report['top1_agreement']:.1%} with {k} layers raised: "
+                          f"{why or f'reaches {target:.1%}'}; {then}")
+        if step is None:
             break
-        progress.step(f"top-1 {report['top1_agreement']:.1%} with {k} layers raised: below {target:.1%}; raising more")
-        k = next_raise(k, len(search.order), attempt)
+        k = step
+    if reached is not None and reached != k:  # the last build fell short: the fewest layers that reached it, again
+        k = reached
+        manifest, report, _ = measured(k)
     from llmc.bench.limits import weight_bytes_per_step
     from llmc.engines.ort.quality import extra_bytes
 
