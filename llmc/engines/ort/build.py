@@ -178,14 +178,15 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
         else:
             short = max(short, k)
         step = next_raise(short, reached, len(search.order), MAX_QUALITY_BUILDS - builds)
-        if why or step is not None:
-            then = ("raising more" if why else "trying fewer") if step is not None else \
-                f"keeping the {reached} layers that reached it" if reached is not None else "every candidate raised"
-            progress.step(f"top-1 {report['top1_agreement']:.1%} with {k} layers raised: "
-                          f"{why or f'reaches {target:.1%}'}; {then}")
-        if step is None:
-            break
-        k = step
+        said = f"top-1 {report['top1_agreement']:.1%} with {k} layers raised: {why or f'reaches {target:.1%}'}"
+        if step is not None:
+            progress.step(f"{said}; {'raising more' if why else 'trying fewer'}")
+            k = step
+            continue
+        if why:  # (a build that reaches the target and ends the search says nothing more)
+            progress.step(f"{said}; " + (f"keeping the {reached} layers that reached it" if reached is not None
+                                         else "every candidate raised"))
+        break
     if reached is not None and reached != k:  # the last build fell short: the fewest layers that reached it, again
         k = reached
         manifest, report, _ = measured(k)
