@@ -64,23 +64,21 @@ def tool_grammar(fmt: ToolFormat, tools: Sequence[Function], parallel: bool) -> 
 
 
 def _call_of(text: str, fmt: ToolFormat) -> ToolCall | None:
-    """A call from its JSON text, or None when it is not one."""
+    """A call from its JSON text, or None when it is not one (nor JSON Python reads: nested past its recursion
+    limit, or an integer over its 4,300 digits; the text then stays content, nothing is lost)."""
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {})) if fmt is ToolFormat.HERMES else \
-        obj.get("parameters", obj.get("arguments", {}))
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             return None
-    if not isinstance(args, dict):
+        args = obj.get("arguments", obj.get("parameters", {})) if fmt is ToolFormat.HERMES else \
+            obj.get("parameters", obj.get("arguments", {}))
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            args = json.loads(args)
+        if not isinstance(args, dict):
+            return None
+        return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    except (ValueError, RecursionError):  # json.JSONDecodeError is a ValueError
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
 def parse_tool_calls(fmt: ToolFormat, text: str) -> tuple[str | None, list[ToolCall]]:

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmc.errors import InputError
 from llmc.runtime.async_engine import OverloadedError, ShuttingDownError
-from llmc.serve.protocol import ErrorInfo, ErrorResponse, NotText
+from llmc.serve.protocol import BadBody, ErrorInfo, ErrorResponse, TooDeep
 
 log = logging.getLogger("llmc.serve")
 
@@ -65,16 +65,18 @@ def error_response(exc: Exception, request_id: str | None = None) -> JSONRespons
                         headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def _validation_message(exc: RequestValidationError, content_type: str | None) -> tuple[str, str | None]:
     """One line naming the first bad field by its path, e.g. `body.messages.0.role: Field required`."""
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
     cause = first.get("ctx", {}).get("error")
-    if isinstance(cause, NotText):
+    if isinstance(cause, BadBody):
         return str(cause), (cause.path[0] if cause.path else None)
     loc = [str(p) for p in first.get("loc", ())]
+    if loc == ["body"] and isinstance(first.get("input"), bytes):  # FastAPI reads JSON under a JSON type only
+        return f"the body is read as JSON only with Content-Type: application/json, got {content_type!r}", None
     if first.get("type") == "json_invalid":
         where = f" at character {loc[-1]}" if len(loc) > 1 else ""
         return f"malformed JSON body: {first.get('msg')}{where}", None
@@ -84,13 +86,24 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"{path}: {first.get('msg')}{more}", (field[0] if field else None)
 
 
+def _http_message(exc: StarletteHTTPException) -> str:
+    """The detail; for FastAPI's "There was an error parsing the body" (JSON that Python's json module refused,
+    not for its syntax), what it refused."""
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return str(TooDeep([]))
+    if exc.status_code == 400 and isinstance(cause, ValueError):  # not UTF-8; an integer over 4300 digits
+        return f"malformed JSON body: {str(cause).partition(';')[0]}"
+    return str(exc.detail)
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc, request.headers.get("content-type"))
         return JSONResponse(error_body(400, message, param), status_code=400)
 
     async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+        return JSONResponse(error_body(exc.status_code, _http_message(exc)), status_code=exc.status_code,
                             headers=exc.headers)
 
     async def on_error(request: Request, exc: Exception) -> JSONResponse:

@@ -6,6 +6,7 @@ Requests are validated strictly (no "1" for 1, no true for 1); the value rules (
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any, Literal
@@ -20,24 +21,45 @@ class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class NotText(ValueError):
+# JSON nesting a body may have: deeper is refused before anything recurses through it (the JSON schema compiler
+# refuses deeper schemas too; Python's recursion limit would fail the server, not the request)
+MAX_DEPTH = 128
+
+
+class BadBody(ValueError):
+    """JSON the server does not read; `path` names where (its first element: the request field)."""
+
+    def __init__(self, path: list[str], message: str) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+class NotText(BadBody):
     """A string in the body that is not Unicode text (a lone UTF-16 surrogate such as "\\ud800")."""
 
     def __init__(self, path: list[str], char: str) -> None:
-        self.path = path
         where = ".".join(path) or "body"
-        super().__init__(f"{where} holds a lone UTF-16 surrogate (U+{ord(char):04X}), which is not text; "
-                         "send valid Unicode")
+        super().__init__(path, f"{where} holds a lone UTF-16 surrogate (U+{ord(char):04X}), which is not text; "
+                               "send valid Unicode")
+
+
+class TooDeep(BadBody):
+    def __init__(self, path: list[str]) -> None:
+        where = ".".join(path[:4]) or "body"
+        super().__init__(path, f"{where} nests JSON deeper than {MAX_DEPTH} levels, the limit")
 
 
 def _check_text(value: Any, path: list[str]) -> None:
-    """Raise `NotText` for the first string (key or value, at any depth) that cannot be encoded as UTF-8."""
+    """Raise `NotText` for the first string (key or value, at any depth) that cannot be encoded as UTF-8, `TooDeep`
+    for an object or array nested deeper than `MAX_DEPTH`."""
     if isinstance(value, str):
         if not value.isascii():
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as e:
                 raise NotText(path, value[e.start]) from None
+    elif isinstance(value, dict | list) and len(path) >= MAX_DEPTH:
+        raise TooDeep(path)
     elif isinstance(value, dict):
         for k, v in value.items():
             _check_text(k, path)
@@ -96,15 +118,19 @@ class SamplingFields(_Request):
             ignore_eos=self.ignore_eos, logprobs=logprobs, n=self.n)
 
 
+# A logit_bias key as clients write a token id (int() would also read " 5", "+5", "5_0" as 50, or "\u0665"); a
+# sign is left to SamplingParams.validate, which names the rule
+_TOKEN_ID = re.compile(r"-?[0-9]{1,18}")
+
+
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     """OpenAI's logit_bias (token ids as JSON object keys) with integer keys; the values are checked by
     SamplingParams.validate."""
     out: dict[int, float] = {}
     for key, value in (bias or {}).items():
-        try:
-            out[int(key)] = value
-        except ValueError:
-            raise InputError(f"logit_bias keys must be token ids (integers), got {key!r}", "logit_bias") from None
+        if not _TOKEN_ID.fullmatch(key):
+            raise InputError(f"logit_bias keys must be token ids (integers), got {key!r}", "logit_bias")
+        out[int(key)] = value
     return out
 
 

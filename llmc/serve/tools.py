@@ -103,7 +103,7 @@ def template_message(d: dict[str, Any]) -> dict[str, Any]:
         if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
             try:
                 fn = {**fn, "arguments": json.loads(fn["arguments"])}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, or JSON Python cannot read: it stays a string
                 pass
             call = {**call, "function": fn}
         out.append(call)

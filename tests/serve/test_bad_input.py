@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -153,3 +154,37 @@ def test_n_over_capacity_is_refused_not_queued_forever(start_server: ServerFacto
     server = start_server(ServeConfig(model_name=MODEL, max_queue=1, runtime=RuntimeConfig(max_running=1, threads=1)))
     assert_error(post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "n": 3}), 400,
                  "needs 3 sequences", "at most 2", param="n")
+
+
+@pytest.mark.parametrize("depth", [128, 500, 956, 5000])  # 956: where checking the text overflowed the stack
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_json_nested_too_deep_is_400_naming_the_limit(server: Server, path: str, depth: int) -> None:
+    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": CHAT}
+    head = json.dumps({"model": MODEL, "max_tokens": 2, **body})[:-1]
+    deep = f'{head}, "x": {"[" * depth}{"]" * depth}}}'
+    err = assert_error(post(server, path, deep.encode()), 400, "deeper than 128 levels")
+    assert err["param"] in ("x", None)  # None: deeper than Python's JSON parser goes
+    shallow = deep.replace("[" * depth + "]" * depth, "[" * 127 + "]" * 127)  # 128 levels with the body
+    assert post(server, path, shallow.encode()).status_code == 200
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b'{"prompt": "h\xffi"}', ["malformed JSON body", "utf-8", "0xff"]),
+    (b'{"prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}", ["malformed JSON body", "4300 digits"]),
+])
+def test_json_python_cannot_read_is_400_naming_why(server: Server, body: bytes, words: list[str]) -> None:
+    assert_error(post(server, "/v1/completions", body), 400, *words)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+def test_a_json_body_under_another_content_type_is_400_naming_it(server: Server, content_type: str) -> None:
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "hi", "max_tokens": 2}',
+                   headers={"content-type": content_type})
+    assert_error(r, 400, "Content-Type: application/json", repr(content_type))
+
+
+@pytest.mark.parametrize("key", [" 5", "5_0", "+5", "\u0665", "5.0"])
+def test_logit_bias_keys_are_token_ids_in_ascii_digits(server: Server, key: str) -> None:
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2,
+                                         "logit_bias": {key: 1}})
+    assert_error(r, 400, "logit_bias keys must be token ids", repr(key), param="logit_bias")

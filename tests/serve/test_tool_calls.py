@@ -110,6 +110,18 @@ def test_a_tool_result_turn_is_rendered_by_the_template(tool_server: Server) -> 
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
 
 
+@pytest.mark.parametrize("arguments", ["[" * 5000, '{"a": 1' + "0" * 5000 + "}"])
+def test_tool_call_arguments_python_cannot_read_stay_a_string(tool_server: Server, arguments: str) -> None:
+    """Nested past the recursion limit, or an integer over 4300 digits: rendered as sent, never a 500."""
+    turn: list[dict[str, Any]] = [*CHAT, {"role": "assistant", "content": None,
+                                          "tool_calls": [{"id": "call_1", "type": "function",
+                                                          "function": {"name": "add", "arguments": arguments}}]}]
+    assert template_message(turn[1])["tool_calls"][0]["function"]["arguments"] == arguments
+    r = httpx.post(tool_server.url + "/v1/chat/completions",
+                   json={"model": MODEL, "messages": turn, "tools": TOOLS, "max_tokens": 2})
+    assert r.status_code == 400 and "prompt has" in r.json()["error"]["message"]  # long, not broken
+
+
 def test_auto_parses_what_the_model_writes(tool_server: Server) -> None:
     """auto leaves the model free; its answer is content unless it wrote a call (the random model rarely does)."""
     r = tool_server.client().chat.completions.create(model=MODEL, messages=CHAT, tools=TOOLS, tool_choice="auto",
@@ -172,6 +184,10 @@ def test_broken_calls_stay_content_and_llama3_json_parses() -> None:
     assert content is None and [c.name for c in calls] == ["add", "get_weather"]
     assert json.loads(calls[0].arguments) == {"a": 1, "b": 2}
     assert parse_tool_calls(ToolFormat.LLAMA3, "The answer is 3.") == ("The answer is 3.", [])
+    for unreadable in ("[" * 5000, '{"name": "add", "arguments": {"a": 1' + "0" * 5000 + "}}",
+                       '{"name": "add", "arguments": "' + "[" * 5000 + '"}'):  # JSON Python's reader refuses
+        text = f"<tool_call>\n{unreadable}\n</tool_call>"
+        assert parse_tool_calls(ToolFormat.HERMES, text) == (text, [])
 
 
 def test_the_llama3_format_by_flag(start_server: Any) -> None:
