@@ -128,7 +128,7 @@ class RemoteStream:
             now = time.monotonic()
             for i in range(self.params.n):
                 if i not in self._ended:
-                    yield StreamUpdate("", i, "", [], FinishReason.ERROR, [], now)
+                    yield StreamUpdate("", i, "", [], FinishReason.ERROR, [], time=now)
         finally:
             self.finished = True
             self._release()

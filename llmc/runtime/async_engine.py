@@ -217,7 +217,7 @@ class AsyncEngine:
             with self._cond:
                 self._accepting = False
             for stream in list(self._streams.values()):
-                stream._deliver([StreamUpdate(stream.request_id, i, "", [], FinishReason.ERROR, [], time.monotonic())
+                stream._deliver([StreamUpdate(stream.request_id, i, "", [], FinishReason.ERROR, [], time=time.monotonic())
                                  for i in range(stream.params.n) if i not in stream.ended])
                 stream._deliver(_DONE)
             raise
@@ -281,7 +281,7 @@ class AsyncEngine:
             if u.finish_reason is not None:
                 self._streams[u.request_id].ended.add(u.index)
             by_request.setdefault(u.request_id, []).append(
-                StreamUpdate(u.request_id, u.index, u.text, u.token_ids, u.finish_reason, u.logprobs, now,
+                StreamUpdate(u.request_id, u.index, u.text, u.token_ids, u.finish_reason, u.logprobs, u.error, now,
                              self.loop.requests[u.request_id][u.index].cached_tokens))
         for rid, items in by_request.items():
             stream = self._streams[rid]
@@ -301,7 +301,7 @@ class AsyncEngine:
         stream = self._forget(rid)
         self._publish()
         now = time.monotonic()
-        stream._deliver([StreamUpdate(rid, i, "", [], own.get(i) or reason, [], now)
+        stream._deliver([StreamUpdate(rid, i, "", [], own.get(i) or reason, [], time=now)
                          for i in range(stream.params.n) if i not in stream.ended])
         stream._deliver(_DONE)
 

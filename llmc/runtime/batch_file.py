@@ -199,7 +199,8 @@ class _BatchRun:
                       "finish_reason": c.finish_reason.value if c.finish_reason else None,
                       "prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(c.token_ids)}
             if c.finish_reason is FinishReason.ERROR:
-                record["error"] = "the engine failed while generating this line"
+                record["error"] = str(c.error) if isinstance(c.error, InputError) else \
+                    "the engine failed while generating this line"
             self._write(record)
 
     def _write(self, record: dict[str, Any]) -> None:

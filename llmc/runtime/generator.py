@@ -51,6 +51,7 @@ class SeqUpdate:
     token_ids: list[int]
     finish_reason: FinishReason | None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # for token_ids, when the request asked
+    error: Exception | None = None  # with FinishReason.ERROR: the cause, when known (Sequence.error)
 
 
 class EngineLoop:
@@ -228,11 +229,11 @@ class EngineLoop:
 
     def _postprocess(self, plan: StepPlan, sampled: list[Sequence]) -> list[SeqUpdate]:
         updates = [SeqUpdate(s.request_id, s.index, s.new_text, s.output_ids[-1:], s.finish_reason,
-                             s.logprobs[-1:] if s.params.logprobs is not None else []) for s in sampled]
+                             s.logprobs[-1:] if s.params.logprobs is not None else [], s.error) for s in sampled]
         touched = {s.seq_id for s in sampled}
         for seq in self.release_finished():
             if seq.seq_id not in touched:
-                updates.append(SeqUpdate(seq.request_id, seq.index, "", [], seq.finish_reason))
+                updates.append(SeqUpdate(seq.request_id, seq.index, "", [], seq.finish_reason, error=seq.error))
         return updates
 
     def release_finished(self) -> list[Sequence]:
@@ -288,7 +289,7 @@ class EngineLoop:
     # -- results -----------------------------------------------------------------------------------------
     def result(self, request_id: str, prompt: str | None = None) -> RequestOutput:
         seqs = self.requests[request_id]
-        outputs = [CompletionOutput(s.text, list(s.output_ids), s.finish_reason, s.logprobs or None, s.index)
+        outputs = [CompletionOutput(s.text, list(s.output_ids), s.finish_reason, s.logprobs or None, s.index, s.error)
                    for s in seqs]
         return RequestOutput(request_id, prompt, list(seqs[0].prompt_ids), outputs,
                              finished=all(s.finished for s in seqs), cached_tokens=seqs[0].cached_tokens)
@@ -300,6 +301,10 @@ class EngineLoop:
 
 
 def _fail(seq: Sequence, stage: str, exc: Exception) -> None:
-    log.error("%s failed for %s; ending that request: %s: %s", stage, seq.seq_id, type(exc).__name__, exc,
-              exc_info=exc)
+    if isinstance(exc, InputError):  # the request's fault (a constraint that failed while decoding): no traceback
+        log.warning("%s failed for %s; ending that request: %s", stage, seq.seq_id, exc)
+    else:
+        log.error("%s failed for %s; ending that request: %s: %s", stage, seq.seq_id, type(exc).__name__, exc,
+                  exc_info=exc)
+    seq.error = exc
     seq.finish(FinishReason.ERROR)

@@ -205,6 +205,7 @@ class CompletionOutput:
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None
     index: int = 0
+    error: Exception | None = None  # with FinishReason.ERROR: the cause, when known (an InputError: the request's)
 
 
 @dataclass

@@ -42,6 +42,7 @@ class Sequence:
     new_text: str = ""  # emitted by the latest step, for streaming
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    error: Exception | None = None  # what ended it with FinishReason.ERROR, when known (an InputError: the request's fault)
 
     @property
     def output_ids(self) -> list[int]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from llmc.errors import EngineError, InputError
+from llmc.errors import InputError
 
 # JSON as Python's json.dumps writes it (what models were trained on): no free whitespace, which a model could
 # otherwise repeat until max_tokens.
@@ -131,6 +131,7 @@ class GrammarCompiler:
         base = llguidance.LLMatcher(lltok, grammar, log_level=0)
         if base.is_error():
             raise InputError(f"{c.param}: {_describe(c)} does not compile: {_one_line(base.get_error())}", c.param)
+        _first_step(base, c, self.vocab_size)
         with self._lock:
             self._cache[key] = base
             self.compiled += 1
@@ -139,7 +140,23 @@ class GrammarCompiler:
         return base.deep_copy()
 
     def state(self, c: Constraint) -> GrammarState:
-        return GrammarState(self.matcher(c), self.vocab_size, self.executor())
+        return GrammarState(self.matcher(c), self.vocab_size, self.executor(), c)
+
+
+def _first_step(base: Any, c: Constraint, vocab_size: int) -> None:
+    """Raise InputError when a compiled constraint fails at its first mask or its first token (a schema that
+    refers only to itself, a regex whose lexer outgrows llguidance's limits: `a{1000000}`), on a copy of `base`.
+    Such a constraint would otherwise fail the request only once it runs, as the decoding's fault."""
+    probe = base.deep_copy()
+    bitmask = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+    probe.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
+    if not probe.is_error():
+        allowed = np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), count=vocab_size, bitorder="little"))
+        if allowed.size:
+            probe.consume_token(int(allowed[0]))
+    if probe.is_error():
+        raise InputError(f"{c.param}: {_describe(c)} fails at its first token: {_one_line(probe.get_error())}",
+                         c.param)
 
 
 class GrammarState:
@@ -148,8 +165,9 @@ class GrammarState:
     The worker turns llguidance's bitmask into an additive mask (0 where allowed, -inf elsewhere), so that the
     sampler's part, on the decode loop's critical path, is one add."""
 
-    def __init__(self, matcher: Any, vocab_size: int, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, executor: ThreadPoolExecutor, constraint: Constraint) -> None:
         self._matcher = matcher
+        self._constraint = constraint
         self._vocab = vocab_size
         self._executor = executor
         self._bitmask = np.full((vocab_size + 31) // 32, -1, dtype=np.int32)  # [ceil(V / 32)], bit i: token i
@@ -168,15 +186,15 @@ class GrammarState:
         return self._done
 
     def mask(self) -> np.ndarray:
-        """`[V]` float32: 0 for the tokens the constraint allows next, -inf for the others. Raises EngineError when
-        the matcher failed."""
+        """`[V]` float32: 0 for the tokens the constraint allows next, -inf for the others. Raises InputError (the
+        constraint's fault: it outgrew llguidance's limits while decoding) when the matcher failed."""
         if self._future is not None:
             t0 = time.perf_counter()
             self._future.result()
             self.wait_s += time.perf_counter() - t0
             self._future = None
         if self._error is not None:
-            raise EngineError(f"constrained decoding failed: {self._error}")
+            raise self._fault(self._error)
         return self._mask
 
     def allowed(self) -> np.ndarray:
@@ -189,11 +207,14 @@ class GrammarState:
             self._future.result()
             self._future = None
         if not self._matcher.consume_token(int(token_id)):
-            raise EngineError(f"constrained decoding rejected token {token_id}: "
-                              f"{_one_line(self._matcher.get_error())}")
+            raise self._fault(f"token {token_id}: {_one_line(self._matcher.get_error())}")
         self._done = bool(self._matcher.is_stopped())
         if not self._done:
             self._submit()
+
+    def _fault(self, error: str) -> InputError:
+        c = self._constraint
+        return InputError(f"{c.param}: {_describe(c)} failed while decoding: {error}", c.param)
 
     def _submit(self) -> None:
         self._future = self._executor.submit(self._compute)

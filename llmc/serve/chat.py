@@ -177,7 +177,7 @@ async def _stream(served: Served, gen: Generation, rid: str, include_usage: bool
         yield chunk([ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))])
     async for i, u in gen.updates():
         if u.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
-            async for line in sse_error(failure(u.finish_reason)):
+            async for line in sse_error(failure(u.finish_reason, u.error)):
                 yield line
             return
         lps = _logprobs(served, u.logprobs) if want_logprobs and u.logprobs else None

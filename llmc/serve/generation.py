@@ -15,6 +15,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from llmc.errors import InputError
 from llmc.runtime.async_engine import AsyncEngine, RequestStream, StreamUpdate
 from llmc.runtime.request import FinishReason, SamplingParams, TokenLogprob
 from llmc.serve.errors import ApiError, to_api_error
@@ -33,10 +34,14 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    error: Exception | None = None  # with FinishReason.ERROR: the cause, when the runtime knows it
 
 
-def failure(reason: FinishReason) -> ApiError:
-    """The error a choice that ended with `error` or `abort` turns into."""
+def failure(reason: FinishReason, error: Exception | None = None) -> ApiError:
+    """The error a choice that ended with `error` or `abort` turns into: a 400 naming the field where the request
+    was at fault (a constraint that failed while decoding), else a 500 or a 503."""
+    if reason is FinishReason.ERROR and isinstance(error, InputError):
+        return to_api_error(error)
     if reason is FinishReason.ERROR:
         return ApiError(500, "the engine failed while generating this request", code="engine_error")
     return ApiError(503, "the request was aborted: the server is shutting down", code="aborted")
@@ -97,7 +102,7 @@ class Generation:
             raise ApiError(499, "client closed the request")
         for r in results:
             if r.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
-                raise failure(r.finish_reason)
+                raise failure(r.finish_reason, r.error)
         return results
 
     def _count(self, u: StreamUpdate, prompt: int) -> None:
@@ -132,6 +137,7 @@ def add_update(result: ChoiceResult, u: StreamUpdate) -> None:
     result.logprobs.extend(u.logprobs)
     if u.finish_reason is not None:
         result.finish_reason = u.finish_reason
+        result.error = u.error
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -97,7 +97,9 @@ def test_a_failing_grammar_fails_only_its_own_row(compiler: GrammarCompiler) -> 
     bad.grammar._matcher.consume_token(5)  # a token the regex forbids: the matcher is in error from here on
     good = _state(compiler, SamplingParams(temperature=1.0, seed=2))
     out = Sampler().sample(np.zeros((2, VOCAB), np.float32), [bad, good])
-    assert set(out.errors) == {0} and "constrained decoding" in str(out.errors[0])
+    assert set(out.errors) == {0} and "failed while decoding" in str(out.errors[0])
+    error = out.errors[0]  # the constraint's fault, not the engine's: the server answers 400 naming the field
+    assert isinstance(error, InputError) and error.param == "regex" and "\n" not in str(error)
     assert good.generated == [int(out.token_ids[1])] and bad.generated == []
 
 
@@ -128,6 +130,10 @@ def test_a_constraint_is_compiled_once_and_cached(tokenizer: Tokenizer) -> None:
     (SamplingParams(json_schema="{not json"), "not valid JSON"),
     (SamplingParams(regex="a[b"), "regular expression does not compile"),
     (SamplingParams(grammar="start: missing_rule"), "grammar does not compile"),
+    # compile, then fail at their first mask or token (llguidance: NoExtensionBias, the lexer's limit)
+    (SamplingParams(json_schema={"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+     "fails at its first token"),
+    (SamplingParams(regex="a{1000000}"), "too many expressions"),
 ])
 def test_bad_constraints_are_input_errors_naming_the_problem(compiler: GrammarCompiler, params: SamplingParams,
                                                              words: str) -> None:
@@ -195,7 +201,7 @@ def test_the_next_mask_is_computed_while_the_engine_step_runs(compiler: GrammarC
 
     from llmc.runtime.structured import GrammarState
 
-    state = GrammarState(_SlowMatcher(0.05), VOCAB, compiler.executor())
+    state = GrammarState(_SlowMatcher(0.05), VOCAB, compiler.executor(), Constraint.of(None, "a", None))
     time.sleep(0.2)  # the prompt's prefill: the first mask is computed meanwhile
     state.allowed()
     t0 = time.perf_counter()

@@ -169,3 +169,32 @@ def test_a_bad_schema_beside_good_requests_hurts_none_of_them(server: Server) ->
         assert pool.submit(bad).result() == 400
         for f in goods:
             jsonschema.validate(json.loads(f.result()), PERSON)
+
+
+def test_a_constraint_that_fails_while_decoding_is_a_400_naming_it(server: Server,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A constraint that compiles and then outgrows llguidance's limits a few tokens in (as `a{1000000}` does at
+    its first; those are refused before they run) is the request's fault: 400 with `param`, an error event in a
+    stream, never the engine's 500; the request beside it is untouched."""
+    from llmc.runtime.structured import GrammarState
+
+    compute = GrammarState._compute
+
+    def failing_third(self: GrammarState) -> None:
+        compute(self)
+        self.masks = getattr(self, "masks", 0) + 1
+        if self.masks >= 3 and self._constraint.text == "[0-9]{40}":
+            self._error = "lexer error: too many expressions constructed"
+
+    monkeypatch.setattr(GrammarState, "_compute", failing_third)
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 50, "response_format": {"type": "regex", "regex": "[0-9]{40}"}}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "response_format" and "failed while decoding: lexer error" in err["message"]
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert s.status_code == 200 and events[-1]["error"]["param"] == "response_format"
+    ok = httpx.post(server.url + "/v1/chat/completions",
+                    json={**body, "response_format": {"type": "regex", "regex": "[0-9]{4}"}})
+    assert ok.status_code == 200 and re.fullmatch("[0-9]{4}", ok.json()["choices"][0]["message"]["content"])
