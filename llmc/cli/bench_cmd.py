@@ -56,6 +56,11 @@ def register(app: typer.Typer, wrap: Any) -> None:
         if serve is not None:
             from llmc.cli.bench_serve import bench_serve
 
+            engine_only = {"ENGINE_DIR": engine_dir, "--against": against, "--json-schema": json_schema,
+                           "--plot": plot, "--compare-torch": compare_torch or None, "--contexts": contexts or None}
+            given = [name for name, value in engine_only.items() if value is not None]
+            if given:
+                raise InputError(f"{given[0]} is for an engine folder's benchmark, not --serve URL's")
             bench_serve(serve, _ints(concurrency, "--concurrency"), num_prompts, prompt_len, new_tokens,
                         request_rate, output, as_json, peer, repeat if peer is not None else 1)
             return
@@ -66,10 +71,27 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.bench.engine_bench import BenchConfig
         from llmc.cli.common import read_json_schema
 
+        if plot is not None:
+            _check_plot(plot)
+
         cfg = BenchConfig(engine_dir, _ints(batch_sizes, "--batch-sizes"), prompt_len, new_tokens,
                           _ints(contexts, "--contexts"), threads, bandwidth_gbs, repeat, against,
                           read_json_schema(json_schema) if json_schema is not None else None)
         _bench_engine(cfg, compare_torch, as_json, plot)
+
+
+def _check_plot(path: Path) -> None:
+    """--plot's file, before the benchmark: a folder to write it in, and a format matplotlib writes."""
+    from llmc.cli.common import check_out_file
+
+    check_out_file(path, "--plot")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        return  # llmc.bench.plot names the package to install
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.suffix and path.suffix[1:].lower() not in formats:
+        raise InputError(f"--plot {path}: matplotlib writes {', '.join(sorted(formats))} files, not {path.suffix}")
 
 
 def _bench_engine(cfg: BenchConfig, compare_torch: bool, as_json: bool, plot: Path | None) -> None:

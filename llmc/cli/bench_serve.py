@@ -7,11 +7,15 @@ import asyncio
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from llmc.cli.common import check_out_file
 from llmc.errors import InputError
+
+if TYPE_CHECKING:
+    from llmc.bench.serve_client import BenchConfig
 
 # what the comparison table shows per level: (report key, column title, higher is better)
 COMPARED = (("output_throughput", "output tok/s", True), ("median_ttft_ms", "TTFT p50 ms", False),
@@ -21,14 +25,15 @@ COMPARED = (("output_throughput", "output tok/s", True), ("median_ttft_ms", "TTF
 def bench_serve(url: str, levels: tuple[int, ...], num_prompts: int, prompt_len: int, new_tokens: int,
                 request_rate: float, output: Path | None, as_json: bool, peer: str | None = None,
                 repeat: int = 1, warmup: int = 2) -> None:
-    from llmc.bench.serve_client import BenchConfig, format_report, run_bench
+    from llmc.bench.serve_client import BenchConfig, format_report
 
     if not levels or min(levels) < 1:
         raise InputError(f"--concurrency must be >= 1, got {list(levels)}")
-    if num_prompts < 1 or request_rate < 0:
-        raise InputError(f"--num-prompts must be >= 1 and --request-rate >= 0, got {num_prompts}, {request_rate}")
+    if not request_rate >= 0:
+        raise InputError(f"--request-rate must be >= 0 (0 = as fast as allowed), got {request_rate}")
     if repeat < 1:
         raise InputError(f"--repeat must be >= 1, got {repeat}")
+    check_load(num_prompts, prompt_len, "--new-tokens", new_tokens, output)
     servers = {"llmc": url} if peer is None else {"llmc": url, "peer": peer}
     reports: list[dict[str, Any]] = []
     rows = []
@@ -39,8 +44,8 @@ def bench_serve(url: str, levels: tuple[int, ...], num_prompts: int, prompt_len:
         per: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
         for base in servers.values():  # untimed warm-up requests, one at a time
             if warmup:
-                asyncio.run(run_bench(BenchConfig(url=base, num_prompts=warmup, concurrency=1, prompt_len=prompt_len,
-                                                  max_tokens=min(new_tokens, 16), first_prompt=first)))
+                load(BenchConfig(url=base, num_prompts=warmup, concurrency=1, prompt_len=prompt_len,
+                                 max_tokens=min(new_tokens, 16), first_prompt=first))
         first += warmup
         for _ in range(repeat):
             n = max(num_prompts, level)
@@ -48,7 +53,7 @@ def bench_serve(url: str, levels: tuple[int, ...], num_prompts: int, prompt_len:
                 cfg = BenchConfig(url=base, num_prompts=n, concurrency=level, first_prompt=first,
                                   request_rate=request_rate or float("inf"), prompt_len=prompt_len,
                                   max_tokens=new_tokens)
-                report = asyncio.run(run_bench(cfg))
+                report = load(cfg)
                 report["concurrency"], report["server"] = level, name
                 per[name].append(report)
                 reports.append(report)
@@ -66,6 +71,29 @@ def bench_serve(url: str, levels: tuple[int, ...], num_prompts: int, prompt_len:
     if output is not None:
         output.write_text(json.dumps({"runs": reports, "comparison": rows} if peer is not None else reports,
                                      indent=2))
+
+
+def check_load(num_prompts: int, prompt_len: int, tokens_flag: str, tokens: int, output: Path | None) -> None:
+    """The load `llmc bench --serve` and `llmc serve-bench` send, checked before the first request."""
+    if num_prompts < 1:
+        raise InputError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if prompt_len < 1 or tokens < 1:
+        raise InputError(f"--prompt-len and {tokens_flag} must be >= 1, got {prompt_len}, {tokens}")
+    if output is not None:
+        check_out_file(output, "--output")
+
+
+def load(cfg: BenchConfig) -> dict[str, Any]:
+    """One `run_bench`; a server that cannot be reached, or refuses GET /v1/models, is an InputError naming it."""
+    import httpx
+
+    from llmc.bench.serve_client import run_bench
+
+    try:
+        return asyncio.run(run_bench(cfg))
+    except (httpx.HTTPError, httpx.InvalidURL) as e:  # only GET /v1/models raises: a failed request is a result
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"no OpenAI-compatible server at {cfg.url}: {first}") from None
 
 
 def compare_level(level: int, ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:

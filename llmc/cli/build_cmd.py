@@ -87,6 +87,9 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.engines.builders import BuildConfig, build
         from llmc.progress import ConsoleSteps
 
+        _refuse_trt_only(backend, {"--precision": None if precision == "fp16" else precision,
+                                   "--max-batch-size": max_batch_size, "--max-input-len": max_input_len,
+                                   "--max-seq-len": max_seq_len, "--max-num-tokens": max_num_tokens})
         ort_attention = choice(Attention, attention or "auto", "--attention") if backend is not Backend.trt else \
             Attention.auto
         cfg = BuildConfig(export_dir, out, backend.value, quant, threads, force, kv_layout=kv_layout,
@@ -113,3 +116,12 @@ def register(app: typer.Typer, wrap: Any) -> None:
         typer.echo(f"built {manifest.backend} engine ({manifest.precision}) in {out}; golden check: top-1 "
                    f"{parity.get('top1_agreement', float('nan')):.0%}, max |logit diff| "
                    f"{parity.get('max_abs_diff', float('nan')):.2e}")
+
+
+def _refuse_trt_only(backend: Backend, flags: dict[str, object]) -> None:
+    """TensorRT's flags (None: not given) would be dropped without a word by another backend."""
+    from llmc.errors import InputError
+
+    given = [f"{name} {value}" for name, value in flags.items() if value is not None]
+    if given and backend is not Backend.trt:
+        raise InputError(f"{given[0]} is for --backend trt; --backend {backend.value} does not take it")

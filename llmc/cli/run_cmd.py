@@ -42,6 +42,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
                                                         "(lines {\"prompt\"} or {\"messages\"}, sampling fields).")] = None,
         output_file: Annotated[Path | None, typer.Option("--output", help="JSONL of results, in input order "
                                                          "(with --input); an interrupted run resumes.")] = None,
+        force: Annotated[bool, typer.Option("--force", help="With --output: replace an existing results file.")]
+        = False,
         max_running: Annotated[int, typer.Option(help="With --input: sequences decoding together.")] = 8,
         json_schema: Annotated[Path | None, typer.Option(
             help="A JSON schema file: the answer is JSON that matches it (constrained decoding).")] = None,
@@ -59,7 +61,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
                                 min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop or []),
                                 **_constraint(json_schema, regex, grammar))
         params.validate()
-        batch = _batch_config(prompt, input_file, output_file, params)
+        batch = _batch_config(prompt, input_file, output_file, params, force)
+        _check_prompt_flags(prompt, raw, system, batch is not None)
         runtime = RuntimeConfig(threads=threads, max_running=max_running if batch else 1, kv_budget_mb=kv_budget_mb,
                                 chat_template=str(chat_template) if chat_template else None)
         engine_dir = ensure_engine(model, ConsoleSteps(8, prefix="setup "))
@@ -91,11 +94,14 @@ def _constraint(json_schema: Path | None, regex: str | None, grammar: Path | Non
 
 
 def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path | None,
-                  params: SamplingParams) -> BatchConfig | None:
+                  params: SamplingParams, force: bool) -> BatchConfig | None:
     """The batch run the flags ask for (None: a single prompt or a chat); checked before an engine loads."""
+    from llmc.cli.common import check_out_file
     from llmc.runtime.batch_file import BatchConfig, check_paths
 
     if input_file is None and output_file is None:
+        if force:
+            raise InputError("--force replaces an existing --output file: it goes with --input and --output")
         return None
     if input_file is None or output_file is None:
         raise InputError("--input and --output go together: llmc run ENGINE --input in.jsonl --output out.jsonl")
@@ -103,7 +109,21 @@ def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path
         raise InputError("give either a PROMPT or --input, not both")
     config = BatchConfig(input_file, output_file, params)
     check_paths(config)
+    check_out_file(output_file, "--output")
+    if output_file.exists() and not force:  # the results of an earlier run
+        raise InputError(f"--output {output_file} already exists; pass --force to replace it")
     return config
+
+
+def _check_prompt_flags(prompt: str | None, raw: bool, system: str | None, batch: bool) -> None:
+    """--raw and --system shape a PROMPT: refuse them where they would be dropped without a word."""
+    if batch and (raw or system is not None):
+        raise InputError("--raw and --system shape a PROMPT, not --input lines (a line gives a raw 'prompt' or "
+                         "'messages', a system turn included)")
+    if raw and system is not None:
+        raise InputError("--system goes into the chat template, which --raw skips: give one of them")
+    if raw and prompt is None:
+        raise InputError("--raw needs a PROMPT: the interactive chat always applies the chat template")
 
 
 def _run_batch(llm: Any, config: BatchConfig) -> None:

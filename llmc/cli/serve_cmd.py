@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -84,14 +85,21 @@ def register(app: typer.Typer, wrap: Any) -> None:
         output: Annotated[Path | None, typer.Option(help="Save the results as JSON here.")] = None,
     ) -> None:
         """Load a running server like `vllm bench serve`: TTFT, TPOT, ITL, latency percentiles, throughput."""
-        import asyncio
+        from llmc.bench.serve_client import BenchConfig, format_report
+        from llmc.cli.bench_serve import check_load, load
+        from llmc.errors import InputError
 
-        from llmc.bench.serve_client import BenchConfig, format_report, run_bench
-
+        check_load(num_prompts, prompt_len, "--max-tokens", max_tokens, output)
+        if concurrency is not None and concurrency < 1:
+            raise InputError(f"--concurrency must be >= 1, got {concurrency}")
+        if not request_rate > 0:
+            raise InputError(f"--request-rate must be > 0 (inf: all at once), got {request_rate}")
+        if endpoint not in ("chat", "completions"):
+            raise InputError(f"--endpoint must be chat or completions, got {endpoint!r}")
         cfg = BenchConfig(url=url, model=model, num_prompts=num_prompts, concurrency=concurrency,
                           request_rate=request_rate, prompt_len=prompt_len, max_tokens=max_tokens,
                           ignore_eos=ignore_eos, endpoint=endpoint, seed=seed, output=output)
-        typer.echo(format_report(asyncio.run(run_bench(cfg))))
+        typer.echo(format_report(load(cfg)))
 
 
 def _check_flags(max_queue: int, port: int, shutdown_timeout: float, max_request_bytes: int,
@@ -107,8 +115,8 @@ def _check_flags(max_queue: int, port: int, shutdown_timeout: float, max_request
         raise InputError(f"--max-queue must be >= 0, got {max_queue}")
     if not 0 <= port <= 65535:
         raise InputError(f"--port must be in [0, 65535], got {port}")
-    if shutdown_timeout < 0:
-        raise InputError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
+    if not 0 <= shutdown_timeout < math.inf:
+        raise InputError(f"--shutdown-timeout must be >= 0 and finite, got {shutdown_timeout}")
 
 
 def _default_name(ref: str, engine_dir: Path) -> str:

@@ -24,7 +24,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.engines.base import EngineOptions
         from llmc.engines.ort.build import export_engine
         from llmc.engines.registry import load_engine_dir
-        from llmc.errors import InputError, LlmcError
+        from llmc.errors import InputError, LimitError, LlmcError
         from llmc.golden import GOLDEN_FILE, Golden
         from llmc.manifest import load_export
         from llmc.runtime.tokenizer import Tokenizer
@@ -37,13 +37,16 @@ def register(app: typer.Typer, wrap: Any) -> None:
         if steps < 1:
             raise InputError(f"--steps must be >= 1, got {steps}")
         engine = load_engine_dir(engine_dir, EngineOptions(threads=threads))
+        prompts = [encode_prompt(Tokenizer.from_dir(engine_dir), p) for p in VERIFY_PROMPTS]
+        longest = max(map(len, prompts))
+        if longest + steps > engine.max_positions:  # found before minutes of decoding, not at the last position
+            raise LimitError(f"--steps {steps} after the longest verify prompt ({longest} tokens) needs "
+                             f"{longest + steps} positions, the engine holds {engine.max_positions}")
         golden = check_golden(engine, Golden.load(engine_dir / GOLDEN_FILE))
         typer.echo(f"golden (transformers): top-1 {golden['top1_agreement']:.1%}, max |logit diff| "
                    f"{golden['max_abs_diff']:.2e}, greedy match {int(golden['greedy_match'])} tokens")
         export_dir = Path(engine.manifest.export_dir)
         reference = export_engine(load_export(export_dir), export_dir, threads)
-        tok = Tokenizer.from_dir(engine_dir)
-        prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
         r = compare_engines(reference, engine, prompts, steps, together=True)
         for label, s in ((f"vs export ({len(prompts)} prompts, {int(r['positions'])} positions)", r),
                          (f"decoded together ({len(prompts)} rows a step, as a server batches them)", r["together"])):

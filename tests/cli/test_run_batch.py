@@ -253,6 +253,13 @@ def test_sidecar_of_another_input_is_refused(engines: Engines, tmp_path: Path) -
     (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/nowhere/out.jsonl"], "output folder does not exist"),
     (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/in.jsonl"], "--output must differ from --input"),
     (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/out.jsonl", "--max-running", "0"], "--max-running must be >= 1"),
+    (["--input", "{tmp}/in.jsonl", "--output", "{tmp}"], "--output {tmp} is a folder: give the path of a file"),
+    (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/out.jsonl", "--system", "be brief"],
+     "--raw and --system shape a PROMPT, not --input lines"),
+    (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/out.jsonl", "--raw"], "--raw and --system shape a PROMPT"),
+    (["hello", "--raw", "--system", "be brief"], "--system goes into the chat template, which --raw skips"),
+    (["--raw"], "--raw needs a PROMPT"),
+    (["hello", "--force"], "--force replaces an existing --output file"),
 ])
 def test_user_errors_are_one_line_before_loading(engines: Engines, tmp_path: Path, args: list[str],
                                                  message: str) -> None:
@@ -263,6 +270,18 @@ def test_user_errors_are_one_line_before_loading(engines: Engines, tmp_path: Pat
         len(result.stderr.strip().splitlines()) == 1 and message.format(tmp=tmp_path) in result.stderr)
     assert "Traceback" not in result.output
     assert engines.made == []  # no engine was loaded
+
+
+def test_an_existing_output_is_replaced_only_with_force(engines: Engines, tmp_path: Path) -> None:
+    src, out = write_lines(tmp_path / "in.jsonl", [{"prompt": "x", "max_tokens": 2}]), tmp_path / "out.jsonl"
+    out.write_text("an earlier run's results\n")
+    result = cli("--input", src, "--output", out)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().splitlines() == [f"error: --output {out} already exists; pass --force to replace it"]
+    assert out.read_text() == "an earlier run's results\n" and engines.made == []
+    result = cli("--input", src, "--output", out, "--force")
+    assert result.exit_code == 0, result.output
+    assert [r["index"] for r in read_jsonl(out)] == [0]
 
 
 def test_empty_input_writes_empty_output(engines: Engines, tmp_path: Path) -> None:

@@ -1,0 +1,78 @@
+"""Flags out of range, flags another mode or backend would drop, outputs that could not be written at the end and
+servers that cannot be reached: one `error:` line and exit 1 before any work, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Built
+
+from .test_cli import _assert_user_error, _cli
+
+
+@pytest.fixture
+def closed_url() -> Iterator[str]:
+    """A local URL nothing listens on (the port held, so no one else takes it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_verify_steps_past_the_context(tiny_llama: Built) -> None:
+    _assert_user_error(_cli("verify", tiny_llama.engine_dir, "--steps", "300"), "--steps 300", "holds 256")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_serve_shutdown_timeout_not_finite(value: str) -> None:
+    _assert_user_error(_cli("serve", "no-engine", "--shutdown-timeout", value), "--shutdown-timeout", value)
+
+
+def test_build_trt_flags_on_another_backend(tmp_path: Path) -> None:
+    for flags in (["--max-seq-len", "4096"], ["--precision", "fp32", "--backend", "ort-cuda"]):
+        _assert_user_error(_cli("build", tmp_path / "export", "-o", tmp_path / "engine", *flags), " ".join(flags[:2]),
+                           "--backend trt")
+    assert not (tmp_path / "engine").exists()
+
+
+@pytest.mark.parametrize(("plot", "words"), [
+    ("nowhere/p.png", "its folder"),
+    (".", "is a folder"),
+    ("p.txt", "not .txt"),
+])
+def test_bench_plot_that_could_not_be_written(tmp_path: Path, plot: str, words: str) -> None:
+    _assert_user_error(_cli("bench", tmp_path / "engine", "--plot", tmp_path / plot), "--plot", words)
+
+
+def test_bench_serve_without_a_server(closed_url: str) -> None:
+    _assert_user_error(_cli("bench", "--serve", closed_url), closed_url, "All connection attempts failed")
+    _assert_user_error(_cli("bench", "--serve", "localhost:8000"), "localhost:8000", "unsupported protocol")
+    _assert_user_error(_cli("serve-bench", closed_url), closed_url, "All connection attempts failed")
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--output", "{tmp}"], "--output {tmp} is a folder"),
+    (["--output", "{tmp}/nowhere/out.json"], "its folder {tmp}/nowhere does not exist"),
+    (["--request-rate", "nan"], "--request-rate must be >= 0"),
+    (["--new-tokens", "0"], "--new-tokens must be >= 1"),
+    (["--against", "{tmp}"], "--against is for an engine folder's benchmark"),
+    (["--compare-torch"], "--compare-torch is for an engine folder's benchmark"),
+])
+def test_bench_serve_flags(tmp_path: Path, closed_url: str, flags: list[str], words: str) -> None:
+    _assert_user_error(_cli("bench", "--serve", closed_url, *(f.format(tmp=tmp_path) for f in flags)),
+                       words.format(tmp=tmp_path))
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--output", "{tmp}"], "--output {tmp} is a folder"),
+    (["--num-prompts", "0"], "--num-prompts must be >= 1"),
+    (["--concurrency", "0"], "--concurrency must be >= 1"),
+    (["--request-rate", "0"], "--request-rate must be > 0"),
+    (["--request-rate", "-1"], "--request-rate must be > 0"),
+    (["--endpoint", "chats"], "--endpoint must be chat or completions"),
+])
+def test_serve_bench_flags(tmp_path: Path, closed_url: str, flags: list[str], words: str) -> None:
+    _assert_user_error(_cli("serve-bench", closed_url, *(f.format(tmp=tmp_path) for f in flags)),
+                       words.format(tmp=tmp_path))
