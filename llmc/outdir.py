@@ -12,6 +12,14 @@ from pathlib import Path
 from llmc.errors import InputError
 
 
+def check_out_file(path: Path, flag: str) -> None:
+    """Refuse, before any work, an output file that could not be written at the end of it."""
+    if path.is_dir():
+        raise InputError(f"{flag} {path} is a folder: give the path of a file")
+    if not path.parent.is_dir():
+        raise InputError(f"{flag} {path}: its folder {path.parent} does not exist")
+
+
 def check_out_dir(out: Path, force: bool) -> None:
     out = Path(out)
     if out.exists() and not out.is_dir():

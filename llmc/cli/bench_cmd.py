@@ -82,7 +82,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
 
 def _check_plot(path: Path) -> None:
     """--plot's file, before the benchmark: a folder to write it in, and a format matplotlib writes."""
-    from llmc.cli.common import check_out_file
+    from llmc.outdir import check_out_file
 
     check_out_file(path, "--plot")
     try:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from llmc.cli.common import check_out_file
 from llmc.errors import InputError
+from llmc.outdir import check_out_file
 
 if TYPE_CHECKING:
     from llmc.bench.serve_client import BenchConfig

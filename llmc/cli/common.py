@@ -22,14 +22,6 @@ class Dtype(str, Enum):
     float16 = "float16"
 
 
-def check_out_file(path: Path, flag: str) -> None:
-    """Refuse, before any work, an output file that could not be written at the end of it."""
-    if path.is_dir():
-        raise InputError(f"{flag} {path} is a folder: give the path of a file")
-    if not path.parent.is_dir():
-        raise InputError(f"{flag} {path}: its folder {path.parent} does not exist")
-
-
 def read_json_schema(path: Path) -> dict[str, Any]:
     """A JSON schema file (for --json-schema), or an InputError naming the file and what is wrong with it."""
     try:

@@ -96,7 +96,6 @@ def _constraint(json_schema: Path | None, regex: str | None, grammar: Path | Non
 def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path | None,
                   params: SamplingParams, force: bool) -> BatchConfig | None:
     """The batch run the flags ask for (None: a single prompt or a chat); checked before an engine loads."""
-    from llmc.cli.common import check_out_file
     from llmc.runtime.batch_file import BatchConfig, check_paths
 
     if input_file is None and output_file is None:
@@ -109,7 +108,6 @@ def _batch_config(prompt: str | None, input_file: Path | None, output_file: Path
         raise InputError("give either a PROMPT or --input, not both")
     config = BatchConfig(input_file, output_file, params)
     check_paths(config)
-    check_out_file(output_file, "--output")
     if output_file.exists() and not force:  # the results of an earlier run
         raise InputError(f"--output {output_file} already exists; pass --force to replace it")
     return config

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from llmc.errors import InputError
+from llmc.outdir import check_out_file
 from llmc.runtime.request import FinishReason, SamplingParams
 
 if TYPE_CHECKING:
@@ -64,8 +65,7 @@ def check_paths(config: BatchConfig) -> None:
     """Fail early, before an engine is loaded, on an input that is not there or an output with nowhere to go."""
     if not config.input.is_file():
         raise InputError(f"input file not found: {config.input}")
-    if not config.output.parent.is_dir():
-        raise InputError(f"output folder does not exist: {config.output.parent}")
+    check_out_file(config.output, "--output")
     if config.output.resolve() == config.input.resolve():
         raise InputError(f"--output must differ from --input ({config.input})")
 

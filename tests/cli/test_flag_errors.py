@@ -52,27 +52,20 @@ def test_bench_serve_without_a_server(closed_url: str) -> None:
     _assert_user_error(_cli("serve-bench", closed_url), closed_url, "All connection attempts failed")
 
 
-@pytest.mark.parametrize(("flags", "words"), [
-    (["--output", "{tmp}"], "--output {tmp} is a folder"),
-    (["--output", "{tmp}/nowhere/out.json"], "its folder {tmp}/nowhere does not exist"),
-    (["--request-rate", "nan"], "--request-rate must be >= 0"),
-    (["--new-tokens", "0"], "--new-tokens must be >= 1"),
-    (["--against", "{tmp}"], "--against is for an engine folder's benchmark"),
-    (["--compare-torch"], "--compare-torch is for an engine folder's benchmark"),
+@pytest.mark.parametrize(("command", "flags", "words"), [
+    ("bench", ["--output", "{tmp}"], "--output {tmp} is a folder"),
+    ("bench", ["--output", "{tmp}/nowhere/out.json"], "its folder {tmp}/nowhere does not exist"),
+    ("bench", ["--request-rate", "nan"], "--request-rate must be >= 0"),
+    ("bench", ["--new-tokens", "0"], "--new-tokens must be >= 1"),
+    ("bench", ["--against", "{tmp}"], "--against is for an engine folder's benchmark"),
+    ("bench", ["--compare-torch"], "--compare-torch is for an engine folder's benchmark"),
+    ("serve-bench", ["--output", "{tmp}"], "--output {tmp} is a folder"),
+    ("serve-bench", ["--num-prompts", "0"], "--num-prompts must be >= 1"),
+    ("serve-bench", ["--concurrency", "0"], "--concurrency must be >= 1"),
+    ("serve-bench", ["--request-rate", "0"], "--request-rate must be > 0"),
+    ("serve-bench", ["--request-rate", "-1"], "--request-rate must be > 0"),
+    ("serve-bench", ["--endpoint", "chats"], "--endpoint must be chat or completions"),
 ])
-def test_bench_serve_flags(tmp_path: Path, closed_url: str, flags: list[str], words: str) -> None:
-    _assert_user_error(_cli("bench", "--serve", closed_url, *(f.format(tmp=tmp_path) for f in flags)),
-                       words.format(tmp=tmp_path))
-
-
-@pytest.mark.parametrize(("flags", "words"), [
-    (["--output", "{tmp}"], "--output {tmp} is a folder"),
-    (["--num-prompts", "0"], "--num-prompts must be >= 1"),
-    (["--concurrency", "0"], "--concurrency must be >= 1"),
-    (["--request-rate", "0"], "--request-rate must be > 0"),
-    (["--request-rate", "-1"], "--request-rate must be > 0"),
-    (["--endpoint", "chats"], "--endpoint must be chat or completions"),
-])
-def test_serve_bench_flags(tmp_path: Path, closed_url: str, flags: list[str], words: str) -> None:
-    _assert_user_error(_cli("serve-bench", closed_url, *(f.format(tmp=tmp_path) for f in flags)),
-                       words.format(tmp=tmp_path))
+def test_serve_benchmark_flags(tmp_path: Path, closed_url: str, command: str, flags: list[str], words: str) -> None:
+    target = ["--serve", closed_url] if command == "bench" else [closed_url]  # `bench --serve URL`, `serve-bench URL`
+    _assert_user_error(_cli(command, *target, *(f.format(tmp=tmp_path) for f in flags)), words.format(tmp=tmp_path))

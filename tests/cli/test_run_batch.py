@@ -250,7 +250,7 @@ def test_sidecar_of_another_input_is_refused(engines: Engines, tmp_path: Path) -
     (["--input", "{tmp}/in.jsonl"], "--input and --output go together"),
     (["--output", "{tmp}/out.jsonl"], "--input and --output go together"),
     (["hello", "--input", "{tmp}/in.jsonl", "--output", "{tmp}/out.jsonl"], "either a PROMPT or --input"),
-    (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/nowhere/out.jsonl"], "output folder does not exist"),
+    (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/nowhere/out.jsonl"], "its folder {tmp}/nowhere does not exist"),
     (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/in.jsonl"], "--output must differ from --input"),
     (["--input", "{tmp}/in.jsonl", "--output", "{tmp}/out.jsonl", "--max-running", "0"], "--max-running must be >= 1"),
     (["--input", "{tmp}/in.jsonl", "--output", "{tmp}"], "--output {tmp} is a folder: give the path of a file"),
