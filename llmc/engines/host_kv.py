@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
 from llmc.engines.base import KVCache, PagedKVCache
+from llmc.errors import InputError
 from llmc.manifest import KVSpec
+
+
+def memory_limit() -> int:
+    """Bytes of RAM this process may use: the machine's, or its cgroup's limit where that is lower."""
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = min(limit, int(text))
+    return limit
 
 
 class _HostBuffers:
@@ -15,6 +31,21 @@ class _HostBuffers:
 
     keys: list[np.ndarray]
     values: list[np.ndarray]
+
+    def _allocate(self, spec: KVSpec, shape: tuple[int, ...]) -> None:
+        """Zeroed K and V buffers of `shape` per layer; memory past what this machine has is refused by name
+        (numpy's zeros are mapped lazily, so an oversized budget would otherwise fail at its first touch)."""
+        dtype = np.dtype({"float16": np.float16, "int8": np.int8}.get(spec.dtype, np.float32))
+        need, limit = 2 * spec.num_layers * int(np.prod(shape)) * dtype.itemsize, memory_limit()
+        if need > limit:
+            raise InputError(f"--kv-budget-mb asks for {need / 2**20:,.0f} MiB of KV memory, more than this "
+                             f"machine's {limit / 2**20:,.0f} MiB: lower it", "kv_budget_mb")
+        try:
+            self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+            self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+        except MemoryError:
+            raise InputError(f"--kv-budget-mb: {need / 2**20:,.0f} MiB of KV memory could not be allocated "
+                             f"(this machine has {limit / 2**20:,.0f} MiB): lower it", "kv_budget_mb") from None
 
     @property
     def nbytes(self) -> int:
@@ -40,11 +71,8 @@ class HostKVCache(_HostBuffers, KVCache):
 
     def __init__(self, spec: KVSpec, num_slots: int, max_len: int) -> None:
         super().__init__(num_slots, max_len)
-        dtype = {"float16": np.float16, "int8": np.int8}.get(spec.dtype, np.float32)
-        shape = (num_slots, spec.num_kv_heads, max_len, spec.row_width)
         # keys[l], values[l]: [slots, Hkv, max_len, D] (int8: D + 4, each row's scale after its values)
-        self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
-        self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+        self._allocate(spec, (num_slots, spec.num_kv_heads, max_len, spec.row_width))
 
     def move(self, src: int, dst: int) -> None:
         n = int(self.lengths[src])
@@ -76,10 +104,7 @@ class HostPagedKVCache(_HostBuffers, PagedKVCache):
     def __init__(self, spec: KVSpec, num_slots: int, max_len: int, num_blocks: int, block_size: int,
                  fixed: bool = False) -> None:
         super().__init__(num_slots, max_len, num_blocks, block_size)
-        dtype = {"float16": np.float16, "int8": np.int8}.get(spec.dtype, np.float32)
-        shape = (num_blocks, spec.num_kv_heads, block_size, spec.row_width)
-        self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
-        self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+        self._allocate(spec, (num_blocks, spec.num_kv_heads, block_size, spec.row_width))
         self.fixed = fixed
         if fixed:
             per = num_blocks // num_slots

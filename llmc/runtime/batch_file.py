@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from llmc.errors import InputError
 from llmc.outdir import check_out_file
-from llmc.runtime.request import FinishReason, SamplingParams
+from llmc.runtime.request import FinishReason, SamplingParams, logit_bias_of_json
 
 if TYPE_CHECKING:
     from llmc.runtime.llm import LLM
 
 SIDECAR_FORMAT = "llmc-batch-partial"
-PARAM_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {"n", "logprobs"}
+# n: one completion a line; constraint_param: the server's (a constraint's errors name its own field here)
+PARAM_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {"n", "logprobs", "constraint_param"}
 LINE_FIELDS = frozenset({"id", "prompt", "messages"}) | PARAM_FIELDS
 ProgressFn = Callable[[int, int, int], None]  # (lines done, lines in all, tokens generated since the last call)
 
@@ -96,8 +97,15 @@ def run_batch(llm: LLM, config: BatchConfig, progress: ProgressFn | None = None)
 def parse_line(index: int, text: str, defaults: SamplingParams) -> Line:
     """One input line; InputError (one line, naming the field) when it is not a valid request."""
     try:
+        return _parse_line(index, text, defaults)
+    except RecursionError:  # JSON nested past what Python reads (or reprs): this line's fault, not the batch's
+        raise InputError("the line nests JSON deeper than it can be read") from None
+
+
+def _parse_line(index: int, text: str, defaults: SamplingParams) -> Line:
+    try:
         obj = json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or an integer past Python's 4,300 digits
         raise InputError(f"invalid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise InputError(f"a line must be a JSON object, got {type(obj).__name__}")
@@ -135,6 +143,8 @@ def _params_of(obj: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
             raise InputError(f"{name} must be a list, got {given[name]!r}")
     if "ignore_eos" in given and not isinstance(given["ignore_eos"], bool):
         raise InputError(f"ignore_eos must be true or false, got {given['ignore_eos']!r}")
+    if "logit_bias" in given:  # JSON object keys are strings; OpenAI's token ids
+        given["logit_bias"] = logit_bias_of_json(given["logit_bias"])
     params = replace(defaults, **given)
     params.validate()
     return params
@@ -217,7 +227,7 @@ def _id_of(text: str) -> Any:
     """The id of a line that failed to parse as a request, when it has one worth reporting."""
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     rid = obj.get("id") if isinstance(obj, dict) else None
     return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
@@ -251,7 +261,7 @@ def _load_sidecar(path: Path, digest: str) -> dict[int, dict[str, Any]]:
 def _json_or_none(text: str) -> Any:
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -28,6 +29,22 @@ class FinishReason(str, Enum):
     LENGTH = "length"
     ABORT = "abort"
     ERROR = "error"
+
+
+_TOKEN_ID = re.compile(r"-?[0-9]{1,18}")
+
+
+def logit_bias_of_json(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias (token ids as JSON object keys: strings) with integer keys; the values are checked by
+    SamplingParams.validate. A key that is not plainly an integer ("5_0", " 5", "+5") is refused, not read."""
+    if bias is not None and not isinstance(bias, dict):
+        raise InputError(f"logit_bias must map token ids to biases, got {type(bias).__name__}", "logit_bias")
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise InputError(f"logit_bias keys must be token ids (integers), got {key!r}", "logit_bias")
+        out[int(key)] = value
+    return out
 
 
 @dataclass

@@ -6,15 +6,13 @@ Requests are validated strictly (no "1" for 1, no true for 1); the value rules (
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llmc.errors import InputError
-from llmc.runtime.request import SamplingParams
+from llmc.runtime.request import SamplingParams, logit_bias_of_json
 
 
 class _Request(BaseModel):
@@ -110,7 +108,7 @@ class SamplingFields(_Request):
     def sampling_params(self, max_tokens: int, logprobs: int | None, **constraint: Any) -> SamplingParams:
         """The request's sampling parameters; `constraint`: SamplingParams' json_schema / regex / grammar fields."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(**constraint, logit_bias=_logit_bias(self.logit_bias),
+        return SamplingParams(**constraint, logit_bias=logit_bias_of_json(self.logit_bias),
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, seed=self.seed, stop=stop,
@@ -120,20 +118,6 @@ class SamplingFields(_Request):
 
 # A logit_bias key as clients write a token id (int() would also read " 5", "+5", "5_0" as 50, or "\u0665"); a
 # sign is left to SamplingParams.validate, which names the rule
-_TOKEN_ID = re.compile(r"-?[0-9]{1,18}")
-
-
-def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
-    """OpenAI's logit_bias (token ids as JSON object keys) with integer keys; the values are checked by
-    SamplingParams.validate."""
-    out: dict[int, float] = {}
-    for key, value in (bias or {}).items():
-        if not _TOKEN_ID.fullmatch(key):
-            raise InputError(f"logit_bias keys must be token ids (integers), got {key!r}", "logit_bias")
-        out[int(key)] = value
-    return out
-
-
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for the legacy endpoint

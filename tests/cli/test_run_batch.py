@@ -107,6 +107,11 @@ BAD = [
     ({"prompt": "x", "stop": 5}, "stop must be a list, got 5"),
     ({"messages": [{"content": "no role"}]}, "messages[0] must be an object with a 'role'"),
     ("[1, 2]", "a line must be a JSON object, got list"),
+    # these failed the whole batch with a traceback (RecursionError), or were read where they should not be
+    ('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}", "the line nests JSON deeper than it can be read"),
+    ('{"prompt": "x", "max_tokens": 1' + "0" * 5000 + "}", "invalid JSON: Exceeds the limit (4300 digits)"),
+    ({"prompt": "x", "logit_bias": {"+5": 1}}, "logit_bias keys must be token ids (integers), got '+5'"),
+    ({"prompt": "x", "constraint_param": "regex"}, "unknown field 'constraint_param'"),
 ]
 
 
@@ -160,6 +165,17 @@ def test_flags_are_defaults_that_lines_override(engines: Engines, tmp_path: Path
     assert [r["token_ids"] for r in out] == [greedy_reference([5, 6], 5, (EOS,), vocab_size=320),
                                              greedy_reference([5, 6], 2, (EOS,), vocab_size=320)]
     assert [r["prompt_tokens"] for r in out] == [2, 2]
+
+
+def test_logit_bias_keys_are_token_ids_as_json_writes_them(engines: Engines, tmp_path: Path) -> None:
+    """JSON object keys are strings: a line's logit_bias {"57": -100} was refused ("keys must be token ids")."""
+    first = greedy_reference([5, 6], 1, (EOS,), vocab_size=320)[0]
+    src = write_lines(tmp_path / "in.jsonl", [{"prompt": [5, 6], "max_tokens": 1},
+                                              {"prompt": [5, 6], "max_tokens": 1, "logit_bias": {str(first): -100}}])
+    result = cli("--input", src, "--output", tmp_path / "out.jsonl")
+    assert result.exit_code == 0, result.output
+    plain, biased = read_jsonl(tmp_path / "out.jsonl")
+    assert plain["token_ids"] == [first] and "error" not in biased and biased["token_ids"] != [first]
 
 
 def test_engine_error_is_recorded_and_the_rest_run(engines: Engines, tmp_path: Path) -> None:

@@ -96,3 +96,19 @@ def test_the_loop_prefaults_its_kv_memory_only_when_asked(monkeypatch: pytest.Mo
     assert calls == [(2, loop.kv.nbytes)] and loop.kv.nbytes > 7 * 2**20
     assert f"KV memory: {loop.kv.nbytes / 2**20:.0f} MB mapped at start-up" in caplog.text  # what an operator sees
     assert np.all([not buf.any() for buf in loop.kv.buffers()])
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_kv_memory_past_the_machine_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, paged: bool) -> None:
+    """`--kv-budget-mb 99999999999` gave numpy's MemoryError traceback (or, under the overcommit limit, a
+    budget no page of which could ever be mapped): refused naming the flag and both sizes."""
+    from llmc.engines import host_kv
+    from llmc.errors import InputError
+
+    assert host_kv.memory_limit() > 2**28  # the machine's (or its cgroup's) RAM, not a made-up figure
+    monkeypatch.setattr(host_kv, "memory_limit", lambda: 150 * 2**20)  # two 48 MiB buffers a layer: 192 MiB
+    with pytest.raises(InputError, match=r"--kv-budget-mb asks for 192 MiB .* machine's 150 MiB") as err:
+        HostPagedKVCache(SPEC, 4, 1024, BLOCKS, BLOCK_SIZE) if paged else HostKVCache(SPEC, 6, BLOCKS * 16 // 6)
+    assert err.value.param == "kv_budget_mb"
+    monkeypatch.setattr(host_kv, "memory_limit", lambda: 200 * 2**20)
+    assert HostPagedKVCache(SPEC, 4, 1024, BLOCKS, BLOCK_SIZE).nbytes == 192 * 2**20
