@@ -3,6 +3,7 @@ against the memory-bandwidth limit of the machine (and, optionally, transformers
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from llmc.bench.limits import (
     weight_bytes_per_step,
     weights_class,
 )
+from llmc.engines.host_kv import memory_limit
 from llmc.errors import InputError
 from llmc.runtime.config import RuntimeConfig
 from llmc.runtime.generator import EngineLoop
@@ -61,8 +63,8 @@ class BenchConfig:
             raise InputError(f"--repeat must be >= 1, got {self.repeat}")
         if any(c < 1 for c in self.contexts):
             raise InputError(f"--contexts must be >= 1, got {list(self.contexts)}")
-        if not self.bandwidth_gbs > 0:
-            raise InputError(f"--bandwidth-gbs must be > 0, got {self.bandwidth_gbs:g}")
+        if not 0 < self.bandwidth_gbs < math.inf:
+            raise InputError(f"--bandwidth-gbs must be a finite number > 0, got {self.bandwidth_gbs:g}")
 
     def runs(self) -> list[tuple[int, int, int]]:
         """(batch, prompt_len, new_tokens) of every measured configuration."""
@@ -161,7 +163,14 @@ class _Bench:
            json_schema: dict[str, Any] | None = None) -> _Bench:
         max_batch = max(b for b, _, _ in runs)
         longest = max(p + n for _, p, n in runs)
-        budget = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8) // 2**20 + 1
+        if longest > llm.engine.max_positions:
+            raise InputError(f"the longest run needs {longest} positions, {directory} allows "
+                             f"{llm.engine.max_positions}")
+        need, limit = llm.engine.kv_bytes_per_token() * max_batch * (longest + 8), memory_limit()
+        if need > limit:
+            raise InputError(f"--batch-sizes {max_batch} at {longest} positions needs {need / 2**20:,.0f} MiB of KV "
+                             f"memory, more than this machine's {limit / 2**20:,.0f} MiB")
+        budget = need // 2**20 + 1
         # no prefix caching: every run's prompts are the warm-up's, and TTFT is the prompts' prefill, computed
         loop = EngineLoop(llm.engine, llm.tokenizer, RuntimeConfig(max_running=max_batch, kv_budget_mb=budget,
                                                                    max_step_tokens=max_batch * longest + max_batch,

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from llmc.errors import InputError
+
 # ~1 token per word for the usual BPE vocabularies; the true count comes back in `usage`.
 _WORDS = ("the quick brown fox jumps over the lazy dog while a small model writes a long story about "
           "rivers mountains cities and people who live near the sea").split()
@@ -106,9 +108,13 @@ async def _one(client: Any, path: str, body: dict[str, Any]) -> RequestResult:
 
 
 async def _first_model(client: Any) -> str:
+    """The first model GET /v1/models lists; InputError when the answer is not an OpenAI model list."""
     resp = await client.get("/v1/models")
     resp.raise_for_status()
-    return str(resp.json()["data"][0]["id"])
+    try:
+        return str(resp.json()["data"][0]["id"])
+    except (ValueError, LookupError, TypeError):  # not JSON, no data, an empty list, not objects
+        raise InputError(f"GET {resp.url} answered {resp.text[:80]!r}, not an OpenAI list of models") from None
 
 
 async def run_bench(cfg: BenchConfig) -> dict[str, Any]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +36,9 @@ class RayAppConfig:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_queue < 0:
             raise InputError(f"--max-queue must be >= 0, got {self.max_queue}")
-        if self.target_ongoing_requests <= 0:
-            raise InputError(f"--target-ongoing-requests must be > 0, got {self.target_ongoing_requests}")
+        if not 0 < self.target_ongoing_requests < math.inf:
+            raise InputError(f"--target-ongoing-requests must be a finite number > 0, got "
+                             f"{self.target_ongoing_requests}")
         lo, hi = self.min_replicas, self.max_replicas
         if lo is not None and lo < 0:
             raise InputError(f"--min-replicas must be >= 0, got {lo}")

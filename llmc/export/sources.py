@@ -97,12 +97,12 @@ def _hf_source(path: Path, allow_pickle: bool) -> ModelSource:
         config = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{config_path} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
     if config.get("auto_map"):
         raise UnsupportedModelError(
             f"{path} needs trust_remote_code (custom code in auto_map); llmc does not run a model's own code"
         )
-    if not isinstance(config, dict):
-        raise InputError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
     model_type = str(config.get("model_type", "?"))
     check_supported(model_type)
     check_config(config, str(config_path))
@@ -183,6 +183,13 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
         folder, kwargs["gguf_file"] = src.path.parent, src.path.name
     else:
         kwargs["use_safetensors"] = src.use_safetensors
+    tokenizer_kwargs = {k: v for k, v in kwargs.items() if k != "use_safetensors"}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **tokenizer_kwargs)
+    except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: JSON, tokenizers' or I/O errors
+        where = src.path if src.kind == "gguf" else folder
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise InputError(f"the tokenizer of {where} cannot be loaded ({type(e).__name__}: {first})") from None
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kwargs,
                                                  **({"attn_implementation": attention} if attention else {}))
     model.eval()
@@ -191,7 +198,6 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
         model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)
     return LoadedModel(src, model, tokenizer)
 
 

@@ -95,6 +95,19 @@ def test_a_manifest_of_the_wrong_shape(tmp_path: Path, tiny_llama: Built, manife
         _assert_user_error(_cli("build", folder, "-o", tmp_path / "out"), name, words)
 
 
+@pytest.mark.parametrize(("file", "text", "words"), [
+    ("config.json", "[1]", "config.json must hold a JSON object, got list"),  # was AttributeError: .get
+    ("tokenizer.json", '{"broken', "cannot be loaded (JSONDecodeError"),  # was the tokenizers' traceback
+    ("tokenizer_config.json", '{"x": 1', "cannot be loaded (JSONDecodeError"),
+])
+def test_a_model_folder_with_a_damaged_file(tmp_path: Path, tiny_llama: Built, file: str, text: str,
+                                            words: str) -> None:
+    model = _copy(tiny_llama.hf_dir, tmp_path / "model")
+    (model / file).write_text(text)
+    _assert_user_error(_cli("export", model, "-o", tmp_path / "export"), str(model), words)
+    assert not (tmp_path / "export").exists()
+
+
 @pytest.mark.parametrize(("template", "error"), [
     ("{{ 'a' * 10**19 }}", "OverflowError"),
     ("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}", "TypeError"),

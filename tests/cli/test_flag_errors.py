@@ -4,7 +4,9 @@ servers that cannot be reached: one `error:` line and exit 1 before any work, ne
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,38 @@ def test_bench_serve_without_a_server(closed_url: str) -> None:
     _assert_user_error(_cli("bench", "--serve", closed_url), closed_url, "All connection attempts failed")
     _assert_user_error(_cli("bench", "--serve", "localhost:8000"), "localhost:8000", "unsupported protocol")
     _assert_user_error(_cli("serve-bench", closed_url), closed_url, "All connection attempts failed")
+
+
+@pytest.mark.parametrize("models", [b"<html>not JSON</html>", b'{"data": []}', b'{"object": "list"}'])
+def test_bench_serve_against_a_server_that_lists_no_model(models: bytes) -> None:
+    """GET /v1/models answered, but not with a model: was a JSONDecodeError / IndexError / KeyError traceback."""
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(models)))
+            self.end_headers()
+            self.wfile.write(models)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Models) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        for command in (["bench", "--serve", url], ["serve-bench", url]):
+            _assert_user_error(_cli(*command, "--num-prompts", "1"), "/v1/models answered", "not an OpenAI list")
+        server.shutdown()
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--batch-sizes", "1000000000"], "--batch-sizes 1000000000 at 6 positions needs"),  # was killed for memory
+    (["--contexts", "100000"], "the longest run needs 100002 positions"),
+    (["--bandwidth-gbs", "inf"], "--bandwidth-gbs must be a finite number > 0, got inf"),
+])
+def test_bench_runs_past_the_engine_or_the_machine(tiny_llama: Built, flags: list[str], words: str) -> None:
+    _assert_user_error(_cli("bench", tiny_llama.engine_dir, "--prompt-len", "4", "--new-tokens", "2",
+                            "--repeat", "1", *flags), words)
 
 
 @pytest.mark.parametrize(("command", "flags", "words"), [

@@ -167,6 +167,9 @@ def test_ray_args_errors() -> None:
         RayAppConfig(engine_dir="x", min_replicas=2, max_replicas=1)
     with pytest.raises(InputError, match="--max-step-tokens"):
         RayAppConfig(engine_dir="x", max_running=8, max_step_tokens=4)
+    for value in (float("nan"), float("inf"), 0.0):  # nan passed the `<= 0` check
+        with pytest.raises(InputError, match=f"--target-ongoing-requests must be a finite number > 0, got {value}"):
+            RayAppConfig(engine_dir="x", target_ongoing_requests=value)
 
 
 @pytest.mark.parametrize(("flags", "needles"), [
