@@ -3,10 +3,14 @@ machine cannot hold, are a one-line error naming the field, the value and the ru
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from llmc.errors import InputError
+from llmc.export.arch import STATIC_ROPE_TYPES
 
+# rope types transformers knows beside llmc's (llmc/export/arch.py refuses them by name once the model is loaded)
+OTHER_ROPE_TYPES = ("dynamic", "proportional")
 # config.json names of the dimensions, per naming scheme (GPT-2 has its own).
 _GPT2_NAMES = {"layers": "n_layer", "heads": "n_head", "hidden": "n_embd", "positions": "n_positions"}
 _NAMES = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "hidden": "hidden_size",
@@ -31,9 +35,13 @@ def check_config(config: dict[str, Any], where: str) -> None:
         head_dim = hidden // heads
     else:
         head_dim = _positive(config, "head_dim", where)
-    inner = config.get("intermediate_size") or config.get("n_inner") or 4 * hidden
-    if not _is_int(inner) or inner < 1:
-        raise InputError(f"{where}: intermediate_size must be a positive integer, got {inner!r}")
+    inner_name = "n_inner" if config.get("model_type") == "gpt2" else "intermediate_size"
+    inner = config.get(inner_name)
+    if inner is None:
+        inner = 4 * hidden
+    if not _is_int(inner) or inner < 1:  # (0 is not "missing": transformers builds an MLP of width 0)
+        raise InputError(f"{where}: {inner_name} must be a positive integer, got {inner!r}")
+    _check_values(config, where)
     _check_size(where, vocab, hidden, dims["layers"], heads * head_dim, kv_heads * head_dim, int(inner),
                 tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")))
 
@@ -49,6 +57,44 @@ def _positive(config: dict[str, Any], name: str, where: str, default: int | None
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_positive_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _check_values(config: dict[str, Any], where: str) -> None:
+    """The values that make a model's numbers: norm epsilons, the rotary base and scaling, the window. A bad one
+    makes transformers raise (a traceback naming no field) or, worse, compute NaN (an export of nothing)."""
+    for name in ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "rope_theta"):
+        value = config.get(name)
+        if value is not None and not _is_positive_number(value):
+            raise InputError(f"{where}: {name} must be a positive number, got {value!r}")
+    window = config.get("sliding_window")
+    if window is not None and (not _is_int(window) or window < 0):
+        raise InputError(f"{where}: sliding_window must be a non-negative integer or null, got {window!r}")
+    for name in ("rope_parameters", "rope_scaling"):
+        params = config.get(name)
+        if params is None:
+            continue
+        if not isinstance(params, dict):
+            raise InputError(f"{where}: {name} must be an object, got {params!r}")
+        if params and all(isinstance(v, dict) for v in params.values()):  # per layer type (Gemma 3)
+            for layer_type, p in params.items():
+                _check_rope(f"{name}[{layer_type!r}]", p, where)
+        else:
+            _check_rope(name, params, where)
+
+
+def _check_rope(name: str, params: dict[str, Any], where: str) -> None:
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in (*STATIC_ROPE_TYPES, *OTHER_ROPE_TYPES):  # transformers: a KeyError naming no field
+        raise InputError(f"{where}: {name} has rope_type {rope_type!r}, not a rotary embedding transformers knows; "
+                         f"llmc supports {', '.join(STATIC_ROPE_TYPES)}")
+    for key in ("rope_theta", "factor"):  # (a null rope_theta is no default: transformers computes None ** x)
+        value = params.get(key)
+        if (value is not None or key == "rope_theta" and key in params) and not _is_positive_number(value):
+            raise InputError(f"{where}: {name} {key} must be a positive number, got {value!r}")
 
 
 def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: int, inner: int, tied: bool) -> None:

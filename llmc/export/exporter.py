@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +130,9 @@ def _check_parity(work: Path, manifest: ExportManifest, golden: Golden) -> dict[
 
     engine = export_engine(manifest, work)
     result = check_golden(engine, golden)
+    if not math.isfinite(result["max_abs_diff"]):  # NaN compares false with any tolerance
+        raise LlmcError(f"the logits are not finite (max |logit diff| {result['max_abs_diff']}): the model computes "
+                        "NaN or inf from these weights and this config")
     if manifest.dtype == "float32" and result["max_abs_diff"] > FP32_TOLERANCE:
         raise LlmcError(
             f"exported graphs differ from transformers: max |logit diff| {result['max_abs_diff']:.2e} "

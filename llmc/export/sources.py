@@ -7,7 +7,9 @@ transformers in fp32.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,9 @@ from llmc.export.arch import check_supported
 from llmc.export.config_check import check_config
 from llmc.manifest import sha256_file
 from llmc.paths import cache_dir
+
+log = logging.getLogger(__name__)
+_LAYER = re.compile(r"(?:\.layers|\.h)\.(\d+)\.")  # a decoder layer's index in a weight's name (GPT-2: h.N)
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     the export's parity is checked against: transformers' default backend may leave a feature out (5.17 ran Gemma 2
     through SDPA, which drops its attention softcap). None takes transformers' default (speed comparisons)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {"trust_remote_code": False}
     folder = src.path
@@ -184,14 +189,28 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     else:
         kwargs["use_safetensors"] = src.use_safetensors
     tokenizer_kwargs = {k: v for k, v in kwargs.items() if k != "use_safetensors"}
+    if src.kind == "hf":  # first: the tokenizer reads config.json too, and its faults are not the tokenizer's
+        try:
+            AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        except Exception as e:  # transformers' own validation of a field (a type, a missing rope key, ...)
+            raise InputError(f"{folder / 'config.json'}: transformers refuses it ({type(e).__name__}: "
+                             f"{_one_line(e)})") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), **tokenizer_kwargs)
     except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: JSON, tokenizers' or I/O errors
         where = src.path if src.kind == "gguf" else folder
         first = str(e).splitlines()[0] if str(e) else ""
         raise InputError(f"the tokenizer of {where} cannot be loaded ({type(e).__name__}: {first})") from None
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kwargs,
-                                                 **({"attn_implementation": attention} if attention else {}))
+    where = src.path if src.kind == "gguf" else folder / "config.json"
+    try:
+        loaded: Any = AutoModelForCausalLM.from_pretrained(  # (with loading info: a (model, info) pair)
+            str(folder), dtype=torch.float32, **kwargs, output_loading_info=True, ignore_mismatched_sizes=True,
+            **({"attn_implementation": attention} if attention else {}))
+    except Exception as e:  # a value transformers cannot build a model from (an unknown activation, ...)
+        raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
+                         f"{_one_line(e)})") from None
+    model, info = loaded
+    _check_weights_match(where, info, int(model.config.num_hidden_layers))
     model.eval()
     if src.kind == "gguf":
         # The GGUF weights are dequantized to fp32; drop the "quantized" label so the model acts as a plain one.
@@ -199,6 +218,30 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     return LoadedModel(src, model, tokenizer)
+
+
+def _check_weights_match(where: Path, info: dict[str, Any], num_layers: int) -> None:
+    """Places the weights do not fill (transformers would leave them random), weights of other shapes than the
+    config's, or layers past the config's count: the config does not describe these weights. Other weights the
+    model has no place for (a buffer an older transformers saved, a spare copy of a tied head) are named in the log;
+    transformers drops them."""
+    if info.get("mismatched_keys"):
+        name, theirs, ours = sorted(info["mismatched_keys"])[0][:3]
+        raise InputError(f"{where} does not match the weights: {name} is {list(theirs)} in the weights, "
+                         f"{list(ours)} by the config ({len(info['mismatched_keys'])} tensors differ)")
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    past = [k for k in unexpected if (m := _LAYER.search(k)) and int(m.group(1)) >= num_layers]
+    for names, what in ((missing, "missing from the weights"), (past, "past the config's layers")):
+        if names:
+            raise InputError(f"{where} does not match the weights: {len(names)} tensors {what}, the first "
+                             f"{names[0]} (is num_hidden_layers right?)")
+    if unexpected:
+        log.warning("%d weights the model has no place for are dropped, the first %s", len(unexpected), unexpected[0])
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(line.strip() for line in str(e).splitlines() if line.strip())[:300]
 
 
 def fetch_default() -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -38,6 +39,13 @@ class ShuttingDownError(OverloadedError):
 class AsyncEngineConfig:
     max_queue: int = 64  # sequences waiting for a KV slot, beyond the running ones
     retry_after_s: float = 1.0  # what an overloaded client is told to wait
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_queue, int) or isinstance(self.max_queue, bool) or self.max_queue < 0:
+            raise InputError(f"--max-queue must be an integer >= 0, got {self.max_queue!r}", "max_queue")
+        r = self.retry_after_s
+        if not isinstance(r, int | float) or isinstance(r, bool) or not math.isfinite(r) or r < 0:
+            raise InputError(f"retry_after_s must be a finite number >= 0, got {r!r}", "retry_after_s")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ benchmarks), validated once where it is made, and passed down whole (the server'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
 
 from llmc.engines.base import EngineOptions
 from llmc.errors import InputError
@@ -24,6 +25,14 @@ class RuntimeConfig:
     kv_prefault: bool = False
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # from Python any value gets here: a wrong type is named, not compared
+            value, flag = getattr(self, f.name), f"--{f.name.replace('_', '-')}"
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+                raise InputError(f"{flag} must be an integer, got {value!r}", f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise InputError(f"{f.name} must be True or False, got {value!r}", f.name)
+        if self.chat_template is not None and not isinstance(self.chat_template, str | os.PathLike):
+            raise InputError(f"--chat-template must be a file path, got {self.chat_template!r}", "chat_template")
         self.engine_options()  # threads and the KV budget: the engine's own checks
         for name, value in (("max_running", self.max_running), ("min_chunk", self.min_chunk)):
             if value < 1:

@@ -110,12 +110,17 @@ class EngineLoop:
 
     # -- requests ----------------------------------------------------------------------------------------
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):  # (from Python: a dict of its fields, a list for one prompt)
+            raise InputError(f"params must be a SamplingParams, got {type(params).__name__}", "params")
         params.validate(self.engine.vocab_size)
         if not prompt_ids:
             raise InputError("prompt is empty: at least 1 token is needed", "prompt")
         if len(prompt_ids) > self.max_len:  # first: a huge prompt is refused without a pass over its ids
             raise LimitError(f"prompt has {len(prompt_ids)} tokens, the context holds {self.max_len}", "prompt")
-        bad = [t for t in prompt_ids if not 0 <= t < self.engine.vocab_size]
+        bad = [t for t in prompt_ids if not (isinstance(t, int | np.integer) and 0 <= t < self.engine.vocab_size)
+               or isinstance(t, bool)]
+        if bad and (not isinstance(bad[0], int | np.integer) or isinstance(bad[0], bool)):
+            raise InputError(f"prompt token ids must be integers, got {bad[0]!r}", "prompt")
         if bad:
             raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.engine.vocab_size})",
                              "prompt")

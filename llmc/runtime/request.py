@@ -117,6 +117,8 @@ class SamplingParams:
             raise InputError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}", "logprobs")
         if self.seed is not None and not _is_int(self.seed):
             raise InputError(f"seed must be an integer or null, got {self.seed!r}", "seed")
+        if not isinstance(self.ignore_eos, bool):  # (a truthy "no" would ignore the EOS)
+            raise InputError(f"ignore_eos must be True or False, got {self.ignore_eos!r}", "ignore_eos")
 
     def _validate_sampling(self) -> None:
         t = self.temperature
@@ -142,6 +144,9 @@ class SamplingParams:
                 raise InputError(f"{name} must be in [-2, 2], got {v!r}", name)
 
     def _validate_stops(self, vocab_size: int | None) -> None:
+        for name in ("stop", "stop_token_ids"):  # (a str would stop at each of its characters)
+            if not isinstance(getattr(self, name), list | tuple):
+                raise InputError(f"{name} must be a list, got {getattr(self, name)!r:.60}", name)
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise InputError(f"too many stop_token_ids: {len(self.stop_token_ids)} > {MAX_STOP_TOKEN_IDS}",
                              "stop_token_ids")

@@ -272,6 +272,22 @@ def test_float16_export(tmp_path: Path, tiny_hf: Path) -> None:
     ({"hidden_size": 2**20, "intermediate_size": 2**22, "head_dim": None},
      ["GiB in fp32", "more than this machine's"]),
     ({"num_hidden_layers": "two"}, ["num_hidden_layers must be a positive integer, got 'two'"]),
+    # the values of the model's numbers: were tracebacks from transformers, or exports of NaN logits
+    ({"intermediate_size": 0}, ["intermediate_size must be a positive integer, got 0"]),  # was read as missing
+    ({"rms_norm_eps": -1e-06}, ["rms_norm_eps must be a positive number, got -1e-06"]),
+    ({"rms_norm_eps": "1e-6"}, ["rms_norm_eps must be a positive number, got '1e-6'"]),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}},
+     ["rope_parameters rope_theta must be a positive number, got 0"]),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": None}},
+     ["rope_parameters rope_theta must be a positive number, got None"]),
+    ({"rope_parameters": None, "rope_theta": "10000"}, ["rope_theta must be a positive number, got '10000'"]),
+    ({"rope_parameters": {"rope_type": "weird", "rope_theta": 1e4}}, ["rope_type 'weird'", "llmc supports default"]),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": -2.0}},
+     ["rope_parameters factor must be a positive number, got -2.0"]),
+    ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": "2"}},
+     ["rope_scaling factor must be a positive number, got '2'"]),
+    ({"rope_parameters": "default"}, ["rope_parameters must be an object, got 'default'"]),
+    ({"sliding_window": "8"}, ["sliding_window must be a non-negative integer or null, got '8'"]),
 ])
 def test_impossible_config_values_are_named_before_loading(tmp_path: Path, tiny_hf: Path,
                                                             changes: dict[str, Any], words: list[str]) -> None:
@@ -303,3 +319,54 @@ def test_a_safetensors_file_that_is_not_one_is_named(tmp_path: Path, tiny_hf: Pa
         text += b" " * (-len(text) % 8)
         weights.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), weights.name)
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    # weights the config has no place for, or places left random: were exported without a word
+    ({"num_hidden_layers": 3}, ["does not match the weights", "missing from the weights",
+                                "model.layers.2.", "num_hidden_layers"]),
+    ({"num_hidden_layers": 1}, ["does not match the weights", "past the config's layers", "model.layers.1."]),
+    # were tracebacks from transformers
+    ({"vocab_size": 100}, ["does not match the weights", "model.embed_tokens.weight is [320, 64] in the weights, "
+                                                         "[100, 64] by the config"]),
+    ({"hidden_act": "swish2"}, ["transformers cannot build the model", "KeyError", "swish2"]),
+    # was blamed on the tokenizer
+    ({"tie_word_embeddings": "yes"}, ["transformers refuses it", "tie_word_embeddings", "'yes'"]),
+])
+def test_a_config_that_does_not_fit_its_weights_is_named(tmp_path: Path, tiny_hf: Path, changes: dict[str, Any],
+                                                         words: list[str]) -> None:
+    folder = _copy_model(tiny_hf, tmp_path / "m")
+    _edit_config(folder, **changes)
+    with pytest.raises(InputError) as e:
+        _export(folder, tmp_path / "out")
+    assert "config.json" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+    assert "tokenizer" not in str(e.value) and "\n" not in str(e.value)
+    assert _leftovers(tmp_path, "out") == []
+
+
+def test_a_weight_the_model_has_no_place_for_is_dropped_with_a_warning(tmp_path: Path, tiny_hf: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """An extra tensor outside the layers (a buffer an older transformers saved) is not a mismatch: exported."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = _copy_model(tiny_hf, tmp_path / "m")
+    weights = load_file(folder / "model.safetensors")
+    weights["model.spare.weight"] = weights["model.norm.weight"].copy()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level("WARNING", logger="llmc.export.sources"):
+        _export(folder, tmp_path / "out")
+    assert "1 weights the model has no place for are dropped, the first model.spare.weight" in caplog.text
+
+
+def test_weights_that_make_nan_fail_the_export(tmp_path: Path, tiny_hf: Path) -> None:
+    """A NaN difference compared false with the tolerance: an export of NaN logits passed its parity check."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    folder = _copy_model(tiny_hf, tmp_path / "m")
+    weights = load_file(folder / "model.safetensors")
+    weights["model.norm.weight"][0] = np.nan
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(LlmcError, match="the logits are not finite"):
+        _export(folder, tmp_path / "out")
+    assert _leftovers(tmp_path, "out") == []
