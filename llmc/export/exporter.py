@@ -13,7 +13,7 @@ from llmc.errors import InputError, LlmcError
 from llmc.export import sources
 from llmc.export.arch import from_transformers
 from llmc.export.golden import golden_prompt_ids, make_golden
-from llmc.golden import GOLDEN_FILE, Golden
+from llmc.golden import GOLDEN_FILE, GOLDEN_STEPS, Golden
 from llmc.graph import io_names
 from llmc.graph.checkpoint import ROPE_TABLES, Checkpoint
 from llmc.graph.decoder import build_graph
@@ -68,7 +68,11 @@ def _export_into(work: Path, src: sources.ModelSource, cfg: ExportConfig, progre
     progress.step("copying tokenizer, chat template and generation config")
     generation = _write_tokenizer(work, loaded)
     progress.step("computing golden outputs with transformers")
-    golden = make_golden(loaded.model, golden_prompt_ids(loaded.tokenizer))
+    prompt = golden_prompt_ids(loaded.tokenizer)
+    if len(prompt) + GOLDEN_STEPS > ckpt.spec.max_positions:  # (the export checks its graphs on this prompt)
+        raise InputError(f"max_position_embeddings {ckpt.spec.max_positions} is less than the golden check needs "
+                         f"({len(prompt)} prompt tokens + {GOLDEN_STEPS}): the model cannot hold a chat turn")
+    golden = make_golden(loaded.model, prompt)
     golden.save(work / GOLDEN_FILE)
     manifest = ExportManifest(
         model_name=src.name, source=str(src.path), dtype=cfg.dtype, opset=cfg.opset, model=ckpt.spec, kv=kv,

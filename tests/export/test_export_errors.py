@@ -370,3 +370,13 @@ def test_weights_that_make_nan_fail_the_export(tmp_path: Path, tiny_hf: Path) ->
     with pytest.raises(LlmcError, match="the logits are not finite"):
         _export(folder, tmp_path / "out")
     assert _leftovers(tmp_path, "out") == []
+
+
+def test_a_context_shorter_than_the_golden_check_is_named(tmp_path: Path, tiny_hf: Path) -> None:
+    """Was `LimitError: sequence in slot 0 needs 23 positions, KV cache holds 4`, naming no config field."""
+    folder = _copy_model(tiny_hf, tmp_path / "m")
+    _edit_config(folder, max_position_embeddings=4)
+    with pytest.raises(InputError, match=r"max_position_embeddings 4 is less than the golden check needs \(\d+ "
+                                         r"prompt tokens \+ 8\)"):
+        _export(folder, tmp_path / "out")
+    assert _leftovers(tmp_path, "out") == []
