@@ -39,6 +39,11 @@ def _qwen3(tf: Any, common: dict[str, Any]) -> Any:  # head_dim != hidden / head
                                               use_sliding_window=True, sliding_window=8, max_window_layers=1))
 
 
+def _gemma(tf: Any, common: dict[str, Any]) -> Any:  # Gemma 1: 1 + w norms, scaled embeddings, GeGLU; one KV head
+    return tf.GemmaForCausalLM(tf.GemmaConfig(**{**common, "num_key_value_heads": 1}, head_dim=16,
+                                              hidden_act="gelu_pytorch_tanh"))
+
+
 def _gemma2(tf: Any, common: dict[str, Any]) -> Any:  # sandwich norms, GeGLU, soft-caps, sliding / global layers
     return tf.Gemma2ForCausalLM(tf.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
                                                 attn_logit_softcapping=5.0, final_logit_softcapping=4.0,
@@ -89,7 +94,7 @@ def _qwen3_moe(tf: Any, common: dict[str, Any]) -> Any:  # experts without renor
                                                     decoder_sparse_step=1, mlp_only_layers=[1]))
 
 
-TINY_BUILDERS = {"qwen3": _qwen3, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi3": _phi3, "smollm3": _smollm3,
+TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi3": _phi3, "smollm3": _smollm3,
                  "olmo2": _olmo2, "granite": _granite, "mixtral": _mixtral, "qwen3_moe": _qwen3_moe}
 
 

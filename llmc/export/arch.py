@@ -19,11 +19,11 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3, Phi-4-mini", "smollm3": "SmolLM3",
+    "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3, Phi-4-mini", "smollm3": "SmolLM3",
     "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-GEMMA = ("gemma2", "gemma3_text")
+GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
 
 
 def supported_list() -> str:
@@ -172,10 +172,12 @@ def _qwen3(config: Any) -> dict[str, Any]:
 
 
 def _gemma(config: Any) -> dict[str, Any]:
-    fields: dict[str, Any] = {"norm_layout": "sandwich", "embedding_scale": float(config.hidden_size) ** 0.5,
-                              "attention_scale": float(config.query_pre_attn_scalar) ** -0.5,
-                              "attn_softcap": float(_get(config, "attn_logit_softcapping", 0.0)),
-                              "final_softcap": float(_get(config, "final_logit_softcapping", 0.0))}
+    fields: dict[str, Any] = {"embedding_scale": float(config.hidden_size) ** 0.5}
+    if config.model_type == "gemma":  # Gemma 1: a Llama layer otherwise (GeGLU comes from hidden_act)
+        return fields
+    fields.update({"norm_layout": "sandwich", "attention_scale": float(config.query_pre_attn_scalar) ** -0.5,
+                   "attn_softcap": float(_get(config, "attn_logit_softcapping", 0.0)),
+                   "final_softcap": float(_get(config, "final_logit_softcapping", 0.0))})
     if config.model_type == "gemma3_text":
         fields["qk_norm"] = "head"
     return fields
@@ -207,7 +209,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "olmo2": _olmo2,
+    "qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "olmo2": _olmo2,
     "granite": _granite, "mixtral": _moe, "qwen3_moe": _moe,
 }
 
