@@ -95,6 +95,8 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalize the top-k routing weights to sum to 1 (Mixtral always does)
     moe_layers: tuple[bool, ...] = ()  # which layers are mixtures; empty: all of them (when num_experts > 0)
+    # a SwiGLU expert every token runs beside the routed ones, times sigmoid(h @ its gate) (Qwen2-MoE); 0: none
+    shared_expert_size: int = 0
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""

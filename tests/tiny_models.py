@@ -94,8 +94,15 @@ def _qwen3_moe(tf: Any, common: dict[str, Any]) -> Any:  # experts without renor
                                                     decoder_sparse_step=1, mlp_only_layers=[1]))
 
 
+def _qwen2_moe(tf: Any, common: dict[str, Any]) -> Any:  # + a shared expert behind a sigmoid gate, q/k/v bias
+    return tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                                    moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                                    norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1]))
+
+
 TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi3": _phi3, "smollm3": _smollm3,
-                 "olmo2": _olmo2, "granite": _granite, "mixtral": _mixtral, "qwen3_moe": _qwen3_moe}
+                 "olmo2": _olmo2, "granite": _granite, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
+                 "qwen3_moe": _qwen3_moe}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -19,8 +19,9 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3, Phi-4-mini", "smollm3": "SmolLM3",
-    "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
+    "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3, Phi-4-mini",
+    "smollm3": "SmolLM3", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
+    "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -205,12 +206,14 @@ def _moe(config: Any) -> dict[str, Any]:
     return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token,
             "moe_intermediate_size": moe.intermediate_size, "norm_topk_prob": moe.norm_topk_prob,
             **({"moe_layers": layers} if not all(layers) else {}),
+            **({"shared_expert_size": int(config.shared_expert_intermediate_size)}
+               if config.model_type == "qwen2_moe" else {}),
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "olmo2": _olmo2,
-    "granite": _granite, "mixtral": _moe, "qwen3_moe": _moe,
+    "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 
 
@@ -251,7 +254,14 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
     if spec.is_moe(i):
         from llmc.graph.moe import canonical_from_hf
 
-        return canonical_from_hf(sd, p, q.rstrip("."))
+        out = canonical_from_hf(sd, p, q.rstrip("."))
+        if spec.shared_expert_size:  # Qwen2-MoE
+            s = p + "shared_expert."
+            gate_up = np.concatenate([sd[s + "gate_proj.weight"], sd[s + "up_proj.weight"]], axis=0)
+            out.update({q + "shared_expert.gate_up.weight": gate_up.T.copy(),
+                        q + "shared_expert.down.weight": sd[s + "down_proj.weight"].T.copy(),
+                        q + "shared_expert_gate.weight": sd[p + "shared_expert_gate.weight"].T.copy()})
+        return out
     if p + "gate_up_proj.weight" in sd:  # Phi-3: already fused, gate first
         gate_up = sd[p + "gate_up_proj.weight"]
     else:

@@ -51,7 +51,7 @@ DEFAULT = DefaultModel(
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
-GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
+GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 
 
 @dataclass(frozen=True)

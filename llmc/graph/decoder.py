@@ -148,11 +148,20 @@ def _mlp(c: Ctx, i: int, h: str) -> str:
     p = f"layers.{i}"
     if c.m.family == "gpt2":
         return linear(c, _activation(c, linear(c, h, f"{p}.fc")), f"{p}.proj")
-    if c.m.is_moe(i):
-        return moe_mlp(c, i, h)
+    if not c.m.is_moe(i):
+        return _gated_mlp(c, h, p, c.m.intermediate_size)
+    y = moe_mlp(c, i, h)
+    if c.m.shared_expert_size:  # Qwen2-MoE: + sigmoid(h @ gate) * shared(h)
+        shared = _gated_mlp(c, h, f"{p}.shared_expert", c.m.shared_expert_size)
+        y = c.b.op("Add", y, c.b.op("Mul", c.b.op("Sigmoid", linear(c, h, f"{p}.shared_expert_gate")), shared))
+    return y
+
+
+def _gated_mlp(c: Ctx, h: str, p: str, inner: int) -> str:
+    """down(act(h @ gate) * (h @ up)) of the layer named p."""
     if gated_tiles(c, f"{p}.gate_up"):  # one node: silu(h @ gate) * (h @ up)
         return linear(c, gated_product(c, h, f"{p}.gate_up"), f"{p}.down")
-    gate, up = c.b.split(linear(c, h, f"{p}.gate_up"), [c.m.intermediate_size] * 2)
+    gate, up = c.b.split(linear(c, h, f"{p}.gate_up"), [inner] * 2)
     return linear(c, c.b.op("Mul", _activation(c, gate), up), f"{p}.down")
 
 

@@ -106,7 +106,8 @@ def _product(c: Ctx, x: str, name: str, quantized: bool) -> str:
 def _out_width(m: ModelSpec, name: str) -> int:
     """A linear layer's output width (its packed tiles are padded to 32 columns)."""
     kind = name.rsplit(".", 1)[-1]
-    inner = m.moe_intermediate_size if ".experts." in name else m.intermediate_size
+    inner = (m.moe_intermediate_size if ".experts." in name else m.shared_expert_size if ".shared_expert." in name
+             else m.intermediate_size)
     widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * inner,
               "fc": inner, "lm_head": m.vocab_size, "o": m.hidden_size}
     return widths.get(kind, m.hidden_size)  # down, proj

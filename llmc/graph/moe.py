@@ -1,4 +1,4 @@
-"""The mixture-of-experts MLP block (transformers' Mixtral and Qwen3-MoE) as ONNX, in four lowerings.
+"""The mixture-of-experts MLP block (transformers' Mixtral, Qwen2-MoE and Qwen3-MoE) as ONNX, in four lowerings.
 
 Routing, as both families compute it: logits = h @ W_router (no bias; in the compute dtype), softmax over all
 experts in fp32, top-k, then (Mixtral always, Qwen3-MoE when `norm_topk_prob`) the k weights divided by their sum.
@@ -84,11 +84,12 @@ class MoESpec:
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:
-    """The MoE block of a transformers MixtralConfig or Qwen3MoeConfig."""
+    """The MoE block of a transformers MixtralConfig, Qwen3MoeConfig or Qwen2MoeConfig (its shared expert is the
+    decoder's: ModelSpec.shared_expert_size)."""
     if config.model_type == "mixtral":
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
-    if config.model_type == "qwen3_moe":
+    if config.model_type in ("qwen3_moe", "qwen2_moe"):
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
     raise ValueError(f"no MoE block for model_type {config.model_type!r}")

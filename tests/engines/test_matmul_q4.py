@@ -501,8 +501,9 @@ def test_operator_names_the_shapes_it_expected(llmc_ops: Path) -> None:
 
 
 # SwiGLU gated; q/k/v bias; GELU (plain MatMulQ4 for fc); GeGLU with soft-caps; experts (each its own MatMulQ4s)
-Q4_ARCHS = ("llama", "qwen2", "gpt2", "gemma2", "qwen3_moe")
-Q4_NODES = {"qwen3_moe": 2 + 4 * 2 + 4}  # layer 0: qkv, o, 4 experts x (gate_up, down); layer 1 dense
+# and a shared expert (gated, beside its fp32 sigmoid gate)
+Q4_ARCHS = ("llama", "qwen2", "gpt2", "gemma2", "qwen2_moe")
+Q4_NODES = {"qwen2_moe": 2 + 4 * 2 + 2 + 4}  # layer 0: qkv, o, 4 experts x (gate_up, down), shared; layer 1 dense
 
 
 @pytest.fixture(scope="module")

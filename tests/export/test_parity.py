@@ -305,7 +305,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.num_layers == layers and m.num_heads == 4 and m.vocab_size == 320
     assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
     assert m.num_kv_heads == {"gpt2": 4, "gemma": 1}.get(tiny.name, 2)
-    assert m.qkv_bias is (tiny.name in ("qwen2", "gpt2"))
+    assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2"))
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear"}.get(tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name == "gpt2" else "rope")
@@ -315,8 +315,10 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmo2": "full"}.get(tiny.name, "")
-    assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in ("mixtral", "qwen3_moe") else (0, 0))
-    assert m.moe_layers == ((True, False) if tiny.name == "qwen3_moe" else ())
+    assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in ("mixtral", "qwen2_moe", "qwen3_moe")
+                                                    else (0, 0))
+    assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else ())
+    assert m.shared_expert_size == (64 if tiny.name == "qwen2_moe" else 0)
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "olmo2": "post"}.get(tiny.name, "pre")
 
 
