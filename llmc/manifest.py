@@ -89,6 +89,8 @@ class ModelSpec:
     residual_scale: float = 1.0  # each block's output times this before the residual add (Granite)
     final_softcap: float = 0.0  # logits -> c * tanh(logits / c) (Gemma 2)
     logits_scaling: float = 1.0  # logits divided by this (Granite)
+    # the MLP
+    plain_mlp: bool = False  # the MLP is proj(act(h @ fc)), no gate (StarCoder2; GPT-2's always is)
     # mixture of experts: 0 experts is a dense MLP
     num_experts: int = 0
     experts_per_token: int = 0

@@ -20,7 +20,7 @@ from llmc.manifest import ModelSpec
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3, Phi-4-mini",
-    "smollm3": "SmolLM3", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
+    "smollm3": "SmolLM3", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
     "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -60,8 +60,8 @@ def _refuse(option: str, value: Any, why: str = "llmc does not implement it") ->
 
 
 def _common_checks(config: Any, sd: dict[str, np.ndarray]) -> None:
-    if _get(config, "mlp_bias", False) or "model.layers.0.self_attn.o_proj.bias" in sd:
-        _refuse("mlp_bias / attention_bias (o_proj)", True, "biases outside q/k/v are not implemented")
+    if _get(config, "mlp_bias", False) or "model.layers.0.mlp.gate_proj.bias" in sd:
+        _refuse("mlp_bias", True, "a gated MLP's biases are not implemented")
     if _get(config, "use_bidirectional_attention", False):
         _refuse("use_bidirectional_attention", True, "llmc builds causal decoders")
 
@@ -189,6 +189,10 @@ def _smollm3(config: Any) -> dict[str, Any]:
     return {"rope_layers": tuple(layers)} if not all(layers) else {}
 
 
+def _starcoder2(config: Any) -> dict[str, Any]:  # LayerNorm with bias, a plain GELU MLP, biases everywhere
+    return {"norm": "layer", "norm_eps": float(config.norm_epsilon), "plain_mlp": True}
+
+
 def _olmo2(config: Any) -> dict[str, Any]:
     return {"norm_layout": "post", "qk_norm": "full"}
 
@@ -212,7 +216,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "olmo2": _olmo2,
+    "qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "starcoder2": _starcoder2, "olmo2": _olmo2,
     "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 
@@ -222,7 +226,12 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
     def norm(name: str) -> np.ndarray:
         return sd[name] + np.float32(1.0) if fold_norm_offset else sd[name]
 
+    def bias(theirs: str, ours: str) -> None:  # a LayerNorm's or a linear layer's bias, where the model has one
+        if theirs + ".bias" in sd:
+            w[ours + ".bias"] = sd[theirs + ".bias"]
+
     w: dict[str, np.ndarray] = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": norm("model.norm.weight")}
+    bias("model.norm", "norm")
     if not spec.tie_embeddings:
         w["lm_head.weight"] = sd["lm_head.weight"]
     # the norms by where they sit: before attention, before the MLP, after attention, after the MLP
@@ -234,6 +243,7 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
         p, q = f"model.layers.{i}.", f"layers.{i}."
         for theirs, ours in places[spec.norm_layout].items():
             w[q + ours + ".weight"] = norm(p + theirs + ".weight")
+            bias(p + theirs, q + ours)
         attn = p + "self_attn."
         if attn + "qkv_proj.weight" in sd:
             w[q + "qkv.weight"] = sd[attn + "qkv_proj.weight"].T.copy()
@@ -243,6 +253,7 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + "qkv.bias"] = (sd[attn + "qkv_proj.bias"] if attn + "qkv_proj.bias" in sd
                                  else np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"]))
         w[q + "o.weight"] = sd[attn + "o_proj.weight"].T.copy()
+        bias(attn + "o_proj", q + "o")
         if spec.qk_norm:
             w[q + "q_norm.weight"], w[q + "k_norm.weight"] = norm(attn + "q_norm.weight"), norm(attn + "k_norm.weight")
         w.update(_mlp_weights(spec, sd, i))
@@ -261,6 +272,12 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
             out.update({q + "shared_expert.gate_up.weight": gate_up.T.copy(),
                         q + "shared_expert.down.weight": sd[s + "down_proj.weight"].T.copy(),
                         q + "shared_expert_gate.weight": sd[p + "shared_expert_gate.weight"].T.copy()})
+        return out
+    if spec.plain_mlp:  # StarCoder2
+        out = {q + "fc.weight": sd[p + "c_fc.weight"].T.copy(), q + "proj.weight": sd[p + "c_proj.weight"].T.copy()}
+        for theirs, ours in (("c_fc", "fc"), ("c_proj", "proj")):
+            if p + theirs + ".bias" in sd:
+                out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
         return out
     if p + "gate_up_proj.weight" in sd:  # Phi-3: already fused, gate first
         gate_up = sd[p + "gate_up_proj.weight"]

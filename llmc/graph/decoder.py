@@ -146,7 +146,7 @@ def _activation(c: Ctx, x: str) -> str:
 
 def _mlp(c: Ctx, i: int, h: str) -> str:
     p = f"layers.{i}"
-    if c.m.family == "gpt2":
+    if c.m.family == "gpt2" or c.m.plain_mlp:
         return linear(c, _activation(c, linear(c, h, f"{p}.fc")), f"{p}.proj")
     if not c.m.is_moe(i):
         return _gated_mlp(c, h, p, c.m.intermediate_size)
