@@ -89,6 +89,9 @@ class ModelSpec:
     residual_scale: float = 1.0  # each block's output times this before the residual add (Granite)
     final_softcap: float = 0.0  # logits -> c * tanh(logits / c) (Gemma 2)
     logits_scaling: float = 1.0  # logits divided by this (Granite)
+    # "shared": attention and MLP both read the block's one norm, x + attn(ln1(x)) + mlp(ln1(x)) (StableLM, Phi-2);
+    # "two": each its own, x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX); "": one after the other
+    parallel_block: str = ""
     # the MLP
     plain_mlp: bool = False  # the MLP is proj(act(h @ fc)), no gate (StarCoder2; GPT-2's always is)
     # mixture of experts: 0 experts is a dense MLP

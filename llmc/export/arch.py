@@ -20,7 +20,7 @@ from llmc.manifest import ModelSpec
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3, Phi-4-mini",
-    "smollm3": "SmolLM3", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
+    "smollm3": "SmolLM3", "stablelm": "StableLM 2", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
     "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -189,6 +189,13 @@ def _smollm3(config: Any) -> dict[str, Any]:
     return {"rope_layers": tuple(layers)} if not all(layers) else {}
 
 
+def _stablelm(config: Any) -> dict[str, Any]:  # LayerNorm with bias, partial rotary; attention and MLP in parallel
+    if _get(config, "qk_layernorm", False):
+        _refuse("qk_layernorm", True, "a LayerNorm of its own for each head is not implemented")
+    return {"norm": "layer", "norm_eps": float(config.layer_norm_eps),
+            **({"parallel_block": "shared"} if config.use_parallel_residual else {})}
+
+
 def _starcoder2(config: Any) -> dict[str, Any]:  # LayerNorm with bias, a plain GELU MLP, biases everywhere
     return {"norm": "layer", "norm_eps": float(config.norm_epsilon), "plain_mlp": True}
 
@@ -216,7 +223,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "starcoder2": _starcoder2, "olmo2": _olmo2,
+    "qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "stablelm": _stablelm, "starcoder2": _starcoder2, "olmo2": _olmo2,
     "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 
@@ -242,6 +249,8 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
     for i in range(spec.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         for theirs, ours in places[spec.norm_layout].items():
+            if spec.parallel_block == "shared" and ours == "norm2":
+                continue  # the block's one norm serves both
             w[q + ours + ".weight"] = norm(p + theirs + ".weight")
             bias(p + theirs, q + ours)
         attn = p + "self_attn."

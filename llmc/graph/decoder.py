@@ -79,8 +79,12 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
         p = f"layers.{i}"
         qkv = _qk_norm(c, i, linear(c, h, f"{p}.qkv"))
         delta = _block_output(c, linear(c, attend(i, qkv), f"{p}.o"), f"{p}.post_attn_norm")
-        h, x = _residual(c, x, delta, f"{p}.norm2", fuse)
-        delta = _block_output(c, _mlp(c, i, h), f"{p}.post_mlp_norm")
+        if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
+            mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")
+            delta = c.b.op("Add", delta, _mlp(c, i, mlp_in))
+        else:
+            h, x = _residual(c, x, delta, f"{p}.norm2", fuse)
+            delta = _block_output(c, _mlp(c, i, h), f"{p}.post_mlp_norm")
         last = i + 1 == m.num_layers
         h, x = _residual(c, x, delta, "norm" if last else f"layers.{i + 1}.norm1", fuse,
                          last_token if last else None)
