@@ -37,8 +37,14 @@ def atomic_dir(out: Path, source: Path, what: str) -> Iterator[Path]:
     out, src = Path(out).resolve(), Path(source).resolve()
     if src == out or out in src.parents or src in out.parents:
         raise InputError(f"output {out} overlaps the {what} {src}; choose another output folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise InputError(f"output {out} cannot be made: {above} is a file")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as e:  # a file in the path, a read-only or virtual file system (/proc), no permission
+        raise InputError(f"output {out} cannot be made: {e.strerror or e} ({e.filename or out.parent})") from None
     try:
         yield work
         os.chmod(work, 0o755)

@@ -3,6 +3,7 @@ Serve (an OpenAI-compatible ingress and N engine replicas)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -71,19 +72,29 @@ def register(app: typer.Typer, wrap: Any) -> None:
             envvar="LLMC_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY' on /v1/*.")] = None,
     ) -> None:
         """An OpenAI-compatible Ray Serve app: one ingress, N engine replicas; serves until SIGTERM/Ctrl-C."""
+        from llmc.deploy.package import STEP_TOKENS, EngineFacts
         from llmc.deploy.ray_settings import RayAppConfig
         from llmc.errors import BackendUnavailableError, InputError
-        from llmc.manifest import ENGINE_MANIFEST
 
-        if not (engine_dir / ENGINE_MANIFEST).is_file():
-            raise InputError(f"{engine_dir} is not an engine folder (no {ENGINE_MANIFEST})")
+        EngineFacts.read(engine_dir)  # a readable manifest and every file it lists, before a cluster starts
         if not 0 <= port <= 65535:
             raise InputError(f"--port must be in [0, 65535], got {port}")
+        if not host.strip():
+            raise InputError("--host must not be empty (0.0.0.0: every address)")
+        if max_running > STEP_TOKENS:
+            raise InputError(f"--max-running must be <= {STEP_TOKENS} (the tokens per engine step of a replica), "
+                             f"got {max_running}")
+        cpus = os.cpu_count() or 1
+        if address is None and not os.environ.get("RAY_ADDRESS") and threads > cpus:  # Ray would wait forever
+            raise InputError(f"--threads ({threads}) must be <= this machine's {cpus} CPUs: the local Ray cluster "
+                             "could never place a replica (--address joins a larger cluster)")
+        if chat_template is not None and not chat_template.is_file():
+            raise InputError(f"--chat-template {chat_template} is not a file")
         cfg = RayAppConfig(engine_dir=str(engine_dir.resolve()), model_name=served_model_name, replicas=replicas,
                            min_replicas=min_replicas, max_replicas=max_replicas,
                            target_ongoing_requests=target_ongoing_requests, threads=threads,
                            max_running=max_running, max_queue=max_queue, kv_budget_mb=kv_budget_mb,
-                           chat_template=str(chat_template) if chat_template else None, api_key=api_key or None)
+                           chat_template=str(chat_template.resolve()) if chat_template else None, api_key=api_key)
         try:
             from llmc.deploy.ray_app import run_until_signal
         except ImportError as e:

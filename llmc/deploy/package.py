@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -17,6 +18,13 @@ from llmc.manifest import ENGINE_MANIFEST, load_engine
 from llmc.outdir import atomic_dir, check_out_dir
 
 RUNTIME_OVERHEAD_MB = 512  # the Python process, ONNX Runtime's arenas, the tokenizer, activations
+STEP_TOKENS = 512  # tokens per engine step of what every target runs (`llmc serve`, model.py, a Ray replica)
+
+# a container image reference (Docker's grammar): [host[:port]/]path[:tag][@digest], the path in lowercase
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+_IMAGE = re.compile(rf"(?:{_HOST}(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*(?::\w[\w.-]{{0,127}})?"
+                    r"(?:@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{32,})?")
 
 
 class Target(str, Enum):
@@ -51,11 +59,21 @@ class PackageConfig:
                                  ("--max-running", self.max_running, 1), ("--replicas", self.replicas, 1)):
             if value < low:
                 raise InputError(f"{flag} must be >= {low}, got {value}")
+        if self.max_running > STEP_TOKENS:  # the packaged server would refuse to start
+            raise InputError(f"--max-running must be <= {STEP_TOKENS} (the tokens per engine step of a packaged "
+                             f"server), got {self.max_running}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise InputError(f"--max-replicas ({self.max_replicas}) must be >= --replicas ({self.replicas})")
         if self.name is not None and not _dns_label(self.name):
             raise InputError(f"--name {self.name!r} must be a DNS label: lowercase letters, digits and '-', "
                              "at most 63 characters, starting and ending with a letter or digit")
+        if self.target is Target.kserve and not self.served_name[0].isalpha():
+            what = f"--name {self.name!r}" if self.name else f"the engine folder's name {self.served_name!r} (--name)"
+            raise InputError(f"{what} must start with a letter for --target kserve: Kubernetes Service names are "
+                             "DNS-1035 labels")
+        if self.image is not None and not (len(self.image) <= 255 and _IMAGE.fullmatch(self.image)):
+            raise InputError(f"--image {self.image!r} is not a container image reference: "
+                             "[registry[:port]/]lowercase/path[:tag][@digest]")
 
     @property
     def served_name(self) -> str:
@@ -81,8 +99,13 @@ class EngineFacts:
             raise InputError(f"{engine_dir} is not an engine folder (no {ENGINE_MANIFEST}); build one with "
                              "`llmc build`")
         m = load_engine(engine_dir)
+        missing = sorted(f for f in m.files if not (engine_dir / f).is_file())
+        if missing:
+            raise InputError(f"engine folder {engine_dir} lacks {missing[0]}, listed in its {ENGINE_MANIFEST}"
+                             f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; rebuild it with "
+                             "`llmc build`")
         size = sum(p.stat().st_size for p in engine_dir.rglob("*") if p.is_file())
-        return cls(m.model_name, m.backend, m.precision, size)
+        return cls(_one_line(m.model_name), _one_line(m.backend), _one_line(m.precision), size)
 
     def memory_mb(self, kv_budget_mb: int) -> int:
         """Resident memory of one serving process: the engine files (weights are read into memory), the KV
@@ -104,17 +127,20 @@ def package(config: PackageConfig) -> list[str]:
     """Write the target's files into `config.out_dir` (replacing it with --force); returns their paths, relative."""
     engine_dir = Path(config.engine_dir)
     if not engine_dir.is_dir():
-        raise InputError(f"engine folder {engine_dir} does not exist")
+        raise InputError(f"engine folder {engine_dir} {'is a file' if engine_dir.exists() else 'does not exist'}")
     facts = EngineFacts.read(engine_dir)
     if facts.backend != "ort" and config.target is not Target.ray:
         raise InputError(f"engine {engine_dir} is a {facts.backend!r} engine; the {config.target.value} target "
                          "packages ONNX Runtime CPU engines ('ort')")
     check_out_dir(config.out_dir, config.force)
-    with atomic_dir(config.out_dir, engine_dir, "engine folder") as work:
-        written = _writers()[config.target](config, facts, work)
-        (work / "llmc-package.json").write_text(json.dumps({
-            "target": config.target.value, "engine": str(engine_dir.resolve()), "model_name": facts.model_name,
-            "served_name": config.served_name, "files": sorted(written)}, indent=2) + "\n")
+    try:
+        with atomic_dir(config.out_dir, engine_dir, "engine folder") as work:
+            written = _writers()[config.target](config, facts, work)
+            (work / "llmc-package.json").write_text(json.dumps({
+                "target": config.target.value, "engine": str(engine_dir.resolve()), "model_name": facts.model_name,
+                "served_name": config.served_name, "files": sorted(written)}, indent=2) + "\n")
+    except OSError as e:  # an output folder that cannot be made or written (read-only, a file in its path, full)
+        raise InputError(f"cannot write the package to {config.out_dir}: {e.strerror or e}") from None
     return sorted(written) + ["llmc-package.json"]
 
 
@@ -124,6 +150,11 @@ def dns_name(text: str) -> str:
     while "--" in out:
         out = out.replace("--", "-")
     return out[:63].strip("-") or "llmc"
+
+
+def _one_line(text: str) -> str:
+    """A manifest's text as the written files' comments quote it: a line break in it would end the comment."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 
 
 def _dns_label(text: str) -> bool:

@@ -174,10 +174,18 @@ def _failure(fallback: str) -> str:
 def run_until_signal(cfg: RayAppConfig, host: str, port: int, address: str | None = None) -> None:
     """`llmc deploy ray`: deploy, serve until SIGTERM/SIGINT, then delete the app and stop Serve (exit 0)."""
     stop = threading.Event()
+    starting = True
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+        if starting:  # still waiting for the replicas: stop waiting (the app is deleted below)
+            raise KeyboardInterrupt
+
     connect(address)  # Ray installs signal handlers of its own: ours go after
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         start(cfg, host, port, address)
+        starting = False
         count = f"{cfg.min_replicas or 1}-{cfg.max_replicas} replicas" if cfg.autoscaling else f"{cfg.replicas} replicas"
         print(f"llmc on Ray Serve: http://{host}:{port} ({count}); SIGTERM or Ctrl-C to stop", file=sys.stderr,
               flush=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from llmc.errors import InputError
 from llmc.runtime.config import RuntimeConfig
@@ -30,6 +32,13 @@ class RayAppConfig:
     max_queued_requests: int = 256  # requests waiting at the ingress for a free replica; past it: 429
 
     def __post_init__(self) -> None:
+        for flag, text in (("engine_dir", self.engine_dir), ("--served-model-name", self.model_name),
+                           ("--chat-template", self.chat_template)):
+            if text is not None and not text.strip():
+                raise InputError(f"{flag} must not be empty, got {text!r}")
+        if self.api_key is not None and (not self.api_key.strip() or not self.api_key.isascii()
+                                         or not self.api_key.isprintable()):
+            raise InputError("--api-key (or LLMC_API_KEY) must be printable ASCII and not empty")
         self.runtime()  # the engine's own checks (threads, step tokens against max running), before any replica
         for name in ("replicas", "threads", "max_running", "kv_budget_mb", "max_step_tokens", "max_queued_requests"):
             if getattr(self, name) < 1:
@@ -46,7 +55,7 @@ class RayAppConfig:
             raise InputError(f"--max-replicas ({hi}) must be >= max(1, --min-replicas ({lo or 0}))")
         if self.autoscaling and not (lo or 0) <= self.replicas <= (hi or self.replicas):
             raise InputError(f"--replicas ({self.replicas}) must lie within [--min-replicas {lo or 0}, "
-                             f"--max-replicas {hi}]")
+                             f"--max-replicas {hi if hi is not None else '(not set)'}]")
 
     def runtime(self) -> RuntimeConfig:
         return RuntimeConfig(threads=self.threads, max_running=self.max_running, kv_budget_mb=self.kv_budget_mb,
@@ -70,11 +79,32 @@ class RayAppConfig:
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> RayAppConfig:
-        """From a Ray Serve config file's `args`; an unknown or missing key is a one-line error."""
+        """From a Ray Serve config file's `args`; an unknown or missing key, or a value of the wrong type, is a
+        one-line error."""
+        if not isinstance(args, Mapping):
+            raise InputError(f"the llmc Ray Serve app's args must be a mapping of settings, got {type(args).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(args) - names)
+        unknown = sorted(set(args) - names, key=str)
         if unknown:
             raise InputError(f"unknown llmc Ray Serve arg {unknown[0]!r}; known: {', '.join(sorted(names))}")
         if "engine_dir" not in args:
             raise InputError("the llmc Ray Serve app needs args.engine_dir (an engine folder)")
+        hints = get_type_hints(cls)
+        for name, value in args.items():
+            kinds = get_args(hints[name]) if isinstance(hints[name], types.UnionType) else (hints[name],)
+            if not any(_is_a(value, kind) for kind in kinds):
+                what = " or ".join(_KIND_NAMES[k] for k in kinds)
+                raise InputError(f"llmc Ray Serve arg {name!r} must be {what}, got {value!r}", name)
         return cls(**args)
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", type(None): "null"}
+
+
+def _is_a(value: Any, kind: type) -> bool:
+    """`value` is of a settings field's type, as YAML gives it: an integer counts as a number, a bool as neither."""
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)

@@ -103,3 +103,13 @@ def test_bench_runs_past_the_engine_or_the_machine(tiny_llama: Built, flags: lis
 def test_serve_benchmark_flags(tmp_path: Path, closed_url: str, command: str, flags: list[str], words: str) -> None:
     target = ["--serve", closed_url] if command == "bench" else [closed_url]  # `bench --serve URL`, `serve-bench URL`
     _assert_user_error(_cli(command, *target, *(f.format(tmp=tmp_path) for f in flags)), words.format(tmp=tmp_path))
+
+
+@pytest.mark.parametrize(("out", "words"), [
+    ("/proc/llmc-out", "cannot be made: No such file or directory"),  # was mkdtemp's FileNotFoundError traceback
+    ("{file}/sub/engine", "is a file"),
+])
+def test_build_output_that_cannot_be_made(tiny_llama: Built, tmp_path: Path, out: str, words: str) -> None:
+    (tmp_path / "f").write_text("")
+    out = out.format(file=tmp_path / "f")
+    _assert_user_error(_cli("build", tiny_llama.export_dir, "-o", out), f"output {out} cannot be made", words)

@@ -172,11 +172,56 @@ def test_ray_args_errors() -> None:
             RayAppConfig(engine_dir="x", target_ongoing_requests=value)
 
 
+@pytest.mark.parametrize(("args", "needle"), [
+    # were TypeError tracebacks comparing a string (or None) with a number
+    ({"replicas": "2"}, "arg 'replicas' must be an integer, got '2'"),
+    ({"threads": None}, "arg 'threads' must be an integer, got None"),
+    ({"target_ongoing_requests": "4"}, "arg 'target_ongoing_requests' must be a number, got '4'"),
+    ({"min_replicas": "1"}, "arg 'min_replicas' must be an integer or null, got '1'"),
+    # were accepted: fractional replica counts and queue sizes, a bool as a count, a NaN KV budget
+    ({"replicas": 2.5}, "arg 'replicas' must be an integer, got 2.5"),
+    ({"max_replicas": 1.5}, "arg 'max_replicas' must be an integer or null, got 1.5"),
+    ({"max_queue": 2.5}, "arg 'max_queue' must be an integer, got 2.5"),
+    ({"replicas": True}, "arg 'replicas' must be an integer, got True"),
+    ({"kv_budget_mb": float("nan")}, "arg 'kv_budget_mb' must be an integer, got nan"),
+    ({"model_name": 5}, "arg 'model_name' must be a string or null, got 5"),
+    # were accepted: an empty name fell back to the folder's; an empty API key meant no authentication at all
+    ({"model_name": ""}, "--served-model-name must not be empty"),
+    ({"engine_dir": ""}, "engine_dir must not be empty"),
+    ({"api_key": ""}, "--api-key (or LLMC_API_KEY) must be printable ASCII and not empty"),
+    ({"api_key": "clé"}, "--api-key (or LLMC_API_KEY) must be printable ASCII and not empty"),
+])
+def test_ray_args_of_the_wrong_type_are_one_line_errors(args: dict[str, Any], needle: str) -> None:
+    from llmc.deploy.ray_settings import RayAppConfig
+    from llmc.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        RayAppConfig.from_args({"engine_dir": "x", **args})
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ray_args_must_be_a_mapping() -> None:
+    from llmc.deploy.ray_settings import RayAppConfig
+    from llmc.errors import InputError
+
+    for args in (None, ["engine_dir"]):  # were TypeErrors
+        with pytest.raises(InputError, match="args must be a mapping of settings"):
+            RayAppConfig.from_args(args)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("flags", "needles"), [
     (("--port", "0"), ("--port", "[1, 65535]", "0")),
     (("--name", "Not_A_Label"), ("--name", "DNS label")),
     (("--replicas", "3", "--max-replicas", "2"), ("--max-replicas (2)", "--replicas (3)")),
     (("--kv-budget-mb", "0"), ("--kv-budget-mb", ">= 1")),
+    # accepted, the packaged server then refused to start (its engine steps hold 512 tokens)
+    (("--max-running", "600"), ("--max-running must be <= 512", "600")),
+    # accepted: '' silently meant the default image, the others were written into the manifests as they came
+    (("--image", ""), ("--image ''", "container image reference")),
+    (("--image", "my image:1"), ("--image 'my image:1'", "container image reference")),
+    (("--image", "Reg/LLMC:1"), ("--image 'Reg/LLMC:1'", "container image reference")),
+    # accepted: Kubernetes refuses a Service whose name starts with a digit (DNS-1035)
+    (("--name", "8bit"), ("--name '8bit'", "start with a letter")),
 ])
 def test_bad_flags_are_one_line_errors(deploy_engine_dir: Path, tmp_path: Path, flags: tuple[str, ...],
                                        needles: tuple[str, ...]) -> None:
@@ -193,3 +238,38 @@ def test_bad_paths_are_one_line_errors(deploy_engine_dir: Path, tmp_path: Path) 
     _error(_cli(deploy_engine_dir, "--target", "ray", "-o", tmp_path / "full"), "not empty", "--force")
     assert (tmp_path / "full" / "x").read_text() == "keep"
     _error(_cli(deploy_engine_dir, "--target", "ray", "-o", deploy_engine_dir / "sub", "--force"), "overlaps")
+
+
+def test_bad_engines_and_outputs_are_one_line_errors(deploy_engine_dir: Path, tmp_path: Path) -> None:
+    """Were: 'does not exist' for a file, a package of an engine folder without its weights (the image failed when
+    it started), and tracebacks for an output folder that cannot be made."""
+    _error(_cli(deploy_engine_dir / "engine.json", "--target", "ray", "-o", tmp_path / "o"), "engine.json is a file")
+    hollow = tmp_path / "hollow"
+    hollow.mkdir()
+    (hollow / "engine.json").write_text((deploy_engine_dir / "engine.json").read_text())
+    _error(_cli(hollow, "--target", "kserve", "-o", tmp_path / "o"), "hollow lacks", "rebuild it")
+    (tmp_path / "file").write_text("x")
+    _error(_cli(deploy_engine_dir, "--target", "ray", "-o", tmp_path / "file" / "o"), "cannot be made",
+           "file is a file")
+    _error(_cli(deploy_engine_dir, "--target", "ray", "-o", "/proc/llmc-package"), "cannot be made",
+           "/proc/llmc-package")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("target", "written"), [("ray", "config.yaml"), ("kserve", "deployment.yaml")])
+def test_a_model_name_with_line_breaks_stays_in_its_comment(deploy_engine_dir: Path, tmp_path: Path, target: str,
+                                                            written: str) -> None:
+    """The manifest's model name was written into the files' header comments as it was: a line break in it ended
+    the comment, and what followed became YAML (or Dockerfile, or config.pbtxt) of its own."""
+    import shutil
+
+    engine = tmp_path / "engine"
+    shutil.copytree(deploy_engine_dir, engine)
+    manifest = json.loads((engine / "engine.json").read_text())
+    manifest["model_name"] = "evil\nhttp_options: {port: 1}\r\nkind: Pod"
+    (engine / "engine.json").write_text(json.dumps(manifest))
+    out = _packaged(engine, tmp_path / "o", target)
+    text = (out / written).read_text()
+    assert "# evil http_options: {port: 1} kind: Pod" in text
+    docs = list(yaml.safe_load_all(text))
+    assert all(d.get("kind") != "Pod" for d in docs) and docs[0].get("http_options", {}).get("port") != 1

@@ -3,6 +3,7 @@ on SIGTERM deletes the app, stops Ray and exits 0."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -61,3 +62,77 @@ def test_deploy_ray_bad_flags_are_one_line_errors(deploy_engine_dir: Path) -> No
         assert result.exit_code == 1, result.output
         assert result.stderr.strip().splitlines() == [f"error: {result.stderr.strip()[7:]}"]
         assert needle in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    # were accepted: an empty key served with no authentication, a non-ASCII one refused every request
+    (["--api-key", ""], "--api-key (or LLMC_API_KEY) must be printable ASCII and not empty"),
+    (["--api-key", "clé"], "--api-key (or LLMC_API_KEY) must be printable ASCII and not empty"),
+    (["--served-model-name", ""], "--served-model-name must not be empty"),
+    (["--host", ""], "--host must not be empty"),
+    # named --max-step-tokens, a flag `llmc deploy ray` does not have
+    (["--max-running", "600"], "--max-running must be <= 512 (the tokens per engine step of a replica), got 600"),
+    # started a Ray cluster, then failed in every replica
+    (["--chat-template", "/nonexistent.jinja"], "--chat-template /nonexistent.jinja is not a file"),
+    # the local cluster waited forever (and SIGTERM did not end it) for a node with that many CPUs
+    (["--threads", str((os.cpu_count() or 1) + 1)], "CPUs: the local Ray cluster could never place a replica"),
+    # said '--max-replicas None'
+    (["--replicas", "3", "--min-replicas", "4"], "must lie within [--min-replicas 4, --max-replicas (not set)]"),
+])
+def test_deploy_ray_refuses_before_starting_ray(deploy_engine_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                flags: list[str], needle: str) -> None:
+    from typer.testing import CliRunner
+
+    from llmc.cli.main import app
+    from llmc.deploy import ray_app
+
+    def serve(*args: object) -> None:
+        raise AssertionError(f"{flags} were accepted: Ray Serve would start")
+
+    monkeypatch.setattr(ray_app, "run_until_signal", serve)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    result = CliRunner().invoke(app, ["deploy", "ray", str(deploy_engine_dir), *flags])
+    assert result.exit_code == 1 and not isinstance(result.exception, AssertionError), result.output
+    assert result.stderr.strip().splitlines() == [f"error: {result.stderr.strip()[7:]}"]
+    assert needle in result.stderr, result.stderr
+
+
+def test_deploy_ray_checks_the_engine_folder(tmp_path: Path, deploy_engine_dir: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine folder without its weights was deployed: every replica then failed to load it."""
+    from typer.testing import CliRunner
+
+    from llmc.cli.main import app
+    from llmc.deploy import ray_app
+
+    monkeypatch.setattr(ray_app, "run_until_signal", lambda *a: pytest.fail("Ray Serve would start"))
+    (tmp_path / "engine.json").write_text((deploy_engine_dir / "engine.json").read_text())
+    result = CliRunner().invoke(app, ["deploy", "ray", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "lacks" in result.stderr and "rebuild it with `llmc build`" in result.stderr, result.stderr
+
+
+def test_a_signal_while_deploying_stops_the_deployment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM or Ctrl-C while the replicas start (or wait for room on the cluster) was only noted: the command
+    went on waiting, and served if they ever started."""
+    import time
+
+    from llmc.deploy import ray_app
+    from llmc.deploy.ray_settings import RayAppConfig
+
+    calls: list[str] = []
+
+    def slow_start(*args: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # Ray Serve waiting for the replicas
+        calls.append("started")
+
+    monkeypatch.setattr(ray_app, "connect", lambda address=None: None)
+    monkeypatch.setattr(ray_app, "start", slow_start)
+    monkeypatch.setattr(ray_app, "shutdown", lambda: calls.append("shutdown"))
+    before = signal.getsignal(signal.SIGTERM)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        ray_app.run_until_signal(RayAppConfig(engine_dir="x"), "127.0.0.1", 8000)
+    assert time.monotonic() - t0 < 4 and calls == ["shutdown"]
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -156,6 +156,70 @@ def test_bad_requests_get_one_final_error(model: Any) -> None:
         assert words in r.responses[0].error().message()  # type: ignore[union-attr]
 
 
+_S = np.object_
+
+
+@pytest.mark.parametrize(("inputs", "words"), [
+    # each left its request without a final response (an exception in the model's loop): the client waited forever
+    ({"max_tokens": np.array([], np.int32)}, "input 'max_tokens' must hold 1 value, got 0"),
+    ({"max_tokens": np.array([np.nan], np.float32)}, "input 'max_tokens' must be an integer, got nan"),
+    ({"max_tokens": np.array([b"12"], _S)}, "input 'max_tokens' must be an integer, got b'12'"),
+    ({"chat": np.array([], np.bool_)}, "input 'chat' must hold 1 value, got 0"),
+    ({"text_input": np.array([b"\xff\xfe"], _S)}, "input 'text_input' is not UTF-8 text"),
+    # accepted: 2.7 ran as top_k 2, the string b'false' as chat, the number 5 as the prompt "5", [3, 4] as 3
+    ({"top_k": np.array([2.7], np.float32)}, "input 'top_k' must be an integer, got 2.7"),
+    ({"chat": np.array([b"false"], _S)}, "input 'chat' must be a bool (TYPE_BOOL), got b'false'"),
+    ({"text_input": np.array([5], np.int32)}, "input 'text_input' must be a string (TYPE_STRING), got int32"),
+    ({"max_tokens": np.array([3, 4], np.int32)}, "input 'max_tokens' must hold 1 value, got 2"),
+])
+def test_malformed_inputs_get_one_final_error(model: Any, inputs: dict[str, np.ndarray], words: str) -> None:
+    bad = pb.Request("bad", {"text_input": np.array([b"hi"], _S), "max_tokens": np.array([4], np.int32), **inputs})
+    good = _request(1, "hi", max_tokens=4)
+    model.execute([bad, good])
+    _wait([bad, good], timeout=20)
+    assert len(bad.responses) == 1 and bad.responses[0].has_error() and bad.closed
+    assert words in bad.responses[0].error().message()  # type: ignore[union-attr]
+    assert good.finish_reason() in ("length", "stop")  # the other request in the batch is served
+    assert not any(x.has_error() for x in good.responses)
+
+
+def test_an_unexpected_failure_still_ends_the_request(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> list[int]:
+        raise RuntimeError("tokenizer exploded")
+
+    monkeypatch.setattr(model.llm.tokenizer, "encode", broken)
+    r = _request(0, "hi", max_tokens=4)
+    model.execute([r])
+    _wait([r], timeout=20)
+    assert len(r.responses) == 1 and r.responses[0].has_error() and r.closed
+    assert "RuntimeError: tokenizer exploded" in r.responses[0].error().message()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("threads", "abc", "parameter 'threads' must be an integer, got 'abc'"),  # was int()'s ValueError
+    ("kv_budget_mb", "1e3", "parameter 'kv_budget_mb' must be an integer, got '1e3'"),
+    ("max_running", "9999", "parameter 'max_running' must be in [1, 512], got 9999"),
+    ("max_queue", "-1", "parameter 'max_queue' must be >= 0, got -1"),  # was accepted
+])
+def test_bad_config_parameters_fail_loading_naming_them(repo: Path, monkeypatch: pytest.MonkeyPatch, key: str,
+                                                        value: str, words: str) -> None:
+    from google.protobuf import json_format
+
+    from llmc.errors import InputError
+
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    spec = importlib.util.spec_from_file_location("triton_llmc_model", repo / "models" / NAME / "1" / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = json_format.MessageToDict(_parse_config(repo), preserving_proto_field_name=True)
+    config["parameters"][key] = {"string_value": value}
+    with pytest.raises(InputError) as e:
+        module.TritonPythonModel().initialize({"model_config": json.dumps(config), "model_version": "1",
+                                               "model_repository": str(repo / "models" / NAME)})
+    assert words in str(e.value)
+
+
 def test_a_cancelled_request_ends_and_frees_its_slot(model: Any) -> None:
     r = _request(0, "Count with me:", max_tokens=200, temperature=0.0)
     slow = model.llm.engine.decode
