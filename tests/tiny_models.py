@@ -100,6 +100,11 @@ def _qwen2_moe(tf: Any, common: dict[str, Any]) -> Any:  # + a shared expert beh
                                                     norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1]))
 
 
+def _phi(tf: Any, common: dict[str, Any]) -> Any:  # Phi-2: parallel blocks, partial rotary, biases, a head bias
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    return tf.PhiForCausalLM(tf.PhiConfig(**common, hidden_act="gelu_new", rope_parameters=rope))
+
+
 def _stablelm(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm, partial rotary, parallel attention and MLP
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
     return tf.StableLmForCausalLM(tf.StableLmConfig(**common, use_qkv_bias=True, use_parallel_residual=True,
@@ -111,7 +116,7 @@ def _starcoder2(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm with bias,
                                                         sliding_window=16, norm_epsilon=1e-5))
 
 
-TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi3": _phi3,
+TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi": _phi, "phi3": _phi3,
                  "smollm3": _smollm3, "stablelm": _stablelm, "starcoder2": _starcoder2, "olmo2": _olmo2, "granite": _granite,
                  "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
 

@@ -19,7 +19,7 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi3": "Phi-3, Phi-4-mini",
+    "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini",
     "smollm3": "SmolLM3", "stablelm": "StableLM 2", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
     "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
 }
@@ -68,6 +68,8 @@ def _common_checks(config: Any, sd: dict[str, np.ndarray]) -> None:
 
 def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     mt = config.model_type
+    if mt == "phi":
+        sd = _renamed(sd, _PHI_NAMES)
     _common_checks(config, sd)
     layers = int(config.num_hidden_layers)
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
@@ -189,6 +191,26 @@ def _smollm3(config: Any) -> dict[str, Any]:
     return {"rope_layers": tuple(layers)} if not all(layers) else {}
 
 
+def _phi(config: Any) -> dict[str, Any]:  # LayerNorm, partial rotary, a plain MLP, biases; attention and MLP parallel
+    if _get(config, "qk_layernorm", False):
+        _refuse("qk_layernorm", True, "a LayerNorm of q and k per head is not implemented")
+    return {"norm": "layer", "norm_eps": float(config.layer_norm_eps), "plain_mlp": True, "parallel_block": "shared"}
+
+
+# Phi-2's weights under the names the other families use
+_PHI_NAMES = (("self_attn.dense.", "self_attn.o_proj."), ("mlp.fc1.", "mlp.c_fc."), ("mlp.fc2.", "mlp.c_proj."),
+              ("model.final_layernorm.", "model.norm."))
+
+
+def _renamed(sd: dict[str, np.ndarray], names: tuple[tuple[str, str], ...]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in sd.items():
+        for theirs, ours in names:
+            k = k.replace(theirs, ours)
+        out[k] = v
+    return out
+
+
 def _stablelm(config: Any) -> dict[str, Any]:  # LayerNorm with bias, partial rotary; attention and MLP in parallel
     if _get(config, "qk_layernorm", False):
         _refuse("qk_layernorm", True, "a LayerNorm of its own for each head is not implemented")
@@ -223,7 +245,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "stablelm": _stablelm, "starcoder2": _starcoder2, "olmo2": _olmo2,
+    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "stablelm": _stablelm, "starcoder2": _starcoder2, "olmo2": _olmo2,
     "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 
@@ -241,6 +263,7 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
     bias("model.norm", "norm")
     if not spec.tie_embeddings:
         w["lm_head.weight"] = sd["lm_head.weight"]
+    bias("lm_head", "lm_head")  # Phi-2
     # the norms by where they sit: before attention, before the MLP, after attention, after the MLP
     places = {"pre": {"input_layernorm": "norm1", "post_attention_layernorm": "norm2"},
               "sandwich": {"input_layernorm": "norm1", "pre_feedforward_layernorm": "norm2",

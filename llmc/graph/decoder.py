@@ -190,8 +190,9 @@ def _lm_head(c: Ctx, x: str) -> None:
     """logits = x @ W^T with W [V, Hd] (the embedding when tied: stored once, read transposed by Gemm), then the
     model's logit scaling and soft-cap, in fp32."""
     b, m = c.b, c.m
-    if any(c.has("lm_head.weight" + suffix) for suffix in (QWEIGHT, Q4TILES, Q8TILES, BF16TILES)):
-        logits = linear(c, x, "lm_head")
+    packed = any(c.has("lm_head.weight" + suffix) for suffix in (QWEIGHT, Q4TILES, Q8TILES, BF16TILES))
+    if packed:
+        logits = linear(c, x, "lm_head")  # (+ its bias, where it has one)
     elif c.has("lm_head.part0"):  # row slices of an fp32 head (engines/ort/graphs.py with_head_parts)
         flat_x = b.op("Reshape", x, b.ints(-1, m.hidden_size))
         parts = [b.op("Gemm", flat_x, b.weight(f"lm_head.part{i}"), transB=1)
@@ -203,6 +204,8 @@ def _lm_head(c: Ctx, x: str) -> None:
         flat = b.op("Gemm", b.op("Reshape", x, b.ints(-1, m.hidden_size)), w, transB=1)  # [B*S, V]
         out_shape = b.op("Concat", b.op("Shape", x, start=0, end=2), b.ints(m.vocab_size), axis=0)
         logits = b.op("Reshape", flat, out_shape)
+    if c.has("lm_head.bias") and not packed:  # Phi-2
+        logits = b.op("Add", logits, b.weight("lm_head.bias"))
     in_f32 = b.dtype == "float32"
     if m.logits_scaling != 1.0 or m.final_softcap:
         logits, in_f32 = b.to_float32(logits), True
