@@ -20,7 +20,7 @@ from llmc.manifest import ModelSpec
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini",
-    "smollm3": "SmolLM3", "stablelm": "StableLM 2", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
+    "smollm3": "SmolLM3", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
     "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -70,6 +70,8 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     mt = config.model_type
     if mt == "phi":
         sd = _renamed(sd, _PHI_NAMES)
+    elif mt == "gpt_neox":
+        sd = _gpt_neox_names(config, sd)
     _common_checks(config, sd)
     layers = int(config.num_hidden_layers)
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
@@ -99,8 +101,8 @@ def _windows(model: Any, config: Any) -> dict[str, Any]:
     carry their own `sliding_window` say it per layer; Mistral, Phi-3 and Mixtral apply config.sliding_window to
     every layer."""
     per_layer = []
-    for layer in model.model.layers:
-        attn = layer.self_attn
+    for layer in model.base_model.layers:
+        attn = layer.self_attn if hasattr(layer, "self_attn") else layer.attention  # (GPT-NeoX: attention)
         w = attn.sliding_window if hasattr(attn, "sliding_window") else _get(config, "sliding_window", None)
         per_layer.append(int(w) if w else 0)
     windows = {w for w in per_layer if w}
@@ -117,7 +119,7 @@ def _windows(model: Any, config: Any) -> dict[str, Any]:
 
 def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The rotary tables (inverse frequencies) and their spec fields, read from transformers' own rotary module."""
-    rotary = model.model.rotary_emb
+    rotary = model.base_model.rotary_emb
     params = _get(config, "rope_parameters", None) or _get(config, "rope_scaling", None) or {}
     if model.config.model_type == "gemma3_text":
         return _gemma3_rope(rotary, params)
@@ -211,6 +213,28 @@ def _renamed(sd: dict[str, np.ndarray], names: tuple[tuple[str, str], ...]) -> d
     return out
 
 
+def _gpt_neox(config: Any) -> dict[str, Any]:  # LayerNorm, partial rotary, a plain MLP, biases; blocks in parallel
+    return {"norm": "layer", "norm_eps": float(config.layer_norm_eps), "plain_mlp": True,
+            **({"parallel_block": "two"} if config.use_parallel_residual else {})}
+
+
+def _gpt_neox_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """GPT-NeoX's weights under the names the other families use; its fused q/k/v rows, interleaved per head
+    ([H, 3, D]), split into q, k and v."""
+    names = (("gpt_neox.embed_in.", "model.embed_tokens."), ("gpt_neox.final_layer_norm.", "model.norm."),
+             ("gpt_neox.layers.", "model.layers."), (".attention.dense.", ".self_attn.o_proj."),
+             ("mlp.dense_h_to_4h.", "mlp.c_fc."), ("mlp.dense_4h_to_h.", "mlp.c_proj."))
+    out = _renamed(sd, names)
+    heads = int(config.num_attention_heads)
+    for key in [k for k in out if ".attention.query_key_value." in k]:
+        fused = out.pop(key)  # [H * 3 * D, hidden] or [H * 3 * D]
+        parts = fused.reshape(heads, 3, -1, *fused.shape[1:])
+        for j, name in enumerate("qkv"):
+            out[key.replace(".attention.query_key_value.", f".self_attn.{name}_proj.")] = \
+                np.ascontiguousarray(parts[:, j].reshape(-1, *fused.shape[1:]))
+    return out
+
+
 def _stablelm(config: Any) -> dict[str, Any]:  # LayerNorm with bias, partial rotary; attention and MLP in parallel
     if _get(config, "qk_layernorm", False):
         _refuse("qk_layernorm", True, "a LayerNorm of its own for each head is not implemented")
@@ -245,7 +269,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "stablelm": _stablelm, "starcoder2": _starcoder2, "olmo2": _olmo2,
+    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
     "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 
