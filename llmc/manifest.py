@@ -82,6 +82,7 @@ class ModelSpec:
     rope_long_after: int = 0  # longrope: a row past this many positions uses the long-factor table (Phi-3 128k)
     attention_scale: float = 0.0  # q.k multiplier; 0: 1 / sqrt(head_dim)
     attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) (Gemma 2); 0: none
+    clip_qkv: float = 0.0  # q, k and v clamped to [-c, c] (OLMo); 0: not
     qk_norm: str = ""  # "head": RMSNorm over each head of q and k (Qwen3, Gemma 3); "full": over all of q / k (OLMo 2)
     # the residual stream
     norm_layout: str = "pre"  # "pre" | "sandwich": also after attention and MLP (Gemma) | "post": only after (OLMo 2)

@@ -20,7 +20,7 @@ from llmc.manifest import ModelSpec
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini",
-    "smollm3": "SmolLM3", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
+    "smollm3": "SmolLM3", "olmo": "OLMo", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
     "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -72,6 +72,8 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         sd = _renamed(sd, _PHI_NAMES)
     elif mt == "gpt_neox":
         sd = _gpt_neox_names(config, sd)
+    elif mt == "olmo":
+        sd = _unit_norms(config, sd)
     _common_checks(config, sd)
     layers = int(config.num_hidden_layers)
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
@@ -213,6 +215,20 @@ def _renamed(sd: dict[str, np.ndarray], names: tuple[tuple[str, str], ...]) -> d
     return out
 
 
+def _olmo(config: Any) -> dict[str, Any]:  # LayerNorm without weights (eps 1e-5), q/k/v clamped
+    clip = _get(config, "clip_qkv", None)
+    return {"norm": "layer", "norm_eps": 1e-5, **({"clip_qkv": float(clip)} if clip else {})}
+
+
+def _unit_norms(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The weight (1) and bias (0) of norms a model has without parameters (OLMo), as LayerNormalization takes."""
+    hidden = int(config.hidden_size)
+    ones, zeros = np.ones(hidden, np.float32), np.zeros(hidden, np.float32)
+    names = ["model.norm"] + [f"model.layers.{i}.{n}" for i in range(int(config.num_hidden_layers))
+                              for n in ("input_layernorm", "post_attention_layernorm")]
+    return {**sd, **{f"{n}.weight": ones for n in names}, **{f"{n}.bias": zeros for n in names}}
+
+
 def _gpt_neox(config: Any) -> dict[str, Any]:  # LayerNorm, partial rotary, a plain MLP, biases; blocks in parallel
     return {"norm": "layer", "norm_eps": float(config.layer_norm_eps), "plain_mlp": True,
             **({"parallel_block": "two"} if config.use_parallel_residual else {})}
@@ -269,7 +285,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
+    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
     "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 

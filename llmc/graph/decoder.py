@@ -77,7 +77,10 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     h = x if m.norm_layout == "post" else norm(c, x, "layers.0.norm1")
     for i in range(m.num_layers):
         p = f"layers.{i}"
-        qkv = _qk_norm(c, i, linear(c, h, f"{p}.qkv"))
+        qkv = linear(c, h, f"{p}.qkv")
+        if m.clip_qkv:
+            qkv = c.b.op("Clip", qkv, c.b.scalar(-m.clip_qkv), c.b.scalar(m.clip_qkv))
+        qkv = _qk_norm(c, i, qkv)
         delta = _block_output(c, linear(c, attend(i, qkv), f"{p}.o"), f"{p}.post_attn_norm")
         if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
             mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")
