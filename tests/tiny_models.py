@@ -111,6 +111,10 @@ def _gpt_neox(tf: Any, common: dict[str, Any]) -> Any:  # Pythia: q/k/v interlea
     return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(**cfg, rope_parameters=rope, use_parallel_residual=True))
 
 
+def _cohere(tf: Any, common: dict[str, Any]) -> Any:  # interleaved rotary, bias-free LayerNorm, parallel, logit scale
+    return tf.CohereForCausalLM(tf.CohereConfig(**common, logit_scale=0.3))
+
+
 def _olmo(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm without weights, q/k/v clamped (tight: it bites)
     return tf.OlmoForCausalLM(tf.OlmoConfig(**common, clip_qkv=0.5))
 
@@ -127,7 +131,7 @@ def _starcoder2(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm with bias,
 
 
 TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi": _phi, "phi3": _phi3,
-                 "smollm3": _smollm3, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2, "granite": _granite,
+                 "smollm3": _smollm3, "cohere": _cohere, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2, "granite": _granite,
                  "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
 
 

@@ -20,7 +20,7 @@ from llmc.manifest import ModelSpec
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini",
-    "smollm3": "SmolLM3", "olmo": "OLMo", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
+    "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
     "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -73,7 +73,9 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     elif mt == "gpt_neox":
         sd = _gpt_neox_names(config, sd)
     elif mt == "olmo":
-        sd = _unit_norms(config, sd)
+        sd = _norm_params(config, sd)
+    elif mt == "cohere":
+        sd = _interleaved_to_halves(config, _norm_params(config, sd))
     _common_checks(config, sd)
     layers = int(config.num_hidden_layers)
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
@@ -220,13 +222,38 @@ def _olmo(config: Any) -> dict[str, Any]:  # LayerNorm without weights (eps 1e-5
     return {"norm": "layer", "norm_eps": 1e-5, **({"clip_qkv": float(clip)} if clip else {})}
 
 
-def _unit_norms(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The weight (1) and bias (0) of norms a model has without parameters (OLMo), as LayerNormalization takes."""
+def _norm_params(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The weights (1) and biases (0) of LayerNorms a model has without them (OLMo: neither; Cohere: no bias), as
+    LayerNormalization takes them."""
     hidden = int(config.hidden_size)
     ones, zeros = np.ones(hidden, np.float32), np.zeros(hidden, np.float32)
     names = ["model.norm"] + [f"model.layers.{i}.{n}" for i in range(int(config.num_hidden_layers))
                               for n in ("input_layernorm", "post_attention_layernorm")]
-    return {**sd, **{f"{n}.weight": ones for n in names}, **{f"{n}.bias": zeros for n in names}}
+    return {**{f"{n}.weight": ones for n in names}, **{f"{n}.bias": zeros for n in names}, **sd}
+
+
+def _cohere(config: Any) -> dict[str, Any]:  # LayerNorm without bias, attention and MLP in parallel, logits scaled
+    if _get(config, "use_qk_norm", False):
+        _refuse("use_qk_norm", True, "a LayerNorm of q and k per head is not implemented")
+    return {"norm": "layer", "norm_eps": float(config.layer_norm_eps), "parallel_block": "shared",
+            "logits_scaling": 1.0 / float(config.logit_scale)}
+
+
+def _interleaved_to_halves(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Cohere rotates each head's pairs (2i, 2i + 1); llmc, as Llama, the halves (i, i + D/2) with the same
+    frequency i. q . k is the same under one permutation of both, so each head's q and k rows are reordered (even
+    dims, then odd) and its rotary becomes Llama's; v and o are untouched."""
+    out = dict(sd)
+    heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
+    for i in range(int(config.num_hidden_layers)):
+        for name, n in (("q_proj", heads), ("k_proj", kv_heads)):
+            for kind in ("weight", "bias"):
+                key = f"model.layers.{i}.self_attn.{name}.{kind}"
+                if key in out:
+                    w = out[key].reshape(n, -1, *out[key].shape[1:])  # [heads, D, ...]
+                    order = np.concatenate([np.arange(0, w.shape[1], 2), np.arange(1, w.shape[1], 2)])
+                    out[key] = np.ascontiguousarray(w[:, order].reshape(out[key].shape))
+    return out
 
 
 def _gpt_neox(config: Any) -> dict[str, Any]:  # LayerNorm, partial rotary, a plain MLP, biases; blocks in parallel
@@ -285,7 +312,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
+    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "cohere": _cohere, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
     "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 

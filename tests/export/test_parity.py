@@ -307,7 +307,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.num_kv_heads == {"gpt2": 4, "gpt_neox": 4, "gemma": 1}.get(tiny.name, 2)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox"))
-    assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "gpt_neox": "two"}.get(tiny.name, "")
+    assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "gpt_neox": "two"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear"}.get(tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name == "gpt2" else "rope")
