@@ -115,6 +115,18 @@ def _cohere(tf: Any, common: dict[str, Any]) -> Any:  # interleaved rotary, bias
     return tf.CohereForCausalLM(tf.CohereConfig(**common, logit_scale=0.3))
 
 
+def _opt(tf: Any, common: dict[str, Any]) -> Any:  # learned positions 2 rows in, ReLU, separate q/k/v, biases
+    return tf.OPTForCausalLM(tf.OPTConfig(
+        vocab_size=common["vocab_size"], hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, word_embed_proj_dim=64, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
+def _gpt_bigcode(tf: Any, common: dict[str, Any]) -> Any:  # StarCoder 1: GPT-2 with one KV head, Linear weights
+    return tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(vocab_size=common["vocab_size"], n_embd=64, n_layer=2, n_head=4,
+                                                        n_positions=256, multi_query=True, bos_token_id=1,
+                                                        eos_token_id=2))
+
+
 def _olmo(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm without weights, q/k/v clamped (tight: it bites)
     return tf.OlmoForCausalLM(tf.OlmoConfig(**common, clip_qkv=0.5))
 
@@ -131,8 +143,9 @@ def _starcoder2(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm with bias,
 
 
 TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi": _phi, "phi3": _phi3,
-                 "smollm3": _smollm3, "cohere": _cohere, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2, "granite": _granite,
-                 "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
+                 "smollm3": _smollm3, "opt": _opt, "gpt_bigcode": _gpt_bigcode, "cohere": _cohere, "olmo": _olmo,
+                 "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
+                 "granite": _granite, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

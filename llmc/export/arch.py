@@ -19,9 +19,11 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini",
-    "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "olmo2": "OLMo 2", "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
-    "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2",
+    "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2",
+    "phi3": "Phi-3, Phi-4-mini", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo",
+    "olmo2": "OLMo 2", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2",
+    "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
+    "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -43,8 +45,8 @@ def from_transformers(model: Any) -> Checkpoint:
     config = model.config
     check_supported(config.model_type)
     state = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
-    if config.model_type == "gpt2":
-        return _gpt2(config, state)
+    if config.model_type in _LEARNED:
+        return _LEARNED[config.model_type](config, state)
     return _decoder(model, config, state)
 
 
@@ -197,10 +199,11 @@ def _smollm3(config: Any) -> dict[str, Any]:
     return {"rope_layers": tuple(layers)} if not all(layers) else {}
 
 
-def _phi(config: Any) -> dict[str, Any]:  # LayerNorm, partial rotary, a plain MLP, biases; attention and MLP parallel
+def _phi(config: Any) -> dict[str, Any]:  # LayerNorm, partial rotary, a plain MLP, biases; blocks in parallel
     if _get(config, "qk_layernorm", False):
         _refuse("qk_layernorm", True, "a LayerNorm of q and k per head is not implemented")
-    return {"norm": "layer", "norm_eps": float(config.layer_norm_eps), "plain_mlp": True, "parallel_block": "shared"}
+    return {"norm": "layer", "norm_eps": float(config.layer_norm_eps), "plain_mlp": True,
+            "parallel_block": "shared"}
 
 
 # Phi-2's weights under the names the other families use
@@ -244,7 +247,8 @@ def _interleaved_to_halves(config: Any, sd: dict[str, np.ndarray]) -> dict[str, 
     frequency i. q . k is the same under one permutation of both, so each head's q and k rows are reordered (even
     dims, then odd) and its rotary becomes Llama's; v and o are untouched."""
     out = dict(sd)
-    heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
+    heads = int(config.num_attention_heads)
+    kv_heads = int(_get(config, "num_key_value_heads", heads))
     for i in range(int(config.num_hidden_layers)):
         for name, n in (("q_proj", heads), ("k_proj", kv_heads)):
             for kind in ("weight", "bias"):
@@ -312,8 +316,9 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3, "cohere": _cohere, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
-    "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
+    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
+    "cohere": _cohere, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2,
+    "olmo2": _olmo2, "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 
 
@@ -373,7 +378,8 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
                         q + "shared_expert_gate.weight": sd[p + "shared_expert_gate.weight"].T.copy()})
         return out
     if spec.plain_mlp:  # StarCoder2
-        out = {q + "fc.weight": sd[p + "c_fc.weight"].T.copy(), q + "proj.weight": sd[p + "c_proj.weight"].T.copy()}
+        out = {q + "fc.weight": sd[p + "c_fc.weight"].T.copy(),
+               q + "proj.weight": sd[p + "c_proj.weight"].T.copy()}
         for theirs, ours in (("c_fc", "fc"), ("c_proj", "proj")):
             if p + theirs + ".bias" in sd:
                 out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
@@ -426,12 +432,90 @@ def _gpt2(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     return Checkpoint(spec, w)
 
 
+def _gpt_bigcode(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
+    """StarCoder / SantaCoder: GPT-2 with nn.Linear weights, one KV head (`multi_query`), an optional unscaled
+    attention and an untied head."""
+    sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
+    heads, hidden = int(config.n_head), int(config.n_embd)
+    head_dim = hidden // heads
+    kv_heads = 1 if config.multi_query else heads
+    tied = bool(_get(config, "tie_word_embeddings", True))
+    spec = ModelSpec(
+        family="gpt2", hf_architecture="GPTBigCodeForCausalLM", hidden_size=hidden, num_layers=int(config.n_layer),
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=int(config.n_inner or 4 * hidden),
+        vocab_size=int(config.vocab_size), max_positions=int(config.n_positions), norm="layer",
+        norm_eps=float(config.layer_norm_epsilon), activation=_activation(config.activation_function),
+        positions="learned", qkv_bias=True, tie_embeddings=tied,
+        attention_scale=0.0 if config.scale_attn_weights else 1.0)
+    w = {"embed.weight": sd["wte.weight"], "pos_embed.weight": sd["wpe.weight"], "norm.weight": sd["ln_f.weight"],
+         "norm.bias": sd["ln_f.bias"], **({} if tied else {"lm_head.weight": sd["lm_head.weight"]})}
+    for i in range(spec.num_layers):
+        p = f"h.{i}."
+        for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2"), ("qkv", "attn.c_attn"), ("o", "attn.c_proj"),
+                             ("fc", "mlp.c_fc"), ("proj", "mlp.c_proj")):
+            weight, bias = sd[p + theirs + ".weight"], sd[p + theirs + ".bias"]
+            if ours == "qkv" and kv_heads == heads:  # rows interleaved per head, [H, 3, D]: as q, k, v
+                weight = weight.reshape(heads, 3, head_dim, -1).transpose(1, 0, 2, 3).reshape(weight.shape)
+                bias = bias.reshape(heads, 3, head_dim).transpose(1, 0, 2).reshape(-1)
+            w[f"layers.{i}.{ours}.weight"] = weight.T.copy() if weight.ndim == 2 else weight
+            w[f"layers.{i}.{ours}.bias"] = np.ascontiguousarray(bias)
+    return Checkpoint(spec, w)
+
+
+OPT_POSITION_OFFSET = 2  # OPT's position table starts 2 rows in (transformers' OPTLearnedPositionalEmbedding)
+
+
+def _opt(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
+    """OPT: learned positions (its table 2 rows in), LayerNorm, ReLU, separate q/k/v, biases."""
+    if not config.do_layer_norm_before:
+        _refuse("do_layer_norm_before", False, "norms after each block (OPT-350m) are not implemented")
+    if int(config.word_embed_proj_dim) != int(config.hidden_size):
+        _refuse("word_embed_proj_dim", config.word_embed_proj_dim, "projected embeddings are not implemented")
+    if _get(config, "_remove_final_layer_norm", False):
+        _refuse("_remove_final_layer_norm", True, "llmc ends every decoder with its norm")
+    sd = {k.removeprefix("model.decoder."): v for k, v in sd.items()}
+    hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
+    tied = bool(_get(config, "tie_word_embeddings", True))
+    spec = ModelSpec(
+        family="gpt2", hf_architecture="OPTForCausalLM", hidden_size=hidden,
+        num_layers=int(config.num_hidden_layers),
+        num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads, intermediate_size=int(config.ffn_dim),
+        vocab_size=int(config.vocab_size), max_positions=int(config.max_position_embeddings), norm="layer",
+        norm_eps=1e-5, activation=_activation(config.activation_function), positions="learned",
+        qkv_bias="layers.0.self_attn.q_proj.bias" in sd, tie_embeddings=tied)
+    ones, zeros = np.ones(hidden, np.float32), np.zeros(hidden, np.float32)
+    w = {"embed.weight": sd["embed_tokens.weight"],
+         "pos_embed.weight": np.ascontiguousarray(sd["embed_positions.weight"][OPT_POSITION_OFFSET:]),
+         "norm.weight": sd.get("final_layer_norm.weight", ones),
+         "norm.bias": sd.get("final_layer_norm.bias", zeros),
+         **({} if tied else {"lm_head.weight": sd["lm_head.weight"]})}
+    for i in range(spec.num_layers):
+        p, q = f"layers.{i}.", f"layers.{i}."
+        for ours, theirs in (("norm1", "self_attn_layer_norm"), ("norm2", "final_layer_norm")):
+            w[q + ours + ".weight"] = sd.get(p + theirs + ".weight", ones)  # (no elementwise affine: 1 and 0)
+            w[q + ours + ".bias"] = sd.get(p + theirs + ".bias", zeros)
+        attn = p + "self_attn."
+        w[q + "qkv.weight"] = np.concatenate([sd[attn + f"{n}_proj.weight"] for n in "qkv"], axis=0).T.copy()
+        if spec.qkv_bias:
+            w[q + "qkv.bias"] = np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"])
+        for ours, theirs in (("o", attn + "out_proj"), ("fc", p + "fc1"), ("proj", p + "fc2")):
+            w[q + ours + ".weight"] = sd[theirs + ".weight"].T.copy()
+            if theirs + ".bias" in sd:
+                w[q + ours + ".bias"] = sd[theirs + ".bias"]
+    return Checkpoint(spec, w)
+
+
+_LEARNED: dict[str, Callable[[Any, dict[str, np.ndarray]], Checkpoint]] = {
+    "gpt2": _gpt2, "gpt_bigcode": _gpt_bigcode, "opt": _opt}
+
+
 def _activation(name: str) -> str:
-    if name == "silu":
-        return "silu"
+    if name in ("silu", "relu"):
+        return name
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         return "gelu_tanh"
     if name == "gelu":
         return "gelu"
-    raise UnsupportedModelError(f"activation {name!r} is not supported; supported: silu, gelu, gelu_new, "
+    raise UnsupportedModelError(f"activation {name!r} is not supported; supported: silu, relu, gelu, gelu_new, "
                                 "gelu_pytorch_tanh")

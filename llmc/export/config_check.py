@@ -19,7 +19,8 @@ _NAMES = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "hidden
 
 def check_config(config: dict[str, Any], where: str) -> None:
     """Raise `InputError` for the first impossible dimension of `config` (from file `where`)."""
-    names = _GPT2_NAMES if config.get("model_type") == "gpt2" else _NAMES
+    gpt2_names = config.get("model_type") in ("gpt2", "gpt_bigcode")
+    names = _GPT2_NAMES if gpt2_names else _NAMES
     dims = {k: _positive(config, name, where) for k, name in names.items()}
     vocab = _positive(config, "vocab_size", where)
     heads, hidden = dims["heads"], dims["hidden"]
@@ -35,7 +36,7 @@ def check_config(config: dict[str, Any], where: str) -> None:
         head_dim = hidden // heads
     else:
         head_dim = _positive(config, "head_dim", where)
-    inner_name = "n_inner" if config.get("model_type") == "gpt2" else "intermediate_size"
+    inner_name = "n_inner" if gpt2_names else "ffn_dim" if config.get("model_type") == "opt" else "intermediate_size"
     inner = config.get(inner_name)
     if inner is None:
         inner = 4 * hidden

@@ -157,3 +157,23 @@ def _assert_logits_are_transformers(tmp_path: Path, seed: int) -> None:
         ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
     ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]
     assert float(np.abs(ours - ref).max()) <= 1e-4
+
+
+def test_gpt_bigcode_with_a_kv_head_per_head_and_unscaled_scores(tmp_path: Path) -> None:
+    """The tiny gpt_bigcode of the parity tests has one KV head; here every head has its own (q/k/v rows interleaved
+    per head, as GPT-NeoX's) and the scores are not scaled (`scale_attn_weights` false)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
+        vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=256, multi_query=False, scale_attn_weights=False,
+        bos_token_id=1, eos_token_id=2))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    model.save_pretrained(str(tmp_path / "hf"))
+    make_tokenizer(tmp_path / "hf", 320)
+    manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    assert (manifest.model.num_kv_heads, manifest.model.attention_scale) == (4, 1.0)
+    assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
