@@ -66,7 +66,7 @@ class ModelSpec:
     max_positions: int
     norm: str  # "rms" | "layer"
     norm_eps: float
-    activation: str  # "silu" | "gelu" | "gelu_tanh" | "relu"
+    activation: str  # "silu" | "gelu" | "gelu_tanh" | "relu" | "relu2" (squared)
     positions: str  # "rope" | "learned"
     rope_theta: float = 10000.0
     rope_type: str = "default"

@@ -127,6 +127,21 @@ def _gpt_bigcode(tf: Any, common: dict[str, Any]) -> Any:  # StarCoder 1: GPT-2 
                                                         eos_token_id=2))
 
 
+def _nemotron(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm of 1 + w, squared ReLU, partial rotary
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    return tf.NemotronForCausalLM(tf.NemotronConfig(**common, head_dim=16, hidden_act="relu2", rope_parameters=rope))
+
+
+def _glm(tf: Any, common: dict[str, Any]) -> Any:  # rotary over interleaved pairs of half of each head, q/k/v bias
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    return tf.GlmForCausalLM(tf.GlmConfig(**common, head_dim=16, attention_bias=True, rope_parameters=rope))
+
+
+def _glm4(tf: Any, common: dict[str, Any]) -> Any:  # + norms after attention and MLP too
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    return tf.Glm4ForCausalLM(tf.Glm4Config(**common, head_dim=16, attention_bias=True, rope_parameters=rope))
+
+
 def _olmo(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm without weights, q/k/v clamped (tight: it bites)
     return tf.OlmoForCausalLM(tf.OlmoConfig(**common, clip_qkv=0.5))
 
@@ -143,9 +158,10 @@ def _starcoder2(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm with bias,
 
 
 TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi": _phi, "phi3": _phi3,
-                 "smollm3": _smollm3, "opt": _opt, "gpt_bigcode": _gpt_bigcode, "cohere": _cohere, "olmo": _olmo,
-                 "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
-                 "granite": _granite, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
+                 "smollm3": _smollm3, "opt": _opt, "gpt_bigcode": _gpt_bigcode, "cohere": _cohere,
+                 "nemotron": _nemotron, "glm": _glm, "glm4": _glm4, "olmo": _olmo, "stablelm": _stablelm,
+                 "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2, "granite": _granite,
+                 "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -20,7 +20,8 @@ from llmc.manifest import ModelSpec
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2",
-    "phi3": "Phi-3, Phi-4-mini", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo",
+    "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414", "nemotron": "Nemotron, Minitron",
+    "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo",
     "olmo2": "OLMo 2", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2",
     "granite": "Granite", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
     "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
@@ -62,7 +63,8 @@ def _refuse(option: str, value: Any, why: str = "llmc does not implement it") ->
 
 
 def _common_checks(config: Any, sd: dict[str, np.ndarray]) -> None:
-    if _get(config, "mlp_bias", False) or "model.layers.0.mlp.gate_proj.bias" in sd:
+    gated = "model.layers.0.mlp.gate_proj.weight" in sd or "model.layers.0.mlp.gate_up_proj.weight" in sd
+    if gated and (_get(config, "mlp_bias", False) or "model.layers.0.mlp.gate_proj.bias" in sd):
         _refuse("mlp_bias", True, "a gated MLP's biases are not implemented")
     if _get(config, "use_bidirectional_attention", False):
         _refuse("use_bidirectional_attention", True, "llmc builds causal decoders")
@@ -76,6 +78,10 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         sd = _gpt_neox_names(config, sd)
     elif mt == "olmo":
         sd = _norm_params(config, sd)
+    elif mt == "nemotron":
+        sd = _renamed(sd, (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj.")))
+    elif mt in ("glm", "glm4"):
+        sd = _glm_names(config, sd)
     elif mt == "cohere":
         sd = _interleaved_to_halves(config, _norm_params(config, sd))
     _common_checks(config, sd)
@@ -93,7 +99,7 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         positions="rope", qkv_bias=_qkv_bias(sd), tie_embeddings=tied, **rope, **_windows(model, config))
     fields.update(_QUIRKS.get(mt, lambda c: {})(config))
     spec = ModelSpec(**fields)
-    w = _decoder_weights(spec, sd, fold_norm_offset=mt in GEMMA)
+    w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron"))
     w.update(rope_weights)
     return Checkpoint(spec, w)
 
@@ -220,6 +226,32 @@ def _renamed(sd: dict[str, np.ndarray], names: tuple[tuple[str, str], ...]) -> d
     return out
 
 
+def _nemotron(config: Any) -> dict[str, Any]:  # LayerNorm of 1 + w, a plain squared-ReLU MLP, partial rotary
+    return {"norm": "layer", "norm_eps": float(config.norm_eps), "plain_mlp": True}
+
+
+def _glm(config: Any) -> dict[str, Any]:  # interleaved partial rotary (reordered at export); GLM-4-0414: sandwich norms
+    return {"norm_layout": "sandwich"} if config.model_type == "glm4" else {}
+
+
+# GLM-4-0414's norms under Gemma 2's names (the same four places), each renamed once
+_GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
+               "post_attention_layernorm": "pre_feedforward_layernorm",
+               "post_mlp_layernorm": "post_feedforward_layernorm"}
+
+
+def _glm_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in sd.items():
+        parts = k.split(".")
+        if config.model_type == "glm4" and len(parts) > 3 and parts[3] in _GLM4_NORMS:
+            parts[3] = _GLM4_NORMS[parts[3]]
+        out[".".join(parts)] = v
+    params = _get(config, "rope_parameters", None) or {}
+    rotated = float(params.get("partial_rotary_factor", _get(config, "partial_rotary_factor", 1.0)) or 1.0)
+    return _interleaved_to_halves(config, out, rotated)
+
+
 def _olmo(config: Any) -> dict[str, Any]:  # LayerNorm without weights (eps 1e-5), q/k/v clamped
     clip = _get(config, "clip_qkv", None)
     return {"norm": "layer", "norm_eps": 1e-5, **({"clip_qkv": float(clip)} if clip else {})}
@@ -242,10 +274,11 @@ def _cohere(config: Any) -> dict[str, Any]:  # LayerNorm without bias, attention
             "logits_scaling": 1.0 / float(config.logit_scale)}
 
 
-def _interleaved_to_halves(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Cohere rotates each head's pairs (2i, 2i + 1); llmc, as Llama, the halves (i, i + D/2) with the same
-    frequency i. q . k is the same under one permutation of both, so each head's q and k rows are reordered (even
-    dims, then odd) and its rotary becomes Llama's; v and o are untouched."""
+def _interleaved_to_halves(config: Any, sd: dict[str, np.ndarray], rotated: float = 1.0) -> dict[str, np.ndarray]:
+    """Cohere and GLM rotate each head's pairs (2i, 2i + 1); llmc, as Llama, the halves (i, i + R/2) with the same
+    frequency i (R: the rotated dims, the first `rotated` of each head). q . k is the same under one permutation of
+    both, so each head's q and k rows are reordered (its rotated dims even then odd, the rest as they are) and its
+    rotary becomes Llama's; v and o are untouched."""
     out = dict(sd)
     heads = int(config.num_attention_heads)
     kv_heads = int(_get(config, "num_key_value_heads", heads))
@@ -255,7 +288,8 @@ def _interleaved_to_halves(config: Any, sd: dict[str, np.ndarray]) -> dict[str, 
                 key = f"model.layers.{i}.self_attn.{name}.{kind}"
                 if key in out:
                     w = out[key].reshape(n, -1, *out[key].shape[1:])  # [heads, D, ...]
-                    order = np.concatenate([np.arange(0, w.shape[1], 2), np.arange(1, w.shape[1], 2)])
+                    r = int(w.shape[1] * rotated)
+                    order = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, w.shape[1])])
                     out[key] = np.ascontiguousarray(w[:, order].reshape(out[key].shape))
     return out
 
@@ -317,7 +351,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
-    "cohere": _cohere, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2,
+    "cohere": _cohere, "nemotron": _nemotron, "glm": _glm, "glm4": _glm, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2,
     "olmo2": _olmo2, "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 
@@ -511,11 +545,11 @@ _LEARNED: dict[str, Callable[[Any, dict[str, np.ndarray]], Checkpoint]] = {
 
 
 def _activation(name: str) -> str:
-    if name in ("silu", "relu"):
+    if name in ("silu", "relu", "relu2"):
         return name
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         return "gelu_tanh"
     if name == "gelu":
         return "gelu"
-    raise UnsupportedModelError(f"activation {name!r} is not supported; supported: silu, relu, gelu, gelu_new, "
+    raise UnsupportedModelError(f"activation {name!r} is not supported; supported: silu, relu, relu2, gelu, gelu_new, "
                                 "gelu_pytorch_tanh")

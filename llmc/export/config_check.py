@@ -67,7 +67,7 @@ def _is_positive_number(v: object) -> bool:
 def _check_values(config: dict[str, Any], where: str) -> None:
     """The values that make a model's numbers: norm epsilons, the rotary base and scaling, the window. A bad one
     makes transformers raise (a traceback naming no field) or, worse, compute NaN (an export of nothing)."""
-    for name in ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_epsilon", "rope_theta"):
+    for name in ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_epsilon", "norm_eps", "rope_theta"):
         value = config.get(name)
         if value is not None and not _is_positive_number(value):
             raise InputError(f"{where}: {name} must be a positive number, got {value!r}")

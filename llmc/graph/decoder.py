@@ -142,8 +142,9 @@ def _activation(c: Ctx, x: str) -> str:
     b = c.b
     if c.m.activation == "silu":
         return b.op("Mul", x, b.op("Sigmoid", x))
-    if c.m.activation == "relu":
-        return b.op("Relu", x)
+    if c.m.activation in ("relu", "relu2"):
+        y = b.op("Relu", x)
+        return b.op("Mul", y, y) if c.m.activation == "relu2" else y  # relu2: squared (Nemotron)
     if c.m.activation == "gelu":
         erf = b.op("Erf", b.op("Mul", x, b.scalar(1 / math.sqrt(2.0))))
         return b.op("Mul", b.op("Mul", x, b.scalar(0.5)), b.op("Add", erf, b.scalar(1.0)))

@@ -306,7 +306,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
     assert m.num_kv_heads == {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1}.get(tiny.name, 2)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
-                                      "gpt_neox", "gpt_bigcode", "opt"))
+                                      "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "gpt_neox": "two"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear"}.get(tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
@@ -321,7 +321,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                     else (0, 0))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else ())
     assert m.shared_expert_size == (64 if tiny.name == "qwen2_moe" else 0)
-    assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "olmo2": "post"}.get(tiny.name, "pre")
+    assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
+                             "olmo2": "post"}.get(tiny.name, "pre")
 
 
 def _external_refs(model_path: Path) -> dict[str, tuple[str, int, int]]:
