@@ -142,6 +142,27 @@ def _glm4(tf: Any, common: dict[str, Any]) -> Any:  # + norms after attention an
     return tf.Glm4ForCausalLM(tf.Glm4Config(**common, head_dim=16, attention_bias=True, rope_parameters=rope))
 
 
+def _helium(tf: Any, common: dict[str, Any]) -> Any:  # rotary over interleaved pairs, q/k/v bias
+    return tf.HeliumForCausalLM(tf.HeliumConfig(**common, head_dim=16, attention_bias=True))
+
+
+def _ernie4_5(tf: Any, common: dict[str, Any]) -> Any:  # rotary over interleaved pairs
+    return tf.Ernie4_5ForCausalLM(tf.Ernie4_5Config(**common, head_dim=16, use_bias=False))
+
+
+def _seed_oss(tf: Any, common: dict[str, Any]) -> Any:  # q/k/v and o biases
+    return tf.SeedOssForCausalLM(tf.SeedOssConfig(**common, head_dim=16, attention_bias=True, attention_out_bias=True))
+
+
+def _arcee(tf: Any, common: dict[str, Any]) -> Any:  # a plain squared-ReLU MLP
+    return tf.ArceeForCausalLM(tf.ArceeConfig(**common, hidden_act="relu2"))
+
+
+def _ministral(tf: Any, common: dict[str, Any]) -> Any:  # sliding and full layers by layer_types
+    return tf.MinistralForCausalLM(tf.MinistralConfig(**common, head_dim=16, sliding_window=8,
+                                                      layer_types=["sliding_attention", "full_attention"]))
+
+
 def _olmo(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm without weights, q/k/v clamped (tight: it bites)
     return tf.OlmoForCausalLM(tf.OlmoConfig(**common, clip_qkv=0.5))
 
@@ -159,9 +180,10 @@ def _starcoder2(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm with bias,
 
 TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi": _phi, "phi3": _phi3,
                  "smollm3": _smollm3, "opt": _opt, "gpt_bigcode": _gpt_bigcode, "cohere": _cohere,
-                 "nemotron": _nemotron, "glm": _glm, "glm4": _glm4, "olmo": _olmo, "stablelm": _stablelm,
-                 "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2, "granite": _granite,
-                 "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
+                 "nemotron": _nemotron, "glm": _glm, "glm4": _glm4, "helium": _helium, "ernie4_5": _ernie4_5,
+                 "seed_oss": _seed_oss, "arcee": _arcee, "ministral": _ministral, "olmo": _olmo,
+                 "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
+                 "granite": _granite, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -18,7 +18,8 @@ from llmc.graph.checkpoint import INV_FREQ, INV_FREQ_LOCAL, INV_FREQ_LONG, Check
 from llmc.manifest import ModelSpec
 
 SUPPORTED = {
-    "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+    "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+    "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "arcee": "Arcee AFM",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2",
     "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414", "nemotron": "Nemotron, Minitron",
     "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo",
@@ -78,8 +79,10 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         sd = _gpt_neox_names(config, sd)
     elif mt == "olmo":
         sd = _norm_params(config, sd)
-    elif mt == "nemotron":
+    elif mt in ("nemotron", "arcee"):  # a plain MLP: up, activation, down
         sd = _renamed(sd, (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj.")))
+    elif mt in ("helium", "ernie4_5"):  # rotary over interleaved pairs
+        sd = _interleaved_to_halves(config, sd)
     elif mt in ("glm", "glm4"):
         sd = _glm_names(config, sd)
     elif mt == "cohere":
@@ -230,6 +233,10 @@ def _nemotron(config: Any) -> dict[str, Any]:  # LayerNorm of 1 + w, a plain squ
     return {"norm": "layer", "norm_eps": float(config.norm_eps), "plain_mlp": True}
 
 
+def _arcee(config: Any) -> dict[str, Any]:  # a plain squared-ReLU MLP
+    return {"plain_mlp": True}
+
+
 def _glm(config: Any) -> dict[str, Any]:  # interleaved partial rotary (reordered at export); GLM-4-0414: sandwich norms
     return {"norm_layout": "sandwich"} if config.model_type == "glm4" else {}
 
@@ -351,7 +358,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
-    "cohere": _cohere, "nemotron": _nemotron, "glm": _glm, "glm4": _glm, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2,
+    "cohere": _cohere, "nemotron": _nemotron, "arcee": _arcee, "glm": _glm, "glm4": _glm, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2,
     "olmo2": _olmo2, "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 

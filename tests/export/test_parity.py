@@ -306,12 +306,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
     assert m.num_kv_heads == {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1}.get(tiny.name, 2)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
-                                      "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4"))
+                                      "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
+                                      "seed_oss"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "gpt_neox": "two"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear"}.get(tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
-    windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16}
+    windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
