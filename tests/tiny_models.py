@@ -163,6 +163,11 @@ def _ministral(tf: Any, common: dict[str, Any]) -> Any:  # sliding and full laye
                                                       layer_types=["sliding_attention", "full_attention"]))
 
 
+def _exaone4(tf: Any, common: dict[str, Any]) -> Any:  # post norms, qk-norm, a sliding layer, a global NoPE layer
+    return tf.Exaone4ForCausalLM(tf.Exaone4Config(**common, head_dim=16, sliding_window=8, sliding_window_pattern=2,
+                                                  layer_types=["sliding_attention", "full_attention"]))
+
+
 def _olmo(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm without weights, q/k/v clamped (tight: it bites)
     return tf.OlmoForCausalLM(tf.OlmoConfig(**common, clip_qkv=0.5))
 
@@ -178,10 +183,10 @@ def _starcoder2(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm with bias,
                                                         sliding_window=16, norm_epsilon=1e-5))
 
 
-TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi": _phi, "phi3": _phi3,
-                 "smollm3": _smollm3, "opt": _opt, "gpt_bigcode": _gpt_bigcode, "cohere": _cohere,
+TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi": _phi,
+                 "phi3": _phi3, "smollm3": _smollm3, "opt": _opt, "gpt_bigcode": _gpt_bigcode, "cohere": _cohere,
                  "nemotron": _nemotron, "glm": _glm, "glm4": _glm4, "helium": _helium, "ernie4_5": _ernie4_5,
-                 "seed_oss": _seed_oss, "arcee": _arcee, "ministral": _ministral, "olmo": _olmo,
+                 "seed_oss": _seed_oss, "arcee": _arcee, "ministral": _ministral, "exaone4": _exaone4, "olmo": _olmo,
                  "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
                  "granite": _granite, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
 

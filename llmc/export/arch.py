@@ -19,7 +19,7 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "arcee": "Arcee AFM",
+    "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "arcee": "Arcee AFM", "exaone4": "EXAONE 4.0",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2",
     "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414", "nemotron": "Nemotron, Minitron",
     "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo",
@@ -119,6 +119,8 @@ def _windows(model: Any, config: Any) -> dict[str, Any]:
     for layer in model.base_model.layers:
         attn = layer.self_attn if hasattr(layer, "self_attn") else layer.attention  # (GPT-NeoX: attention)
         w = attn.sliding_window if hasattr(attn, "sliding_window") else _get(config, "sliding_window", None)
+        if not getattr(attn, "is_sliding", True):  # a full layer that keeps the model's window (EXAONE 4)
+            w = 0
         per_layer.append(int(w) if w else 0)
     windows = {w for w in per_layer if w}
     if not windows:
@@ -231,6 +233,13 @@ def _renamed(sd: dict[str, np.ndarray], names: tuple[tuple[str, str], ...]) -> d
 
 def _nemotron(config: Any) -> dict[str, Any]:  # LayerNorm of 1 + w, a plain squared-ReLU MLP, partial rotary
     return {"norm": "layer", "norm_eps": float(config.norm_eps), "plain_mlp": True}
+
+
+def _exaone4(config: Any) -> dict[str, Any]:  # norms after attention and MLP only, qk-norm; global layers without RoPE
+    fields: dict[str, Any] = {"norm_layout": "post", "qk_norm": "head"}
+    if _get(config, "sliding_window", None):
+        fields["rope_layers"] = tuple(t == "sliding_attention" for t in config.layer_types)
+    return fields
 
 
 def _arcee(config: Any) -> dict[str, Any]:  # a plain squared-ReLU MLP
@@ -358,7 +367,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
-    "cohere": _cohere, "nemotron": _nemotron, "arcee": _arcee, "glm": _glm, "glm4": _glm, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2,
+    "cohere": _cohere, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4, "glm": _glm, "glm4": _glm, "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2,
     "olmo2": _olmo2, "granite": _granite, "mixtral": _moe, "qwen2_moe": _moe, "qwen3_moe": _moe,
 }
 

@@ -312,18 +312,20 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear"}.get(tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
-    windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8}
+    windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
+                "exaone4": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
-    assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmo2": "full"}.get(tiny.name, "")
+    assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
+                         "olmo2": "full"}.get(tiny.name, "")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in ("mixtral", "qwen2_moe", "qwen3_moe")
                                                     else (0, 0))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else ())
     assert m.shared_expert_size == (64 if tiny.name == "qwen2_moe" else 0)
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
-                             "olmo2": "post"}.get(tiny.name, "pre")
+                             "olmo2": "post", "exaone4": "post"}.get(tiny.name, "pre")
 
 
 def _external_refs(model_path: Path) -> dict[str, tuple[str, int, int]]:
