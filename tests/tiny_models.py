@@ -88,6 +88,12 @@ def _mixtral(tf: Any, common: dict[str, Any]) -> Any:  # 4 experts, 2 per token
                                                   sliding_window=None))
 
 
+def _granitemoe(tf: Any, common: dict[str, Any]) -> Any:  # Granite's multipliers on 4 experts, 2 per token
+    return tf.GraniteMoeForCausalLM(tf.GraniteMoeConfig(
+        **{**common, "intermediate_size": 32}, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0,
+        residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0))
+
+
 def _qwen3_moe(tf: Any, common: dict[str, Any]) -> Any:  # experts without renormalized weights; a dense layer
     return tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
                                                     moe_intermediate_size=32, norm_topk_prob=False,
@@ -188,7 +194,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "nemotron": _nemotron, "glm": _glm, "glm4": _glm4, "helium": _helium, "ernie4_5": _ernie4_5,
                  "seed_oss": _seed_oss, "arcee": _arcee, "ministral": _ministral, "exaone4": _exaone4, "olmo": _olmo,
                  "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
-                 "granite": _granite, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe}
+                 "granite": _granite, "granitemoe": _granitemoe, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
+                 "qwen3_moe": _qwen3_moe}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

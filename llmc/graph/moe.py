@@ -84,9 +84,9 @@ class MoESpec:
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:
-    """The MoE block of a transformers MixtralConfig, Qwen3MoeConfig or Qwen2MoeConfig (its shared expert is the
-    decoder's: ModelSpec.shared_expert_size)."""
-    if config.model_type == "mixtral":
+    """The MoE block of a transformers MixtralConfig, GraniteMoeConfig, Qwen3MoeConfig or Qwen2MoeConfig (its shared
+    expert is the decoder's: ModelSpec.shared_expert_size)."""
+    if config.model_type in ("mixtral", "granitemoe"):  # (Granite's softmax over the top k logits: the same weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
     if config.model_type in ("qwen3_moe", "qwen2_moe"):
@@ -97,7 +97,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
-    if config.model_type == "mixtral":
+    if config.model_type in ("mixtral", "granitemoe"):
         return True
     return (layer not in (getattr(config, "mlp_only_layers", None) or []) and config.num_experts > 0
             and (layer + 1) % config.decoder_sparse_step == 0)

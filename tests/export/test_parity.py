@@ -320,7 +320,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full"}.get(tiny.name, "")
-    assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in ("mixtral", "qwen2_moe", "qwen3_moe")
+    assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe")
                                                     else (0, 0))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else ())
     assert m.shared_expert_size == (64 if tiny.name == "qwen2_moe" else 0)
