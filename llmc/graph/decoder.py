@@ -84,7 +84,7 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
         delta = _block_output(c, linear(c, attend(i, qkv), f"{p}.o"), f"{p}.post_attn_norm")
         if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
             mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")
-            delta = c.b.op("Add", delta, _mlp(c, i, mlp_in))
+            delta = c.b.op("Add", delta, _block_output(c, _mlp(c, i, mlp_in), f"{p}.post_mlp_norm"))
         else:
             h, x = _residual(c, x, delta, f"{p}.norm2", fuse)
             delta = _block_output(c, _mlp(c, i, h), f"{p}.post_mlp_norm")
