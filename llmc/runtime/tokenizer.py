@@ -107,9 +107,7 @@ class Tokenizer:
         `{"type": "function", "function": {...}}` entries) are the template's to render."""
         if not messages:
             raise InputError("messages must not be empty", "messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or "role" not in m:
-                raise InputError(f"messages[{i}] must be an object with a 'role', got {m!r}", "messages")
+        messages = [chat_message(i, m) for i, m in enumerate(messages)]
         template = self._compiled_template()
         try:
             return template.render(
@@ -246,6 +244,32 @@ def _check_text(text: str) -> None:
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def chat_message(i: int, m: Any) -> dict[str, Any]:
+    """Message i as chat templates read it: a string role, and its content one string (OpenAI's text parts joined,
+    no content an empty string). A part the model cannot read (an image, audio, a file) is refused, never dropped:
+    the answer would ignore it."""
+    if not isinstance(m, dict) or "role" not in m:
+        raise InputError(f"messages[{i}] must be an object with a 'role', got {m!r:.80}", "messages")
+    if not isinstance(m["role"], str):
+        raise InputError(f"messages.{i}.role must be a string, got {m['role']!r:.40}", "messages")
+    content = m.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise InputError(f"messages.{i}.content.{j} is a content part of type {kind!r}: this model reads text "
+                                 "only (parts of type 'text')", "messages")
+            if not isinstance(part.get("text"), str):
+                raise InputError(f"messages.{i}.content.{j} is a text part without 'text'", "messages")
+        return {**m, "content": "".join(part["text"] for part in content)}
+    if content is None:
+        return {**m, "content": ""}
+    if not isinstance(content, str):
+        raise InputError(f"messages.{i}.content must be a string or a list of text parts, got {content!r:.40}",
+                         "messages")
+    return m
 
 
 def _raise_exception(message: str) -> None:

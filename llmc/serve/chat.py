@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from llmc.runtime.request import FinishReason, TokenLogprob
+from llmc.runtime.tokenizer import chat_message
 from llmc.runtime.tool_calls import ToolCall, ToolFormat, ToolStreamParser, parse_tool_calls
 from llmc.serve.context import Served
 from llmc.serve.errors import ApiError, request_id
@@ -79,19 +80,9 @@ def _check(served: Served, req: ChatCompletionRequest) -> int | None:
 
 
 def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates expect it: its text parts joined into one string. A part the model cannot
-    read (an image, audio, a file) is refused, never dropped: the answer would ignore it."""
-    d = m.model_dump(exclude_none=True)
-    if isinstance(m.content, list):
-        for j, part in enumerate(m.content):
-            if part.type != "text":
-                raise ApiError(400, f"messages.{i}.content.{j} is a content part of type {part.type!r}: this model "
-                                    "reads text only (parts of type 'text')", param="messages")
-            if part.text is None:
-                raise ApiError(400, f"messages.{i}.content.{j} is a text part without 'text'", param="messages")
-        d["content"] = "".join(p.text or "" for p in m.content)
-    d.setdefault("content", "")
-    return d
+    """A message as chat templates expect it (llmc.runtime.tokenizer.chat_message: text parts joined, a part the
+    model cannot read refused by name)."""
+    return chat_message(i, m.model_dump(exclude_none=True))
 
 
 def _prompt_ids(served: Served, req: ChatCompletionRequest, tools: ToolSetup | None,

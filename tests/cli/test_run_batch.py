@@ -96,6 +96,9 @@ GOOD = [
     {"prompt": [5, 6, 7, 8, 9], "max_tokens": 6, "ignore_eos": True},
     {"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0.8, "seed": 3, "top_k": 20},
     {"prompt": "tiny language model", "max_tokens": 1},
+    # OpenAI's content parts, and an assistant message without content (were the template's TypeError)
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "it?"}]},
+                  {"role": "assistant", "content": None}, {"role": "user", "content": "Go on"}], "max_tokens": 4},
 ]
 BAD = [
     ('{"prompt": "unterminated', "invalid JSON"),
@@ -112,6 +115,10 @@ BAD = [
     ('{"prompt": "x", "max_tokens": 1' + "0" * 5000 + "}", "invalid JSON: Exceeds the limit (4300 digits)"),
     ({"prompt": "x", "logit_bias": {"+5": 1}}, "logit_bias keys must be token ids (integers), got '+5'"),
     ({"prompt": "x", "constraint_param": "regex"}, "unknown field 'constraint_param'"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content must be a string or a list of text parts"),
+    ({"messages": [{"role": 5, "content": "hi"}]}, "messages.0.role must be a string, got 5"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content.0 is a content part of type 'image_url': this model reads text only"),
 ]
 
 
