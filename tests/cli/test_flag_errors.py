@@ -58,6 +58,8 @@ def test_bench_serve_without_a_server(closed_url: str) -> None:
 def test_bench_serve_against_a_server_that_lists_no_model(models: bytes) -> None:
     """GET /v1/models answered, but not with a model: was a JSONDecodeError / IndexError / KeyError traceback."""
 
+    requests: list[str] = []
+
     class Models(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             self.send_response(200)
@@ -65,8 +67,8 @@ def test_bench_serve_against_a_server_that_lists_no_model(models: bytes) -> None
             self.end_headers()
             self.wfile.write(models)
 
-        def log_message(self, *args: object) -> None:
-            pass
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
+            requests.append(format % args)  # kept for the asserts below instead of printed to stderr
 
     with ThreadingHTTPServer(("127.0.0.1", 0), Models) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -74,6 +76,8 @@ def test_bench_serve_against_a_server_that_lists_no_model(models: bytes) -> None
         for command in (["bench", "--serve", url], ["serve-bench", url]):
             _assert_user_error(_cli(*command, "--num-prompts", "1"), "/v1/models answered", "not an OpenAI list")
         server.shutdown()
+    # each command asked for the model list once, and sent no completion to a server that listed no model
+    assert [r.split('"')[1] for r in requests] == ["GET /v1/models HTTP/1.1"] * 2, requests
 
 
 @pytest.mark.parametrize(("flags", "words"), [
