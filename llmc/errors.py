@@ -33,3 +33,10 @@ class BackendUnavailableError(LlmcError):
 
 class EngineError(LlmcError):
     """An engine failed while running a request."""
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """An exception's (or any) text on one line, its whitespace runs as single spaces, cut at `limit` characters:
+    how a message from a library goes into one of llmc's."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."

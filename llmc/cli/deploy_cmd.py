@@ -72,17 +72,18 @@ def register(app: typer.Typer, wrap: Any) -> None:
             envvar="LLMC_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY' on /v1/*.")] = None,
     ) -> None:
         """An OpenAI-compatible Ray Serve app: one ingress, N engine replicas; serves until SIGTERM/Ctrl-C."""
-        from llmc.deploy.package import STEP_TOKENS, EngineFacts
+        from llmc.deploy.package import EngineFacts
         from llmc.deploy.ray_settings import RayAppConfig
         from llmc.errors import BackendUnavailableError, InputError
+        from llmc.runtime.config import SERVE_STEP_TOKENS
 
         EngineFacts.read(engine_dir)  # a readable manifest and every file it lists, before a cluster starts
         if not 0 <= port <= 65535:
             raise InputError(f"--port must be in [0, 65535], got {port}")
         if not host.strip():
             raise InputError("--host must not be empty (0.0.0.0: every address)")
-        if max_running > STEP_TOKENS:
-            raise InputError(f"--max-running must be <= {STEP_TOKENS} (the tokens per engine step of a replica), "
+        if max_running > SERVE_STEP_TOKENS:
+            raise InputError(f"--max-running must be <= {SERVE_STEP_TOKENS} (the tokens per engine step of a replica), "
                              f"got {max_running}")
         cpus = os.cpu_count() or 1
         if address is None and not os.environ.get("RAY_ADDRESS") and threads > cpus:  # Ray would wait forever

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from llmc.cli.common import ChatTemplate, KVBudgetMB, Threads
+from llmc.runtime.config import SERVE_STEP_TOKENS
 from llmc.runtime.tool_calls import ToolFormat
 from llmc.serve.logs import LogLevel
 
@@ -27,7 +28,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
         kv_block_size: Annotated[int, typer.Option(help="Tokens per KV block (paged engines).")] = 64,
         prefix_caching: Annotated[bool, typer.Option(help="Reuse the KV blocks of a prompt prefix computed "
                                                           "before (paged engines).")] = True,
-        max_step_tokens: Annotated[int, typer.Option(help="Tokens per engine step (prompt chunks + decode).")] = 512,
+        max_step_tokens: Annotated[int, typer.Option(
+            help="Tokens per engine step (prompt chunks + decode).")] = SERVE_STEP_TOKENS,
         kv_prefault: Annotated[bool, typer.Option(help="Map and zero the whole KV budget at start-up: the memory is "
                                                       "held from the start, and no page faults land in the first "
                                                       "requests' steps.")] = True,

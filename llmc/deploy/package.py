@@ -16,9 +16,9 @@ from pathlib import Path
 from llmc.errors import InputError
 from llmc.manifest import ENGINE_MANIFEST, load_engine
 from llmc.outdir import atomic_dir, check_out_dir
+from llmc.runtime.config import SERVE_STEP_TOKENS
 
 RUNTIME_OVERHEAD_MB = 512  # the Python process, ONNX Runtime's arenas, the tokenizer, activations
-STEP_TOKENS = 512  # tokens per engine step of what every target runs (`llmc serve`, model.py, a Ray replica)
 
 # a container image reference (Docker's grammar): [host[:port]/]path[:tag][@digest], the path in lowercase
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -59,8 +59,8 @@ class PackageConfig:
                                  ("--max-running", self.max_running, 1), ("--replicas", self.replicas, 1)):
             if value < low:
                 raise InputError(f"{flag} must be >= {low}, got {value}")
-        if self.max_running > STEP_TOKENS:  # the packaged server would refuse to start
-            raise InputError(f"--max-running must be <= {STEP_TOKENS} (the tokens per engine step of a packaged "
+        if self.max_running > SERVE_STEP_TOKENS:  # the packaged server would refuse to start
+            raise InputError(f"--max-running must be <= {SERVE_STEP_TOKENS} (the tokens per engine step of a packaged "
                              f"server), got {self.max_running}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise InputError(f"--max-replicas ({self.max_replicas}) must be >= --replicas ({self.replicas})")
@@ -105,7 +105,7 @@ class EngineFacts:
                              f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; rebuild it with "
                              "`llmc build`")
         size = sum(p.stat().st_size for p in engine_dir.rglob("*") if p.is_file())
-        return cls(_one_line(m.model_name), _one_line(m.backend), _one_line(m.precision), size)
+        return cls(_flat(m.model_name), _flat(m.backend), _flat(m.precision), size)
 
     def memory_mb(self, kv_budget_mb: int) -> int:
         """Resident memory of one serving process: the engine files (weights are read into memory), the KV
@@ -152,7 +152,7 @@ def dns_name(text: str) -> str:
     return out[:63].strip("-") or "llmc"
 
 
-def _one_line(text: str) -> str:
+def _flat(text: str) -> str:
     """A manifest's text as the written files' comments quote it: a line break in it would end the comment."""
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 

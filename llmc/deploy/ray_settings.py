@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, get_args, get_type_hints
 
 from llmc.errors import InputError
-from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.config import SERVE_STEP_TOKENS, RuntimeConfig
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RayAppConfig:
     max_running: int = 8
     max_queue: int = 16  # per replica: Ray routes at most max_running + max_queue requests to one replica
     kv_budget_mb: int = 512
-    max_step_tokens: int = 512
+    max_step_tokens: int = SERVE_STEP_TOKENS
     chat_template: str | None = None
     api_key: str | None = None
     max_queued_requests: int = 256  # requests waiting at the ingress for a free replica; past it: 429

@@ -19,12 +19,11 @@ import triton_python_backend_utils as pb_utils  # Triton's Python backend provid
 
 from llmc.errors import InputError, LlmcError
 from llmc.runtime.async_engine import AsyncEngine, AsyncEngineConfig
-from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.config import SERVE_STEP_TOKENS, RuntimeConfig
 from llmc.runtime.llm import LLM
 from llmc.runtime.request import SamplingParams
 
 _SAMPLING = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int}
-_STEP_TOKENS = 512
 _KINDS = {int: (np.integer, "an integer"), float: (np.integer | np.floating, "a number")}
 
 
@@ -35,8 +34,8 @@ class TritonPythonModel:
         folder = Path(args["model_repository"]) / args["model_version"] / params.get("engine_dir", "engine")
         runtime = RuntimeConfig(threads=_int_param(params, "threads", 0, 0),
                                 kv_budget_mb=_int_param(params, "kv_budget_mb", 1024, 1),
-                                max_running=_int_param(params, "max_running", 8, 1, _STEP_TOKENS),
-                                max_step_tokens=_STEP_TOKENS,
+                                max_running=_int_param(params, "max_running", 8, 1, SERVE_STEP_TOKENS),
+                                max_step_tokens=SERVE_STEP_TOKENS,
                                 kv_prefault=True)
         queue = AsyncEngineConfig(max_queue=_int_param(params, "max_queue", 64, 0))  # every parameter checked first
         self.llm = LLM(folder, runtime)

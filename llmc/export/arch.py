@@ -73,23 +73,7 @@ def _common_checks(config: Any, sd: dict[str, np.ndarray]) -> None:
 
 def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     mt = config.model_type
-    if mt == "phi":
-        sd = _renamed(sd, _PHI_NAMES)
-    elif mt == "gpt_neox":
-        sd = _gpt_neox_names(config, sd)
-    elif mt == "olmo":
-        sd = _norm_params(config, sd)
-    elif mt in ("nemotron", "arcee"):  # a plain MLP: up, activation, down
-        sd = _renamed(sd, (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj.")))
-    elif mt == "granitemoe":  # its mixture under Mixtral's names
-        sd = _renamed(sd, ((".block_sparse_moe.router.", ".mlp.gate."),
-                           (".block_sparse_moe.experts.", ".mlp.experts.")))
-    elif mt in ("helium", "ernie4_5"):  # rotary over interleaved pairs
-        sd = _interleaved_to_halves(config, sd)
-    elif mt in ("glm", "glm4"):
-        sd = _glm_names(config, sd)
-    elif mt == "cohere":
-        sd = _interleaved_to_halves(config, _norm_params(config, sd))
+    sd = _WEIGHT_NAMES.get(mt, lambda c, sd: sd)(config, sd)
     _common_checks(config, sd)
     layers = int(config.num_hidden_layers)
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
@@ -368,6 +352,17 @@ def _moe(config: Any) -> dict[str, Any]:
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
 
 
+# Per family: its weights under the names (and in the rotary layout) the others use, before anything reads them
+_PLAIN_MLP_NAMES = (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj."))  # up, activation, down
+_GRANITEMOE_NAMES = ((".block_sparse_moe.router.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."))
+_WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
+    "phi": lambda c, sd: _renamed(sd, _PHI_NAMES), "gpt_neox": _gpt_neox_names, "olmo": _norm_params,
+    "nemotron": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES), "arcee": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES),
+    "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
+    "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves, "glm": _glm_names, "glm4": _glm_names,
+    "cohere": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
+}
+
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
     "cohere": _cohere, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4, "glm": _glm, "glm4": _glm,
@@ -546,18 +541,18 @@ def _opt(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
          "norm.bias": sd.get("final_layer_norm.bias", zeros),
          **({} if tied else {"lm_head.weight": sd["lm_head.weight"]})}
     for i in range(spec.num_layers):
-        p, q = f"layers.{i}.", f"layers.{i}."
+        p = f"layers.{i}."  # (the same prefix in both namings, once "model.decoder." is off)
         for ours, theirs in (("norm1", "self_attn_layer_norm"), ("norm2", "final_layer_norm")):
-            w[q + ours + ".weight"] = sd.get(p + theirs + ".weight", ones)  # (no elementwise affine: 1 and 0)
-            w[q + ours + ".bias"] = sd.get(p + theirs + ".bias", zeros)
+            w[p + ours + ".weight"] = sd.get(p + theirs + ".weight", ones)  # (no elementwise affine: 1 and 0)
+            w[p + ours + ".bias"] = sd.get(p + theirs + ".bias", zeros)
         attn = p + "self_attn."
-        w[q + "qkv.weight"] = np.concatenate([sd[attn + f"{n}_proj.weight"] for n in "qkv"], axis=0).T.copy()
+        w[p + "qkv.weight"] = np.concatenate([sd[attn + f"{n}_proj.weight"] for n in "qkv"], axis=0).T.copy()
         if spec.qkv_bias:
-            w[q + "qkv.bias"] = np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"])
+            w[p + "qkv.bias"] = np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"])
         for ours, theirs in (("o", attn + "out_proj"), ("fc", p + "fc1"), ("proj", p + "fc2")):
-            w[q + ours + ".weight"] = sd[theirs + ".weight"].T.copy()
+            w[p + ours + ".weight"] = sd[theirs + ".weight"].T.copy()
             if theirs + ".bias" in sd:
-                w[q + ours + ".bias"] = sd[theirs + ".bias"]
+                w[p + ours + ".bias"] = sd[theirs + ".bias"]
     return Checkpoint(spec, w)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmc.errors import InputError, UnsupportedModelError
+from llmc.errors import InputError, UnsupportedModelError, one_line
 from llmc.export.arch import check_supported
 from llmc.export.config_check import check_config
 from llmc.manifest import sha256_file
@@ -194,13 +194,12 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
             AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
         except Exception as e:  # transformers' own validation of a field (a type, a missing rope key, ...)
             raise InputError(f"{folder / 'config.json'}: transformers refuses it ({type(e).__name__}: "
-                             f"{_one_line(e)})") from None
+                             f"{one_line(e)})") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), **tokenizer_kwargs)
     except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: JSON, tokenizers' or I/O errors
         where = src.path if src.kind == "gguf" else folder
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise InputError(f"the tokenizer of {where} cannot be loaded ({type(e).__name__}: {first})") from None
+        raise InputError(f"the tokenizer of {where} cannot be loaded ({type(e).__name__}: {one_line(e)})") from None
     where = src.path if src.kind == "gguf" else folder / "config.json"
     try:
         loaded: Any = AutoModelForCausalLM.from_pretrained(  # (with loading info: a (model, info) pair)
@@ -208,7 +207,7 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
             **({"attn_implementation": attention} if attention else {}))
     except Exception as e:  # a value transformers cannot build a model from (an unknown activation, ...)
         raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
-                         f"{_one_line(e)})") from None
+                         f"{one_line(e)})") from None
     model, info = loaded
     _check_weights_match(where, info, int(model.config.num_hidden_layers))
     model.eval()
@@ -238,10 +237,6 @@ def _check_weights_match(where: Path, info: dict[str, Any], num_layers: int) -> 
                              f"{names[0]} (is num_hidden_layers right?)")
     if unexpected:
         log.warning("%d weights the model has no place for are dropped, the first %s", len(unexpected), unexpected[0])
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(line.strip() for line in str(e).splitlines() if line.strip())[:300]
 
 
 def fetch_default() -> Path:

@@ -9,6 +9,10 @@ from dataclasses import dataclass, fields
 from llmc.engines.base import EngineOptions
 from llmc.errors import InputError
 
+# tokens per engine step of a server (`llmc serve`, and what `llmc package` / `llmc deploy ray` run): small prompt
+# chunks keep running streams' inter-token latency low; it also bounds the sequences a server runs together
+SERVE_STEP_TOKENS = 512
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:

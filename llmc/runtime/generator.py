@@ -117,13 +117,12 @@ class EngineLoop:
             raise InputError("prompt is empty: at least 1 token is needed", "prompt")
         if len(prompt_ids) > self.max_len:  # first: a huge prompt is refused without a pass over its ids
             raise LimitError(f"prompt has {len(prompt_ids)} tokens, the context holds {self.max_len}", "prompt")
-        bad = [t for t in prompt_ids if not (isinstance(t, int | np.integer) and 0 <= t < self.engine.vocab_size)
-               or isinstance(t, bool)]
-        if bad and (not isinstance(bad[0], int | np.integer) or isinstance(bad[0], bool)):
-            raise InputError(f"prompt token ids must be integers, got {bad[0]!r}", "prompt")
-        if bad:
-            raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.engine.vocab_size})",
-                             "prompt")
+        vocab = self.engine.vocab_size
+        for t in prompt_ids:  # the first id that is not one, or outside the vocabulary
+            if isinstance(t, bool) or not isinstance(t, int | np.integer):
+                raise InputError(f"prompt token ids must be integers, got {t!r}", "prompt")
+            if not 0 <= t < vocab:
+                raise InputError(f"prompt token id {t} is outside the vocabulary [0, {vocab})", "prompt")
         if len(prompt_ids) + params.max_tokens > self.max_len:
             raise LimitError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = "

@@ -31,6 +31,8 @@ class FinishReason(str, Enum):
     ERROR = "error"
 
 
+# A logit_bias key as clients write a token id (int() would also read " 5", "+5", "5_0" as 50, or "\u0665"); a
+# sign is left to SamplingParams.validate, which names the rule
 _TOKEN_ID = re.compile(r"-?[0-9]{1,18}")
 
 

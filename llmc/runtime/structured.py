@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from llmc.errors import InputError
+from llmc.errors import InputError, one_line
 
 # JSON as Python's json.dumps writes it (what models were trained on): no free whitespace, which a model could
 # otherwise repeat until max_tokens.
@@ -76,7 +76,7 @@ def _grammar_text(c: Constraint) -> str:
     try:
         return str(llguidance.grammar_from("grammar", c.text))  # Lark, or GBNF converted to Lark
     except ValueError as e:
-        raise InputError(f"{c.param} does not compile: {_one_line(str(e))}", c.param) from None
+        raise InputError(f"{c.param} does not compile: {one_line(str(e))}", c.param) from None
 
 
 class GrammarCompiler:
@@ -127,10 +127,10 @@ class GrammarCompiler:
         grammar = _grammar_text(c)
         error = llguidance.LLMatcher.validate_grammar(grammar, lltok)
         if error:
-            raise InputError(f"{c.param}: {_describe(c)} does not compile: {_one_line(error)}", c.param)
+            raise InputError(f"{c.param}: {_describe(c)} does not compile: {one_line(error)}", c.param)
         base = llguidance.LLMatcher(lltok, grammar, log_level=0)
         if base.is_error():
-            raise InputError(f"{c.param}: {_describe(c)} does not compile: {_one_line(base.get_error())}", c.param)
+            raise InputError(f"{c.param}: {_describe(c)} does not compile: {one_line(base.get_error())}", c.param)
         _first_step(base, c, self.vocab_size)
         with self._lock:
             self._cache[key] = base
@@ -155,7 +155,7 @@ def _first_step(base: Any, c: Constraint, vocab_size: int) -> None:
         if allowed.size:
             probe.consume_token(int(allowed[0]))
     if probe.is_error():
-        raise InputError(f"{c.param}: {_describe(c)} fails at its first token: {_one_line(probe.get_error())}",
+        raise InputError(f"{c.param}: {_describe(c)} fails at its first token: {one_line(probe.get_error())}",
                          c.param)
 
 
@@ -207,7 +207,7 @@ class GrammarState:
             self._future.result()
             self._future = None
         if not self._matcher.consume_token(int(token_id)):
-            raise self._fault(f"token {token_id}: {_one_line(self._matcher.get_error())}")
+            raise self._fault(f"token {token_id}: {one_line(self._matcher.get_error())}")
         self._done = bool(self._matcher.is_stopped())
         if not self._done:
             self._submit()
@@ -223,7 +223,7 @@ class GrammarState:
         t0 = time.thread_time()
         self._matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
         if self._matcher.is_error():
-            self._error = _one_line(self._matcher.get_error())
+            self._error = one_line(self._matcher.get_error())
         bits = np.unpackbits(self._bitmask.view(np.uint8), count=self._vocab, bitorder="little")  # [V] 0 / 1
         np.take(_ADDITIVE, bits, out=self._mask)
         self.compute_s += time.thread_time() - t0
@@ -243,6 +243,3 @@ def _describe(c: Constraint) -> str:
     return {"json_schema": "the JSON schema", "regex": "the regular expression"}.get(c.kind, "the grammar")
 
 
-def _one_line(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= 300 else text[:297] + "..."

@@ -13,7 +13,7 @@ import tokenizers
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from llmc.errors import InputError, LimitError
+from llmc.errors import InputError, LimitError, one_line
 
 NO_TEMPLATE_MSG = "model has no chat template; pass one with --chat-template FILE or use --raw"
 _LONG_TEXT = 16_384  # characters: above this, encode without holding the GIL
@@ -118,10 +118,10 @@ class Tokenizer:
                 **({"tools": tools} if tools else {}),
             )
         except jinja2.TemplateError as e:
-            raise InputError(f"chat template ({self.chat_template_source}) failed: {_one_line(e)}") from e
+            raise InputError(f"chat template ({self.chat_template_source}) failed: {one_line(e)}") from e
         except Exception as e:  # the template's own code raised (OverflowError, TypeError, ...): still its fault
             raise InputError(f"chat template ({self.chat_template_source}) raised while rendering: "
-                             f"{type(e).__name__}: {_one_line(e)}") from e
+                             f"{type(e).__name__}: {one_line(e)}") from e
 
     def decode_stream(self, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True) -> DecodeStream:
         return DecodeStream(self, prompt_ids=prompt_ids, skip_special_tokens=skip_special_tokens)
@@ -239,11 +239,6 @@ def _check_text(text: str) -> None:
         except UnicodeEncodeError as e:
             raise InputError(f"prompt holds a lone UTF-16 surrogate (U+{ord(text[e.start]):04X}) at character "
                              f"{e.start}, which is not text", "prompt") from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def chat_message(i: int, m: Any) -> dict[str, Any]:

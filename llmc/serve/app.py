@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from llmc import __version__
 from llmc.runtime.async_engine import AsyncEngine, AsyncEngineConfig
-from llmc.runtime.config import RuntimeConfig
+from llmc.runtime.config import SERVE_STEP_TOKENS, RuntimeConfig
 from llmc.runtime.llm import LLM
 from llmc.runtime.tool_calls import ToolFormat
 from llmc.serve import chat_page
@@ -35,7 +35,7 @@ class ServeConfig:
     model_name: str | None = None  # what clients pass as `model`; None: the engine folder's name
     host: str = "127.0.0.1"
     port: int = 8000
-    runtime: RuntimeConfig = RuntimeConfig(max_step_tokens=512, kv_prefault=True)
+    runtime: RuntimeConfig = RuntimeConfig(max_step_tokens=SERVE_STEP_TOKENS, kv_prefault=True)
     max_queue: int = 64  # sequences waiting beyond the running ones; past it: 429
     shutdown_timeout: float = 30.0  # SIGTERM: seconds to drain in-flight requests
     retry_after_s: float = 1.0

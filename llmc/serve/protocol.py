@@ -116,8 +116,6 @@ class SamplingFields(_Request):
             ignore_eos=self.ignore_eos, logprobs=logprobs, n=self.n)
 
 
-# A logit_bias key as clients write a token id (int() would also read " 5", "+5", "5_0" as 50, or "\u0665"); a
-# sign is left to SamplingParams.validate, which names the rule
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for the legacy endpoint
