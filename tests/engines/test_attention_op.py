@@ -32,9 +32,10 @@ CACHES = {"fp32": (TensorProto.FLOAT, "CachedAttention"), "fp16": (TensorProto.F
 
 
 def _graph(path: Path, H: int, Hkv: int, cache: str, rope: bool, op: str = "", new_tokens: bool = False,
-           **attrs: Any) -> Path:
+           sinks: bool = False, **attrs: Any) -> Path:
     """A one-node graph of the cache's op (or `op`: com.microsoft.GroupQueryAttention), extra attributes `attrs`;
-    `new_tokens`: the op's 9th input (each row's count of new tokens) is fed."""
+    `new_tokens`: the op's 9th input (each row's count of new tokens) is fed; `sinks`: its 10th (GroupQueryAttention's
+    12th, head_sink)."""
     kv_type, llmc_op = CACHES[cache]
     gqa = op == "GroupQueryAttention"
     inputs = [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["B", "S", "W"]),
@@ -53,6 +54,9 @@ def _graph(path: Path, H: int, Hkv: int, cache: str, rope: bool, op: str = "", n
         names += [""] * (8 - len(names)) + ["new_tokens"]  # no block table (input 7): the slot layout
     if gqa:  # query packed with key and value: its key and value inputs are left out; the rotary is its own
         names, attrs = [*names[:1], "", "", *names[1:]], {**attrs, "do_rotary": int(rope)}
+    if sinks:
+        inputs.append(helper.make_tensor_value_info("sinks", TensorProto.FLOAT, ["heads"]))
+        names += [""] * ((11 if gqa else 9) - len(names)) + ["sinks"]
     domain = "com.microsoft" if gqa else "ai.llmc"
     node = helper.make_node(op or llmc_op, names, [o.name for o in outputs], domain=domain, num_heads=H,
                             kv_num_heads=Hkv, scale=0.3, **attrs)
@@ -84,7 +88,7 @@ def _rotate(x: np.ndarray, pos: np.ndarray, cos: np.ndarray | None, sin: np.ndar
 
 def _reference(qkv: np.ndarray, k: np.ndarray, v: np.ndarray, past: list[int], new: list[int], H: int, Hkv: int,
                cos: np.ndarray | None, sin: np.ndarray | None, window: int = 0,
-               softcap: float = 0.0) -> tuple[np.ndarray, ...]:
+               softcap: float = 0.0, sinks: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """Each row's valid tokens, rotated here, through the project's attention reference (the TensorRT plugin's:
     writes at positions, causal over the written cache); padded query rows give zeros and write nothing."""
     B, S, _ = qkv.shape
@@ -95,7 +99,7 @@ def _reference(qkv: np.ndarray, k: np.ndarray, v: np.ndarray, past: list[int], n
         heads = qkv[b, :n].astype(np.float64).reshape(n, H + 2 * Hkv, D).transpose(1, 0, 2)  # [heads, n, D]
         q, k_new = _rotate(heads[:H], pos, cos, sin), _rotate(heads[H:H + Hkv], pos, cos, sin)
         attn, k[b:b + 1], v[b:b + 1] = attention_reference(q[None], k_new[None], heads[None, H + Hkv:], k[b:b + 1],
-                                                           v[b:b + 1], pos[None], 0.3, window, softcap)
+                                                           v[b:b + 1], pos[None], 0.3, window, softcap, sinks)
         out[b, :n] = attn[0].transpose(1, 0, 2).reshape(n, H * D)
     return out, k, v
 
@@ -146,6 +150,12 @@ CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row
     # as columns
     "prompt-d80-partial-group": (1, 36, 4, 2, 80, 40, [0], [36], True),
     "decode-d80-partial-group": (2, 1, 4, 2, 80, 300, [280, 9], [1, 1], False),
+    # sinks (GPT-OSS: one more logit a head's softmax takes, whose value is 0): decode rows split across the threads
+    # (the partial sums merged), a prompt's blocks under a window, rows of different counts on the tiles' path
+    "decode-split-rows-sinks": (3, 1, 6, 2, 64, 1100, [1099, 5, 600], [1, 1, 1], False, {"sinks": True}),
+    "prompt-d64-blocks-window-sinks": (2, 140, 6, 2, 64, 160, [0, 0], [140, 77], True, {"window": 50, "sinks": True}),
+    "chunks-mixed-counts-d64-tiles-sinks": (2, 36, 6, 2, 64, 120, [50, 0], [36, 20], False,
+                                            {"new_tokens": True, "sinks": True}),
 }
 
 
@@ -217,12 +227,14 @@ def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0,
              "total_sequence_length": np.array(S if first else max(p + n for p, n in zip(past, new)), np.int32)}
     if opts.get("new_tokens"):
         feeds["new_tokens"] = np.array(new, np.int32)
+    if opts.get("sinks"):  # around the scores' own size, so that neither term of the sum is negligible
+        feeds["sinks"] = (rng.standard_normal(H) * 2).astype(np.float32)
     if rope:
         freqs = np.outer(np.arange(L + 3), 1.0 / 10000 ** (np.arange(0, 2 * R, 2) / (2 * R)))
         feeds["cos"], feeds["sin"] = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
     expected = _reference(feeds["qkv"], _cache_values(feeds["past_key"], keys=True),
                           _cache_values(feeds["past_value"]), past, new, H, Hkv, feeds.get("cos"), feeds.get("sin"),
-                          opts.get("window", 0), opts.get("softcap", 0.0))
+                          opts.get("window", 0), opts.get("softcap", 0.0), feeds.get("sinks"))
     return feeds, expected
 
 
@@ -233,7 +245,8 @@ def _run_in_place(library: Path, tmp_path: Path, case: tuple, cache: str, rope: 
     import onnxruntime as ort
 
     session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], cache, rope,
-                                       new_tokens=bool(_options(case).get("new_tokens")), **_attrs(case), **attrs))
+                                       new_tokens=bool(_options(case).get("new_tokens")),
+                                       sinks=bool(_options(case).get("sinks")), **_attrs(case), **attrs))
     binding = session.io_binding()  # type: ignore[attr-defined]
     binding.bind_output("out")  # first: copy_outputs_to_cpu lists the outputs in the order they were bound
     for name_in, array in feeds.items():
@@ -482,14 +495,17 @@ def test_plain_run_copies_the_past_into_the_present(library: Path, tmp_path: Pat
 
 @pytest.mark.parametrize(("name", "rotary"), [("prompt-window-partial-rotary", 8),
                                               ("decode-window-split-rows-softcap", 16),
-                                              ("chunk-after-past-window-softcap", 8)])  # GQA: R a multiple of 8
+                                              ("chunk-after-past-window-softcap", 8),  # GQA: R a multiple of 8
+                                              ("decode-split-rows-sinks", 32),  # sinks: GQA's head_sink
+                                              ("prompt-d64-blocks-window-sinks", 32)])
 def test_window_softcap_and_partial_rotary_match_group_query_attention(library: Path, tmp_path: Path, name: str,
                                                                        rotary: int) -> None:
     case = CASES[name]
     (B, _, H, Hkv), (past, new) = case[:4], case[6:8]
     feeds, (out, k, v) = _inputs(case, "fp32", True, seed=2, rotary=rotary)
-    sessions = [_session(library, _graph(tmp_path / f"{op}.onnx", H, Hkv, "fp32", True, op, **_attrs(case)))
-                for op in ("GroupQueryAttention", "")]
+    sinks = bool(_options(case).get("sinks"))
+    sessions = [_session(library, _graph(tmp_path / f"{op}.onnx", H, Hkv, "fp32", True, op, sinks=sinks,
+                                         **_attrs(case))) for op in ("GroupQueryAttention", "")]
     results = [session.run(None, feeds) for session in sessions]  # type: ignore[attr-defined]
     for b in range(B):  # the valid query rows, and the cache up to each row's last position
         n, end = new[b], past[b] + new[b]
@@ -515,6 +531,15 @@ def test_a_bad_window_softcap_or_rotary_width_is_refused_naming_it(library: Path
         session.run(None, feeds)  # type: ignore[attr-defined]
 
 
+def test_sinks_of_another_head_count_are_refused_naming_it(library: Path, tmp_path: Path) -> None:
+    case = CASES["decode-split-rows-sinks"]  # H = 6
+    feeds, _ = _inputs(case, "fp32", True)
+    feeds["sinks"] = np.zeros(5, np.float32)
+    session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], "fp32", True, sinks=True))
+    with pytest.raises(Exception, match=r"sinks must be \[H\] with H = 6"):
+        session.run(None, feeds)  # type: ignore[attr-defined]
+
+
 def test_a_row_past_the_cache_is_refused_with_the_limit(library: Path, tmp_path: Path) -> None:
     case = CASES["chunk-after-past"]
     feeds, _ = _inputs(case, "fp32", True)
@@ -536,7 +561,7 @@ def test_an_engine_of_another_operator_version_is_refused_at_load(tiny_llama: Bu
     assert data["settings"]["llmc_ops"] == ops_version() and not list(engine.glob("*.so"))
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "0"}}))
     with pytest.raises(ManifestError, match=f"built with llmc's operators version 0; this installation has version "
-                                            f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11, 12, 13, 14\\): build the engine again"):
+                                            f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15\\): build the engine again"):
         load_engine_dir(engine)
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "5"}}))
     load_engine_dir(engine)  # versions 6 and 7 only added an optional input and an operator: version 5 runs

@@ -927,6 +927,12 @@ static void pack_task(void* data, size_t i) {
 #endif
 }
 
+/* A query head's sink (attention_kernel.h) in a softmax denominator whose terms are taken against m: exp(sink - m),
+ * or 0 without sinks. (A sink far above every score makes it inf, and the output the limit, 0.) */
+static inline float sink_term(const llmc_attention_args* a, int head, float m) {
+  return a->sinks ? expf(a->sinks[head] - m) : 0.f;
+}
+
 /* Unit u: (row b, block of qb query positions from i0, KV head h, key split sp). Blocks are visited in zigzag order
  * (0, last, 1, last - 1, ...) so a contiguous range of units carries short and long causal rows alike. Position i's
  * keys are [lo, keys): all its causal keys, or its window's; split sp takes split_len of them from lo on. A block's
@@ -988,7 +994,7 @@ static void run_unit(void* data, size_t u) {
       int v = ri * G + g, head = h * G + g;
       size_t cell = ((size_t)b * a->S + i0 + ri) * a->H + head;
       if (j->nsplit == 1) {
-        float inv = 1.f / l[v];
+        float inv = 1.f / (l[v] + sink_term(a, head, m[v]));
         for (int d = 0; d < D; d++) a->out[cell * D + d] = acc[v * D + d] * inv;
       } else {
         float* p = j->part + (cell * j->nsplit + sp) * (D + 2);
@@ -1017,7 +1023,7 @@ static void merge_splits(const job* j) {
           total += ps[1] * w;
           for (int d = 0; d < D; d++) o[d] += ps[2 + d] * w;
         }
-        float inv = 1.f / total;
+        float inv = 1.f / (total + sink_term(a, head, mx));
         for (int d = 0; d < D; d++) o[d] *= inv;
       }
 }

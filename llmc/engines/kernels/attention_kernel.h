@@ -16,6 +16,8 @@
  *         included: GroupQueryAttention's local_window_size, transformers' sliding_window), and reads no others;
  *         0: all keys up to p
  *   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2); 0: off
+ *   sinks [H] or NULL: query head h's softmax over its keys takes one more term, exp(sinks[h] - max), whose value
+ *         is 0 (GPT-OSS's attention sinks: weights that need not sum to 1)
  *   out   [B, S, H D] fp32; padded query rows get zeros.
  *   key_tiles (fp32 and fp16 caches): the keys of each 16 aligned positions 16i .. 16i + 15 of a KV head are held
  *         in their 16 rows' bytes as [D][16] (dim d of position 16i + r at element 16 d + r) instead of row by row;
@@ -56,6 +58,7 @@ typedef struct {
   int block_size, max_blocks, num_blocks;
   const int32_t* new_lens; /* NULL: S new tokens per row (or the first-prompt form); else row b's count, 1..S */
   int key_tiles;           /* 1: keys in groups of 16 positions [D][16] (see above); 0: rows */
+  const float* sinks;      /* NULL, or [H]: each query head's sink logit (see above) */
 } llmc_attention_args;
 
 #define LLMC_KEY_TILE 16 /* positions per group of a key_tiles cache */

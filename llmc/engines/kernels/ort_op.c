@@ -13,6 +13,8 @@
  * new_tokens [B] int32 (optional, after block_table): row b's new tokens in this run (1..S, right-padded to S) after
  * seqlens_k[b] + 1 - new_tokens[b] cached ones, so rows of different counts run together; without it, rows have S new
  * tokens each, or, when total_sequence_length == S, seqlens_k[b] + 1 of a first prompt.
+ * sinks [H] fp32 (optional, after new_tokens): each query head's sink logit (GPT-OSS), one more term of every
+ * softmax's denominator, exp(sink - max), whose value is 0.
  * Attributes: num_heads, kv_num_heads (int), scale (float); optional, as GroupQueryAttention's: local_window_size
  * (int, default -1 = none; W >= 1: the query at position p sees keys p - W < t <= p only, and the kernel reads no
  * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale); llmc's own:
@@ -168,7 +170,7 @@ typedef struct {
   int pool_threads; /* llmc's pool of this many threads, or 0: ONNX Runtime's (Pool below) */
 } Kernel;
 
-enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, IN_BLOCKS, IN_NEW, N_INPUTS };
+enum { IN_QKV, IN_PAST_K, IN_PAST_V, IN_SEQLENS, IN_TOTAL, IN_COS, IN_SIN, IN_BLOCKS, IN_NEW, IN_SINKS, N_INPUTS };
 enum { OUT_ATTN, OUT_PRESENT_K, OUT_PRESENT_V, N_OUTPUTS };
 
 static const char* op_name(const OrtCustomOp* op) { return ((const LlmcOp*)op)->name; }
@@ -184,7 +186,7 @@ static int op_output_type(const OrtCustomOp* op, size_t i) {
 }
 static int op_input_characteristic(const OrtCustomOp* op, size_t i) {
   (void)op;
-  return i == IN_COS || i == IN_SIN || i == IN_BLOCKS || i == IN_NEW ? IO_OPTIONAL : IO_REQUIRED;
+  return i == IN_COS || i == IN_SIN || i == IN_BLOCKS || i == IN_NEW || i == IN_SINKS ? IO_OPTIONAL : IO_REQUIRED;
 }
 static int op_output_characteristic(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
 static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; /* default */ }
@@ -337,6 +339,10 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
     snprintf(msg, sizeof msg, "CachedAttention: new_tokens must be [B] with B = %lld", (long long)B);
     return fail(api, ERR_INVALID_ARGUMENT, msg);
   }
+  if (rank[IN_SINKS] >= 0 && (rank[IN_SINKS] != 1 || dims[IN_SINKS][0] != H)) {
+    snprintf(msg, sizeof msg, "CachedAttention: sinks must be [H] with H = %d", H);
+    return fail(api, ERR_INVALID_ARGUMENT, msg);
+  }
   int64_t L = paged ? dims[IN_BLOCKS][1] * dims[IN_PAST_K][2] : dims[IN_PAST_K][2];
   if (memcmp(dims[IN_PAST_K], dims[IN_PAST_V], sizeof(dims[0])) || (!paged && dims[IN_PAST_K][0] != B) ||
       dims[IN_PAST_K][1] != Hkv || W != (H + 2 * Hkv) * D || dims[IN_SEQLENS][0] != B) {
@@ -387,7 +393,8 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .block_table = paged ? (const int32_t*)data[IN_BLOCKS] : NULL,
       .block_size = paged ? (int)dims[IN_PAST_K][2] : 0, .max_blocks = paged ? (int)dims[IN_BLOCKS][1] : 0,
       .num_blocks = paged ? (int)dims[IN_PAST_K][0] : 0,
-      .new_lens = rank[IN_NEW] >= 0 ? (const int32_t*)data[IN_NEW] : NULL, .key_tiles = (int)k->key_tiles};
+      .new_lens = rank[IN_NEW] >= 0 ? (const int32_t*)data[IN_NEW] : NULL, .key_tiles = (int)k->key_tiles,
+      .sinks = rank[IN_SINKS] >= 0 ? (const float*)data[IN_SINKS] : NULL};
   Pool pool = {api, ctx, NULL, k->pool_threads};
   const char* err = llmc_attention(&a, run_parallel, &pool);
   return outcome(&pool, "CachedAttention", err);

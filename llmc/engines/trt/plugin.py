@@ -38,9 +38,11 @@ NUM_STAGES = 2
 
 def attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, past_key: np.ndarray,
                         past_value: np.ndarray, position_ids: np.ndarray, scale: float, window: int = 0,
-                        softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        softcap: float = 0.0,
+                        sinks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(attn, present_key, present_value); present_* are updated copies of past_* (the op writes in place).
-    `window` W > 0: each query sees its last W positions only; `softcap` c > 0: scores become c * tanh(s / c)."""
+    `window` W > 0: each query sees its last W positions only; `softcap` c > 0: scores become c * tanh(s / c);
+    `sinks` [heads]: each head's softmax takes one more logit, whose value is 0 (GPT-OSS)."""
     batch, heads, seq, dim = q.shape
     kv_heads, max_seq = past_key.shape[1], past_key.shape[2]
     present_k, present_v = past_key.copy(), past_value.copy()
@@ -62,9 +64,12 @@ def attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, pas
     if window > 0:
         visible &= keys > position_ids[:, :, None] - window
     scores = np.where(visible[:, None, None], scores, -np.inf)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    top = scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores - top)
+    total = probs.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total = total + np.exp(sinks.reshape(1, kv_heads, heads // kv_heads, 1, 1) - top)
+    probs /= total
     out = np.einsum("bkgst,bktd->bkgsd", probs, v).reshape(batch, heads, seq, dim)
     return out.astype(q.dtype), present_k, present_v
 
