@@ -78,8 +78,8 @@ def register(app: typer.Typer, wrap: Any) -> None:
         from llmc.runtime.config import SERVE_STEP_TOKENS
 
         EngineFacts.read(engine_dir)  # a readable manifest and every file it lists, before a cluster starts
-        if not 0 <= port <= 65535:
-            raise InputError(f"--port must be in [0, 65535], got {port}")
+        if not 1 <= port <= 65535:  # (0, any free port, would leave the app's address unknown)
+            raise InputError(f"--port must be in [1, 65535], got {port}")
         if not host.strip():
             raise InputError("--host must not be empty (0.0.0.0: every address)")
         if max_running > SERVE_STEP_TOKENS:

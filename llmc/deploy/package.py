@@ -74,6 +74,10 @@ class PackageConfig:
         if self.image is not None and not (len(self.image) <= 255 and _IMAGE.fullmatch(self.image)):
             raise InputError(f"--image {self.image!r} is not a container image reference: "
                              "[registry[:port]/]lowercase/path[:tag][@digest]")
+        for flag, given, targets in _TARGET_OPTIONS:
+            if given(self) and self.target not in targets:
+                raise InputError(f"{flag} is for --target {' or '.join(t.value for t in targets)}; --target "
+                                 f"{self.target.value} does not use it")
 
     @property
     def served_name(self) -> str:
@@ -159,3 +163,13 @@ def _flat(text: str) -> str:
 
 def _dns_label(text: str) -> bool:
     return 0 < len(text) <= 63 and dns_name(text) == text
+
+
+# The options only some targets use, and how a config says it was given one: set for another target, they are
+# refused (they would be dropped without a word)
+_TARGET_OPTIONS: tuple[tuple[str, Callable[[PackageConfig], bool], tuple[Target, ...]], ...] = (
+    ("--image", lambda c: c.image is not None, (Target.docker, Target.kserve)),
+    ("--mount-engine", lambda c: c.mount_engine, (Target.docker,)),
+    ("--replicas", lambda c: c.replicas != 1, (Target.kserve, Target.ray)),
+    ("--max-replicas", lambda c: c.max_replicas is not None, (Target.kserve, Target.ray)),
+)

@@ -229,6 +229,19 @@ def test_bad_flags_are_one_line_errors(deploy_engine_dir: Path, tmp_path: Path, 
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(("target", "flags", "needle"), [
+    # were dropped without a word: the package did not do what the command line said
+    ("triton", ("--image", "reg/llmc:1"), "--image is for --target docker or kserve; --target triton does not use it"),
+    ("kserve", ("--mount-engine",), "--mount-engine is for --target docker; --target kserve does not use it"),
+    ("docker", ("--replicas", "3"), "--replicas is for --target kserve or ray; --target docker does not use it"),
+    ("triton", ("--max-replicas", "4"), "--max-replicas is for --target kserve or ray; --target triton does not"),
+])
+def test_options_of_other_targets_are_refused(deploy_engine_dir: Path, tmp_path: Path, target: str,
+                                              flags: tuple[str, ...], needle: str) -> None:
+    _error(_cli(deploy_engine_dir, "--target", target, "-o", tmp_path / "o", *flags), needle)
+    assert not (tmp_path / "o").exists()
+
+
 def test_bad_paths_are_one_line_errors(deploy_engine_dir: Path, tmp_path: Path) -> None:
     _error(_cli(tmp_path / "nope", "--target", "docker", "-o", tmp_path / "o"), "nope", "does not exist")
     (tmp_path / "notengine").mkdir()

@@ -57,7 +57,9 @@ def test_deploy_ray_bad_flags_are_one_line_errors(deploy_engine_dir: Path) -> No
     for flags, needle in ((["--replicas", "0"], "--replicas must be >= 1, got 0"),
                           (["--min-replicas", "3", "--max-replicas", "2"], "--max-replicas (2) must be >="),
                           (["--replicas", "5", "--max-replicas", "4"], "--replicas (5) must lie within"),
-                          (["--port", "70000"], "--port must be in [0, 65535], got 70000")):
+                          (["--port", "70000"], "--port must be in [1, 65535], got 70000"),
+                          # was accepted, and the app said it listened on :0
+                          (["--port", "0"], "--port must be in [1, 65535], got 0")):
         result = CliRunner().invoke(app, ["deploy", "ray", str(deploy_engine_dir), *flags])
         assert result.exit_code == 1, result.output
         assert result.stderr.strip().splitlines() == [f"error: {result.stderr.strip()[7:]}"]
