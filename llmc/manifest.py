@@ -101,8 +101,26 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalize the top-k routing weights to sum to 1 (Mixtral always does)
     moe_layers: tuple[bool, ...] = ()  # which layers are mixtures; empty: all of them (when num_experts > 0)
-    # a SwiGLU expert every token runs beside the routed ones, times sigmoid(h @ its gate) (Qwen2-MoE); 0: none
+    # a SwiGLU expert every token runs beside the routed ones, times sigmoid(h @ its gate) (Qwen2-MoE) or added as
+    # it is (shared_expert_gated False: GLM-4.5, DeepSeek-V3's shared experts as one MLP); 0: none
     shared_expert_size: int = 0
+    shared_expert_gated: bool = True
+    # routing: "softmax" (softmax over the experts, top k) or "sigmoid" (DeepSeek-V3 / GLM-4.5: sigmoid scores, the
+    # top k of scores + router.correction_bias within the moe_topk_groups best of moe_groups groups, the scores of
+    # those, times routed_scaling)
+    moe_routing: str = "softmax"
+    moe_groups: int = 1
+    moe_topk_groups: int = 1
+    routed_scaling: float = 1.0
+    # GPT-OSS's experts: "swiglu_oss" is (clamp(up, -L, L) + 1) * g * sigmoid(alpha g), g = min(gate, L), with
+    # L = swiglu_limit, alpha = swiglu_alpha; moe_bias: the router and every expert's products have biases
+    moe_activation: str = "silu"
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
+    moe_bias: bool = False
+    # one learned logit a query head joins each softmax with (its value 0): GPT-OSS's attention sinks,
+    # weights layers.{i}.attn.sinks [H]
+    attn_sinks: bool = False
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""

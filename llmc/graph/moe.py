@@ -1,9 +1,23 @@
-"""The mixture-of-experts MLP block (transformers' Mixtral, Qwen2-MoE and Qwen3-MoE) as ONNX, in four lowerings.
+"""The mixture-of-experts MLP block (transformers' Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS, GLM-4.5 and dots1) as
+ONNX, in four lowerings.
 
-Routing, as both families compute it: logits = h @ W_router (no bias; in the compute dtype), softmax over all
-experts in fp32, top-k, then (Mixtral always, Qwen3-MoE when `norm_topk_prob`) the k weights divided by their sum.
-Each selected expert is a SwiGLU MLP, down(silu(h @ gate) * (h @ up)), and the block's output is the
-routing-weighted sum of its k experts' outputs.
+Routing (MoESpec.routing), the [N, E] routing weights, one of:
+  "softmax"  (Mixtral, Qwen, GPT-OSS) logits = h @ W_router (+ b_router: GPT-OSS; in the compute dtype), softmax over
+             all experts in fp32, top-k, then (Mixtral and GPT-OSS always, Qwen3-MoE when `norm_topk_prob`) the k
+             weights divided by their sum (GPT-OSS's softmax over its top k logits: the same weights)
+  "sigmoid"  (DeepSeek-V3's, as GLM-4.5 and dots1 have it) all in fp32, even in an fp16 graph (transformers keeps
+             the router's weight and correction bias in fp32): scores = sigmoid(h @ W_router), the choice
+             scores + router.correction_bias; the experts split into num_groups equal groups, each scored by the sum
+             of its 2 best choices, and only the topk_groups best groups' experts compete: the top k of the choice
+             there. Each picked expert's weight is its score (not its choice), divided by the k scores' sum
+             (+ 1e-20) when `norm_topk_prob`, times routed_scaling.
+The shared experts of Qwen2-MoE, GLM-4.5 and dots1 are the decoder's (ModelSpec.shared_expert_size), not this block's.
+Each selected expert is a gated MLP,
+down(act(h @ gate (+ b), h @ up (+ b))) (+ b), and the block's output is the routing-weighted sum of its k experts'
+outputs. MoESpec.activation names act:
+  "silu"        silu(gate) * up (Mixtral, Qwen), no biases
+  "swiglu_oss"  GPT-OSS's, with alpha and limit L:  g = min(gate, L),  (clamp(up, -L, L) + 1) * g * sigmoid(alpha g),
+                and biases (MoESpec.bias) on the router and both expert products
 
 Lowerings (all exact: what transformers computes, up to fp32 rounding):
   "standard"  standard ONNX ops, one unrolled branch per expert with its own 2-D weights (from `moe_weights`):
@@ -19,17 +33,23 @@ Lowerings (all exact: what transformers computes, up to fp32 rounding):
               NonZero): every expert on every token, weighted by the [N, E] routing matrix (zero where unpicked).
   "ort"       ONNX Runtime's contrib op com.microsoft.MoE (its CPU kernel takes the router logits [N, E] and does
               the fp32 softmax, top-k and, with normalize_routing_weights=1, the renormalization itself, then runs
-              only the selected experts). fc1 holds gate/up interleaved, [E, 2I, hidden] (row 2c gate column c,
-              row 2c+1 up column c), fc2 the down weights [E, hidden, I] (both from `moe_weights`); `ORT_ATTRS`
-              make its SwiGLU exactly silu(gate) * up.
+              only the selected experts; "sigmoid" routing is computed before it, as for the others, and given to it
+              as log(w) (unpicked: a large negative) with no renormalization: its softmax makes that w / sum(w) over
+              the k picked experts, and its output is multiplied by each token's sum(w), exactly the weighted sum).
+              fc1 holds gate/up interleaved, [E, 2I, hidden] (row 2c gate column c, row 2c+1 up column c), fc2
+              the down weights [E, hidden, I] (both from `moe_weights`), with biases the interleaved fc1 bias
+              [E, 2I] and the canonical down bias; `ort_attrs` make its SwiGLU exactly the spec's activation.
 
 Canonical weights (numpy, [in, out] like every llmc MatMul weight), under the block's prefix:
   router.weight [hidden, E], experts.gate_up.weight [E, hidden, 2I] (gate columns first), experts.down.weight
-  [E, I, hidden]. `canonical_from_hf` maps a transformers 5.x state dict onto them.
+  [E, I, hidden]; when MoESpec.bias, also router.bias [E], experts.gate_up.bias [E, 2I] (gate first) and
+  experts.down.bias [E, hidden]; for "sigmoid" routing, router.correction_bias [E]. `canonical_from_hf` maps a
+  transformers 5.x state dict onto them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,18 +64,28 @@ from llmc.manifest import ModelSpec
 
 MS = "com.microsoft"
 LOWERINGS = ("standard", "loop", "dense", "ort")
+ACTIVATIONS = ("silu", "swiglu_oss")
+ROUTINGS = ("softmax", "sigmoid")
 
 ROUTER = "router.weight"  # [hidden, E]
 GATE_UP = "experts.gate_up.weight"  # [E, hidden, 2I]: columns [0, I) gate, [I, 2I) up
 DOWN = "experts.down.weight"  # [E, I, hidden]
+ROUTER_BIAS = "router.bias"  # [E] (MoESpec.bias)
+CORRECTION_BIAS = "router.correction_bias"  # [E] ("sigmoid" routing: added to the scores to choose, fp32)
+GATE_UP_BIAS = "experts.gate_up.bias"  # [E, 2I]: [0, I) gate, [I, 2I) up (MoESpec.bias)
+DOWN_BIAS = "experts.down.bias"  # [E, hidden] (MoESpec.bias; "ort"'s fc2 bias as it is)
 EXPERT_GATE_UP = "experts.{j}.gate_up.weight"  # "standard": expert j's [hidden, 2I]
 EXPERT_DOWN = "experts.{j}.down.weight"  # "standard": expert j's [I, hidden]
+EXPERT_GATE_UP_BIAS = "experts.{j}.gate_up.bias"  # "standard": expert j's [2I] (MoESpec.bias)
+EXPERT_DOWN_BIAS = "experts.{j}.down.bias"  # "standard": expert j's [hidden] (MoESpec.bias)
 ORT_FC1 = "experts.fc1.weight"  # "ort": [E, 2I, hidden], rows interleaved gate_0, up_0, gate_1, up_1, ...
 ORT_FC2 = "experts.fc2.weight"  # "ort": [E, hidden, I]
+ORT_FC1_BIAS = "experts.fc1.bias"  # "ort": [E, 2I], interleaved as fc1's rows (MoESpec.bias)
 
 # com.microsoft.MoE's SwiGLU is  min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + beta)
 # over interleaved (g, u) pairs; alpha 1, beta 0 and no limit (FLT_MAX: finite, so no inf in the model) make it
-# silu(g) * u. Set explicitly: GPT-OSS uses alpha 1.702, beta 1, limit 7, and defaults have moved between releases.
+# silu(g) * u ("silu"); GPT-OSS's alpha, beta 1 and its limit make it "swiglu_oss" (`ort_attrs`; checked against
+# transformers: the gate is clamped from above only, as GPT-OSS's). Set explicitly: defaults have moved between releases.
 ORT_ATTRS: dict[str, Any] = {
     "activation_type": "swiglu",
     "swiglu_fusion": 1,  # fused fc1, interleaved: the only SwiGLU form the CPU kernel runs
@@ -71,34 +101,86 @@ class MoESpec:
     num_experts: int
     experts_per_token: int
     intermediate_size: int  # per expert (Qwen3-MoE: config.moe_intermediate_size)
-    norm_topk_prob: bool = True  # Mixtral: always; Qwen3-MoE: config.norm_topk_prob
-    activation: str = "silu"
+    norm_topk_prob: bool = True  # Mixtral, GPT-OSS: always; Qwen3-MoE: config.norm_topk_prob
+    activation: str = "silu"  # one of ACTIVATIONS (the module's docstring)
+    alpha: float = 0.0  # "swiglu_oss": the sigmoid's slope (GPT-OSS: config.swiglu_alpha)
+    limit: float = 0.0  # "swiglu_oss": the clamp of gate and up (GPT-OSS: config.swiglu_limit)
+    bias: bool = False  # the router and both expert products add a bias (ROUTER_BIAS, GATE_UP_BIAS, DOWN_BIAS)
+    routing: str = "softmax"  # one of ROUTINGS (the module's docstring)
+    num_groups: int = 1  # "sigmoid": the expert groups (GLM-4.5: config.n_group)
+    topk_groups: int = 1  # "sigmoid": how many of the best groups' experts compete (config.topk_group)
+    routed_scaling: float = 1.0  # "sigmoid": the routing weights' factor (config.routed_scaling_factor)
 
     def __post_init__(self) -> None:
         if not 0 < self.experts_per_token <= self.num_experts:
             raise ValueError(f"experts_per_token must be in [1, {self.num_experts}], got {self.experts_per_token}")
         if self.intermediate_size <= 0:
             raise ValueError(f"intermediate_size must be positive, got {self.intermediate_size}")
-        if self.activation != "silu":
-            raise ValueError(f"only SwiGLU (silu) experts are supported, got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"MoE experts' activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.activation == "swiglu_oss":
+            for name, value in (("alpha", self.alpha), ("limit", self.limit)):
+                if not (math.isfinite(value) and value > 0):
+                    raise ValueError(f"swiglu_oss experts need a finite positive {name}, got {value!r}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"MoE routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.routing == "softmax":
+            if (self.num_groups, self.topk_groups, self.routed_scaling) != (1, 1, 1.0):
+                raise ValueError("num_groups, topk_groups and routed_scaling are sigmoid routing's; softmax routing "
+                                 f"needs 1, 1, 1.0, got {self.num_groups}, {self.topk_groups}, {self.routed_scaling!r}")
+            return
+        if self.num_groups <= 0 or self.num_experts % self.num_groups:
+            raise ValueError(f"num_groups must divide num_experts {self.num_experts}, got {self.num_groups}")
+        if self.num_experts // self.num_groups < 2:  # (a group's score is its 2 best choices': transformers' too)
+            raise ValueError(f"num_groups must leave at least 2 experts a group, got {self.num_groups} groups of "
+                             f"{self.num_experts} experts")
+        if not 1 <= self.topk_groups <= self.num_groups:
+            raise ValueError(f"topk_groups must be in [1, {self.num_groups}], got {self.topk_groups}")
+        if self.experts_per_token > self.topk_groups * (self.num_experts // self.num_groups):
+            raise ValueError(f"experts_per_token must be at most the {self.topk_groups} kept groups' "
+                             f"{self.topk_groups * (self.num_experts // self.num_groups)} experts, got "
+                             f"{self.experts_per_token}")
+        if not (math.isfinite(self.routed_scaling) and self.routed_scaling > 0):
+            raise ValueError(f"routed_scaling must be finite and positive, got {self.routed_scaling!r}")
+
+    def float32_arrays(self) -> tuple[str, ...]:
+        """The canonical router arrays (names under the block's prefix) transformers keeps in fp32 and an fp16
+        export should too ("sigmoid" routing); the graph casts them to fp32 whichever dtype they are stored in."""
+        if self.routing == "softmax":
+            return ()
+        return (ROUTER, CORRECTION_BIAS, *((ROUTER_BIAS,) if self.bias else ()))
+
+
+SIGMOID_ROUTED = ("glm4_moe", "dots1")  # the model types with "sigmoid" routing
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:
-    """The MoE block of a transformers MixtralConfig, GraniteMoeConfig, Qwen3MoeConfig or Qwen2MoeConfig (its shared
-    expert is the decoder's: ModelSpec.shared_expert_size)."""
+    """The MoE block of a transformers MixtralConfig, GraniteMoeConfig, Qwen3MoeConfig, Qwen2MoeConfig, GptOssConfig,
+    Glm4MoeConfig or Dots1Config (Qwen2-MoE's, GLM-4.5's and dots1's shared experts are the decoder's:
+    ModelSpec.shared_expert_size)."""
     if config.model_type in ("mixtral", "granitemoe"):  # (Granite's softmax over the top k logits: the same weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
     if config.model_type in ("qwen3_moe", "qwen2_moe"):
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
+    if config.model_type == "gpt_oss":  # (its softmax over the top k logits: the renormalized weights)
+        return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
+                       True, "swiglu_oss", float(config.swiglu_alpha), float(config.swiglu_limit), bias=True)
+    if config.model_type in SIGMOID_ROUTED:  # (dots1's router is GLM-4.5's, line for line)
+        return MoESpec(int(config.n_routed_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid",
+                       num_groups=int(config.n_group), topk_groups=int(config.topk_group),
+                       routed_scaling=float(config.routed_scaling_factor))
     raise ValueError(f"no MoE block for model_type {config.model_type!r}")
 
 
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
-    if config.model_type in ("mixtral", "granitemoe"):
+    if config.model_type in ("mixtral", "granitemoe", "gpt_oss"):
         return True
+    if config.model_type in SIGMOID_ROUTED:  # the first first_k_dense_replace layers are dense
+        return layer >= int(config.first_k_dense_replace)
     return (layer not in (getattr(config, "mlp_only_layers", None) or []) and config.num_experts > 0
             and (layer + 1) % config.decoder_sparse_step == 0)
 
@@ -106,39 +188,74 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
 def canonical_from_hf(sd: Mapping[str, np.ndarray], hf_prefix: str, prefix: str) -> dict[str, np.ndarray]:
     """Canonical arrays from a transformers 5.x state dict (in memory, after its loading conversions).
 
-    hf_prefix is the MoE module's, e.g. "model.layers.3.mlp." (both families): gate.weight [E, hidden],
-    experts.gate_up_proj [E, 2I, hidden] (rows [0, I) gate, [I, 2I) up), experts.down_proj [E, hidden, I].
+    hf_prefix is the MoE module's, e.g. "model.layers.3.mlp." (every family). Mixtral / Qwen / GLM-4.5 / dots1:
+    gate.weight [E, hidden], experts.gate_up_proj [E, 2I, hidden] (rows [0, I) gate, [I, 2I) up), experts.down_proj
+    [E, hidden, I], and GLM-4.5's / dots1's gate.e_score_correction_bias [E]. GPT-OSS (told by its router.weight):
+    router.weight [E, hidden], router.bias [E], experts.gate_up_proj [E, hidden, 2I] (columns interleaved gate_0,
+    up_0, gate_1, ...), gate_up_proj_bias [E, 2I] (the same), experts.down_proj [E, I, hidden], down_proj_bias
+    [E, hidden].
     """
+    p, e = hf_prefix, hf_prefix + "experts."
+    if p + "router.weight" not in sd:
+        correction = p + "gate.e_score_correction_bias"
+        return {
+            f"{prefix}.{ROUTER}": np.ascontiguousarray(sd[p + "gate.weight"].T),
+            **({f"{prefix}.{CORRECTION_BIAS}": np.ascontiguousarray(sd[correction])} if correction in sd else {}),
+            f"{prefix}.{GATE_UP}": np.ascontiguousarray(sd[e + "gate_up_proj"].transpose(0, 2, 1)),
+            f"{prefix}.{DOWN}": np.ascontiguousarray(sd[e + "down_proj"].transpose(0, 2, 1)),
+        }
     return {
-        f"{prefix}.{ROUTER}": np.ascontiguousarray(sd[hf_prefix + "gate.weight"].T),
-        f"{prefix}.{GATE_UP}": np.ascontiguousarray(sd[hf_prefix + "experts.gate_up_proj"].transpose(0, 2, 1)),
-        f"{prefix}.{DOWN}": np.ascontiguousarray(sd[hf_prefix + "experts.down_proj"].transpose(0, 2, 1)),
+        f"{prefix}.{ROUTER}": np.ascontiguousarray(sd[p + "router.weight"].T),
+        f"{prefix}.{ROUTER_BIAS}": np.ascontiguousarray(sd[p + "router.bias"]),
+        f"{prefix}.{GATE_UP}": _halves(sd[e + "gate_up_proj"]),
+        f"{prefix}.{GATE_UP_BIAS}": _halves(sd[e + "gate_up_proj_bias"]),
+        f"{prefix}.{DOWN}": np.ascontiguousarray(sd[e + "down_proj"]),
+        f"{prefix}.{DOWN_BIAS}": np.ascontiguousarray(sd[e + "down_proj_bias"]),
     }
+
+
+def _halves(a: np.ndarray) -> np.ndarray:
+    """Interleaved gate/up (last axis gate_0, up_0, gate_1, up_1, ...) as gate columns first, then up's."""
+    return np.ascontiguousarray(np.concatenate([a[..., 0::2], a[..., 1::2]], axis=-1))
+
+
+def _interleaved(a: np.ndarray) -> np.ndarray:
+    """Gate-first columns (last axis [0, I) gate, [I, 2I) up) interleaved: gate_0, up_0, gate_1, up_1, ..."""
+    inter = a.shape[-1] // 2
+    return np.stack([a[..., :inter], a[..., inter:]], axis=-1).reshape(a.shape)
 
 
 def moe_weights(weights: Mapping[str, np.ndarray], prefix: str, lowering: str) -> dict[str, np.ndarray]:
     """The arrays `lowering` needs beyond the canonical ones, named under `prefix` (same dtype as given).
 
-    Every lowering references the canonical router weight. "loop" and "dense" reference the two canonical expert
-    arrays too and need nothing more; "standard" references instead each expert's own 2-D gate_up and down
-    (EXPERT_GATE_UP / EXPERT_DOWN), "ort" the interleaved fc1 and the transposed fc2 (ORT_FC1 / ORT_FC2). The
-    graph's `weights_used` names what to store: a writer storing only those stores the experts once.
+    Every lowering references the canonical router weight (and bias). "loop" and "dense" reference the canonical
+    expert arrays too and need nothing more; "standard" references instead each expert's own 2-D gate_up and down
+    (EXPERT_GATE_UP / EXPERT_DOWN) and, where the canonical biases exist, its 1-D biases (EXPERT_GATE_UP_BIAS /
+    EXPERT_DOWN_BIAS), "ort" the interleaved fc1, the transposed fc2 (ORT_FC1 / ORT_FC2) and the interleaved fc1
+    bias (ORT_FC1_BIAS; fc2's is DOWN_BIAS). The graph's `weights_used` names what to store: a writer storing only
+    those stores the experts once.
     """
     _check_lowering(lowering)
+    biased = f"{prefix}.{GATE_UP_BIAS}" in weights
     if lowering == "standard":
-        gate_up, down = weights[f"{prefix}.{GATE_UP}"], weights[f"{prefix}.{DOWN}"]
-        return {**{f"{prefix}.{EXPERT_GATE_UP.format(j=j)}": np.ascontiguousarray(w) for j, w in enumerate(gate_up)},
-                **{f"{prefix}.{EXPERT_DOWN.format(j=j)}": np.ascontiguousarray(w) for j, w in enumerate(down)}}
+        per_expert = {EXPERT_GATE_UP: GATE_UP, EXPERT_DOWN: DOWN,
+                      **({EXPERT_GATE_UP_BIAS: GATE_UP_BIAS, EXPERT_DOWN_BIAS: DOWN_BIAS} if biased else {})}
+        return {f"{prefix}.{ours.format(j=j)}": np.ascontiguousarray(w)
+                for ours, stacked in per_expert.items() for j, w in enumerate(weights[f"{prefix}.{stacked}"])}
     if lowering != "ort":
         return {}
-    gate_up = weights[f"{prefix}.{GATE_UP}"]  # [E, hidden, 2I]
-    e, hidden, two_i = gate_up.shape
-    inter = two_i // 2
-    pairs = np.stack([gate_up[:, :, :inter], gate_up[:, :, inter:]], axis=-1).reshape(e, hidden, two_i)
     return {
-        f"{prefix}.{ORT_FC1}": np.ascontiguousarray(pairs.transpose(0, 2, 1)),
+        f"{prefix}.{ORT_FC1}": np.ascontiguousarray(_interleaved(weights[f"{prefix}.{GATE_UP}"]).transpose(0, 2, 1)),
         f"{prefix}.{ORT_FC2}": np.ascontiguousarray(weights[f"{prefix}.{DOWN}"].transpose(0, 2, 1)),
+        **({f"{prefix}.{ORT_FC1_BIAS}": _interleaved(weights[f"{prefix}.{GATE_UP_BIAS}"])} if biased else {}),
     }
+
+
+def ort_attrs(spec: MoESpec) -> dict[str, Any]:
+    """com.microsoft.MoE's SwiGLU attributes for the spec's activation (ORT_ATTRS: silu)."""
+    if spec.activation == "silu":
+        return ORT_ATTRS
+    return {**ORT_ATTRS, "activation_alpha": spec.alpha, "activation_beta": 1.0, "swiglu_limit": spec.limit}
 
 
 def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.ndarray], spec: MoESpec,
@@ -146,19 +263,26 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
     """The MoE MLP of h [B, S, hidden] (the graph's compute dtype); returns its output [B, S, hidden].
 
     `weights` holds the canonical arrays (only the router's shape is read); "standard" and "ort" reference the
-    arrays `moe_weights` makes for them. `mm` ("standard"): how to multiply by an expert's named weight.
+    arrays `moe_weights` makes for them. `mm` ("standard"): how to multiply by an expert's named weight (adding its
+    bias, "<name>.bias", when spec.bias).
     """
     _check_lowering(lowering)
     hidden, e = weights[f"{prefix}.{ROUTER}"].shape
     if e != spec.num_experts:
         raise ValueError(f"{prefix}.{ROUTER} has {e} experts, the spec {spec.num_experts}")
     x = b.op("Reshape", h, b.ints(-1, hidden))  # [N, hidden]
-    logits = b.op("MatMul", x, b.weight(f"{prefix}.{ROUTER}"))  # [N, E] in the compute dtype, as transformers
+    logits = _router_logits(b, x, prefix, spec)
     if lowering == "ort":
-        y = b.op("MoE", x, logits, b.weight(f"{prefix}.{ORT_FC1}"), "", b.weight(f"{prefix}.{ORT_FC2}"), domain=MS,
-                 k=spec.experts_per_token, normalize_routing_weights=int(spec.norm_topk_prob), **ORT_ATTRS)
+        fc1 = [b.weight(f"{prefix}.{ORT_FC1}"), b.weight(f"{prefix}.{ORT_FC1_BIAS}") if spec.bias else ""]
+        fc2 = [b.weight(f"{prefix}.{ORT_FC2}"), *([b.weight(f"{prefix}.{DOWN_BIAS}")] if spec.bias else [])]
+        softmax = spec.routing == "softmax"
+        router, total = (logits, "") if softmax else _ort_router(b, _routing_matrix(b, logits, prefix, spec))
+        y = b.op("MoE", x, router, *fc1, *fc2, domain=MS, k=spec.experts_per_token,
+                 normalize_routing_weights=int(softmax and spec.norm_topk_prob), **ort_attrs(spec))
+        if total:
+            y = b.op("Mul", y, total)
     else:
-        dense = _routing_matrix(b, logits, spec)  # [N, E]: the expert's weight where selected, else 0
+        dense = b.to_compute(_routing_matrix(b, logits, prefix, spec))  # [N, E]: picked experts' weights, else 0
         y = (_unrolled(b, x, dense, prefix, spec, mm) if lowering == "standard"
              else {"loop": _loop, "dense": _dense}[lowering](b, x, dense, prefix, spec))
     return b.op("Reshape", y, b.op("Shape", h))
@@ -169,42 +293,117 @@ def _check_lowering(lowering: str) -> None:
         raise ValueError(f"MoE lowering must be one of {LOWERINGS}, got {lowering!r}")
 
 
-def _routing_matrix(b: GraphBuilder, logits: str, spec: MoESpec) -> str:
-    """Softmax in fp32, top-k, renormalized if asked; scattered into a zero [N, E] matrix (compute dtype)."""
-    probs = b.op("Softmax", b.to_float32(logits), axis=-1)
-    top, idx = b.op_n("TopK", probs, b.ints(spec.experts_per_token), outputs=2, axis=-1, largest=1, sorted=1)
+def _router_logits(b: GraphBuilder, x: str, prefix: str, spec: MoESpec) -> str:
+    """x @ W_router (+ b_router) [N, E]: in the compute dtype for "softmax" routing (as transformers), in fp32 for
+    "sigmoid" (the router's arrays cast to fp32: a no-op where they are stored so, `MoESpec.float32_arrays`)."""
+    fp32 = b.to_float32 if spec.routing == "sigmoid" else (lambda t: t)
+    logits = b.op("MatMul", fp32(x), fp32(b.weight(f"{prefix}.{ROUTER}")))
+    if spec.bias:
+        logits = b.op("Add", logits, fp32(b.weight(f"{prefix}.{ROUTER_BIAS}")))
+    return logits
+
+
+def _f32(b: GraphBuilder, value: float) -> str:
+    return b.const(np.array(value, dtype=np.float32))
+
+
+def _filled(b: GraphBuilder, shape: str, value: float) -> str:
+    """An fp32 tensor of `shape` (a 1-D int64 tensor) filled with value."""
+    return b.op("ConstantOfShape", shape, value=helper.make_tensor("value", TensorProto.FLOAT, [1], [value]))
+
+
+def _routing_matrix(b: GraphBuilder, logits: str, prefix: str, spec: MoESpec) -> str:
+    """The spec's routing (the module's docstring) in fp32: the k picked experts' weights scattered into a zero
+    [N, E] matrix (fp32)."""
+    k = b.ints(spec.experts_per_token)
+    if spec.routing == "softmax":
+        top, idx = b.op_n("TopK", b.op("Softmax", b.to_float32(logits), axis=-1), k, outputs=2, axis=-1)
+    else:
+        scores = b.op("Sigmoid", logits)
+        choice = b.op("Add", scores, b.to_float32(b.weight(f"{prefix}.{CORRECTION_BIAS}")))
+        if spec.topk_groups < spec.num_groups:
+            choice = _in_best_groups(b, choice, spec)
+        idx = b.op_n("TopK", choice, k, outputs=2, axis=-1)[1]
+        top = b.op("GatherElements", scores, idx, axis=1)  # the scores, not the choices
     if spec.norm_topk_prob:
-        top = b.op("Div", top, b.op("ReduceSum", top, b.ints(-1), keepdims=1))
-    zero = helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
-    zeros = b.op("ConstantOfShape", b.op("Shape", probs), value=zero)
-    return b.to_compute(b.op("ScatterElements", zeros, idx, top, axis=1))
+        total = b.op("ReduceSum", top, b.ints(-1), keepdims=1)
+        if spec.routing == "sigmoid":  # (transformers' guard against a zero sum: softmax's cannot be)
+            total = b.op("Add", total, _f32(b, 1e-20))
+        top = b.op("Div", top, total)
+    if spec.routed_scaling != 1.0:
+        top = b.op("Mul", top, _f32(b, spec.routed_scaling))
+    return b.op("ScatterElements", _filled(b, b.op("Shape", logits), 0.0), idx, top, axis=1)
 
 
-MatMul = Callable[[str, str], str]  # (x, a weight's name without ".weight") -> x @ that weight
+def _in_best_groups(b: GraphBuilder, choice: str, spec: MoESpec) -> str:
+    """choice [N, E] (fp32) with the experts outside each token's topk_groups best groups (a group's score: the sum
+    of its 2 best choices) at the lowest float (transformers: -inf), so that no top k reaches them."""
+    grouped = b.op("Reshape", choice, b.ints(-1, spec.num_groups, spec.num_experts // spec.num_groups))  # [N, G, E/G]
+    best2 = b.op_n("TopK", grouped, b.ints(2), outputs=2, axis=-1)[0]
+    group_scores = b.op("ReduceSum", best2, b.ints(-1), keepdims=0)  # [N, G]
+    kept = b.op_n("TopK", group_scores, b.ints(spec.topk_groups), outputs=2, axis=-1)[1]  # [N, topk_groups]
+    mask = b.op("ScatterElements", _filled(b, b.op("Shape", group_scores), 0.0), kept,
+                _filled(b, b.op("Shape", kept), 1.0), axis=1)  # [N, G]: 1 where kept
+    keep = b.op("Cast", b.unsqueeze(mask, 2), to=TensorProto.BOOL)  # [N, G, 1]
+    lowest = _f32(b, float(np.finfo(np.float32).min))
+    return b.op("Reshape", b.op("Where", keep, grouped, lowest), b.op("Shape", choice))
 
 
-def _swiglu_expert(b: GraphBuilder, x: str, gate_up: str, down: str, inter: int, mm: MatMul | None = None) -> str:
-    """down(silu(gate) * up); `mm` multiplies by a named expert weight (a quantized one, in an engine), else
-    gate_up and down are tensors."""
-    def times(y: str, w: str) -> str:
-        return mm(y, w) if mm is not None else b.op("MatMul", y, w)
+def _ort_router(b: GraphBuilder, dense: str) -> tuple[str, str]:
+    """com.microsoft.MoE's router input for routing weights computed before it, dense [N, E] (fp32): log(w / max w)
+    where picked (relative to the largest: fine fp16 steps), else -1e4 (its softmax's exp underflows to exactly 0;
+    finite, so a token with no positive weight gets 0, not NaN). Without renormalization its softmax and top k give
+    w / sum(w) over the picked experts; returns that input and sum(w) [N, 1] to multiply its output by (both in
+    the compute dtype)."""
+    largest = b.reduce_max(dense, -1)
+    logs = b.op("Log", b.op("Div", dense, largest))
+    router = b.op("Where", b.op("Greater", dense, _f32(b, 0.0)), logs, _f32(b, -1e4))
+    return b.to_compute(router), b.to_compute(b.op("ReduceSum", dense, b.ints(-1), keepdims=1))
 
-    gate, up = b.split(times(x, gate_up), [inter, inter])
-    return times(b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up), down)
+
+MatMul = Callable[[str, str], str]  # (x, a weight's name without ".weight") -> x @ that weight (+ its bias)
+NO_BIAS = ("", "")
+
+
+def _activation(b: GraphBuilder, gate: str, up: str, spec: MoESpec) -> str:
+    """The spec's gated activation of an expert's gate and up halves (the module's docstring), in transformers'
+    order of operations."""
+    if spec.activation == "silu":
+        return b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)
+    limit = b.scalar(spec.limit)
+    g = b.op("Min", gate, limit)
+    u = b.op("Clip", up, b.scalar(-spec.limit), limit)
+    glu = b.op("Mul", g, b.op("Sigmoid", b.op("Mul", g, b.scalar(spec.alpha))))
+    return b.op("Mul", b.op("Add", u, b.scalar(1.0)), glu)
+
+
+def _expert(b: GraphBuilder, x: str, gate_up: str, down: str, spec: MoESpec, mm: MatMul | None = None,
+            biases: tuple[str, str] = NO_BIAS) -> str:
+    """down(act(x @ gate_up + its bias)) + down's bias; `mm` multiplies by a named expert weight and adds its bias
+    (a quantized one, in an engine), else gate_up and down are tensors and `biases` theirs ("": none)."""
+    def times(y: str, w: str, bias: str) -> str:
+        y = mm(y, w) if mm is not None else b.op("MatMul", y, w)
+        return b.op("Add", y, bias) if bias else y
+
+    inter = spec.intermediate_size
+    gate, up = b.split(times(x, gate_up, biases[0]), [inter, inter])
+    return times(_activation(b, gate, up, spec), down, biases[1])
 
 
 def _dense(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> str:
     """Every expert on every token: [N, hidden] @ [E, hidden, 2I] -> [E, N, 2I] ... -> [E, N, hidden], weighted."""
-    y = _swiglu_expert(b, x, b.weight(f"{prefix}.{GATE_UP}"), b.weight(f"{prefix}.{DOWN}"), spec.intermediate_size)
+    biases = ((b.unsqueeze(b.weight(f"{prefix}.{GATE_UP_BIAS}"), 1), b.unsqueeze(b.weight(f"{prefix}.{DOWN_BIAS}"), 1))
+              if spec.bias else NO_BIAS)  # [E, 1, 2I], [E, 1, hidden]
+    y = _expert(b, x, b.weight(f"{prefix}.{GATE_UP}"), b.weight(f"{prefix}.{DOWN}"), spec, biases=biases)
     w = b.unsqueeze(b.op("Transpose", dense, perm=[1, 0]), 2)  # [E, N, 1]
     return b.op("ReduceSum", b.op("Mul", y, w), b.ints(0), keepdims=0)
 
 
-def _add_expert(b: GraphBuilder, acc: str, x: str, rows: str, weight: str, gate_up: str, down: str,
-                inter: int, mm: MatMul | None = None) -> str:
+def _add_expert(b: GraphBuilder, acc: str, x: str, rows: str, weight: str, gate_up: str, down: str, spec: MoESpec,
+                mm: MatMul | None = None, biases: tuple[str, str] = NO_BIAS) -> str:
     """acc [N, hidden] plus the expert's weighted output on its tokens: rows [1, n] (NonZero's), weight [N]."""
     tokens = b.op("Squeeze", rows, b.ints(0))  # [n]
-    ye = _swiglu_expert(b, b.op("Gather", x, tokens, axis=0), gate_up, down, inter, mm)  # [n, hidden]
+    ye = _expert(b, b.op("Gather", x, tokens, axis=0), gate_up, down, spec, mm, biases)  # [n, hidden]
     we = b.unsqueeze(b.op("Gather", weight, tokens, axis=0), 1)  # [n, 1]
     # each token once per expert, so a plain ScatterND of (gathered + new) adds in place (no "add" reduction: ONNX
     # Runtime's CPU ScatterND has none for fp16), rounding as transformers' index_add_ does
@@ -228,9 +427,13 @@ def _unrolled(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec, m
         rows = b.op("NonZero", weight)  # [1, n]: the tokens that picked expert j (weight > 0)
         gate_up = f"{prefix}.{EXPERT_GATE_UP.format(j=j)}".removesuffix(".weight")
         down = f"{prefix}.{EXPERT_DOWN.format(j=j)}".removesuffix(".weight")
+        biases = NO_BIAS  # `mm` adds them
         if mm is None:
+            if spec.bias:
+                biases = (b.weight(f"{prefix}.{EXPERT_GATE_UP_BIAS.format(j=j)}"),
+                          b.weight(f"{prefix}.{EXPERT_DOWN_BIAS.format(j=j)}"))
             gate_up, down = b.weight(gate_up + ".weight"), b.weight(down + ".weight")
-        acc = _add_expert(b, acc, x, rows, weight, gate_up, down, spec.intermediate_size, mm)
+        acc = _add_expert(b, acc, x, rows, weight, gate_up, down, spec, mm, biases)
     return acc
 
 
@@ -245,10 +448,14 @@ def _loop(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> st
     outer, b.nodes = b.nodes, []
     it, cond, acc = f"{prefix}.moe_iter", f"{prefix}.moe_cond", f"{prefix}.moe_acc"
     expert = b.op("Gather", experts, it, axis=0)  # scalar
+
+    def picked(name: str) -> str:  # the expert's slice of a stacked array: a copy (ONNX has no views)
+        return b.op("Gather", b.weight(f"{prefix}.{name}"), expert, axis=0)
+
     weight = b.op("Gather", dense, expert, axis=1)  # [N]
-    gate_up = b.op("Gather", b.weight(f"{prefix}.{GATE_UP}"), expert, axis=0)  # a copy: ONNX has no views
-    down = b.op("Gather", b.weight(f"{prefix}.{DOWN}"), expert, axis=0)
-    acc_out = _add_expert(b, acc, x, b.op("NonZero", weight), weight, gate_up, down, spec.intermediate_size)
+    biases = (picked(GATE_UP_BIAS), picked(DOWN_BIAS)) if spec.bias else NO_BIAS
+    acc_out = _add_expert(b, acc, x, b.op("NonZero", weight), weight, picked(GATE_UP), picked(DOWN), spec,
+                          biases=biases)
     cond_out = b.op("Identity", cond)
     body_nodes, b.nodes = b.nodes, outer
 
@@ -261,7 +468,9 @@ def _loop(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> st
 
 
 def moe_spec(m: ModelSpec) -> MoESpec:
-    return MoESpec(m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.norm_topk_prob, m.activation)
+    return MoESpec(m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.norm_topk_prob, m.moe_activation,
+                   m.swiglu_alpha, m.swiglu_limit, m.moe_bias, m.moe_routing, m.moe_groups, m.moe_topk_groups,
+                   m.routed_scaling)
 
 
 def moe_mlp(c: Ctx, layer: int, h: str) -> str:
@@ -271,6 +480,15 @@ def moe_mlp(c: Ctx, layer: int, h: str) -> str:
         return linear(c, x, name)
 
     return moe_block(c.b, h, f"layers.{layer}", c.ckpt.weights, moe_spec(c.m), c.opts.moe, mm)
+
+
+def float32_weights(m: ModelSpec) -> frozenset[str]:
+    """The checkpoint names of every mixture layer's router arrays an fp16 export keeps in fp32 (as transformers
+    does: MoESpec.float32_arrays)."""
+    if not m.num_experts:
+        return frozenset()
+    arrays = moe_spec(m).float32_arrays()
+    return frozenset(f"layers.{i}.{a}" for i in range(m.num_layers) if m.is_moe(i) for a in arrays)
 
 
 def with_moe_weights(ckpt: Checkpoint, lowering: str) -> Checkpoint:

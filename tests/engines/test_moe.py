@@ -1,10 +1,12 @@
-"""The MoE MLP block (llmc.graph.moe) in its four lowerings against transformers' own Mixtral and Qwen3-MoE blocks
-and a float64 numpy reference, through ONNX Runtime: one-block graphs built with GraphBuilder, tiny configs (hidden
-32, 4 experts, top 2, expert width 24), prompts and one-token decode rows."""
+"""The MoE MLP block (llmc.graph.moe) in its four lowerings against transformers' own Mixtral, Qwen3-MoE, GPT-OSS,
+GLM-4.5 and dots1 blocks and a float64 numpy reference, through ONNX Runtime: one-block graphs built with
+GraphBuilder, tiny configs (hidden 32, 4 experts, top 2, expert width 24; GLM-4.5 / dots1: 8 experts in groups),
+prompts and one-token decode rows."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,36 +18,51 @@ from onnx import helper, numpy_helper
 
 from llmc.graph.builder import DTYPES, NP_DTYPES, GraphBuilder
 from llmc.graph.moe import (
+    CORRECTION_BIAS,
     DOWN,
+    DOWN_BIAS,
     EXPERT_DOWN,
+    EXPERT_DOWN_BIAS,
     EXPERT_GATE_UP,
+    EXPERT_GATE_UP_BIAS,
     GATE_UP,
+    GATE_UP_BIAS,
     LOWERINGS,
     MS,
     ORT_FC1,
+    ORT_FC1_BIAS,
     ORT_FC2,
     ROUTER,
+    ROUTER_BIAS,
     MoESpec,
     canonical_from_hf,
     is_sparse_layer,
     moe_block,
+    moe_spec,
     moe_weights,
     spec_from_hf_config,
 )
+from llmc.manifest import ModelSpec
 
 HIDDEN, EXPERTS, TOP_K, INTER = 32, 4, 2, 24
 SHAPES = [(1, 1), (3, 1), (1, 9), (2, 5)]  # [B, S]: decode rows and prompts
 PREFIX = "layers.0.mlp"
-FAMILIES = ("mixtral", "qwen3_norm", "qwen3_raw")
+FAMILIES = ("mixtral", "qwen3_norm", "qwen3_raw", "gpt_oss", "glm4_norm", "glm4_raw", "dots1")
+# sigmoid-routed families: (experts, top k, groups, groups kept, norm_topk_prob, routed_scaling_factor)
+SIGMOID = {"glm4_norm": (8, 2, 4, 2, True, 2.5), "glm4_raw": (8, 2, 4, 2, False, 1.8),
+           "dots1": (8, 3, 2, 1, True, 0.7)}
 
 
 def moe_session(weights: Mapping[str, np.ndarray], spec: MoESpec, lowering: str, hidden: int, opset: int = 17,
-                dtype: str = "float32", threads: int = 1) -> ort.InferenceSession:
-    """An ONNX Runtime session for one MoE block: input "h" [B, S, hidden], output "y"."""
+                dtype: str = "float32", threads: int = 1, keep: tuple[str, ...] = ()) -> ort.InferenceSession:
+    """An ONNX Runtime session for one MoE block: input "h" [B, S, hidden], output "y"; the arrays in `dtype`, those
+    named in `keep` (under the block's prefix) in fp32."""
     b = GraphBuilder(opset, dtype)
     b.output("Identity", [moe_block(b, "h", PREFIX, weights, spec, lowering)], "y")
     arrays = {**weights, **moe_weights(weights, PREFIX, lowering)}
-    inits = [numpy_helper.from_array(arrays[n].astype(NP_DTYPES[dtype]), n) for n in b.weights_used]
+    kept = {f"{PREFIX}.{name}" for name in keep}
+    inits = [numpy_helper.from_array(arrays[n].astype(np.float32 if n in kept else NP_DTYPES[dtype]), n)
+             for n in b.weights_used]
     io = [helper.make_tensor_value_info(n, DTYPES[dtype], ["B", "S", hidden]) for n in ("h", "y")]
     graph = helper.make_graph(b.nodes, "moe", io[:1], io[1:], initializer=list(b.constants.values()) + inits)
     opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(MS, 1)] if lowering == "ort" else [])
@@ -57,32 +74,125 @@ def moe_session(weights: Mapping[str, np.ndarray], spec: MoESpec, lowering: str,
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def reference(h: np.ndarray, weights: Mapping[str, np.ndarray], spec: MoESpec) -> np.ndarray:
-    """The block in float64, token by token, as transformers routes: softmax, top-k, optional renormalization."""
-    router, gate_up, down = (weights[f"{PREFIX}.{n}"].astype(np.float64) for n in (ROUTER, GATE_UP, DOWN))
+def float64(weights: Mapping[str, np.ndarray], spec: MoESpec) -> dict[str, np.ndarray]:
+    """The canonical arrays in float64, the biases zeros where the spec has none."""
+    router, down = weights[f"{PREFIX}.{ROUTER}"], weights[f"{PREFIX}.{DOWN}"]
+    zeros = {ROUTER_BIAS: router.shape[1:], GATE_UP_BIAS: (router.shape[1], 2 * spec.intermediate_size),
+             DOWN_BIAS: down.shape[::2], CORRECTION_BIAS: router.shape[1:]}
+    return {name: (weights[f"{PREFIX}.{name}"].astype(np.float64) if f"{PREFIX}.{name}" in weights
+                   else np.zeros(zeros[name])) for name in (ROUTER, GATE_UP, DOWN, *zeros)}
+
+
+def picks(logits: np.ndarray, correction: np.ndarray, spec: MoESpec) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 routing of logits [N, E] as transformers does it: each token's k picked experts [N, k] and their
+    weights [N, k]."""
+    k = spec.experts_per_token
+    if spec.routing == "softmax":
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        w = np.take_along_axis(probs, top, -1)
+        return top, w / (w.sum(-1, keepdims=True) if spec.norm_topk_prob else 1.0)
+    scores = 1 / (1 + np.exp(-logits))
+    choice = scores + correction
+    grouped = choice.reshape(len(choice), spec.num_groups, -1)
+    group_scores = np.sort(grouped, axis=-1)[..., -2:].sum(-1)  # [N, G]
+    best = np.argsort(-group_scores, axis=-1, kind="stable")[:, :spec.topk_groups]
+    kept = np.zeros(group_scores.shape, bool)
+    np.put_along_axis(kept, best, True, -1)
+    choice = np.where(kept[..., None], grouped, -np.inf).reshape(choice.shape)
+    top = np.argsort(-choice, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(scores, top, -1)
+    if spec.norm_topk_prob:
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    return top, w * spec.routed_scaling
+
+
+def routed(h: np.ndarray, weights: Mapping[str, np.ndarray],
+           spec: MoESpec) -> list[tuple[int, int, float, np.ndarray, np.ndarray]]:
+    """Float64, as transformers routes (`picks`): each (token, expert) picked, as (token, expert, its routing weight,
+    the expert's gate and up pre-activations)."""
+    w64 = float64(weights, spec)
     x = h.reshape(-1, h.shape[-1]).astype(np.float64)
-    logits = x @ router
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    out = np.zeros_like(x)
+    tops, ws = picks(x @ w64[ROUTER] + w64[ROUTER_BIAS], w64[CORRECTION_BIAS], spec)
+    out = []
     for t in range(x.shape[0]):
-        top = np.argsort(-probs[t], kind="stable")[:spec.experts_per_token]
-        w = probs[t, top] / (probs[t, top].sum() if spec.norm_topk_prob else 1.0)
-        for e, we in zip(top, w):
-            gate, up = np.split(x[t] @ gate_up[e], 2)
-            out[t] += we * ((gate / (1 + np.exp(-gate)) * up) @ down[e])
+        for e, we in zip(tops[t], ws[t]):
+            gate, up = np.split(x[t] @ w64[GATE_UP][e] + w64[GATE_UP_BIAS][e], 2)
+            out.append((t, int(e), float(we), gate, up))
+    return out
+
+
+def reference(h: np.ndarray, weights: Mapping[str, np.ndarray], spec: MoESpec) -> np.ndarray:
+    """The block in float64, token by token: `routed`, then each expert's activation and down (+ bias)."""
+    w64 = float64(weights, spec)
+    down, down_bias = w64[DOWN], w64[DOWN_BIAS]
+    out = np.zeros((int(np.prod(h.shape[:-1])), h.shape[-1]))
+    for t, e, we, gate, up in routed(h, weights, spec):
+        if spec.activation == "silu":
+            act = gate / (1 + np.exp(-gate)) * up
+        else:
+            g, u = np.minimum(gate, spec.limit), np.clip(up, -spec.limit, spec.limit)
+            act = (u + 1) * g / (1 + np.exp(-spec.alpha * g))
+        out[t] += we * (act @ down[e] + down_bias[e])
     return out.reshape(h.shape)
 
 
+def clamped(h: np.ndarray, weights: Mapping[str, np.ndarray], spec: MoESpec) -> tuple[int, int]:
+    """How many picked experts' gate values exceed the limit, and up values leave [-limit, limit]."""
+    pre = routed(h, weights, spec)
+    return (sum(int((gate > spec.limit).sum()) for *_, gate, _ in pre),
+            sum(int((np.abs(up) > spec.limit).sum()) for *_, up in pre))
+
+
+def run_block(block: torch.nn.Module, h: np.ndarray) -> np.ndarray:
+    """transformers' block on h (GPT-OSS's returns its router scores too)."""
+    with torch.no_grad():
+        out = block(torch.from_numpy(h))
+    return (out[0] if isinstance(out, tuple) else out).numpy()
+
+
+# GPT-OSS's random weights: large enough gate / up pre-activations that the clamps at its limit 7 bite
+GPT_OSS_SCALES = {"router.weight": 0.5, "router.bias": 0.5, "experts.gate_up_proj": 0.5,
+                  "experts.gate_up_proj_bias": 1.0, "experts.down_proj": 0.03, "experts.down_proj_bias": 0.2}
+
+
 def hf_block(family: str, seed: int = 0) -> tuple[torch.nn.Module, MoESpec]:
-    """transformers' sparse MoE block with random weights (the router's too: Qwen3-MoE initializes it to zeros)."""
-    if family == "mixtral":
+    """transformers' sparse MoE block with random weights (the router's too: Qwen3-MoE and GPT-OSS initialize it to
+    zeros), GPT-OSS's biases too; GLM-4.5's and dots1's with a random correction bias, their shared experts' down
+    projection zeros (they are the decoder's, not this block's: the block's output is then exactly its routed
+    experts')."""
+    scales = {"gate.weight": 0.5}
+    if family in SIGMOID:
+        from transformers import Dots1Config, Glm4MoeConfig
+        from transformers.models.dots1.modeling_dots1 import Dots1MoE
+        from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMoE
+
+        experts, k, groups, kept, norm, scaling = SIGMOID[family]
+        kind: Any = (Dots1Config, Dots1MoE) if family == "dots1" else (Glm4MoeConfig, Glm4MoeMoE)
+        config: Any = kind[0](hidden_size=HIDDEN, moe_intermediate_size=INTER, n_routed_experts=experts,
+                              num_experts_per_tok=k, n_group=groups, topk_group=kept, norm_topk_prob=norm,
+                              routed_scaling_factor=scaling, n_shared_experts=1)
+        block: torch.nn.Module = kind[1](config)
+        scales = {"gate.weight": 0.5, "shared_experts.down_proj.weight": 0.0}
+        correction = torch.randn(experts, generator=torch.Generator().manual_seed(seed + 100)) * 0.3
+        with torch.no_grad():  # (a buffer, not a parameter; about the scores' spread: `test_sigmoid_routing_picks`)
+            block.get_buffer("gate.e_score_correction_bias").copy_(correction)
+    elif family == "gpt_oss":
+        from transformers import GptOssConfig
+        from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+        config = GptOssConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_local_experts=EXPERTS,
+                              num_experts_per_tok=TOP_K)
+        block = GptOssMLP(config)
+        scales = GPT_OSS_SCALES
+    elif family == "mixtral":
         from transformers import MixtralConfig
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-        config: Any = MixtralConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_local_experts=EXPERTS,
-                                    num_experts_per_tok=TOP_K)
-        block: torch.nn.Module = MixtralSparseMoeBlock(config)
+        config = MixtralConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_local_experts=EXPERTS,
+                               num_experts_per_tok=TOP_K)
+        block = MixtralSparseMoeBlock(config)
     else:
         from transformers import Qwen3MoeConfig
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
@@ -93,8 +203,15 @@ def hf_block(family: str, seed: int = 0) -> tuple[torch.nn.Module, MoESpec]:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in block.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * (0.5 if name == "gate.weight" else 0.2))
+            p.copy_(torch.randn(p.shape, generator=gen) * scales.get(name, 0.2))
     return block.eval(), spec_from_hf_config(config)
+
+
+def inputs() -> Iterator[np.ndarray]:
+    """The blocks' inputs h [B, S, HIDDEN], one per SHAPES."""
+    rng = np.random.default_rng(1)
+    for shape in SHAPES:
+        yield rng.standard_normal((*shape, HIDDEN)).astype(np.float32)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -109,33 +226,43 @@ def test_matches_transformers_and_reference(family: tuple[torch.nn.Module, MoESp
                                             lowering: str) -> None:
     block, spec, weights = family
     session = moe_session(weights, spec, lowering, HIDDEN)
-    rng = np.random.default_rng(1)
-    for shape in SHAPES:
-        h = rng.standard_normal((*shape, HIDDEN)).astype(np.float32)
+    clamps = np.zeros(2, int)
+    for h in inputs():
+        shape = h.shape[:-1]
         (y,) = session.run(None, {"h": h})
-        with torch.no_grad():
-            expected = block(torch.from_numpy(h)).numpy()
+        expected = run_block(block, h)
         assert y.shape == h.shape
         assert np.abs(y - expected).max() <= 1e-5, (shape, np.abs(y - expected).max())
         assert np.abs(y - reference(h, weights, spec)).max() <= 1e-5, shape
+        if spec.activation == "swiglu_oss":
+            clamps += clamped(h, weights, spec)
+    if spec.activation == "swiglu_oss":  # both clamps were exercised by the picked experts
+        assert clamps.min() > 0, clamps
 
 
+@pytest.mark.parametrize("routing", ["softmax", "sigmoid"])
 @pytest.mark.parametrize("opset", [18, 21])
-def test_standard_lowerings_across_opsets(opset: int) -> None:
-    spec = MoESpec(EXPERTS, TOP_K, INTER, norm_topk_prob=False)
+def test_standard_lowerings_across_opsets(opset: int, routing: str) -> None:
+    """(Sigmoid routing's "ort" too: its routing is standard ops before the contrib op.)"""
+    sigmoid = routing == "sigmoid"
+    groups: dict[str, Any] = {"num_groups": 2, "topk_groups": 1, "routed_scaling": 1.5} if sigmoid else {}
+    spec = MoESpec(EXPERTS, TOP_K, INTER, norm_topk_prob=False, routing=routing, **groups)
     rng = np.random.default_rng(3)
     weights = {f"{PREFIX}.{ROUTER}": rng.standard_normal((HIDDEN, EXPERTS)).astype(np.float32),
                f"{PREFIX}.{GATE_UP}": (rng.standard_normal((EXPERTS, HIDDEN, 2 * INTER)) * 0.2).astype(np.float32),
-               f"{PREFIX}.{DOWN}": (rng.standard_normal((EXPERTS, INTER, HIDDEN)) * 0.2).astype(np.float32)}
+               f"{PREFIX}.{DOWN}": (rng.standard_normal((EXPERTS, INTER, HIDDEN)) * 0.2).astype(np.float32),
+               **({f"{PREFIX}.{CORRECTION_BIAS}": (rng.standard_normal(EXPERTS) * 0.3).astype(np.float32)}
+                  if sigmoid else {})}
     h = rng.standard_normal((2, 3, HIDDEN)).astype(np.float32)
-    for lowering in ("standard", "loop", "dense"):
+    for lowering in ("standard", "loop", "dense", *(("ort",) if sigmoid else ())):
         (y,) = moe_session(weights, spec, lowering, HIDDEN, opset=opset).run(None, {"h": h})
         assert np.abs(y - reference(h, weights, spec)).max() <= 1e-5, lowering
 
 
-def test_float16_graphs_route_in_float32() -> None:
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
+def test_float16_graphs_route_in_float32(name: str) -> None:
     """fp16 graphs: logits in fp16 (as transformers in half precision), softmax / top-k in fp32."""
-    block, spec = hf_block("mixtral", seed=4)
+    block, spec = hf_block(name, seed=4)
     weights = canonical_from_hf({k: v.detach().numpy() for k, v in block.state_dict().items()}, "", PREFIX)
     h = np.random.default_rng(5).standard_normal((2, 4, HIDDEN)).astype(np.float32)
     expected = reference(h, weights, spec)
@@ -143,6 +270,49 @@ def test_float16_graphs_route_in_float32() -> None:
         (y,) = moe_session(weights, spec, lowering, HIDDEN, dtype="float16").run(None, {"h": h.astype(np.float16)})
         assert y.dtype == np.float16
         assert np.abs(y.astype(np.float32) - expected).max() <= 2e-2, lowering
+
+
+@pytest.mark.parametrize("name", list(SIGMOID))
+def test_sigmoid_routing_picks(name: str) -> None:
+    """`picks` is transformers' router (GLM-4.5's, dots1's), and on the inputs every lowering is checked on, the
+    correction bias and the group limit each change some token's experts (so that check covers both)."""
+    block, spec = hf_block(name)
+    weights = canonical_from_hf({k: v.detach().numpy() for k, v in block.state_dict().items()}, "", PREFIX)
+    w64 = float64(weights, spec)
+    x = np.concatenate([h.reshape(-1, HIDDEN) for h in inputs()])
+    logits = x.astype(np.float64) @ w64[ROUTER]
+    top, w = picks(logits, w64[CORRECTION_BIAS], spec)
+    with torch.no_grad():
+        _, hf_w, hf_top = block.get_submodule("gate")(torch.from_numpy(x))
+    order, hf_order = np.argsort(top, -1), np.argsort(hf_top.numpy(), -1)  # (transformers' top k is unsorted)
+    np.testing.assert_array_equal(np.take_along_axis(top, order, -1), np.take_along_axis(hf_top.numpy(), hf_order, -1))
+    np.testing.assert_allclose(np.take_along_axis(w, order, -1), np.take_along_axis(hf_w.numpy(), hf_order, -1),
+                               rtol=1e-5)
+    chosen = np.sort(top, -1)
+    unbiased = np.sort(picks(logits, np.zeros(spec.num_experts), spec)[0], -1)
+    ungrouped = np.sort(picks(logits, w64[CORRECTION_BIAS], dataclasses.replace(spec, topk_groups=spec.num_groups))[0],
+                        -1)
+    assert (chosen != unbiased).any(-1).sum() > 0 and (chosen != ungrouped).any(-1).sum() > 0
+
+
+@pytest.mark.parametrize("router_fp32", [True, False])
+@pytest.mark.parametrize("name", ["glm4_norm", "dots1"])
+def test_float16_graphs_route_sigmoid_in_float32(name: str, router_fp32: bool) -> None:
+    """fp16 graphs, "sigmoid" routing: all of it in fp32, the router's weight and correction bias stored in fp32
+    (as transformers keeps them: MoESpec.float32_arrays) or in fp16 (cast up), the experts in fp16."""
+    block, spec = hf_block(name, seed=4)
+    weights = canonical_from_hf({k: v.detach().numpy() for k, v in block.state_dict().items()}, "", PREFIX)
+    keep = spec.float32_arrays() if router_fp32 else ()
+    assert set(spec.float32_arrays()) == {ROUTER, CORRECTION_BIAS}
+    seen = {n: a if n.removeprefix(f"{PREFIX}.") in keep else a.astype(np.float16).astype(np.float32)
+            for n, a in weights.items()}  # the arrays as the graph stores them
+    h = np.random.default_rng(5).standard_normal((2, 4, HIDDEN)).astype(np.float16)
+    expected = reference(h.astype(np.float32), seen, spec)
+    for lowering in LOWERINGS:
+        session = moe_session(weights, spec, lowering, HIDDEN, dtype="float16", keep=keep)
+        (y,) = session.run(None, {"h": h})
+        assert y.dtype == np.float16
+        assert np.abs(y.astype(np.float32) - expected).max() <= 2e-2, (lowering, np.abs(y - expected).max())
 
 
 def test_weight_layouts() -> None:
@@ -165,6 +335,35 @@ def test_weight_layouts() -> None:
         moe_weights(canon, PREFIX, "cuda")
 
 
+def test_bias_layouts() -> None:
+    """GPT-OSS's interleaved [E, hidden, 2I] experts and their biases, canonical and per lowering."""
+    rng = np.random.default_rng(7)
+    hf = {"mlp.router.weight": rng.standard_normal((EXPERTS, HIDDEN)), "mlp.router.bias": rng.standard_normal(EXPERTS),
+          "mlp.experts.gate_up_proj": rng.standard_normal((EXPERTS, HIDDEN, 2 * INTER)),
+          "mlp.experts.gate_up_proj_bias": rng.standard_normal((EXPERTS, 2 * INTER)),
+          "mlp.experts.down_proj": rng.standard_normal((EXPERTS, INTER, HIDDEN)),
+          "mlp.experts.down_proj_bias": rng.standard_normal((EXPERTS, HIDDEN))}
+    canon = canonical_from_hf(hf, "mlp.", PREFIX)
+    assert set(canon) == {f"{PREFIX}.{n}" for n in (ROUTER, ROUTER_BIAS, GATE_UP, GATE_UP_BIAS, DOWN, DOWN_BIAS)}
+    gate_up, gate_up_bias = canon[f"{PREFIX}.{GATE_UP}"], canon[f"{PREFIX}.{GATE_UP_BIAS}"]
+    np.testing.assert_array_equal(canon[f"{PREFIX}.{ROUTER}"], hf["mlp.router.weight"].T)
+    np.testing.assert_array_equal(gate_up[:, :, :INTER], hf["mlp.experts.gate_up_proj"][:, :, 0::2])
+    np.testing.assert_array_equal(gate_up[:, :, INTER:], hf["mlp.experts.gate_up_proj"][:, :, 1::2])
+    np.testing.assert_array_equal(gate_up_bias[:, :INTER], hf["mlp.experts.gate_up_proj_bias"][:, 0::2])
+    np.testing.assert_array_equal(gate_up_bias[:, INTER:], hf["mlp.experts.gate_up_proj_bias"][:, 1::2])
+    np.testing.assert_array_equal(canon[f"{PREFIX}.{DOWN}"], hf["mlp.experts.down_proj"])
+    np.testing.assert_array_equal(canon[f"{PREFIX}.{DOWN_BIAS}"], hf["mlp.experts.down_proj_bias"])
+    per_expert = moe_weights(canon, PREFIX, "standard")
+    assert len(per_expert) == 4 * EXPERTS
+    np.testing.assert_array_equal(per_expert[f"{PREFIX}.{EXPERT_GATE_UP_BIAS.format(j=2)}"], gate_up_bias[2])
+    np.testing.assert_array_equal(per_expert[f"{PREFIX}.{EXPERT_DOWN_BIAS.format(j=2)}"],
+                                  canon[f"{PREFIX}.{DOWN_BIAS}"][2])
+    extra = moe_weights(canon, PREFIX, "ort")  # fc1's bias back in transformers' interleaved order
+    np.testing.assert_array_equal(extra[f"{PREFIX}.{ORT_FC1_BIAS}"], hf["mlp.experts.gate_up_proj_bias"])
+    np.testing.assert_array_equal(extra[f"{PREFIX}.{ORT_FC1}"], hf["mlp.experts.gate_up_proj"].transpose(0, 2, 1))
+    assert moe_weights(canon, PREFIX, "loop") == {} and moe_weights(canon, PREFIX, "dense") == {}
+
+
 def test_specs_and_sparse_layers() -> None:
     from transformers import MixtralConfig, Qwen3MoeConfig
 
@@ -177,5 +376,82 @@ def test_specs_and_sparse_layers() -> None:
     assert [is_sparse_layer(qwen, i) for i in range(6)] == [False, True, False, False, False, True]
     with pytest.raises(ValueError):
         MoESpec(4, 5, 24)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="gelu"):
         MoESpec(4, 2, 24, activation="gelu")
+
+
+def test_gpt_oss_specs() -> None:
+    from transformers import GptOssConfig
+
+    config = GptOssConfig(num_local_experts=32, num_experts_per_tok=4, intermediate_size=64, num_hidden_layers=3,
+                          swiglu_limit=5.0)
+    spec = spec_from_hf_config(config)
+    assert spec == MoESpec(32, 4, 64, True, "swiglu_oss", 1.702, 5.0, True)
+    assert all(is_sparse_layer(config, i) for i in range(3))
+    m = ModelSpec("llama", "GptOssForCausalLM", 32, 3, 4, 2, 8, 64, 100, 128, "rms", 1e-5, "silu", "rope",
+                  num_experts=32, experts_per_token=4, moe_intermediate_size=64, norm_topk_prob=True,
+                  moe_activation="swiglu_oss", swiglu_alpha=1.702, swiglu_limit=5.0, moe_bias=True)
+    assert moe_spec(m) == spec
+    assert moe_spec(ModelSpec("llama", "MixtralForCausalLM", 32, 3, 4, 2, 8, 64, 100, 128, "rms", 1e-5, "silu",
+                              "rope", num_experts=8, experts_per_token=2, moe_intermediate_size=64,
+                              norm_topk_prob=True)) == MoESpec(8, 2, 64)
+
+
+@pytest.mark.parametrize("alpha, limit, bad", [(0.0, 7.0, "alpha"), (-1.702, 7.0, "alpha"), (1.702, 0.0, "limit"),
+                                               (1.702, float("inf"), "limit"), (float("nan"), 7.0, "alpha")])
+def test_swiglu_oss_needs_a_finite_positive_alpha_and_limit(alpha: float, limit: float, bad: str) -> None:
+    value = alpha if bad == "alpha" else limit
+    with pytest.raises(ValueError, match=f"{bad}, got {value!r}"):
+        MoESpec(4, 2, 24, activation="swiglu_oss", alpha=alpha, limit=limit)
+
+
+def test_sigmoid_routed_specs() -> None:
+    from transformers import Dots1Config, Glm4MoeConfig
+
+    glm = Glm4MoeConfig(n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=48, n_group=4,
+                        topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=2,
+                        num_hidden_layers=5)
+    spec = spec_from_hf_config(glm)
+    assert spec == MoESpec(16, 4, 48, True, "silu", routing="sigmoid", num_groups=4, topk_groups=2,
+                           routed_scaling=2.5)
+    assert [is_sparse_layer(glm, i) for i in range(5)] == [False, False, True, True, True]
+    dots = Dots1Config(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=24, num_hidden_layers=3)
+    assert spec_from_hf_config(dots) == MoESpec(8, 2, 24, False, "silu", routing="sigmoid")  # dots1's defaults
+    assert all(is_sparse_layer(dots, i) for i in range(3))  # (first_k_dense_replace 0)
+    m = ModelSpec("llama", "Glm4MoeForCausalLM", 32, 3, 4, 2, 8, 64, 100, 128, "rms", 1e-5, "silu", "rope",
+                  num_experts=16, experts_per_token=4, moe_intermediate_size=48, norm_topk_prob=True,
+                  moe_routing="sigmoid", moe_groups=4, moe_topk_groups=2, routed_scaling=2.5)
+    assert moe_spec(m) == spec
+    assert MoESpec(8, 2, 24).float32_arrays() == ()
+    hf = {"mlp.gate.weight": np.ones((8, HIDDEN)), "mlp.gate.e_score_correction_bias": np.arange(8.0),
+          "mlp.experts.gate_up_proj": np.ones((8, 2 * INTER, HIDDEN)),
+          "mlp.experts.down_proj": np.ones((8, HIDDEN, INTER))}
+    canon = canonical_from_hf(hf, "mlp.", PREFIX)
+    np.testing.assert_array_equal(canon[f"{PREFIX}.{CORRECTION_BIAS}"], np.arange(8.0))
+    assert set(canon) == {f"{PREFIX}.{n}" for n in (ROUTER, CORRECTION_BIAS, GATE_UP, DOWN)}
+
+
+@pytest.mark.parametrize("fields, bad", [
+    ({"routing": "tanh"}, "routing must be one of"),
+    ({"routing": "softmax", "topk_groups": 1}, "softmax routing needs 1, 1, 1.0, got 4, 1, 1.0"),
+    ({"routing": "softmax", "num_groups": 1, "topk_groups": 1, "routed_scaling": 2.5},
+     "softmax routing needs 1, 1, 1.0, got 1, 1, 2.5"),
+    ({"num_groups": 3}, "num_groups must divide num_experts 8, got 3"),
+    ({"num_groups": 0}, "num_groups must divide num_experts 8, got 0"),
+    ({"num_groups": 8, "topk_groups": 4}, "at least 2 experts a group, got 8 groups"),
+    ({"topk_groups": 0}, r"topk_groups must be in \[1, 4\], got 0"),
+    ({"topk_groups": 5}, r"topk_groups must be in \[1, 4\], got 5"),
+    ({"experts_per_token": 5}, "experts_per_token must be at most the 2 kept groups' 4 experts, got 5"),
+    ({"routed_scaling": 0.0}, "routed_scaling must be finite and positive, got 0.0"),
+    ({"routed_scaling": -1.0}, "routed_scaling must be finite and positive, got -1.0"),
+    ({"routed_scaling": float("inf")}, "routed_scaling must be finite and positive, got inf"),
+    ({"routed_scaling": float("nan")}, "routed_scaling must be finite and positive, got nan"),
+])
+def test_sigmoid_routing_validation(fields: dict[str, Any], bad: str) -> None:
+    """Each field named in the message with its value; the spec it departs from (8 experts in 4 groups, 2 kept, top 2,
+    sigmoid routing) is valid."""
+    args: dict[str, Any] = {"num_experts": 8, "experts_per_token": 2, "intermediate_size": 24, "routing": "sigmoid",
+                            "num_groups": 4, "topk_groups": 2}
+    MoESpec(**args)
+    with pytest.raises(ValueError, match=bad):
+        MoESpec(**{**args, **fields})
