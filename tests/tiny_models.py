@@ -189,13 +189,63 @@ def _starcoder2(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm with bias,
                                                         sliding_window=16, norm_epsilon=1e-5))
 
 
+def _olmo3(tf: Any, common: dict[str, Any]) -> Any:  # OLMo 2 with sliding and full layers, a table per layer type
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 64}}
+    return tf.Olmo3ForCausalLM(tf.Olmo3Config(**common, sliding_window=8, rope_parameters=rope,
+                                              layer_types=["sliding_attention", "full_attention"]))
+
+
+def _sigmoid_routed(model: Any) -> Any:
+    """A correction bias that moves the choice of the sigmoid-routed layers (their scores are in (0, 1))."""
+    import torch
+
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate") and hasattr(layer.mlp.gate, "e_score_correction_bias"):
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
+    return model
+
+
+def _glm4_moe(tf: Any, common: dict[str, Any]) -> Any:  # sigmoid grouped routing, a shared expert, a dense layer
+    return _sigmoid_routed(tf.Glm4MoeForCausalLM(tf.Glm4MoeConfig(
+        **common, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        use_qk_norm=True, attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})))
+
+
+def _dots1(tf: Any, common: dict[str, Any]) -> Any:  # GLM-4.5's routing unnormalized, Qwen3's attention, a window
+    return _sigmoid_routed(tf.Dots1ForCausalLM(tf.Dots1Config(
+        **common, head_dim=16, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3, n_group=2,
+        topk_group=1, n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=1.5, norm_topk_prob=False,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"])))
+
+
+def _gpt_oss(tf: Any, common: dict[str, Any]) -> Any:  # sinks, biases, yarn, alternating windows, clamped experts
+    import torch
+
+    rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 64}
+    model = tf.GptOssForCausalLM(tf.GptOssConfig(
+        **common, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
+        swiglu_limit=3.0))
+    with torch.no_grad():  # sinks about the scores' size, so that they move the weights
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)
+    return model
+
+
 TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_text": _gemma3, "phi": _phi,
                  "phi3": _phi3, "smollm3": _smollm3, "opt": _opt, "gpt_bigcode": _gpt_bigcode, "cohere": _cohere,
                  "nemotron": _nemotron, "glm": _glm, "glm4": _glm4, "helium": _helium, "ernie4_5": _ernie4_5,
                  "seed_oss": _seed_oss, "arcee": _arcee, "ministral": _ministral, "exaone4": _exaone4, "olmo": _olmo,
                  "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
                  "granite": _granite, "granitemoe": _granitemoe, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
-                 "qwen3_moe": _qwen3_moe}
+                 "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
+                 "olmo3": _olmo3, "glm4_moe": _glm4_moe, "dots1": _dots1}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -23,9 +23,9 @@ SUPPORTED = {
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
     "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo",
-    "olmo2": "OLMo 2", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2",
+    "olmo2": "OLMo 2", "olmo3": "OLMo 3", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2",
     "granite": "Granite", "granitemoe": "Granite MoE", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
-    "qwen3_moe": "Qwen3-MoE", "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
+    "qwen3_moe": "Qwen3-MoE", "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "gpt_oss": "gpt-oss", "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -125,8 +125,8 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
     """The rotary tables (inverse frequencies) and their spec fields, read from transformers' own rotary module."""
     rotary = model.base_model.rotary_emb
     params = _get(config, "rope_parameters", None) or _get(config, "rope_scaling", None) or {}
-    if model.config.model_type == "gemma3_text":
-        return _gemma3_rope(rotary, params)
+    if any(hasattr(rotary, f"{t}_inv_freq") for t in ("full_attention", "sliding_attention")):
+        return _per_layer_type_rope(rotary, params)  # (Gemma 3, OLMo 3)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in STATIC_ROPE_TYPES:
         _refuse("rope_type", rope_type, f"it depends on the sequence length; supported: {', '.join(STATIC_ROPE_TYPES)}")
@@ -147,8 +147,12 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
     return fields, weights
 
 
-def _gemma3_rope(rotary: Any, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Gemma 3: full layers use the global table (possibly linear-scaled), sliding layers their own local one."""
+PER_LAYER_TYPE_ROPE = ("default", "linear", "llama3", "yarn")  # (longrope's second table has no place here)
+
+
+def _per_layer_type_rope(rotary: Any, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A rotary table per layer type (Gemma 3, OLMo 3): full layers use the global table (scaled as its rope_type
+    says), sliding layers their own local one."""
     fields: dict[str, Any] = {}
     weights: dict[str, np.ndarray] = {}
     for layer_type, name in (("full_attention", INV_FREQ), ("sliding_attention", INV_FREQ_LOCAL)):
@@ -156,8 +160,9 @@ def _gemma3_rope(rotary: Any, params: dict[str, Any]) -> tuple[dict[str, Any], d
             continue
         p = params.get(layer_type) or {}
         rope_type = p.get("rope_type", "default")
-        if rope_type not in ("default", "linear"):
-            _refuse(f"rope_parameters[{layer_type!r}].rope_type", rope_type, "Gemma 3 supports default and linear")
+        if rope_type not in PER_LAYER_TYPE_ROPE:
+            _refuse(f"rope_parameters[{layer_type!r}].rope_type", rope_type,
+                    f"a table per layer type supports {', '.join(PER_LAYER_TYPE_ROPE)}")
         weights[name] = _np(getattr(rotary, f"{layer_type}_original_inv_freq"))
         scaling = float(getattr(rotary, f"{layer_type}_attention_scaling"))
         if layer_type == "full_attention":
@@ -346,9 +351,14 @@ def _moe(config: Any) -> dict[str, Any]:
     layers = tuple(is_sparse_layer(config, i) for i in range(config.num_hidden_layers))
     return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token,
             "moe_intermediate_size": moe.intermediate_size, "norm_topk_prob": moe.norm_topk_prob,
+            "moe_activation": moe.activation, "swiglu_alpha": moe.alpha, "swiglu_limit": moe.limit,
+            "moe_bias": moe.bias, "moe_routing": moe.routing, "moe_groups": moe.num_groups,
+            "moe_topk_groups": moe.topk_groups, "routed_scaling": moe.routed_scaling,
             **({"moe_layers": layers} if not all(layers) else {}),
             **({"shared_expert_size": int(config.shared_expert_intermediate_size)}
                if config.model_type == "qwen2_moe" else {}),
+            **({"shared_expert_size": int(config.moe_intermediate_size) * int(config.n_shared_experts),
+                "shared_expert_gated": False} if _get(config, "n_shared_experts", 0) else {}),
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
 
 
@@ -367,8 +377,11 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
     "cohere": _cohere, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4, "glm": _glm, "glm4": _glm,
     "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
+    "olmo3": _olmo2,
     "granite": _granite, "granitemoe": lambda c: {**_granite(c), **_moe(c)}, "mixtral": _moe, "qwen2_moe": _moe,
-    "qwen3_moe": _moe,
+    "qwen3_moe": _moe, "gpt_oss": lambda c: {**_moe(c), "attn_sinks": True},
+    "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
+    "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
 }
 
 
@@ -410,6 +423,8 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
         bias(attn + "o_proj", q + "o")
         if spec.qk_norm:
             w[q + "q_norm.weight"], w[q + "k_norm.weight"] = norm(attn + "q_norm.weight"), norm(attn + "k_norm.weight")
+        if spec.attn_sinks:  # GPT-OSS
+            w[q + "attn.sinks"] = sd[attn + "sinks"]
         w.update(_mlp_weights(spec, sd, i))
     return w
 
@@ -420,12 +435,13 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
         from llmc.graph.moe import canonical_from_hf
 
         out = canonical_from_hf(sd, p, q.rstrip("."))
-        if spec.shared_expert_size:  # Qwen2-MoE
-            s = p + "shared_expert."
+        if spec.shared_expert_size:  # Qwen2-MoE's (gated), GLM-4.5's (its shared experts as one MLP)
+            s = p + ("shared_expert." if spec.shared_expert_gated else "shared_experts.")
             gate_up = np.concatenate([sd[s + "gate_proj.weight"], sd[s + "up_proj.weight"]], axis=0)
             out.update({q + "shared_expert.gate_up.weight": gate_up.T.copy(),
-                        q + "shared_expert.down.weight": sd[s + "down_proj.weight"].T.copy(),
-                        q + "shared_expert_gate.weight": sd[p + "shared_expert_gate.weight"].T.copy()})
+                        q + "shared_expert.down.weight": sd[s + "down_proj.weight"].T.copy()})
+            if spec.shared_expert_gated:
+                out[q + "shared_expert_gate.weight"] = sd[p + "shared_expert_gate.weight"].T.copy()
         return out
     if spec.plain_mlp:  # StarCoder2
         out = {q + "fc.weight": sd[p + "c_fc.weight"].T.copy(),

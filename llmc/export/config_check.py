@@ -43,8 +43,22 @@ def check_config(config: dict[str, Any], where: str) -> None:
     if not _is_int(inner) or inner < 1:  # (0 is not "missing": transformers builds an MLP of width 0)
         raise InputError(f"{where}: {inner_name} must be a positive integer, got {inner!r}")
     _check_values(config, where)
-    _check_size(where, vocab, hidden, dims["layers"], heads * head_dim, kv_heads * head_dim, int(inner),
+    _check_size(where, vocab, hidden, dims["layers"], heads * head_dim, kv_heads * head_dim,
+                int(inner) + _experts_width(config, where),
                 tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")))
+
+
+def _experts_width(config: dict[str, Any], where: str) -> int:
+    """A mixture's experts, as one MLP's width beside the dense one's (its size counts every expert): 0 without."""
+    name = next((n for n in ("num_local_experts", "n_routed_experts") if n in config), "num_experts")
+    if not config.get(name):  # (absent, null or 0: a dense model, as transformers reads it)
+        return 0
+    experts = _positive(config, name, where)
+    per_token = _positive(config, "num_experts_per_tok", where)
+    if per_token > experts:
+        raise InputError(f"{where}: num_experts_per_tok ({per_token}) must be at most {name} ({experts})")
+    width: Any = config.get("moe_intermediate_size", config.get("intermediate_size"))
+    return experts * int(width) if _is_int(width) and width > 0 else 0
 
 
 def _positive(config: dict[str, Any], name: str, where: str, default: int | None = None) -> int:
@@ -70,6 +84,10 @@ def _check_values(config: dict[str, Any], where: str) -> None:
     for name in ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_epsilon", "norm_eps", "rope_theta"):
         value = config.get(name)
         if value is not None and not _is_positive_number(value):
+            raise InputError(f"{where}: {name} must be a positive number, got {value!r}")
+    for name in ("swiglu_alpha", "swiglu_limit"):  # GPT-OSS's experts
+        value = config.get(name)
+        if config.get("model_type") == "gpt_oss" and value is not None and not _is_positive_number(value):
             raise InputError(f"{where}: {name} must be a positive number, got {value!r}")
     window = config.get("sliding_window")
     if window is not None and (not _is_int(window) or window < 0):

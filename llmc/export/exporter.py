@@ -17,6 +17,7 @@ from llmc.golden import GOLDEN_FILE, GOLDEN_STEPS, Golden
 from llmc.graph import io_names
 from llmc.graph.checkpoint import ROPE_TABLES, Checkpoint
 from llmc.graph.decoder import build_graph
+from llmc.graph.moe import float32_weights
 from llmc.manifest import ExportManifest, GenerationSpec, GraphSpec, save, sha256_file
 from llmc.onnx_store import WeightFile, make_model
 from llmc.outdir import atomic_dir, check_out_dir
@@ -96,9 +97,10 @@ def _nbytes(ckpt: Checkpoint, dtype: str) -> int:
 def _write_graphs(work: Path, ckpt: Checkpoint, graphs: dict[str, GraphSpec], cfg: ExportConfig) -> None:
     weights = WeightFile(work / WEIGHTS_FILE)
     np_dtype = np.float16 if cfg.dtype == "float16" else np.float32
+    routers = float32_weights(ckpt.spec)  # (GLM-4.5's: transformers keeps them in fp32)
     try:
         for name, array in ckpt.weights.items():
-            weights.add(name, array if name in ROPE_TABLES else array.astype(np_dtype))
+            weights.add(name, array if name in ROPE_TABLES or name in routers else array.astype(np_dtype))
     finally:
         weights.close()
     for spec in graphs.values():

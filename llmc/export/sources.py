@@ -191,10 +191,11 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     tokenizer_kwargs = {k: v for k, v in kwargs.items() if k != "use_safetensors"}
     if src.kind == "hf":  # first: the tokenizer reads config.json too, and its faults are not the tokenizer's
         try:
-            AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+            config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
         except Exception as e:  # transformers' own validation of a field (a type, a missing rope key, ...)
             raise InputError(f"{folder / 'config.json'}: transformers refuses it ({type(e).__name__}: "
                              f"{one_line(e)})") from None
+        kwargs.update(_dequantized(folder, config))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), **tokenizer_kwargs)
     except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: JSON, tokenizers' or I/O errors
@@ -211,12 +212,30 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     model, info = loaded
     _check_weights_match(where, info, int(model.config.num_hidden_layers))
     model.eval()
-    if src.kind == "gguf":
-        # The GGUF weights are dequantized to fp32; drop the "quantized" label so the model acts as a plain one.
+    if src.kind == "gguf" or "quantization_config" in kwargs:
+        # The GGUF (or MXFP4) weights are dequantized to fp32; drop the "quantized" label so the model acts as a
+        # plain one.
         model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     return LoadedModel(src, model, tokenizer)
+
+
+def _dequantized(folder: Path, config: Any) -> dict[str, Any]:
+    """from_pretrained's arguments for a pre-quantized checkpoint: MXFP4 (gpt-oss ships its experts so) dequantized
+    as it loads (exactly: each 4-bit value times a power of two), whatever kernels the machine has. Other methods
+    (GPTQ, AWQ, FP8, ...) are refused: llmc quantizes from the model's own weights."""
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        return {}
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    method = getattr(method, "value", method)  # (transformers' QuantizationMethod: a str enum)
+    if method == "mxfp4":
+        from transformers import Mxfp4Config  # type: ignore[attr-defined]
+
+        return {"quantization_config": Mxfp4Config(dequantize=True)}
+    raise InputError(f"{folder / 'config.json'}: quantization_config.quant_method {method!r} is not supported: "
+                     "llmc exports unquantized weights (and GGUF, MXFP4), and quantizes them itself (--quant)")
 
 
 def _check_weights_match(where: Path, info: dict[str, Any], num_layers: int) -> None:

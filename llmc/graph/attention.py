@@ -25,6 +25,30 @@ from llmc.graph.layers import LLMC_DOMAIN, MS, Ctx, softcap
 _NEG = np.finfo(np.float32).min
 
 
+SINKS = "layers.{i}.attn.sinks"  # [H] (ModelSpec.attn_sinks)
+
+
+def sinks(c: Ctx, layer: int) -> str | None:
+    """The layer's attention sinks [H] (GPT-OSS: one more logit each query head's softmax takes, whose value is 0),
+    or None."""
+    return c.b.weight(SINKS.format(i=layer)) if c.m.attn_sinks else None
+
+
+def _with_sink_column(c: Ctx, scores: str, layer: int, shape: list[int]) -> str:
+    """scores [..., T] (fp32, masked) with the layer's sink logits as one more column, T + 1; `shape` reshapes the
+    [H] sinks to broadcast against scores' leading axes."""
+    b = c.b
+    sink = b.op("Reshape", b.to_float32(b.weight(SINKS.format(i=layer))), b.ints(*shape))
+    column = b.op("Expand", sink, b.op("Concat", b.op("Shape", scores, end=-1), b.ints(1), axis=0))
+    return b.op("Concat", scores, column, axis=-1)
+
+
+def _without_sink_column(c: Ctx, probs: str) -> str:
+    """The softmax's weights of the keys: its last column (the sink's) dropped."""
+    b = c.b
+    return b.op("Slice", probs, b.ints(0), b.ints(-1), b.ints(-1))
+
+
 def rope_table(c: Ctx, layer: int) -> str | None:
     """The rotary table a layer uses: none (NoPE), the sliding layers' local one (Gemma 3), or the global one."""
     if not c.m.has_rope(layer):
@@ -170,8 +194,12 @@ class DecomposedAttention:
         if m.attn_softcap:
             scores = softcap(self.c, scores, m.attn_softcap)
         scores = b.op("Where", self.allowed(m.window(i)), scores, b.const(np.array(_NEG, np.float32)))
-        probs = b.to_compute(b.op("Softmax", scores, axis=-1))
-        out = b.op("MatMul", probs, b.unsqueeze(v, 2))  # [B, Hkv, G, S, D]
+        if m.attn_sinks:
+            probs = _without_sink_column(self.c, b.op("Softmax", _with_sink_column(self.c, scores, i,
+                                                                                  [1, Hkv, H // Hkv, 1, 1]), axis=-1))
+        else:
+            probs = b.op("Softmax", scores, axis=-1)
+        out = b.op("MatMul", b.to_compute(probs), b.unsqueeze(v, 2))  # [B, Hkv, G, S, D]
         out = b.op("Transpose", b.op("Reshape", out, b.ints(0, H, -1, D)), perm=[0, 2, 1, 3])  # [B, S, H, D]
         return b.op("Reshape", out, b.ints(0, 0, H * D))
 
@@ -241,6 +269,9 @@ class GroupQueryAttention:
         qkv, rope = self._rope(i, qkv)
         past = [io.PAST_KEY.format(i=i), io.PAST_VALUE.format(i=i)]
         inputs = [qkv, "", "", *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *(rope or ("", ""))]
+        sink = sinks(self.c, i)
+        if sink is not None:  # head_sink, after position_ids and attention_bias (unused)
+            inputs += ["", "", sink]
         attrs = {**self._attrs(i), "do_rotary": int(bool(rope)), "rotary_interleaved": 0}
         return self._node(self.op_type, i, inputs, attrs, self.domain)
 
@@ -265,6 +296,9 @@ class CachedAttention(GroupQueryAttention):
         inputs = [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope]
         if self.c.opts.paged:  # rows of different counts after a past run together (new_tokens)
             inputs = [*inputs, *[""] * (2 - len(rope)), io.BLOCK_TABLE, io.NEW_TOKENS]
+        sink = sinks(self.c, i)
+        if sink is not None:  # input 9, fp32 as the op computes
+            inputs = [*inputs, *[""] * (9 - len(inputs)), self.c.b.to_float32(sink)]
         attrs = {**self._attrs(i), **({"key_tiles": 1} if self.c.opts.key_tiles else {})}
         return self._node(op, i, inputs, attrs, LLMC_DOMAIN)
 
@@ -316,8 +350,27 @@ class OnnxAttention(DecomposedAttention):
         attrs: dict[str, Any] = {"scale": m.scale}
         if m.attn_softcap:
             attrs["softcap"] = m.attn_softcap
-        out = b.op("Attention", q, used[0], used[1], self.allowed(m.window(i)), **attrs)  # [B, H, S, D]
+        mask = self.allowed(m.window(i))
+        if m.attn_sinks:
+            used, mask = self._sink_key(i, used, mask)
+        out = b.op("Attention", q, used[0], used[1], mask, **attrs)  # [B, H, S, D]
         return b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints(0, 0, H * D))
+
+    def _sink_key(self, i: int, used: list[str], mask: str) -> tuple[list[str], str]:
+        """Attention has no sinks: one more key and value of zeros after the T read, and a float mask [B, H, S, T + 1]
+        that adds each head's sink to that key's score (0) and keeps the others' (0 where allowed, far below
+        otherwise). A copy of the keys and values read, each step: models with sinks are faster on the other
+        attentions."""
+        b, m = self.c.b, self.c.m
+        k = used[0]
+        shape = b.op("Concat", b.op("Shape", k, end=2), b.ints(1), b.op("Shape", k, start=3), axis=0)  # [B, Hkv, 1, D]
+        zero = b.op("CastLike", b.op("ConstantOfShape", shape), k)
+        extended = [b.op("Concat", x, zero, axis=2) for x in used]
+        scores = b.op("Where", mask, b.const(np.array(0.0, np.float32)), b.const(np.array(_NEG, np.float32)))
+        heads = b.op("Concat", b.op("Shape", scores, end=1), b.ints(m.num_heads), b.op("Shape", scores, start=2),
+                     axis=0)
+        per_head = b.op("Expand", scores, heads)  # [B, H, S, T]
+        return extended, b.to_compute(_with_sink_column(self.c, per_head, i, [1, m.num_heads, 1, 1]))
 
     def attended(self, full: str, zero: str) -> str:
         """The keys Attention reads from the written buffer: its first T = max(position) + 1 positions."""

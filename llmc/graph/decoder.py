@@ -161,9 +161,11 @@ def _mlp(c: Ctx, i: int, h: str) -> str:
     if not c.m.is_moe(i):
         return _gated_mlp(c, h, p, c.m.intermediate_size)
     y = moe_mlp(c, i, h)
-    if c.m.shared_expert_size:  # Qwen2-MoE: + sigmoid(h @ gate) * shared(h)
+    if c.m.shared_expert_size:  # + shared(h), times sigmoid(h @ gate) where gated (Qwen2-MoE)
         shared = _gated_mlp(c, h, f"{p}.shared_expert", c.m.shared_expert_size)
-        y = c.b.op("Add", y, c.b.op("Mul", c.b.op("Sigmoid", linear(c, h, f"{p}.shared_expert_gate")), shared))
+        if c.m.shared_expert_gated:
+            shared = c.b.op("Mul", c.b.op("Sigmoid", linear(c, h, f"{p}.shared_expert_gate")), shared)
+        y = c.b.op("Add", y, shared)
     return y
 
 

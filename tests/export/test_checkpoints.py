@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_models import make_tokenizer
 
-from llmc.errors import UnsupportedModelError
+from llmc.errors import InputError, UnsupportedModelError
 from llmc.export.exporter import ExportConfig, export
 
 
@@ -177,3 +177,62 @@ def test_gpt_bigcode_with_a_kv_head_per_head_and_unscaled_scores(tmp_path: Path)
     manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
     assert (manifest.model.num_kv_heads, manifest.model.attention_scale) == (4, 1.0)
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
+
+
+def _as_mxfp4(folder: Path, out: Path, seed: int = 0) -> dict[str, np.ndarray]:
+    """`folder`'s tiny gpt-oss saved again as its checkpoints are published: every expert matrix in MXFP4 (4-bit
+    E2M1 codes two a byte, [E, out, in / 32, 16], and an 8-bit power-of-two scale a block of 32, [E, out, in / 32])
+    under quantization_config mxfp4. Returns the experts' values those codes stand for, in transformers' layout."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    shutil.copytree(folder, out)
+    weights, rng, values = load_file(str(out / "model.safetensors")), np.random.default_rng(seed), {}
+    for name in [n for n in weights if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, k, n = weights.pop(name).shape  # [E, in, out]
+        codes = rng.integers(0, 16, (e, n, k // 32, 32), dtype=np.uint8)
+        blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+        scales = rng.integers(125, 130, (e, n, k // 32), dtype=np.uint8)
+        weights[name + "_blocks"], weights[name + "_scales"] = blocks, scales
+        values[name] = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                                  dtype=torch.float32).numpy()
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(config))
+    return values
+
+
+def test_an_mxfp4_checkpoint_exports_its_experts_exactly(tmp_path: Path) -> None:
+    """gpt-oss publishes its experts in MXFP4: they are dequantized as they load (each value a 4-bit code times a
+    power of two, exact in fp32) whatever kernels the machine has, and the export is the model's."""
+    from safetensors.numpy import load_file, save_file
+    from tiny_models import make_model
+
+    from llmc.engines.ort.graphs import load_checkpoint
+
+    values = _as_mxfp4(make_model("gpt_oss", tmp_path / "hf"), tmp_path / "mxfp4")
+    manifest = export(ExportConfig(str(tmp_path / "mxfp4"), tmp_path / "export"))
+    assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
+    # the same values written in fp32 export to the same weights
+    plain = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    save_file({**plain, **values}, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    reference = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export-fp32"))
+    ours = load_checkpoint(tmp_path / "export", manifest).weights
+    theirs = load_checkpoint(tmp_path / "export-fp32", reference).weights
+    assert manifest.model == reference.model and ours.keys() == theirs.keys()
+    for name, w in theirs.items():
+        np.testing.assert_array_equal(ours[name], w, err_msg=name)
+
+
+def test_other_quantized_checkpoints_are_refused_naming_the_method(tmp_path: Path) -> None:
+    _tiny(tmp_path / "hf", torch.float32, None)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match=r"quantization_config.quant_method 'awq' is not supported: llmc exports "
+                                         r"unquantized weights"):
+        export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))

@@ -301,6 +301,30 @@ def test_impossible_config_values_are_named_before_loading(tmp_path: Path, tiny_
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out2"), "config.json", *words)
 
 
+@pytest.fixture(scope="module")
+def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_models import make_model
+
+    return make_model("gpt_oss", tmp_path_factory.mktemp("gpt-oss") / "hf")
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    # were tracebacks from llmc's mixture block, or a model too large for the machine taken for a small one
+    ({"swiglu_limit": -1.0}, ["swiglu_limit must be a positive number, got -1.0"]),
+    ({"swiglu_alpha": "1.7"}, ["swiglu_alpha must be a positive number, got '1.7'"]),
+    ({"num_experts_per_tok": 5}, ["num_experts_per_tok (5) must be at most num_local_experts (4)"]),
+    ({"num_local_experts": 0.5}, ["num_local_experts must be a positive integer, got 0.5"]),
+    ({"hidden_size": 4096, "num_local_experts": 4096, "intermediate_size": 8192},
+     ["GiB in fp32", "more than this machine's"]),  # the experts count: 400 B parameters, not 0.5 B
+])
+def test_impossible_mixture_values_are_named_before_loading(tmp_path: Path, tiny_gpt_oss: Path,
+                                                           changes: dict[str, Any], words: list[str]) -> None:
+    folder = _copy_model(tiny_gpt_oss, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), "config.json", *words)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "short", "offsets"])
 def test_a_safetensors_file_that_is_not_one_is_named(tmp_path: Path, tiny_hf: Path, damage: str) -> None:
     folder = _copy_model(tiny_hf, tmp_path / "m")

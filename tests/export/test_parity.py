@@ -307,25 +307,34 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.num_kv_heads == {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1}.get(tiny.name, 2)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
-                                      "seed_oss"))
+                                      "seed_oss", "gpt_oss", "glm4_moe"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "gpt_neox": "two"}.get(tiny.name, "")
-    assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear"}.get(tiny.name, "default")
+    assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
+                           "gpt_oss": "yarn", "olmo3": "yarn"}.get(tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
-                "exaone4": 8}
+                "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
-                         "olmo2": "full"}.get(tiny.name, "")
-    assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe")
-                                                    else (0, 0))
-    assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else ())
-    assert m.shared_expert_size == (64 if tiny.name == "qwen2_moe" else 0)
+                         "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head"}.get(tiny.name, "")
+    moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss")
+    assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
+                                                    (8, 2) if tiny.name == "glm4_moe" else
+                                                    (8, 3) if tiny.name == "dots1" else (0, 0))
+    assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
+        "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5)}.get(tiny.name, ("softmax", 1, 1, 1.0))
+    assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
+                                                            else (False, False, "silu"))
+    assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
+                            (False, True) if tiny.name in ("glm4_moe", "dots1") else ())
+    assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
+                                                             "dots1": (64, False)}.get(tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
-                             "olmo2": "post", "exaone4": "post"}.get(tiny.name, "pre")
+                             "olmo2": "post", "olmo3": "post", "exaone4": "post"}.get(tiny.name, "pre")
 
 
 def _external_refs(model_path: Path) -> dict[str, tuple[str, int, int]]:

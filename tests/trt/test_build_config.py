@@ -64,6 +64,11 @@ def test_quantized_weights_are_refused() -> None:
         check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o"), quant="int4")), MODEL)
 
 
+def test_attention_sinks_are_refused_naming_the_other_backend() -> None:
+    with pytest.raises(InputError, match=r"attention sinks \(GPT-OSS\).*build it with --backend ort"):
+        check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o"))), replace(MODEL, attn_sinks=True))
+
+
 def test_kv_rows_must_be_binding_aligned() -> None:
     check_alignment(MODEL, 2048)
     with pytest.raises(InputError, match=r"--max-seq-len 1001 makes each KV slot 384384 bytes.*multiple of 128"):

@@ -26,6 +26,7 @@ from llmc.engines.ort.build import RUNTIME_FILES, BuildConfig, engine_manifest
 from llmc.engines.trt.profiles import GRAPHS, Profile, TrtLimits, plan_profiles
 from llmc.errors import BackendUnavailableError, InputError, LlmcError
 from llmc.graph.checkpoint import ROPE_TABLES, Checkpoint
+from llmc.graph.moe import float32_weights
 from llmc.manifest import (
     EngineManifest,
     EngineSettings,
@@ -120,14 +121,20 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
         raise InputError(f"--attention must be plugin or native for --backend trt, got {cfg.attention!r}")
     if cfg.base.quant != "none":
         raise InputError(f"--quant {cfg.base.quant.value} is for --backend ort; TensorRT engines are fp16")
+    if model.attn_sinks:
+        raise InputError("the model's attention sinks (GPT-OSS) are in neither TensorRT attention (plugin, native) "
+                         "here: build it with --backend ort")
     limits = cfg.limits_for(model)
     limits.check_model(model.max_positions)
     check_alignment(model, limits.max_seq_len)
 
 
 def fp16_checkpoint(ckpt: Checkpoint) -> Checkpoint:
-    """Weights in fp16; the rotary frequencies stay fp32 (positions x frequencies needs the precision)."""
-    weights = {k: v if k in ROPE_TABLES or v.dtype.kind != "f" else v.astype(np.float16) for k, v in ckpt.weights.items()}
+    """Weights in fp16; the rotary frequencies stay fp32 (positions x frequencies needs the precision), and the
+    routers transformers keeps in fp32."""
+    keep = float32_weights(ckpt.spec)  # (GLM-4.5's routers: transformers keeps them in fp32)
+    weights = {k: v if k in ROPE_TABLES or k in keep or v.dtype.kind != "f" else v.astype(np.float16)
+               for k, v in ckpt.weights.items()}
     return Checkpoint(ckpt.spec, weights)
 
 
