@@ -197,6 +197,16 @@ def _olmo3(tf: Any, common: dict[str, Any]) -> Any:  # OLMo 2 with sliding and f
                                               layer_types=["sliding_attention", "full_attention"]))
 
 
+def _olmoe(tf: Any, common: dict[str, Any]) -> Any:  # qk-norm over all of q / k, then q, k, v clamped; no renorm
+    return tf.OlmoeForCausalLM(tf.OlmoeConfig(**common, num_experts=4, num_experts_per_tok=2, clip_qkv=3.0,
+                                              norm_topk_prob=False))
+
+
+def _cohere2(tf: Any, common: dict[str, Any]) -> Any:  # Cohere's, sliding layers rotated, full ones without RoPE
+    return tf.Cohere2ForCausalLM(tf.Cohere2Config(**common, sliding_window=8, logit_scale=0.25,
+                                                  layer_types=["sliding_attention", "full_attention"]))
+
+
 def _sigmoid_routed(model: Any) -> Any:
     """A correction bias that moves the choice of the sigmoid-routed layers (their scores are in (0, 1))."""
     import torch
@@ -245,7 +255,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
                  "granite": _granite, "granitemoe": _granitemoe, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
                  "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
-                 "olmo3": _olmo3, "glm4_moe": _glm4_moe, "dots1": _dots1}
+                 "olmo3": _olmo3, "glm4_moe": _glm4_moe, "dots1": _dots1,
+                 "olmoe": _olmoe, "cohere2": _cohere2}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

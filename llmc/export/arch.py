@@ -22,10 +22,10 @@ SUPPORTED = {
     "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "arcee": "Arcee AFM",
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
-    "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "olmo": "OLMo",
+    "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "cohere2": "Command R7B, Command A", "olmo": "OLMo",
     "olmo2": "OLMo 2", "olmo3": "OLMo 3", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2",
     "granite": "Granite", "granitemoe": "Granite MoE", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
-    "qwen3_moe": "Qwen3-MoE", "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "gpt_oss": "gpt-oss", "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
+    "qwen3_moe": "Qwen3-MoE", "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "olmoe": "OLMoE", "gpt_oss": "gpt-oss", "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -261,8 +261,12 @@ def _glm_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _olmo(config: Any) -> dict[str, Any]:  # LayerNorm without weights (eps 1e-5), q/k/v clamped
+    return {"norm": "layer", "norm_eps": 1e-5, **_clip_qkv(config)}
+
+
+def _clip_qkv(config: Any) -> dict[str, Any]:  # OLMo, OLMoE: q, k (after their norms) and v clamped to +-clip
     clip = _get(config, "clip_qkv", None)
-    return {"norm": "layer", "norm_eps": 1e-5, **({"clip_qkv": float(clip)} if clip else {})}
+    return {"clip_qkv": float(clip)} if clip else {}
 
 
 def _norm_params(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -280,6 +284,10 @@ def _cohere(config: Any) -> dict[str, Any]:  # LayerNorm without bias, attention
         _refuse("use_qk_norm", True, "a LayerNorm of q and k per head is not implemented")
     return {"norm": "layer", "norm_eps": float(config.layer_norm_eps), "parallel_block": "shared",
             "logits_scaling": 1.0 / float(config.logit_scale)}
+
+
+def _cohere2(config: Any) -> dict[str, Any]:  # Cohere's, with sliding layers rotated and full layers without RoPE
+    return {**_cohere(config), "rope_layers": tuple(t == "sliding_attention" for t in config.layer_types)}
 
 
 def _interleaved_to_halves(config: Any, sd: dict[str, np.ndarray], rotated: float = 1.0) -> dict[str, np.ndarray]:
@@ -371,17 +379,19 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
     "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves, "glm": _glm_names, "glm4": _glm_names,
     "cohere": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
+    "cohere2": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
 }
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
-    "cohere": _cohere, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4, "glm": _glm, "glm4": _glm,
+    "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4, "glm": _glm, "glm4": _glm,
     "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
     "olmo3": _olmo2,
     "granite": _granite, "granitemoe": lambda c: {**_granite(c), **_moe(c)}, "mixtral": _moe, "qwen2_moe": _moe,
     "qwen3_moe": _moe, "gpt_oss": lambda c: {**_moe(c), "attn_sinks": True},
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
+    "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)},
 }
 
 

@@ -78,9 +78,9 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     for i in range(m.num_layers):
         p = f"layers.{i}"
         qkv = linear(c, h, f"{p}.qkv")
-        if m.clip_qkv:
-            qkv = c.b.op("Clip", qkv, c.b.scalar(-m.clip_qkv), c.b.scalar(m.clip_qkv))
         qkv = _qk_norm(c, i, qkv)
+        if m.clip_qkv:  # (after q and k's norms: OLMoE)
+            qkv = c.b.op("Clip", qkv, c.b.scalar(-m.clip_qkv), c.b.scalar(m.clip_qkv))
         delta = _block_output(c, linear(c, attend(i, qkv), f"{p}.o"), f"{p}.post_attn_norm")
         if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
             mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")

@@ -156,11 +156,14 @@ SIGMOID_ROUTED = ("glm4_moe", "dots1")  # the model types with "sigmoid" routing
 
 def spec_from_hf_config(config: Any) -> MoESpec:
     """The MoE block of a transformers MixtralConfig, GraniteMoeConfig, Qwen3MoeConfig, Qwen2MoeConfig, GptOssConfig,
-    Glm4MoeConfig or Dots1Config (Qwen2-MoE's, GLM-4.5's and dots1's shared experts are the decoder's:
+    Glm4MoeConfig, Dots1Config or OlmoeConfig (Qwen2-MoE's, GLM-4.5's and dots1's shared experts are the decoder's:
     ModelSpec.shared_expert_size)."""
     if config.model_type in ("mixtral", "granitemoe"):  # (Granite's softmax over the top k logits: the same weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
+    if config.model_type == "olmoe":  # (its experts are intermediate_size wide)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
+                       bool(config.norm_topk_prob), config.hidden_act)
     if config.model_type in ("qwen3_moe", "qwen2_moe"):
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
@@ -177,7 +180,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
-    if config.model_type in ("mixtral", "granitemoe", "gpt_oss"):
+    if config.model_type in ("mixtral", "granitemoe", "gpt_oss", "olmoe"):
         return True
     if config.model_type in SIGMOID_ROUTED:  # the first first_k_dense_replace layers are dense
         return layer >= int(config.first_k_dense_replace)

@@ -308,20 +308,22 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
                                       "seed_oss", "gpt_oss", "glm4_moe"))
-    assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "gpt_neox": "two"}.get(tiny.name, "")
+    assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
+                                "gpt_neox": "two"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn"}.get(tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
-                "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8}
+                "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
-                         "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head"}.get(tiny.name, "")
-    moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss")
+                         "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
+                         "olmoe": "full"}.get(tiny.name, "")
+    moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name == "glm4_moe" else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
