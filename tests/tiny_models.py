@@ -207,6 +207,17 @@ def _cohere2(tf: Any, common: dict[str, Any]) -> Any:  # Cohere's, sliding layer
                                                   layer_types=["sliding_attention", "full_attention"]))
 
 
+def _ernie4_5_moe(tf: Any, common: dict[str, Any]) -> Any:  # experts chosen by softmax + a bias, shared experts
+    import torch
+
+    model = tf.Ernie4_5_MoeForCausalLM(tf.Ernie4_5_MoeConfig(
+        **common, moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+        moe_layer_start_index=1, moe_layer_end_index=1, moe_layer_interval=1))
+    with torch.no_grad():  # a correction bias that moves the choice (the probabilities are in (0, 1))
+        model.model.layers[1].mlp.gate.moe_statics.e_score_correction_bias.normal_(0.0, 0.3)
+    return model
+
+
 def _sigmoid_routed(model: Any) -> Any:
     """A correction bias that moves the choice of the sigmoid-routed layers (their scores are in (0, 1))."""
     import torch
@@ -256,7 +267,7 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "granite": _granite, "granitemoe": _granitemoe, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
                  "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
                  "olmo3": _olmo3, "glm4_moe": _glm4_moe, "dots1": _dots1,
-                 "olmoe": _olmoe, "cohere2": _cohere2}
+                 "olmoe": _olmoe, "cohere2": _cohere2, "ernie4_5_moe": _ernie4_5_moe}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -19,7 +19,7 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "arcee": "Arcee AFM",
+    "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE", "arcee": "Arcee AFM",
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
     "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "cohere2": "Command R7B, Command A", "olmo": "OLMo",
@@ -365,8 +365,9 @@ def _moe(config: Any) -> dict[str, Any]:
             **({"moe_layers": layers} if not all(layers) else {}),
             **({"shared_expert_size": int(config.shared_expert_intermediate_size)}
                if config.model_type == "qwen2_moe" else {}),
-            **({"shared_expert_size": int(config.moe_intermediate_size) * int(config.n_shared_experts),
-                "shared_expert_gated": False} if _get(config, "n_shared_experts", 0) else {}),
+            **({"shared_expert_size": int(config.moe_intermediate_size) * shared, "shared_expert_gated": False}
+               if (shared := int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0)))
+               else {}),
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
 
 
@@ -377,7 +378,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "phi": lambda c, sd: _renamed(sd, _PHI_NAMES), "gpt_neox": _gpt_neox_names, "olmo": _norm_params,
     "nemotron": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES), "arcee": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES),
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
-    "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves, "glm": _glm_names, "glm4": _glm_names,
+    "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves,
+    "ernie4_5_moe": _interleaved_to_halves, "glm": _glm_names, "glm4": _glm_names,
     "cohere": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
     "cohere2": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
 }
@@ -391,7 +393,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_moe": _moe, "gpt_oss": lambda c: {**_moe(c), "attn_sinks": True},
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
-    "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)},
+    "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
 }
 
 

@@ -50,13 +50,15 @@ def check_config(config: dict[str, Any], where: str) -> None:
 
 def _experts_width(config: dict[str, Any], where: str) -> int:
     """A mixture's experts, as one MLP's width beside the dense one's (its size counts every expert): 0 without."""
-    name = next((n for n in ("num_local_experts", "n_routed_experts") if n in config), "num_experts")
+    name = next((n for n in ("num_local_experts", "n_routed_experts", "moe_num_experts") if n in config),
+                "num_experts")
     if not config.get(name):  # (absent, null or 0: a dense model, as transformers reads it)
         return 0
     experts = _positive(config, name, where)
-    per_token = _positive(config, "num_experts_per_tok", where)
+    k_name = "moe_k" if "moe_k" in config else "num_experts_per_tok"  # (ERNIE 4.5's names)
+    per_token = _positive(config, k_name, where)
     if per_token > experts:
-        raise InputError(f"{where}: num_experts_per_tok ({per_token}) must be at most {name} ({experts})")
+        raise InputError(f"{where}: {k_name} ({per_token}) must be at most {name} ({experts})")
     width: Any = config.get("moe_intermediate_size", config.get("intermediate_size"))
     return experts * int(width) if _is_int(width) and width > 0 else 0
 

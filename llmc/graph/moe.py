@@ -5,6 +5,9 @@ Routing (MoESpec.routing), the [N, E] routing weights, one of:
   "softmax"  (Mixtral, Qwen, GPT-OSS) logits = h @ W_router (+ b_router: GPT-OSS; in the compute dtype), softmax over
              all experts in fp32, top-k, then (Mixtral and GPT-OSS always, Qwen3-MoE when `norm_topk_prob`) the k
              weights divided by their sum (GPT-OSS's softmax over its top k logits: the same weights)
+  "softmax_biased"  (ERNIE 4.5's) as "softmax", in fp32 (transformers keeps the router in fp32), but the experts are
+             chosen by the top k of the probabilities + router.correction_bias; each picked expert's weight is its
+             probability, divided by the k probabilities' sum
   "sigmoid"  (DeepSeek-V3's, as GLM-4.5 and dots1 have it) all in fp32, even in an fp16 graph (transformers keeps
              the router's weight and correction bias in fp32): scores = sigmoid(h @ W_router), the choice
              scores + router.correction_bias; the experts split into num_groups equal groups, each scored by the sum
@@ -65,13 +68,13 @@ from llmc.manifest import ModelSpec
 MS = "com.microsoft"
 LOWERINGS = ("standard", "loop", "dense", "ort")
 ACTIVATIONS = ("silu", "swiglu_oss")
-ROUTINGS = ("softmax", "sigmoid")
+ROUTINGS = ("softmax", "softmax_biased", "sigmoid")
 
 ROUTER = "router.weight"  # [hidden, E]
 GATE_UP = "experts.gate_up.weight"  # [E, hidden, 2I]: columns [0, I) gate, [I, 2I) up
 DOWN = "experts.down.weight"  # [E, I, hidden]
 ROUTER_BIAS = "router.bias"  # [E] (MoESpec.bias)
-CORRECTION_BIAS = "router.correction_bias"  # [E] ("sigmoid" routing: added to the scores to choose, fp32)
+CORRECTION_BIAS = "router.correction_bias"  # [E] ("sigmoid", "softmax_biased": added to the scores to choose, fp32)
 GATE_UP_BIAS = "experts.gate_up.bias"  # [E, 2I]: [0, I) gate, [I, 2I) up (MoESpec.bias)
 DOWN_BIAS = "experts.down.bias"  # [E, hidden] (MoESpec.bias; "ort"'s fc2 bias as it is)
 EXPERT_GATE_UP = "experts.{j}.gate_up.weight"  # "standard": expert j's [hidden, 2I]
@@ -124,7 +127,7 @@ class MoESpec:
                     raise ValueError(f"swiglu_oss experts need a finite positive {name}, got {value!r}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"MoE routing must be one of {ROUTINGS}, got {self.routing!r}")
-        if self.routing == "softmax":
+        if self.routing != "sigmoid":
             if (self.num_groups, self.topk_groups, self.routed_scaling) != (1, 1, 1.0):
                 raise ValueError("num_groups, topk_groups and routed_scaling are sigmoid routing's; softmax routing "
                                  f"needs 1, 1, 1.0, got {self.num_groups}, {self.topk_groups}, {self.routed_scaling!r}")
@@ -145,7 +148,8 @@ class MoESpec:
 
     def float32_arrays(self) -> tuple[str, ...]:
         """The canonical router arrays (names under the block's prefix) transformers keeps in fp32 and an fp16
-        export should too ("sigmoid" routing); the graph casts them to fp32 whichever dtype they are stored in."""
+        export should too (every routing but "softmax"); the graph casts them to fp32 whichever dtype they are
+        stored in."""
         if self.routing == "softmax":
             return ()
         return (ROUTER, CORRECTION_BIAS, *((ROUTER_BIAS,) if self.bias else ()))
@@ -161,6 +165,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type in ("mixtral", "granitemoe"):  # (Granite's softmax over the top k logits: the same weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
+    if config.model_type == "ernie4_5_moe":
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       True, config.hidden_act, routing="softmax_biased")
     if config.model_type == "olmoe":  # (its experts are intermediate_size wide)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
@@ -184,6 +191,9 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
         return True
     if config.model_type in SIGMOID_ROUTED:  # the first first_k_dense_replace layers are dense
         return layer >= int(config.first_k_dense_replace)
+    if config.model_type == "ernie4_5_moe":  # every moe_layer_interval-th layer from start to end index
+        return ((layer + 1) % int(config.moe_layer_interval) == 0
+                and int(config.moe_layer_start_index) <= layer <= int(config.moe_layer_end_index))
     return (layer not in (getattr(config, "mlp_only_layers", None) or []) and config.num_experts > 0
             and (layer + 1) % config.decoder_sparse_step == 0)
 
@@ -193,17 +203,21 @@ def canonical_from_hf(sd: Mapping[str, np.ndarray], hf_prefix: str, prefix: str)
 
     hf_prefix is the MoE module's, e.g. "model.layers.3.mlp." (every family). Mixtral / Qwen / GLM-4.5 / dots1:
     gate.weight [E, hidden], experts.gate_up_proj [E, 2I, hidden] (rows [0, I) gate, [I, 2I) up), experts.down_proj
-    [E, hidden, I], and GLM-4.5's / dots1's gate.e_score_correction_bias [E]. GPT-OSS (told by its router.weight):
+    [E, hidden, I], and GLM-4.5's / dots1's gate.e_score_correction_bias [E] (ERNIE 4.5's
+    gate.moe_statics.e_score_correction_bias [1, E]). GPT-OSS (told by its router.weight):
     router.weight [E, hidden], router.bias [E], experts.gate_up_proj [E, hidden, 2I] (columns interleaved gate_0,
     up_0, gate_1, ...), gate_up_proj_bias [E, 2I] (the same), experts.down_proj [E, I, hidden], down_proj_bias
     [E, hidden].
     """
     p, e = hf_prefix, hf_prefix + "experts."
     if p + "router.weight" not in sd:
-        correction = p + "gate.e_score_correction_bias"
+        # GLM-4.5's / dots1's [E], ERNIE 4.5's [1, E] (under its moe_statics)
+        correction = next((sd[n] for n in (p + "gate.e_score_correction_bias",
+                                           p + "gate.moe_statics.e_score_correction_bias") if n in sd), None)
         return {
             f"{prefix}.{ROUTER}": np.ascontiguousarray(sd[p + "gate.weight"].T),
-            **({f"{prefix}.{CORRECTION_BIAS}": np.ascontiguousarray(sd[correction])} if correction in sd else {}),
+            **({f"{prefix}.{CORRECTION_BIAS}": np.ascontiguousarray(correction.reshape(-1))}
+               if correction is not None else {}),
             f"{prefix}.{GATE_UP}": np.ascontiguousarray(sd[e + "gate_up_proj"].transpose(0, 2, 1)),
             f"{prefix}.{DOWN}": np.ascontiguousarray(sd[e + "down_proj"].transpose(0, 2, 1)),
         }
@@ -298,8 +312,8 @@ def _check_lowering(lowering: str) -> None:
 
 def _router_logits(b: GraphBuilder, x: str, prefix: str, spec: MoESpec) -> str:
     """x @ W_router (+ b_router) [N, E]: in the compute dtype for "softmax" routing (as transformers), in fp32 for
-    "sigmoid" (the router's arrays cast to fp32: a no-op where they are stored so, `MoESpec.float32_arrays`)."""
-    fp32 = b.to_float32 if spec.routing == "sigmoid" else (lambda t: t)
+    the others (the router's arrays cast to fp32: a no-op where they are stored so, `MoESpec.float32_arrays`)."""
+    fp32 = b.to_float32 if spec.routing != "softmax" else (lambda t: t)
     logits = b.op("MatMul", fp32(x), fp32(b.weight(f"{prefix}.{ROUTER}")))
     if spec.bias:
         logits = b.op("Add", logits, fp32(b.weight(f"{prefix}.{ROUTER_BIAS}")))
@@ -321,6 +335,11 @@ def _routing_matrix(b: GraphBuilder, logits: str, prefix: str, spec: MoESpec) ->
     k = b.ints(spec.experts_per_token)
     if spec.routing == "softmax":
         top, idx = b.op_n("TopK", b.op("Softmax", b.to_float32(logits), axis=-1), k, outputs=2, axis=-1)
+    elif spec.routing == "softmax_biased":
+        probs = b.op("Softmax", logits, axis=-1)
+        choice = b.op("Add", probs, b.to_float32(b.weight(f"{prefix}.{CORRECTION_BIAS}")))
+        idx = b.op_n("TopK", choice, k, outputs=2, axis=-1)[1]
+        top = b.op("GatherElements", probs, idx, axis=1)  # the probabilities, not the choices
     else:
         scores = b.op("Sigmoid", logits)
         choice = b.op("Add", scores, b.to_float32(b.weight(f"{prefix}.{CORRECTION_BIAS}")))

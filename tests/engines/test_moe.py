@@ -47,7 +47,7 @@ from llmc.manifest import ModelSpec
 HIDDEN, EXPERTS, TOP_K, INTER = 32, 4, 2, 24
 SHAPES = [(1, 1), (3, 1), (1, 9), (2, 5)]  # [B, S]: decode rows and prompts
 PREFIX = "layers.0.mlp"
-FAMILIES = ("mixtral", "qwen3_norm", "qwen3_raw", "gpt_oss", "glm4_norm", "glm4_raw", "dots1")
+FAMILIES = ("mixtral", "qwen3_norm", "qwen3_raw", "gpt_oss", "glm4_norm", "glm4_raw", "dots1", "ernie4_5_moe")
 # sigmoid-routed families: (experts, top k, groups, groups kept, norm_topk_prob, routed_scaling_factor)
 SIGMOID = {"glm4_norm": (8, 2, 4, 2, True, 2.5), "glm4_raw": (8, 2, 4, 2, False, 1.8),
            "dots1": (8, 3, 2, 1, True, 0.7)}
@@ -87,10 +87,11 @@ def picks(logits: np.ndarray, correction: np.ndarray, spec: MoESpec) -> tuple[np
     """Float64 routing of logits [N, E] as transformers does it: each token's k picked experts [N, k] and their
     weights [N, k]."""
     k = spec.experts_per_token
-    if spec.routing == "softmax":
+    if spec.routing != "sigmoid":
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
-        top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        choice = probs + correction if spec.routing == "softmax_biased" else probs  # (ERNIE 4.5: chosen biased)
+        top = np.argsort(-choice, axis=-1, kind="stable")[:, :k]
         w = np.take_along_axis(probs, top, -1)
         return top, w / (w.sum(-1, keepdims=True) if spec.norm_topk_prob else 1.0)
     scores = 1 / (1 + np.exp(-logits))
@@ -178,6 +179,15 @@ def hf_block(family: str, seed: int = 0) -> tuple[torch.nn.Module, MoESpec]:
         correction = torch.randn(experts, generator=torch.Generator().manual_seed(seed + 100)) * 0.3
         with torch.no_grad():  # (a buffer, not a parameter; about the scores' spread: `test_sigmoid_routing_picks`)
             block.get_buffer("gate.e_score_correction_bias").copy_(correction)
+    elif family == "ernie4_5_moe":
+        from transformers import Ernie4_5_MoeConfig
+        from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeSparseMoeBlock
+
+        config = Ernie4_5_MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=INTER, moe_num_experts=EXPERTS,
+                                    moe_k=TOP_K, moe_num_shared_experts=0)
+        block = Ernie4_5_MoeSparseMoeBlock(config)
+        # the correction bias (a parameter here) about the probabilities' spread, so that it moves the choice
+        scales = {"gate.weight": 0.5, "gate.moe_statics.e_score_correction_bias": 0.3}
     elif family == "gpt_oss":
         from transformers import GptOssConfig
         from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
@@ -455,3 +465,15 @@ def test_sigmoid_routing_validation(fields: dict[str, Any], bad: str) -> None:
     MoESpec(**args)
     with pytest.raises(ValueError, match=bad):
         MoESpec(**{**args, **fields})
+
+
+def test_ernie_routing_chooses_by_the_biased_probabilities() -> None:
+    """ERNIE 4.5 picks by softmax + its correction bias but weighs by the softmax: on the inputs every lowering is
+    checked on, the bias changes some token's experts (so the lowerings' agreement above tests the choice)."""
+    block, spec = hf_block("ernie4_5_moe")
+    weights = canonical_from_hf({k: v.detach().numpy() for k, v in block.state_dict().items()}, "", PREFIX)
+    w64 = float64(weights, spec)
+    x = np.concatenate([h.reshape(-1, HIDDEN) for h in inputs()]).astype(np.float64)
+    biased, _ = picks(x @ w64[ROUTER], w64[CORRECTION_BIAS], spec)
+    plain, _ = picks(x @ w64[ROUTER], np.zeros_like(w64[CORRECTION_BIAS]), spec)
+    assert spec.routing == "softmax_biased" and (np.sort(biased, -1) != np.sort(plain, -1)).any()
