@@ -218,6 +218,19 @@ def _ernie4_5_moe(tf: Any, common: dict[str, Any]) -> Any:  # experts chosen by 
     return model
 
 
+def _hunyuan_v1_dense(tf: Any, common: dict[str, Any]) -> Any:  # q and k normed after RoPE, NTK-alpha's base
+    import torch
+
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 50.0, "factor": 1.0}
+    model = tf.HunYuanDenseV1ForCausalLM(tf.HunYuanDenseV1Config(**common, head_dim=16, rope_parameters=rope,
+                                                                 tie_word_embeddings=True))
+    with torch.no_grad():  # norms of weights other than 1: with 1 they commute with the rotation (it keeps the RMS)
+        for layer in model.model.layers:
+            for n in (layer.self_attn.query_layernorm, layer.self_attn.key_layernorm):
+                n.weight.uniform_(0.5, 1.5)
+    return model
+
+
 def _sigmoid_routed(model: Any) -> Any:
     """A correction bias that moves the choice of the sigmoid-routed layers (their scores are in (0, 1))."""
     import torch
@@ -267,7 +280,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "granite": _granite, "granitemoe": _granitemoe, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe,
                  "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
                  "olmo3": _olmo3, "glm4_moe": _glm4_moe, "dots1": _dots1,
-                 "olmoe": _olmoe, "cohere2": _cohere2, "ernie4_5_moe": _ernie4_5_moe}
+                 "olmoe": _olmoe, "cohere2": _cohere2, "ernie4_5_moe": _ernie4_5_moe,
+                 "hunyuan_v1_dense": _hunyuan_v1_dense}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -19,7 +19,8 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE", "arcee": "Arcee AFM",
+    "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE",
+    "hunyuan_v1_dense": "Hunyuan (dense)", "arcee": "Arcee AFM",
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
     "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "cohere2": "Command R7B, Command A", "olmo": "OLMo",
@@ -128,7 +129,9 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
     if any(hasattr(rotary, f"{t}_inv_freq") for t in ("full_attention", "sliding_attention")):
         return _per_layer_type_rope(rotary, params)  # (Gemma 3, OLMo 3)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in STATIC_ROPE_TYPES:
+    if getattr(rotary, "rope_type", None) == "ntk_alpha":  # Hunyuan's "dynamic" with a fixed alpha: a static base
+        rope_type = "ntk_alpha"
+    if rope_type not in (*STATIC_ROPE_TYPES, "ntk_alpha"):
         _refuse("rope_type", rope_type, f"it depends on the sequence length; supported: {', '.join(STATIC_ROPE_TYPES)}")
     inv_freq = rotary.original_inv_freq if hasattr(rotary, "original_inv_freq") else rotary.inv_freq
     fields: dict[str, Any] = {"rope_theta": float(params.get("rope_theta", _get(config, "rope_theta", 10000.0))),
@@ -372,6 +375,7 @@ def _moe(config: Any) -> dict[str, Any]:
 
 
 # Per family: its weights under the names (and in the rotary layout) the others use, before anything reads them
+_HUNYUAN_NAMES = ((".query_layernorm.", ".q_norm."), (".key_layernorm.", ".k_norm."))
 _PLAIN_MLP_NAMES = (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj."))  # up, activation, down
 _GRANITEMOE_NAMES = ((".block_sparse_moe.router.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."))
 _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
@@ -379,7 +383,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "nemotron": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES), "arcee": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES),
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
     "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves,
-    "ernie4_5_moe": _interleaved_to_halves, "glm": _glm_names, "glm4": _glm_names,
+    "ernie4_5_moe": _interleaved_to_halves,
+    "hunyuan_v1_dense": lambda c, sd: _renamed(sd, _HUNYUAN_NAMES), "glm": _glm_names, "glm4": _glm_names,
     "cohere": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
     "cohere2": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
 }
@@ -394,6 +399,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
+    "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
 }
 
 

@@ -49,11 +49,17 @@ def _without_sink_column(c: Ctx, probs: str) -> str:
     return b.op("Slice", probs, b.ints(0), b.ints(-1), b.ints(-1))
 
 
-def rope_table(c: Ctx, layer: int) -> str | None:
+def layer_rope_table(c: Ctx, layer: int) -> str | None:
     """The rotary table a layer uses: none (NoPE), the sliding layers' local one (Gemma 3), or the global one."""
     if not c.m.has_rope(layer):
         return None
     return INV_FREQ_LOCAL if c.m.window(layer) and c.has(INV_FREQ_LOCAL) else INV_FREQ
+
+
+def rope_table(c: Ctx, layer: int) -> str | None:
+    """The rotary table the attention applies: the layer's, or none where the decoder rotated q and k before their
+    norms (ModelSpec.qk_norm_after_rope)."""
+    return None if c.m.qk_norm_after_rope else layer_rope_table(c, layer)
 
 
 def _table_scaling(c: Ctx, table: str) -> float:

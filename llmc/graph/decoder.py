@@ -20,7 +20,7 @@ import onnx
 from onnx import helper
 
 from llmc.graph import io_names as io
-from llmc.graph.attention import LOWERINGS
+from llmc.graph.attention import LOWERINGS, Rotary, layer_rope_table, rotate_packed
 from llmc.graph.builder import DTYPES, GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.layers import (
@@ -75,9 +75,12 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     m = c.m
     fuse = c.opts.fuse_norms and m.norm_layout != "post"  # (OLMo 2 norms only block outputs: nothing to fuse)
     h = x if m.norm_layout == "post" else norm(c, x, "layers.0.norm1")
+    rotary = Rotary(c)  # (the attention rotates q and k, unless their norms follow the rotation)
     for i in range(m.num_layers):
         p = f"layers.{i}"
         qkv = linear(c, h, f"{p}.qkv")
+        if m.qk_norm_after_rope and (table := layer_rope_table(c, i)) is not None:  # (Hunyuan)
+            qkv = rotate_packed(c, rotary, qkv, table)
         qkv = _qk_norm(c, i, qkv)
         if m.clip_qkv:  # (after q and k's norms: OLMoE)
             qkv = c.b.op("Clip", qkv, c.b.scalar(-m.clip_qkv), c.b.scalar(m.clip_qkv))
@@ -120,7 +123,8 @@ def _block_output(c: Ctx, y: str, post_norm: str) -> str:
 
 
 def _qk_norm(c: Ctx, i: int, qkv: str) -> str:
-    """RMSNorm of q and k before rotary: over each head (Qwen3, Gemma 3) or over all of q / k (OLMo 2)."""
+    """RMSNorm of q and k before rotary (after it: Hunyuan): over each head (Qwen3, Gemma 3) or over all of q / k
+    (OLMo 2)."""
     m = c.m
     if not m.qk_norm:
         return qkv

@@ -78,10 +78,11 @@ def decode_spec(model: ModelSpec, kv: KVSpec, file: str = "decode.onnx") -> Grap
 def rotary_in_graph(model: ModelSpec, attention: str) -> bool:
     """Whether q and k are rotated by graph ops from position_ids, rather than inside the attention op: always for
     the standard-op lowerings; for GroupQueryAttention / llmc's operator when a row's table depends on its own
-    length (longrope), or GroupQueryAttention cannot rotate the model's partial width (R / 2 a multiple of 8)."""
+    length (longrope), q and k are normed after their rotation (Hunyuan), or GroupQueryAttention cannot rotate the
+    model's partial width (R / 2 a multiple of 8)."""
     if model.positions != "rope" or not any(model.has_rope(i) for i in range(model.num_layers)):
         return False
-    if attention in ("decomposed", *STANDARD_INPLACE) or model.rope_long_after:
+    if attention in ("decomposed", *STANDARD_INPLACE) or model.rope_long_after or model.qk_norm_after_rope:
         return True
     return attention == "gqa" and (model.rotated_dims // 2) % 8 != 0
 

@@ -311,7 +311,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
                                 "gpt_neox": "two"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
-                           "gpt_oss": "yarn", "olmo3": "yarn"}.get(tiny.name, "default")
+                           "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha"}.get(tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
@@ -322,7 +322,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
-                         "olmoe": "full"}.get(tiny.name, "")
+                         "olmoe": "full", "hunyuan_v1_dense": "head"}.get(tiny.name, "")
+    assert m.qk_norm_after_rope is (tiny.name == "hunyuan_v1_dense")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name == "glm4_moe" else
