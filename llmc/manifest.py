@@ -113,6 +113,7 @@ class ModelSpec:
     moe_groups: int = 1
     moe_topk_groups: int = 1
     routed_scaling: float = 1.0
+    moe_router_fp32: bool = False  # "softmax" routing's router in fp32 whatever the dtype (Hunyuan; the others always)
     # GPT-OSS's experts: "swiglu_oss" is (clamp(up, -L, L) + 1) * g * sigmoid(alpha g), g = min(gate, L), with
     # L = swiglu_limit, alpha = swiglu_alpha; moe_bias: the router and every expert's products have biases
     moe_activation: str = "silu"

@@ -231,6 +231,18 @@ def _hunyuan_v1_dense(tf: Any, common: dict[str, Any]) -> Any:  # q and k normed
     return model
 
 
+def _hunyuan_v1_moe(tf: Any, common: dict[str, Any]) -> Any:  # Hunyuan's attention, an fp32 router, a shared MLP
+    import torch
+
+    model = tf.HunYuanMoEV1ForCausalLM(tf.HunYuanMoEV1Config(**common, head_dim=16, num_experts=4, moe_topk=2,
+                                                             num_shared_expert=1, tie_word_embeddings=True))
+    with torch.no_grad():  # (as the dense one's: norms that do not commute with the rotation)
+        for layer in model.model.layers:
+            for n in (layer.self_attn.query_layernorm, layer.self_attn.key_layernorm):
+                n.weight.uniform_(0.5, 1.5)
+    return model
+
+
 def _sigmoid_routed(model: Any) -> Any:
     """A correction bias that moves the choice of the sigmoid-routed layers (their scores are in (0, 1))."""
     import torch
@@ -281,7 +293,7 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
                  "olmo3": _olmo3, "glm4_moe": _glm4_moe, "dots1": _dots1,
                  "olmoe": _olmoe, "cohere2": _cohere2, "ernie4_5_moe": _ernie4_5_moe,
-                 "hunyuan_v1_dense": _hunyuan_v1_dense}
+                 "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -20,7 +20,7 @@ from llmc.manifest import ModelSpec
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE",
-    "hunyuan_v1_dense": "Hunyuan (dense)", "arcee": "Arcee AFM",
+    "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)", "arcee": "Arcee AFM",
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
     "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "cohere2": "Command R7B, Command A", "olmo": "OLMo",
@@ -289,6 +289,21 @@ def _cohere(config: Any) -> dict[str, Any]:  # LayerNorm without bias, attention
             "logits_scaling": 1.0 / float(config.logit_scale)}
 
 
+def _uniform(config: Any, *names: str) -> Any:
+    """A copy of the config with each named per-layer list (Hunyuan's) read as its one value; lists that differ are
+    refused."""
+    import copy
+
+    config = copy.copy(config)
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, list | tuple):
+            if len(set(value)) != 1:
+                _refuse(name, value, "llmc builds one mixture shape for every layer")
+            setattr(config, name, value[0])
+    return config
+
+
 def _cohere2(config: Any) -> dict[str, Any]:  # Cohere's, with sliding layers rotated and full layers without RoPE
     return {**_cohere(config), "rope_layers": tuple(t == "sliding_attention" for t in config.layer_types)}
 
@@ -365,17 +380,21 @@ def _moe(config: Any) -> dict[str, Any]:
             "moe_activation": moe.activation, "swiglu_alpha": moe.alpha, "swiglu_limit": moe.limit,
             "moe_bias": moe.bias, "moe_routing": moe.routing, "moe_groups": moe.num_groups,
             "moe_topk_groups": moe.topk_groups, "routed_scaling": moe.routed_scaling,
+            "moe_router_fp32": moe.router_fp32,
             **({"moe_layers": layers} if not all(layers) else {}),
             **({"shared_expert_size": int(config.shared_expert_intermediate_size)}
                if config.model_type == "qwen2_moe" else {}),
             **({"shared_expert_size": int(config.moe_intermediate_size) * shared, "shared_expert_gated": False}
                if (shared := int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0)))
                else {}),
+            **({"shared_expert_size": int(config.intermediate_size) * int(config.num_shared_expert),
+                "shared_expert_gated": False} if config.model_type == "hunyuan_v1_moe" else {}),
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
 
 
 # Per family: its weights under the names (and in the rotary layout) the others use, before anything reads them
-_HUNYUAN_NAMES = ((".query_layernorm.", ".q_norm."), (".key_layernorm.", ".k_norm."))
+_HUNYUAN_NAMES = ((".query_layernorm.", ".q_norm."), (".key_layernorm.", ".k_norm."), (".mlp.gate.wg.", ".mlp.gate."),
+                  (".mlp.shared_mlp.", ".mlp.shared_experts."))
 _PLAIN_MLP_NAMES = (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj."))  # up, activation, down
 _GRANITEMOE_NAMES = ((".block_sparse_moe.router.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."))
 _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
@@ -384,7 +403,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
     "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves,
     "ernie4_5_moe": _interleaved_to_halves,
-    "hunyuan_v1_dense": lambda c, sd: _renamed(sd, _HUNYUAN_NAMES), "glm": _glm_names, "glm4": _glm_names,
+    "hunyuan_v1_dense": lambda c, sd: _renamed(sd, _HUNYUAN_NAMES),
+    "hunyuan_v1_moe": lambda c, sd: _renamed(sd, _HUNYUAN_NAMES), "glm": _glm_names, "glm4": _glm_names,
     "cohere": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
     "cohere2": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
 }
@@ -400,6 +420,8 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
+    "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")), "qk_norm": "head",
+                                 "qk_norm_after_rope": True},
 }
 
 

@@ -54,13 +54,21 @@ def _experts_width(config: dict[str, Any], where: str) -> int:
                 "num_experts")
     if not config.get(name):  # (absent, null or 0: a dense model, as transformers reads it)
         return 0
-    experts = _positive(config, name, where)
-    k_name = "moe_k" if "moe_k" in config else "num_experts_per_tok"  # (ERNIE 4.5's names)
-    per_token = _positive(config, k_name, where)
+    experts = _per_layer_positive(config, name, where)
+    k_name = next((n for n in ("moe_k", "moe_topk") if n in config), "num_experts_per_tok")  # (ERNIE's, Hunyuan's)
+    per_token = _per_layer_positive(config, k_name, where)
     if per_token > experts:
         raise InputError(f"{where}: {k_name} ({per_token}) must be at most {name} ({experts})")
     width: Any = config.get("moe_intermediate_size", config.get("intermediate_size"))
     return experts * int(width) if _is_int(width) and width > 0 else 0
+
+
+def _per_layer_positive(config: dict[str, Any], name: str, where: str) -> int:
+    """A positive integer, or a list of them (one a layer: Hunyuan's mixtures), as its largest."""
+    value = config.get(name)
+    if isinstance(value, list) and value and all(_is_int(v) and v > 0 for v in value):
+        return max(value)
+    return _positive(config, name, where)
 
 
 def _positive(config: dict[str, Any], name: str, where: str, default: int | None = None) -> int:

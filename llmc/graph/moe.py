@@ -113,6 +113,7 @@ class MoESpec:
     num_groups: int = 1  # "sigmoid": the expert groups (GLM-4.5: config.n_group)
     topk_groups: int = 1  # "sigmoid": how many of the best groups' experts compete (config.topk_group)
     routed_scaling: float = 1.0  # "sigmoid": the routing weights' factor (config.routed_scaling_factor)
+    router_fp32: bool = False  # "softmax": the router in fp32 whatever the model's dtype (Hunyuan); the others always
 
     def __post_init__(self) -> None:
         if not 0 < self.experts_per_token <= self.num_experts:
@@ -150,9 +151,14 @@ class MoESpec:
         """The canonical router arrays (names under the block's prefix) transformers keeps in fp32 and an fp16
         export should too (every routing but "softmax"); the graph casts them to fp32 whichever dtype they are
         stored in."""
-        if self.routing == "softmax":
+        if not self.fp32_router:
             return ()
-        return (ROUTER, CORRECTION_BIAS, *((ROUTER_BIAS,) if self.bias else ()))
+        return (ROUTER, *((CORRECTION_BIAS,) if self.routing != "softmax" else ()), *((ROUTER_BIAS,) if self.bias else ()))
+
+    @property
+    def fp32_router(self) -> bool:
+        """The router's product in fp32 (transformers keeps its weight so): every routing but plain "softmax"."""
+        return self.routing != "softmax" or self.router_fp32
 
 
 SIGMOID_ROUTED = ("glm4_moe", "dots1")  # the model types with "sigmoid" routing
@@ -168,6 +174,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "ernie4_5_moe":
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        True, config.hidden_act, routing="softmax_biased")
+    if config.model_type == "hunyuan_v1_moe":  # (one count for every layer: arch.py refuses per-layer lists)
+        return MoESpec(int(config.num_experts), int(config.moe_topk), int(config.intermediate_size), True,
+                       config.hidden_act, router_fp32=True)
     if config.model_type == "olmoe":  # (its experts are intermediate_size wide)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
@@ -187,7 +196,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
-    if config.model_type in ("mixtral", "granitemoe", "gpt_oss", "olmoe"):
+    if config.model_type in ("mixtral", "granitemoe", "gpt_oss", "olmoe", "hunyuan_v1_moe"):
         return True
     if config.model_type in SIGMOID_ROUTED:  # the first first_k_dense_replace layers are dense
         return layer >= int(config.first_k_dense_replace)
@@ -293,7 +302,8 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
         fc1 = [b.weight(f"{prefix}.{ORT_FC1}"), b.weight(f"{prefix}.{ORT_FC1_BIAS}") if spec.bias else ""]
         fc2 = [b.weight(f"{prefix}.{ORT_FC2}"), *([b.weight(f"{prefix}.{DOWN_BIAS}")] if spec.bias else [])]
         softmax = spec.routing == "softmax"
-        router, total = (logits, "") if softmax else _ort_router(b, _routing_matrix(b, logits, prefix, spec))
+        router, total = ((b.to_compute(logits) if spec.fp32_router else logits, "") if softmax
+                         else _ort_router(b, _routing_matrix(b, logits, prefix, spec)))
         y = b.op("MoE", x, router, *fc1, *fc2, domain=MS, k=spec.experts_per_token,
                  normalize_routing_weights=int(softmax and spec.norm_topk_prob), **ort_attrs(spec))
         if total:
@@ -312,8 +322,9 @@ def _check_lowering(lowering: str) -> None:
 
 def _router_logits(b: GraphBuilder, x: str, prefix: str, spec: MoESpec) -> str:
     """x @ W_router (+ b_router) [N, E]: in the compute dtype for "softmax" routing (as transformers), in fp32 for
-    the others (the router's arrays cast to fp32: a no-op where they are stored so, `MoESpec.float32_arrays`)."""
-    fp32 = b.to_float32 if spec.routing != "softmax" else (lambda t: t)
+    the others and an fp32 router (the router's arrays cast to fp32: a no-op where they are stored so,
+    `MoESpec.float32_arrays`)."""
+    fp32 = b.to_float32 if spec.fp32_router else (lambda t: t)
     logits = b.op("MatMul", fp32(x), fp32(b.weight(f"{prefix}.{ROUTER}")))
     if spec.bias:
         logits = b.op("Add", logits, fp32(b.weight(f"{prefix}.{ROUTER_BIAS}")))
@@ -492,7 +503,7 @@ def _loop(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> st
 def moe_spec(m: ModelSpec) -> MoESpec:
     return MoESpec(m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.norm_topk_prob, m.moe_activation,
                    m.swiglu_alpha, m.swiglu_limit, m.moe_bias, m.moe_routing, m.moe_groups, m.moe_topk_groups,
-                   m.routed_scaling)
+                   m.routed_scaling, m.moe_router_fp32)
 
 
 def moe_mlp(c: Ctx, layer: int, h: str) -> str:

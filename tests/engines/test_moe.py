@@ -47,7 +47,8 @@ from llmc.manifest import ModelSpec
 HIDDEN, EXPERTS, TOP_K, INTER = 32, 4, 2, 24
 SHAPES = [(1, 1), (3, 1), (1, 9), (2, 5)]  # [B, S]: decode rows and prompts
 PREFIX = "layers.0.mlp"
-FAMILIES = ("mixtral", "qwen3_norm", "qwen3_raw", "gpt_oss", "glm4_norm", "glm4_raw", "dots1", "ernie4_5_moe")
+FAMILIES = ("mixtral", "qwen3_norm", "qwen3_raw", "gpt_oss", "glm4_norm", "glm4_raw", "dots1", "ernie4_5_moe",
+            "hunyuan")
 # sigmoid-routed families: (experts, top k, groups, groups kept, norm_topk_prob, routed_scaling_factor)
 SIGMOID = {"glm4_norm": (8, 2, 4, 2, True, 2.5), "glm4_raw": (8, 2, 4, 2, False, 1.8),
            "dots1": (8, 3, 2, 1, True, 0.7)}
@@ -179,6 +180,13 @@ def hf_block(family: str, seed: int = 0) -> tuple[torch.nn.Module, MoESpec]:
         correction = torch.randn(experts, generator=torch.Generator().manual_seed(seed + 100)) * 0.3
         with torch.no_grad():  # (a buffer, not a parameter; about the scores' spread: `test_sigmoid_routing_picks`)
             block.get_buffer("gate.e_score_correction_bias").copy_(correction)
+    elif family == "hunyuan":
+        from transformers import HunYuanMoEV1Config
+        from transformers.models.hunyuan_v1_moe.modeling_hunyuan_v1_moe import HunYuanMoEV1Moe
+
+        config = HunYuanMoEV1Config(hidden_size=HIDDEN, intermediate_size=INTER, num_experts=EXPERTS, moe_topk=TOP_K)
+        block = HunYuanMoEV1Moe(config)
+        scales = {"gate.wg.weight": 0.5, "shared_mlp.down_proj.weight": 0.0}  # (its shared MLP is the decoder's)
     elif family == "ernie4_5_moe":
         from transformers import Ernie4_5_MoeConfig
         from transformers.models.ernie4_5_moe.modeling_ernie4_5_moe import Ernie4_5_MoeSparseMoeBlock
@@ -217,6 +225,13 @@ def hf_block(family: str, seed: int = 0) -> tuple[torch.nn.Module, MoESpec]:
     return block.eval(), spec_from_hf_config(config)
 
 
+def block_weights(block: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The block's canonical arrays (Hunyuan's router under the others' name first, as llmc/export/arch.py renames
+    it)."""
+    sd = {k.replace("gate.wg.", "gate."): v.detach().numpy() for k, v in block.state_dict().items()}
+    return canonical_from_hf(sd, "", PREFIX)
+
+
 def inputs() -> Iterator[np.ndarray]:
     """The blocks' inputs h [B, S, HIDDEN], one per SHAPES."""
     rng = np.random.default_rng(1)
@@ -227,8 +242,7 @@ def inputs() -> Iterator[np.ndarray]:
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, MoESpec, dict[str, np.ndarray]]:
     block, spec = hf_block(request.param)
-    sd = {k: v.detach().numpy() for k, v in block.state_dict().items()}
-    return block, spec, canonical_from_hf(sd, "", PREFIX)
+    return block, spec, block_weights(block)
 
 
 @pytest.mark.parametrize("lowering", LOWERINGS)
@@ -269,11 +283,11 @@ def test_standard_lowerings_across_opsets(opset: int, routing: str) -> None:
         assert np.abs(y - reference(h, weights, spec)).max() <= 1e-5, lowering
 
 
-@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "hunyuan"])
 def test_float16_graphs_route_in_float32(name: str) -> None:
     """fp16 graphs: logits in fp16 (as transformers in half precision), softmax / top-k in fp32."""
     block, spec = hf_block(name, seed=4)
-    weights = canonical_from_hf({k: v.detach().numpy() for k, v in block.state_dict().items()}, "", PREFIX)
+    weights = block_weights(block)
     h = np.random.default_rng(5).standard_normal((2, 4, HIDDEN)).astype(np.float32)
     expected = reference(h, weights, spec)
     for lowering in LOWERINGS:
@@ -287,7 +301,7 @@ def test_sigmoid_routing_picks(name: str) -> None:
     """`picks` is transformers' router (GLM-4.5's, dots1's), and on the inputs every lowering is checked on, the
     correction bias and the group limit each change some token's experts (so that check covers both)."""
     block, spec = hf_block(name)
-    weights = canonical_from_hf({k: v.detach().numpy() for k, v in block.state_dict().items()}, "", PREFIX)
+    weights = block_weights(block)
     w64 = float64(weights, spec)
     x = np.concatenate([h.reshape(-1, HIDDEN) for h in inputs()])
     logits = x.astype(np.float64) @ w64[ROUTER]
@@ -311,7 +325,7 @@ def test_float16_graphs_route_sigmoid_in_float32(name: str, router_fp32: bool) -
     """fp16 graphs, "sigmoid" routing: all of it in fp32, the router's weight and correction bias stored in fp32
     (as transformers keeps them: MoESpec.float32_arrays) or in fp16 (cast up), the experts in fp16."""
     block, spec = hf_block(name, seed=4)
-    weights = canonical_from_hf({k: v.detach().numpy() for k, v in block.state_dict().items()}, "", PREFIX)
+    weights = block_weights(block)
     keep = spec.float32_arrays() if router_fp32 else ()
     assert set(spec.float32_arrays()) == {ROUTER, CORRECTION_BIAS}
     seen = {n: a if n.removeprefix(f"{PREFIX}.") in keep else a.astype(np.float16).astype(np.float32)
@@ -471,7 +485,7 @@ def test_ernie_routing_chooses_by_the_biased_probabilities() -> None:
     """ERNIE 4.5 picks by softmax + its correction bias but weighs by the softmax: on the inputs every lowering is
     checked on, the bias changes some token's experts (so the lowerings' agreement above tests the choice)."""
     block, spec = hf_block("ernie4_5_moe")
-    weights = canonical_from_hf({k: v.detach().numpy() for k, v in block.state_dict().items()}, "", PREFIX)
+    weights = block_weights(block)
     w64 = float64(weights, spec)
     x = np.concatenate([h.reshape(-1, HIDDEN) for h in inputs()]).astype(np.float64)
     biased, _ = picks(x @ w64[ROUTER], w64[CORRECTION_BIAS], spec)

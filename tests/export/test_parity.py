@@ -322,9 +322,9 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
-                         "olmoe": "full", "hunyuan_v1_dense": "head"}.get(tiny.name, "")
-    assert m.qk_norm_after_rope is (tiny.name == "hunyuan_v1_dense")
-    moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe")
+                         "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head"}.get(tiny.name, "")
+    assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
+    moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name == "glm4_moe" else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
@@ -336,7 +336,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe") else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
-                                                             "dots1": (64, False), "ernie4_5_moe": (32, False)}.get(
+                                                             "dots1": (64, False), "ernie4_5_moe": (32, False),
+                                                             "hunyuan_v1_moe": (96, False)}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post"}.get(tiny.name, "pre")
