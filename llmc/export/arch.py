@@ -23,10 +23,12 @@ SUPPORTED = {
     "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)", "arcee": "Arcee AFM",
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
-    "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "cohere2": "Command R7B, Command A", "olmo": "OLMo",
-    "olmo2": "OLMo 2", "olmo3": "OLMo 3", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2",
-    "granite": "Granite", "granitemoe": "Granite MoE", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE",
-    "qwen3_moe": "Qwen3-MoE", "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "olmoe": "OLMoE", "gpt_oss": "gpt-oss", "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
+    "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23",
+    "cohere2": "Command R7B, Command A", "olmo": "OLMo", "olmo2": "OLMo 2", "olmo3": "OLMo 3",
+    "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "granite": "Granite",
+    "granitemoe": "Granite MoE", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
+    "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "olmoe": "OLMoE", "gpt_oss": "gpt-oss", "gpt2": "GPT-2",
+    "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -381,15 +383,22 @@ def _moe(config: Any) -> dict[str, Any]:
             "moe_bias": moe.bias, "moe_routing": moe.routing, "moe_groups": moe.num_groups,
             "moe_topk_groups": moe.topk_groups, "routed_scaling": moe.routed_scaling,
             "moe_router_fp32": moe.router_fp32,
-            **({"moe_layers": layers} if not all(layers) else {}),
-            **({"shared_expert_size": int(config.shared_expert_intermediate_size)}
-               if config.model_type == "qwen2_moe" else {}),
-            **({"shared_expert_size": int(config.moe_intermediate_size) * shared, "shared_expert_gated": False}
-               if (shared := int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0)))
-               else {}),
-            **({"shared_expert_size": int(config.intermediate_size) * int(config.num_shared_expert),
-                "shared_expert_gated": False} if config.model_type == "hunyuan_v1_moe" else {}),
+            **({"moe_layers": layers} if not all(layers) else {}), **_shared_experts(config),
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
+
+
+def _shared_experts(config: Any) -> dict[str, Any]:
+    """The experts every token runs beside its routed ones, as one MLP: Qwen2-MoE's (gated by a sigmoid), or
+    GLM-4.5's / dots1's / ERNIE 4.5's (n experts of the routed ones' width) and Hunyuan's (of the dense width), added
+    as they are."""
+    if config.model_type == "qwen2_moe":
+        return {"shared_expert_size": int(config.shared_expert_intermediate_size)}
+    if config.model_type == "hunyuan_v1_moe":
+        width = int(config.intermediate_size) * int(config.num_shared_expert)
+    else:
+        shared = int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0))
+        width = int(config.moe_intermediate_size) * shared if shared else 0
+    return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
 
 
 # Per family: its weights under the names (and in the rotary layout) the others use, before anything reads them
@@ -411,7 +420,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
-    "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4, "glm": _glm, "glm4": _glm,
+    "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4,
+    "glm": _glm, "glm4": _glm,
     "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
     "olmo3": _olmo2,
     "granite": _granite, "granitemoe": lambda c: {**_granite(c), **_moe(c)}, "mixtral": _moe, "qwen2_moe": _moe,
@@ -420,8 +430,8 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
-    "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")), "qk_norm": "head",
-                                 "qk_norm_after_rope": True},
+    "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),
+                                 "qk_norm": "head", "qk_norm_after_rope": True},
 }
 
 

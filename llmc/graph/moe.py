@@ -88,7 +88,8 @@ ORT_FC1_BIAS = "experts.fc1.bias"  # "ort": [E, 2I], interleaved as fc1's rows (
 # com.microsoft.MoE's SwiGLU is  min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + beta)
 # over interleaved (g, u) pairs; alpha 1, beta 0 and no limit (FLT_MAX: finite, so no inf in the model) make it
 # silu(g) * u ("silu"); GPT-OSS's alpha, beta 1 and its limit make it "swiglu_oss" (`ort_attrs`; checked against
-# transformers: the gate is clamped from above only, as GPT-OSS's). Set explicitly: defaults have moved between releases.
+# transformers: the gate is clamped from above only, as GPT-OSS's). Set explicitly: defaults have moved between
+# releases.
 ORT_ATTRS: dict[str, Any] = {
     "activation_type": "swiglu",
     "swiglu_fusion": 1,  # fused fc1, interleaved: the only SwiGLU form the CPU kernel runs
@@ -153,7 +154,8 @@ class MoESpec:
         stored in."""
         if not self.fp32_router:
             return ()
-        return (ROUTER, *((CORRECTION_BIAS,) if self.routing != "softmax" else ()), *((ROUTER_BIAS,) if self.bias else ()))
+        correction = (CORRECTION_BIAS,) if self.routing != "softmax" else ()
+        return (ROUTER, *correction, *((ROUTER_BIAS,) if self.bias else ()))
 
     @property
     def fp32_router(self) -> bool:

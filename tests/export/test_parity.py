@@ -311,7 +311,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
                                 "gpt_neox": "two"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
-                           "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha"}.get(tiny.name, "default")
+                           "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha"}.get(
+        tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
