@@ -3,6 +3,7 @@ most sensitive layers until llmc verify's top-1 agreement reaches the target."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -113,6 +114,19 @@ def test_a_quality_target_build_reaches_it_and_records_the_layout(tiny_llama: Bu
     plain = build_ort(BuildConfig(tiny_llama.export_dir, tmp_path / "p", quant="int4", quality_target=0,
                                   allow_divergence=True))
     assert not plain.settings.quality
+
+
+def test_a_mixture_s_quality_search_calibrates_the_engine_s_own_lowering(tiny_factory: Callable[[str], Built],
+                                                                       tmp_path: Path) -> None:
+    """--quant with --moe ort (ONNX Runtime's MoE, the default past 32 experts): the calibration graph was always the
+    per-expert one, whose arrays such a checkpoint does not have (a KeyError traceback); it now calibrates the
+    lowering the engine runs, whose experts stay as exported."""
+    built = tiny_factory("mixtral")
+    manifest = build_ort(BuildConfig(built.export_dir, tmp_path / "q", quant="int4", moe="ort", allow_divergence=True))
+    quality = manifest.settings.quality
+    assert quality["candidates"] and not any(".experts." in n for n in quality["raised"])
+    engine = load_engine_dir(tmp_path / "q")
+    assert np.isfinite(engine.prefill([0], [[3, 4, 5]], engine.new_kv_cache(1, 16))).all()  # it runs
 
 
 def test_a_layout_that_leaves_the_golden_answer_is_short_of_the_target(tiny_llama: Built, tmp_path: Path,

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from llmc.engines.base import EngineOptions
-from llmc.engines.choices import KVLayout, MatMul, Quant
+from llmc.engines.choices import KVLayout, MatMul, MoELowering, Quant
 from llmc.engines.kernels import library_path, ops_version, register
 from llmc.engines.ort.config import BuildConfig, check_build_config, conservative, resolve
 from llmc.engines.ort.graphs import (
@@ -153,7 +153,7 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
     names = [n.removesuffix(".weight") for n in quantizable(ckpt)] + ["lm_head"]
     library = library_path() if cfg.uses_llmc_ops() else None
     search = PrecisionSearch(ckpt, names, spec, reference, [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS],
-                             library, threads, cfg.quality_bytes)
+                             library, threads, cfg.quality_bytes, cfg.moe.value)
     target = cfg.quality_target
     verify_prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
 
@@ -233,8 +233,11 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     src_dir, kv, graphs = export_dir, export.kv, (export.prefill, export.decode)
     library = library_path() if cfg.uses_llmc_ops() else None
     if cfg.kv_layout is KVLayout.inplace:
+        experts = (", the experts in the export's dtype (--moe ort: ONNX Runtime's MoE takes float weights; "
+                   "--moe standard quantizes them)" if cfg.quant is not Quant.none and cfg.moe is MoELowering.ort
+                   and export.model.num_experts else "")
         progress.step(f"lowering attention to {cfg.attention.value} with an in-place {cfg.kv_dtype.value} KV cache "
-                      f"(weights: {cfg.quant.value}{', llmc operators' if cfg.matmul is MatMul.llmc else ''})")
+                      f"(weights: {cfg.quant.value}{', llmc operators' if cfg.matmul is MatMul.llmc else ''}{experts})")
         ckpt = with_moe_weights(load_checkpoint(export_dir, export), cfg.moe.value)  # before quantizing: experts too
         quant = cfg.quant_spec()
         if quant is not None:

@@ -54,12 +54,13 @@ class PrecisionSearch:
     raise the k most sensitive."""
 
     def __init__(self, ckpt: Checkpoint, names: list[str], spec: QuantSpec, reference: Engine,
-                 prompts: list[list[int]], library: Path | None, threads: int, max_bytes_ratio: float = 1.15) -> None:
+                 prompts: list[list[int]], library: Path | None, threads: int, max_bytes_ratio: float = 1.15,
+                 moe: str = "standard") -> None:
         self.spec = spec
         self.names = names
         sequences = _continuations(reference, prompts)
         self._tmp = tempfile.TemporaryDirectory()  # the calibration graph's files, for the session's lifetime
-        self._session = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads)
+        self._session = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads, moe)
         self._feeds = _feeds(ckpt, sequences)
         self._reference = self._logprobs(np.zeros(len(names), np.float32))
         self.sensitivities = [Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec))
@@ -155,7 +156,7 @@ def _float_weight(ckpt: Checkpoint, name: str) -> np.ndarray:
 
 
 def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tmp: Path, library: Path | None,
-                         threads: int) -> Any:
+                         threads: int, moe: str = "standard") -> Any:
     """The decomposed decode graph (logits at every position, an empty past) with every candidate layer in both
     precisions."""
     import onnxruntime as ort
@@ -173,7 +174,7 @@ def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tm
     extra = (TensorSpec(CALIBRATE_INPUT, "float32", (len(names),)), TensorSpec(CALIBRATE_POSITIONS, "int64", ("n", 2)))
     logits = TensorSpec(io_names.LOGITS, "float32", (1, "n", m.vocab_size))  # only the scored positions
     spec_g = GraphSpec(base.file, (*base.inputs, *extra), (logits, *base.outputs[1:]), base.logits)
-    opts = GraphOptions(attention="decomposed", quant=spec, calibrate=tuple(names), moe="standard")
+    opts = GraphOptions(attention="decomposed", quant=spec, calibrate=tuple(names), moe=moe)  # the engine's mixture
     graph, used = build_graph(Checkpoint(m, weights), spec_g, "float32", 17, opts)
     store = WeightFile(tmp / "weights.bin")
     try:
