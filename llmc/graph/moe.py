@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
+from llmc.errors import InputError
 from llmc.graph.builder import NP_DTYPES, GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.layers import Ctx, linear
@@ -84,6 +85,9 @@ EXPERT_DOWN_BIAS = "experts.{j}.down.bias"  # "standard": expert j's [hidden] (M
 ORT_FC1 = "experts.fc1.weight"  # "ort": [E, 2I, hidden], rows interleaved gate_0, up_0, gate_1, up_1, ...
 ORT_FC2 = "experts.fc2.weight"  # "ort": [E, hidden, I]
 ORT_FC1_BIAS = "experts.fc1.bias"  # "ort": [E, 2I], interleaved as fc1's rows (MoESpec.bias)
+# "ort" with quantized experts (com.microsoft.QMoE, `quantize_experts`): each of fc1 / fc2 as rows [E, N, K] of
+# `bits`-bit codes with a scale and an integer zero point a block along K
+QMOE_PARTS = (".qweight", ".scales", ".zero_points")  # [E, N, K * bits / 8] uint8, [E, N, K / block], [E, N, ..] uint8
 
 # com.microsoft.MoE's SwiGLU is  min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + beta)
 # over interleaved (g, u) pairs; alpha 1, beta 0 and no limit (FLT_MAX: finite, so no inf in the model) make it
@@ -287,12 +291,13 @@ def ort_attrs(spec: MoESpec) -> dict[str, Any]:
 
 
 def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.ndarray], spec: MoESpec,
-              lowering: str, mm: MatMul | None = None) -> str:
+              lowering: str, mm: MatMul | None = None, accuracy_level: int = 0) -> str:
     """The MoE MLP of h [B, S, hidden] (the graph's compute dtype); returns its output [B, S, hidden].
 
     `weights` holds the canonical arrays (only the router's shape is read); "standard" and "ort" reference the
-    arrays `moe_weights` makes for them. `mm` ("standard"): how to multiply by an expert's named weight (adding its
-    bias, "<name>.bias", when spec.bias).
+    arrays `moe_weights` makes for them ("ort": QMoE where `quantize_experts` replaced them). `mm` ("standard"): how
+    to multiply by an expert's named weight (adding its bias, "<name>.bias", when spec.bias). `accuracy_level`: QMoE's
+    (MatMulNBits' meaning: 4 lets the 4-bit experts take int8 activations).
     """
     _check_lowering(lowering)
     hidden, e = weights[f"{prefix}.{ROUTER}"].shape
@@ -301,13 +306,17 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
     x = b.op("Reshape", h, b.ints(-1, hidden))  # [N, hidden]
     logits = _router_logits(b, x, prefix, spec)
     if lowering == "ort":
-        fc1 = [b.weight(f"{prefix}.{ORT_FC1}"), b.weight(f"{prefix}.{ORT_FC1_BIAS}") if spec.bias else ""]
-        fc2 = [b.weight(f"{prefix}.{ORT_FC2}"), *([b.weight(f"{prefix}.{DOWN_BIAS}")] if spec.bias else [])]
         softmax = spec.routing == "softmax"
         router, total = ((b.to_compute(logits) if spec.fp32_router else logits, "") if softmax
                          else _ort_router(b, _routing_matrix(b, logits, prefix, spec)))
-        y = b.op("MoE", x, router, *fc1, *fc2, domain=MS, k=spec.experts_per_token,
-                 normalize_routing_weights=int(softmax and spec.norm_topk_prob), **ort_attrs(spec))
+        attrs = {"k": spec.experts_per_token, "normalize_routing_weights": int(softmax and spec.norm_topk_prob),
+                 **ort_attrs(spec)}
+        if f"{prefix}.{ORT_FC1}{QMOE_PARTS[0]}" in weights:
+            y = _qmoe(b, x, router, prefix, weights, spec, attrs, accuracy_level)
+        else:
+            fc1 = [b.weight(f"{prefix}.{ORT_FC1}"), b.weight(f"{prefix}.{ORT_FC1_BIAS}") if spec.bias else ""]
+            fc2 = [b.weight(f"{prefix}.{ORT_FC2}"), *([b.weight(f"{prefix}.{DOWN_BIAS}")] if spec.bias else [])]
+            y = b.op("MoE", x, router, *fc1, *fc2, domain=MS, **attrs)
         if total:
             y = b.op("Mul", y, total)
     else:
@@ -315,6 +324,41 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
         y = (_unrolled(b, x, dense, prefix, spec, mm) if lowering == "standard"
              else {"loop": _loop, "dense": _dense}[lowering](b, x, dense, prefix, spec))
     return b.op("Reshape", y, b.op("Shape", h))
+
+
+def _qmoe(b: GraphBuilder, x: str, router: str, prefix: str, weights: Mapping[str, np.ndarray], spec: MoESpec,
+          attrs: dict[str, Any], accuracy_level: int) -> str:
+    """com.microsoft.QMoE over `quantize_experts`' arrays: MoE's routing and activation, the experts' products
+    dequantized as (q - z) * s a block."""
+    def part(fc: str, i: int) -> str:
+        return b.weight(f"{prefix}.{fc}{QMOE_PARTS[i]}")
+
+    q1 = weights[f"{prefix}.{ORT_FC1}{QMOE_PARTS[0]}"]  # [E, 2I, hidden * bits / 8]
+    hidden = weights[f"{prefix}.{ROUTER}"].shape[0]
+    bits = 8 * q1.shape[-1] // hidden
+    block = hidden // weights[f"{prefix}.{ORT_FC1}{QMOE_PARTS[1]}"].shape[-1]
+    bias1 = b.weight(f"{prefix}.{ORT_FC1_BIAS}") if spec.bias else ""
+    bias2 = b.weight(f"{prefix}.{DOWN_BIAS}") if spec.bias else ""
+    inputs = [x, router, part(ORT_FC1, 0), part(ORT_FC1, 1), bias1, part(ORT_FC2, 0), part(ORT_FC2, 1), bias2,
+              "", "", "", part(ORT_FC1, 2), part(ORT_FC2, 2)]  # (no fc3: gate and up fused in fc1)
+    return b.op("QMoE", *inputs, domain=MS, expert_weight_bits=bits, block_size=block, quant_type="int",
+                weights_prepacked=0, accuracy_level=accuracy_level, **attrs)
+
+
+def quantize_experts(weights: Mapping[str, np.ndarray], prefix: str, bits: int, block_size: int) -> dict[str, np.ndarray]:
+    """The "ort" lowering's float fc1 / fc2 (`moe_weights`) of the block under `prefix` as QMoE's arrays
+    (QMOE_PARTS, `quant.quantize_rows`), named after them; the float ones are then no longer needed."""
+    from llmc.graph.quant import quantize_rows
+
+    out = {}
+    for fc in (ORT_FC1, ORT_FC2):
+        k = weights[f"{prefix}.{fc}"].shape[-1]
+        if k % block_size or block_size < 16 or block_size & (block_size - 1):  # (QMoE's blocks: 2^n >= 16)
+            raise InputError(f"{prefix}.{fc}: --block-size {block_size} must be a power of 2 >= 16 dividing the "
+                             f"experts' input size {k} (--moe ort quantizes them on ONNX Runtime's QMoE)")
+        for suffix, array in zip(QMOE_PARTS, quantize_rows(weights[f"{prefix}.{fc}"], bits, block_size)):
+            out[f"{prefix}.{fc}{suffix}"] = array
+    return out
 
 
 def _check_lowering(lowering: str) -> None:
@@ -514,7 +558,8 @@ def moe_mlp(c: Ctx, layer: int, h: str) -> str:
     def mm(x: str, name: str) -> str:
         return linear(c, x, name)
 
-    return moe_block(c.b, h, f"layers.{layer}", c.ckpt.weights, moe_spec(c.m), c.opts.moe, mm)
+    accuracy = c.opts.quant.accuracy_level if c.opts.quant is not None else 0
+    return moe_block(c.b, h, f"layers.{layer}", c.ckpt.weights, moe_spec(c.m), c.opts.moe, mm, accuracy)
 
 
 def float32_weights(m: ModelSpec) -> frozenset[str]:

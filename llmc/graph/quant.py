@@ -115,6 +115,24 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return q
 
 
+def quantize_rows(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows w [..., N, K] (K along which the blocks run) at `bits` with a scale and an integer zero point a block,
+    w ~ (q - z) * s (ONNX Runtime's QMoE and MatMulNBits form): (q packed [..., N, K * bits / 8], s [..., N,
+    K / block], z packed [..., N, ceil(K / block * bits / 8)]). A block's range [min, max] always holds 0, so that
+    its zero point is an integer in [0, 2^bits - 1] and 0 is exact."""
+    *lead, n, k = w.shape
+    blocks = w.reshape(*lead, n, k // block_size, block_size).astype(np.float32)
+    qmax = 2**bits - 1
+    lo, hi = np.minimum(blocks.min(-1), 0.0), np.maximum(blocks.max(-1), 0.0)
+    scales = (hi - lo) / qmax
+    scales[scales == 0] = 1.0
+    zero = np.clip(np.rint(-lo / scales), 0, qmax).astype(np.uint8)
+    q = np.clip(np.rint(blocks / scales[..., None]) + zero[..., None], 0, qmax).astype(np.uint8)
+    if bits == 4 and zero.shape[-1] % 2:
+        zero = np.concatenate([zero, np.zeros((*zero.shape[:-1], 1), np.uint8)], axis=-1)  # a whole byte a row
+    return (_pack(q.reshape(*lead, n, k), bits), np.ascontiguousarray(scales.astype(np.float32)), _pack(zero, bits))
+
+
 def _symmetric(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """w [N, blocks, block] -> (q uint8 around the implicit zero point, scales [N, blocks]); as GGUF Q8_0."""
     half = 2 ** (bits - 1)

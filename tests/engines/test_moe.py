@@ -1,6 +1,6 @@
 """The MoE MLP block (llmc.graph.moe) in its four lowerings against transformers' own Mixtral, Qwen3-MoE, GPT-OSS,
 GLM-4.5 and dots1 blocks and a float64 numpy reference, through ONNX Runtime: one-block graphs built with
-GraphBuilder, tiny configs (hidden 32, 4 experts, top 2, expert width 24; GLM-4.5 / dots1: 8 experts in groups),
+GraphBuilder, tiny configs (hidden 32, 4 experts, top 2, expert width 32; GLM-4.5 / dots1: 8 experts in groups),
 prompts and one-token decode rows."""
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from llmc.graph.moe import (
     ORT_FC1,
     ORT_FC1_BIAS,
     ORT_FC2,
+    QMOE_PARTS,
     ROUTER,
     ROUTER_BIAS,
     MoESpec,
@@ -40,11 +41,13 @@ from llmc.graph.moe import (
     moe_block,
     moe_spec,
     moe_weights,
+    quantize_experts,
     spec_from_hf_config,
 )
+from llmc.graph.quant import _unpack
 from llmc.manifest import ModelSpec
 
-HIDDEN, EXPERTS, TOP_K, INTER = 32, 4, 2, 24
+HIDDEN, EXPERTS, TOP_K, INTER = 32, 4, 2, 32  # (multiples of 32: QMoE's blocks)
 SHAPES = [(1, 1), (3, 1), (1, 9), (2, 5)]  # [B, S]: decode rows and prompts
 PREFIX = "layers.0.mlp"
 FAMILIES = ("mixtral", "qwen3_norm", "qwen3_raw", "gpt_oss", "glm4_norm", "glm4_raw", "dots1", "ernie4_5_moe",
@@ -55,14 +58,16 @@ SIGMOID = {"glm4_norm": (8, 2, 4, 2, True, 2.5), "glm4_raw": (8, 2, 4, 2, False,
 
 
 def moe_session(weights: Mapping[str, np.ndarray], spec: MoESpec, lowering: str, hidden: int, opset: int = 17,
-                dtype: str = "float32", threads: int = 1, keep: tuple[str, ...] = ()) -> ort.InferenceSession:
-    """An ONNX Runtime session for one MoE block: input "h" [B, S, hidden], output "y"; the arrays in `dtype`, those
-    named in `keep` (under the block's prefix) in fp32."""
+                dtype: str = "float32", threads: int = 1, keep: tuple[str, ...] = (),
+                accuracy_level: int = 0) -> ort.InferenceSession:
+    """An ONNX Runtime session for one MoE block: input "h" [B, S, hidden], output "y"; the float arrays in `dtype`,
+    those named in `keep` (under the block's prefix) in fp32 (quantized ones as they are)."""
     b = GraphBuilder(opset, dtype)
-    b.output("Identity", [moe_block(b, "h", PREFIX, weights, spec, lowering)], "y")
+    b.output("Identity", [moe_block(b, "h", PREFIX, weights, spec, lowering, accuracy_level=accuracy_level)], "y")
     arrays = {**weights, **moe_weights(weights, PREFIX, lowering)}
     kept = {f"{PREFIX}.{name}" for name in keep}
-    inits = [numpy_helper.from_array(arrays[n].astype(np.float32 if n in kept else NP_DTYPES[dtype]), n)
+    inits = [numpy_helper.from_array(arrays[n] if arrays[n].dtype == np.uint8 else
+                                     arrays[n].astype(np.float32 if n in kept else NP_DTYPES[dtype]), n)
              for n in b.weights_used]
     io = [helper.make_tensor_value_info(n, DTYPES[dtype], ["B", "S", hidden]) for n in ("h", "y")]
     graph = helper.make_graph(b.nodes, "moe", io[:1], io[1:], initializer=list(b.constants.values()) + inits)
@@ -491,3 +496,57 @@ def test_ernie_routing_chooses_by_the_biased_probabilities() -> None:
     biased, _ = picks(x @ w64[ROUTER], w64[CORRECTION_BIAS], spec)
     plain, _ = picks(x @ w64[ROUTER], np.zeros_like(w64[CORRECTION_BIAS]), spec)
     assert spec.routing == "softmax_biased" and (np.sort(biased, -1) != np.sort(plain, -1)).any()
+
+
+def dequantized_experts(weights: Mapping[str, np.ndarray], bits: int, block: int) -> dict[str, np.ndarray]:
+    """The canonical arrays with the experts as QMoE reads `quantize_experts`' codes: (q - z) * s a block."""
+    out = dict(weights)
+    for fc, canonical in ((ORT_FC1, GATE_UP), (ORT_FC2, DOWN)):
+        q, s, z = (weights[f"{PREFIX}.{fc}{p}"] for p in QMOE_PARTS)
+        codes = _unpack(q, bits).astype(np.float64)
+        zero = _unpack(z, bits)[..., :s.shape[-1]].astype(np.float64)
+        e, n, k = codes.shape
+        rows = ((codes.reshape(e, n, k // block, block) - zero[..., None]) * s[..., None]).reshape(e, n, k)
+        out[f"{PREFIX}.{canonical}"] = (np.concatenate([rows[:, 0::2], rows[:, 1::2]], 1) if fc == ORT_FC1
+                                        else rows).transpose(0, 2, 1)  # (fc1's rows interleaved gate / up)
+    return out
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "glm4_norm", "hunyuan"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_experts_run_on_qmoe_as_their_codes_say(name: str, bits: int) -> None:
+    """The "ort" lowering over `quantize_experts`' arrays is com.microsoft.QMoE, and computes the block with the
+    experts its codes stand for: 4-bit with fp32 activations (accuracy_level 0) within fp32 rounding of that float
+    block, int8 activations (4-bit at level 4; 8-bit always) within their rounding; each code within half a step of
+    the float weight it quantizes."""
+    block, spec = hf_block(name)
+    weights = block_weights(block)
+    quantized = {**weights, **quantize_experts({**weights, **moe_weights(weights, PREFIX, "ort")}, PREFIX, bits, 32)}
+    expected = dequantized_experts(quantized, bits, 32)
+    step = {fc: quantized[f"{PREFIX}.{fc}{QMOE_PARTS[1]}"].max() for fc in (ORT_FC1, ORT_FC2)}
+    for fc, canonical in ((ORT_FC1, GATE_UP), (ORT_FC2, DOWN)):
+        error = np.abs(expected[f"{PREFIX}.{canonical}"] - weights[f"{PREFIX}.{canonical}"]).max()
+        assert error <= step[fc] / 2 + 1e-6, (fc, error, step[fc])
+    b = GraphBuilder(17, "float32")
+    moe_block(b, "h", PREFIX, quantized, spec, "ort")
+    assert [n.op_type for n in b.nodes if n.domain == MS] == ["QMoE"]
+    assert f"{PREFIX}.{ORT_FC1}" not in b.weights_used and f"{PREFIX}.{ORT_FC2}" not in b.weights_used
+    for level in (0, 4):
+        session = moe_session(quantized, spec, "ort", HIDDEN, accuracy_level=level)
+        exact = bits == 4 and level == 0
+        for h in inputs():
+            (y,) = session.run(None, {"h": h})
+            want = reference(h, expected, spec)
+            tol = 2e-5 if exact else 3e-2 * float(np.abs(want).max())
+            assert np.abs(y - want).max() <= tol, (level, np.abs(y - want).max(), tol)
+
+
+@pytest.mark.parametrize("block", [24, 8, 64])
+def test_expert_blocks_qmoe_cannot_take_are_refused_naming_the_flag(block: int) -> None:
+    """Not a power of 2, under 16, or not dividing the experts' input size (hidden 32): one line, not a reshape."""
+    from llmc.errors import InputError
+
+    module, _ = hf_block("mixtral")
+    weights = block_weights(module)
+    with pytest.raises(InputError, match=f"--block-size {block} must be a power of 2 >= 16 dividing the experts'"):
+        quantize_experts({**weights, **moe_weights(weights, PREFIX, "ort")}, PREFIX, 4, block)

@@ -120,11 +120,13 @@ def test_a_mixture_s_quality_search_calibrates_the_engine_s_own_lowering(tiny_fa
                                                                        tmp_path: Path) -> None:
     """--quant with --moe ort (ONNX Runtime's MoE, the default past 32 experts): the calibration graph was always the
     per-expert one, whose arrays such a checkpoint does not have (a KeyError traceback); it now calibrates the
-    lowering the engine runs, whose experts stay as exported."""
+    lowering the engine runs, and the engine's experts are 4-bit on QMoE (they were left in fp32)."""
     built = tiny_factory("mixtral")
     manifest = build_ort(BuildConfig(built.export_dir, tmp_path / "q", quant="int4", moe="ort", allow_divergence=True))
     quality = manifest.settings.quality
     assert quality["candidates"] and not any(".experts." in n for n in quality["raised"])
+    graph = onnx.load(str(tmp_path / "q" / manifest.decode.file), load_external_data=False).graph
+    assert [n.op_type for n in graph.node if n.op_type in ("MoE", "QMoE")] == ["QMoE"] * 2
     engine = load_engine_dir(tmp_path / "q")
     assert np.isfinite(engine.prefill([0], [[3, 4, 5]], engine.new_kv_cache(1, 16))).all()  # it runs
 

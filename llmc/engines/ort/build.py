@@ -233,9 +233,9 @@ def _build_into(work: Path, export_dir: Path, export: ExportManifest, cfg: Build
     src_dir, kv, graphs = export_dir, export.kv, (export.prefill, export.decode)
     library = library_path() if cfg.uses_llmc_ops() else None
     if cfg.kv_layout is KVLayout.inplace:
-        experts = (", the experts in the export's dtype (--moe ort: ONNX Runtime's MoE takes float weights; "
-                   "--moe standard quantizes them)" if cfg.quant is not Quant.none and cfg.moe is MoELowering.ort
-                   and export.model.num_experts else "")
+        experts = (f", the experts at {cfg.quant.value} on ONNX Runtime's QMoE (--moe ort: one precision for every "
+                   "expert of a layer, outside the quality search; --moe standard makes each a layer of its own)"
+                   if cfg.quant is not Quant.none and cfg.moe is MoELowering.ort and export.model.num_experts else "")
         progress.step(f"lowering attention to {cfg.attention.value} with an in-place {cfg.kv_dtype.value} KV cache "
                       f"(weights: {cfg.quant.value}{', llmc operators' if cfg.matmul is MatMul.llmc else ''}{experts})")
         ckpt = with_moe_weights(load_checkpoint(export_dir, export), cfg.moe.value)  # before quantizing: experts too

@@ -15,7 +15,7 @@ from llmc.errors import InputError
 from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import LLMC_DOMAIN, MS, GraphOptions, build_graph
-from llmc.graph.moe import with_moe_weights
+from llmc.graph.moe import ORT_FC1, ORT_FC2, quantize_experts, with_moe_weights
 from llmc.graph.quant import (
     BF16TILES,
     BF16TILES_GATED,
@@ -63,7 +63,13 @@ def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     weights = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in ckpt.weights.items()}
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
-    return Checkpoint(ckpt.spec, quantize_weights(weights, names, quant, head="lm_head.weight", gated=gated))
+    out = quantize_weights(weights, names, quant, head="lm_head.weight", gated=gated)
+    for i in range(ckpt.spec.num_layers):  # the "ort" mixture lowering's stacked experts: QMoE's blocks
+        prefix = f"layers.{i}"
+        if f"{prefix}.{ORT_FC1}" in out:
+            out.update(quantize_experts(out, prefix, quant.bits, quant.block_size))
+            del out[f"{prefix}.{ORT_FC1}"], out[f"{prefix}.{ORT_FC2}"]
+    return Checkpoint(ckpt.spec, out)
 
 
 def bf16_weights(ckpt: Checkpoint) -> Checkpoint:
