@@ -36,18 +36,20 @@ Lowerings (all exact: what transformers computes, up to fp32 rounding):
               NonZero): every expert on every token, weighted by the [N, E] routing matrix (zero where unpicked).
   "ort"       ONNX Runtime's contrib op com.microsoft.MoE (its CPU kernel takes the router logits [N, E] and does
               the fp32 softmax, top-k and, with normalize_routing_weights=1, the renormalization itself, then runs
-              only the selected experts; "sigmoid" routing is computed before it, as for the others, and given to it
+              only the selected experts; "sigmoid" and "softmax_biased" routing are computed before it, and given to it
               as log(w) (unpicked: a large negative) with no renormalization: its softmax makes that w / sum(w) over
               the k picked experts, and its output is multiplied by each token's sum(w), exactly the weighted sum).
               fc1 holds gate/up interleaved, [E, 2I, hidden] (row 2c gate column c, row 2c+1 up column c), fc2
               the down weights [E, hidden, I] (both from `moe_weights`), with biases the interleaved fc1 bias
               [E, 2I] and the canonical down bias; `ort_attrs` make its SwiGLU exactly the spec's activation.
+              Quantized (`quantize_experts`, `--quant`): com.microsoft.QMoE with the same routing and attributes
+              over fc1 / fc2 as 4- or 8-bit codes with a scale and an integer zero point a block (QMOE_PARTS).
 
 Canonical weights (numpy, [in, out] like every llmc MatMul weight), under the block's prefix:
   router.weight [hidden, E], experts.gate_up.weight [E, hidden, 2I] (gate columns first), experts.down.weight
   [E, I, hidden]; when MoESpec.bias, also router.bias [E], experts.gate_up.bias [E, 2I] (gate first) and
-  experts.down.bias [E, hidden]; for "sigmoid" routing, router.correction_bias [E]. `canonical_from_hf` maps a
-  transformers 5.x state dict onto them.
+  experts.down.bias [E, hidden]; for "sigmoid" / "softmax_biased" routing, router.correction_bias [E].
+  `canonical_from_hf` maps a transformers 5.x state dict onto them.
 """
 
 from __future__ import annotations
