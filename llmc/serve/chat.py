@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from llmc.runtime.request import FinishReason, TokenLogprob
-from llmc.runtime.tokenizer import chat_message
 from llmc.runtime.tool_calls import ToolCall, ToolFormat, ToolStreamParser, parse_tool_calls
 from llmc.serve.context import Served
 from llmc.serve.errors import ApiError, request_id
@@ -24,7 +23,6 @@ from llmc.serve.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatLogprobs,
-    ChatMessage,
     ChatTokenLogprob,
     Delta,
     FunctionCall,
@@ -79,17 +77,12 @@ def _check(served: Served, req: ChatCompletionRequest) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def _message_dict(i: int, m: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates expect it (llmc.runtime.tokenizer.chat_message: text parts joined, a part the
-    model cannot read refused by name)."""
-    return chat_message(i, m.model_dump(exclude_none=True))
-
-
 def _prompt_ids(served: Served, req: ChatCompletionRequest, tools: ToolSetup | None,
                 constraint: dict[str, Any]) -> list[int]:
     """The rendered and tokenized conversation, its constraint compiled (run in a worker thread: long messages
     take seconds, a large schema a while)."""
-    messages = [template_message(_message_dict(i, m)) for i, m in enumerate(req.messages)]
+    # (the tokenizer reads each message's content as templates take it: llmc.runtime.tokenizer.chat_message)
+    messages = [template_message(m.model_dump(exclude_none=True)) for m in req.messages]
     text = served.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                 tools=tools.tools if tools else None)
     if tools is not None:
