@@ -52,6 +52,7 @@
 typedef struct {
   const llmc_attention_args* a;
   int G, W, nsplit, split_len, avx512;
+  int Gall, nchunk; /* a KV head's query heads, and the units they are split into, G (the last: the rest) each */
   int qb;   /* query positions per unit: 1, or a block of a prompt's (their G heads scored together per key) */
   int f16c; /* the CPU converts to fp16 (F16C) */
   int l2;   /* the keys' prefetches go to L2, not L1 (prefetch.h) */
@@ -944,9 +945,14 @@ static void run_unit(void* data, size_t u) {
   int D = a->D, G = j->G, qb = j->qb, nblocks = (a->S + qb - 1) / qb;
   int sp = (int)(u % j->nsplit);
   size_t r = u / j->nsplit;
+  int chunk = (int)(r % j->nchunk);
+  r /= j->nchunk;
   int h = (int)(r % a->Hkv);
   r /= a->Hkv;
   int z = (int)(r % nblocks), b = (int)(r / nblocks);
+  int first_head = h * j->Gall + chunk * G; /* this unit's query heads: first_head .. + G */
+  if (G > j->Gall - chunk * G) G = j->Gall - chunk * G;
+  if (G <= 0) return;
   int i0 = ((z & 1) ? nblocks - 1 - z / 2 : z / 2) * qb;
   int n = new_of(a, b), past = past_of(a, b);
   int rows = n - i0 < qb ? n - i0 : qb;
@@ -964,7 +970,7 @@ static void run_unit(void* data, size_t u) {
       int columns = j->k16 && D != 64 && D != 128;
       float* qv = columns ? q + ri * G + g : q + (ri * G + g) * D;
       size_t stride = columns ? (size_t)rows * G : 1;
-      rotate_for(j, src + (size_t)(h * G + g) * D, qv, past + i, a->scale, stride);
+      rotate_for(j, src + (size_t)(first_head + g) * D, qv, past + i, a->scale, stride);
       if (a->kv_kind == LLMC_KV_I8) hadamard_for(j, qv, D, stride); /* the keys' H */
       lo[ri * G + g] = k0, hi[ri * G + g] = k1;
     }
@@ -991,7 +997,7 @@ static void run_unit(void* data, size_t u) {
   }
   for (int ri = 0; ri < rows; ri++)
     for (int g = 0; g < G; g++) {
-      int v = ri * G + g, head = h * G + g;
+      int v = ri * G + g, head = first_head + g;
       size_t cell = ((size_t)b * a->S + i0 + ri) * a->H + head;
       if (j->nsplit == 1) {
         float inv = 1.f / (l[v] + sink_term(a, head, m[v]));
@@ -1092,9 +1098,8 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
     snprintf(err_buf, sizeof err_buf, "head size %d: must be even and at most 1024", a->D);
     return err_buf;
   }
-  if ((a->H / a->Hkv) * a->D > MAX_GD || a->H / a->Hkv > 64) {
-    snprintf(err_buf, sizeof err_buf, "query heads per KV head x head size = %d: at most %d", (a->H / a->Hkv) * a->D,
-             MAX_GD);
+  if (a->D > MAX_GD) {
+    snprintf(err_buf, sizeof err_buf, "head size %d: at most %d", a->D, MAX_GD);
     return err_buf;
   }
   if (a->cos && (a->R < 1 || a->R > a->D / 2)) {
@@ -1146,6 +1151,16 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
   }
   int max_span = a->window > 0 && a->window < max_keys ? a->window : max_keys; /* the most keys a row reads */
   job j = {.a = a, .G = a->H / a->Hkv, .W = (a->H + 2 * a->Hkv) * a->D, .nsplit = 1, .split_len = max_span, .qb = 1};
+  /* a unit holds up to 64 query heads' rows (and G x D <= MAX_GD): more a KV head (latent attention's one KV head
+   * under every query head) go to several units, each reading the head's keys for its share */
+  j.Gall = j.G;
+  if (j.G > 64 || j.G * a->D > MAX_GD) {
+    int most = MAX_GD / a->D < 64 ? MAX_GD / a->D : 64;
+    j.nchunk = (j.Gall + most - 1) / most;
+    j.G = (j.Gall + j.nchunk - 1) / j.nchunk; /* (even shares) */
+  } else {
+    j.nchunk = 1;
+  }
   j.avx512 = a->D % 16 == 0 && llmc_attention_uses_avx512();
   j.f16c = uses_f16c();
 #ifdef LLMC_X86
@@ -1194,7 +1209,7 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
     else
       for (size_t i = 0; j.k16 && i < (size_t)a->B * a->Hkv; i++) pack_task(&j, i);
   }
-  j.units = (size_t)a->B * ((a->S + j.qb - 1) / j.qb) * a->Hkv * j.nsplit;
+  j.units = (size_t)a->B * ((a->S + j.qb - 1) / j.qb) * a->Hkv * j.nchunk * j.nsplit;
   if (parallel)
     parallel(parallel_ctx, run_units, j.units < POOL_TASKS ? j.units : POOL_TASKS, &j);
   else

@@ -12,9 +12,11 @@
  * attribute (SwiGLU in its epilogue); 11: SkipRMSNorm; 12: CachedAttention's int8 cache holds its keys times a
  * 32-point Hadamard matrix (attention_kernel.c; older engines gain from it: a cache lives only in its process); 13: CachedAttention's key_tiles attribute (keys in
  * groups of 16 positions as [D][16]); 14: MatMulQ4 / MatMulQ8's window attribute (act_bits 16's second level only
- * near each row's largest output: the LM head's batches); 15: CachedAttention's sinks (GPT-OSS) */
-#define LLMC_OPS_VERSION "15"
+ * near each row's largest output: the LM head's batches); 15: CachedAttention's sinks (GPT-OSS); 16: CachedAttention
+ * takes any number of query heads a KV head (more than 64, or than 8192 floats of their rows: latent attention) */
+#define LLMC_OPS_VERSION "16"
 /* The versions whose graphs this library still runs: 6, 7 and 8 only added an optional input, an operator and an
- * optional attribute; 9 and 12 changed no graph, 10, 13 and 14 added an optional attribute, 11 an operator, 15 an optional input. */
-#define LLMC_OPS_SERVES "5 6 7 8 9 10 11 12 13 14 15"
+ * optional attribute; 9 and 12 changed no graph, 10, 13 and 14 added an optional attribute, 11 an operator, 15 an
+ * optional input, 16 only shapes that 15 refused. */
+#define LLMC_OPS_SERVES "5 6 7 8 9 10 11 12 13 14 15 16"
 #endif
