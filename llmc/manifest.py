@@ -108,7 +108,7 @@ class ModelSpec:
     shared_expert_gated: bool = True
     # routing: "softmax" (softmax over the experts, top k) or "sigmoid" (DeepSeek-V3 / GLM-4.5: sigmoid scores, the
     # top k of scores + router.correction_bias within the moe_topk_groups best of moe_groups groups, the scores of
-    # those, times routed_scaling)
+    # those, times routed_scaling), "softmax_biased" (ERNIE 4.5) or "softmax_grouped" (DeepSeek-V2): llmc/graph/moe.py
     moe_routing: str = "softmax"
     moe_groups: int = 1
     moe_topk_groups: int = 1
@@ -123,6 +123,15 @@ class ModelSpec:
     # one learned logit a query head joins each softmax with (its value 0): GPT-OSS's attention sinks,
     # weights layers.{i}.attn.sinks [H]
     attn_sinks: bool = False
+    # multi-head latent attention (DeepSeek-V2 / V3, GLM-4.7-Flash), held as its latent: every query head meets one
+    # KV head of head_dim = mla_kv_rank + rotary_dim, [rotated key | normed latent c], the values the same rows (the
+    # attention's output of each head is c's weighted sum there, times the head's W_UV); the queries are
+    # [rotated q_rope | q_nope @ W_UK] per head (W_UK / W_UV: the key / value halves of kv_b_proj, folded as
+    # layers.{i}.attn.k_up [H, nope, C] and layers.{i}.attn.v_up [H, C, V]); 0: not MLA
+    mla_kv_rank: int = 0  # C: the latent's width (config.kv_lora_rank)
+    mla_q_rank: int = 0  # the queries' low rank (config.q_lora_rank): q_a -> q_a_norm -> q_b; 0: one q product
+    mla_nope_dim: int = 0  # each query head's dims without rotary (config.qk_nope_head_dim)
+    mla_v_dim: int = 0  # each head's value width after v_up (config.v_head_dim)
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""

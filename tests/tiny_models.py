@@ -269,6 +269,32 @@ def _dots1(tf: Any, common: dict[str, Any]) -> Any:  # GLM-4.5's routing unnorma
         sliding_window=8, layer_types=["sliding_attention", "full_attention"])))
 
 
+MLA_DIMS = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=24, v_head_dim=16)  # D = 40, V != nope
+
+
+def _deepseek_v2(tf: Any, common: dict[str, Any]) -> Any:  # latent attention, one q product; softmax in groups
+    return tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(
+        **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=None, moe_intermediate_size=32,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+        topk_method="group_limited_greedy", n_group=4, topk_group=1, routed_scaling_factor=1.5))  # (k 2 > 1 group)
+
+
+def _deepseek_v3(tf: Any, common: dict[str, Any]) -> Any:  # + q's low rank, YaRN's mscale in the scale, biases
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 64}
+    return _sigmoid_routed(tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+        **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32, moe_intermediate_size=32,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
+        topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, rope_parameters=rope, attention_bias=True)))
+
+
+def _glm4_moe_lite(tf: Any, common: dict[str, Any]) -> Any:  # V3's, rotated in halves (rope_interleave off)
+    return _sigmoid_routed(tf.Glm4MoeLiteForCausalLM(tf.Glm4MoeLiteConfig(
+        **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32, moe_intermediate_size=32,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+        topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True, rope_interleave=False)))
+
+
 def _gpt_oss(tf: Any, common: dict[str, Any]) -> Any:  # sinks, biases, yarn, alternating windows, clamped experts
     import torch
 
@@ -293,7 +319,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss,
                  "olmo3": _olmo3, "glm4_moe": _glm4_moe, "dots1": _dots1,
                  "olmoe": _olmoe, "cohere2": _cohere2, "ernie4_5_moe": _ernie4_5_moe,
-                 "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe}
+                 "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe,
+                 "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "glm4_moe_lite": _glm4_moe_lite}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -27,11 +27,13 @@ SUPPORTED = {
     "cohere2": "Command R7B, Command A", "olmo": "OLMo", "olmo2": "OLMo 2", "olmo3": "OLMo 3",
     "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "granite": "Granite",
     "granitemoe": "Granite MoE", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
-    "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "olmoe": "OLMoE", "gpt_oss": "gpt-oss", "gpt2": "GPT-2",
-    "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
+    "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "deepseek_v2": "DeepSeek-V2, V2-Lite, V2.5",
+    "deepseek_v3": "DeepSeek-V3, R1, Kimi K2", "glm4_moe_lite": "GLM-4.7-Flash", "olmoe": "OLMoE", "gpt_oss": "gpt-oss",
+    "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
+MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # multi-head latent attention (ModelSpec.mla_kv_rank)
 
 
 def supported_list() -> str:
@@ -91,6 +93,8 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         activation=_activation(_get(config, "hidden_activation", None) or _get(config, "hidden_act", "silu")),
         positions="rope", qkv_bias=_qkv_bias(sd), tie_embeddings=tied, **rope, **_windows(model, config))
     fields.update(_QUIRKS.get(mt, lambda c: {})(config))
+    if mt in MLA:
+        fields.update(_mla(model, config))
     spec = ModelSpec(**fields)
     w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron"))
     w.update(rope_weights)
@@ -401,6 +405,29 @@ def _shared_experts(config: Any) -> dict[str, Any]:
     return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
 
 
+def _mla_rope_halves(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """DeepSeek-V2 (always) and V3 / GLM-4.7-Flash (config.rope_interleave) rotate interleaved pairs of the rotated
+    dims (the last qk_rope_head_dim of each query head and of kv_a_proj_with_mqa's output); their rows are
+    reordered even then odd, as _interleaved_to_halves does for the other families."""
+    if config.model_type != "deepseek_v2" and not _get(config, "rope_interleave", True):
+        return sd
+    out = dict(sd)
+    rope, heads = int(config.qk_rope_head_dim), int(config.num_attention_heads)
+    halves = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
+    for i in range(int(config.num_hidden_layers)):
+        attn = f"model.layers.{i}.self_attn."
+        for name, n in (("q_proj", heads), ("q_b_proj", heads), ("kv_a_proj_with_mqa", 1)):
+            for kind in ("weight", "bias"):
+                key = attn + f"{name}.{kind}"
+                if key not in out:
+                    continue
+                w = out[key].reshape(n, -1, *out[key].shape[1:])  # [heads, their dims, ...]: the rotated last
+                keep = w.shape[1] - rope
+                order = np.concatenate([np.arange(keep), keep + halves])
+                out[key] = np.ascontiguousarray(w[:, order].reshape(out[key].shape))
+    return out
+
+
 # Per family: its weights under the names (and in the rotary layout) the others use, before anything reads them
 _HUNYUAN_NAMES = ((".query_layernorm.", ".q_norm."), (".key_layernorm.", ".k_norm."), (".mlp.gate.wg.", ".mlp.gate."),
                   (".mlp.shared_mlp.", ".mlp.shared_experts."))
@@ -414,6 +441,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "ernie4_5_moe": _interleaved_to_halves,
     "hunyuan_v1_dense": lambda c, sd: _renamed(sd, _HUNYUAN_NAMES),
     "hunyuan_v1_moe": lambda c, sd: _renamed(sd, _HUNYUAN_NAMES), "glm": _glm_names, "glm4": _glm_names,
+    **{mt: _mla_rope_halves for mt in MLA},
     "cohere": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
     "cohere2": lambda c, sd: _interleaved_to_halves(c, _norm_params(c, sd)),
 }
@@ -428,6 +456,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_moe": _moe, "gpt_oss": lambda c: {**_moe(c), "attn_sinks": True},
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
+    **{mt: _moe for mt in MLA},  # (their attention: _mla)
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),
@@ -462,11 +491,13 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + ours + ".weight"] = norm(p + theirs + ".weight")
             bias(p + theirs, q + ours)
         attn = p + "self_attn."
-        if attn + "qkv_proj.weight" in sd:
+        if spec.mla_kv_rank:
+            w.update(_mla_weights(spec, sd, i))
+        elif attn + "qkv_proj.weight" in sd:
             w[q + "qkv.weight"] = sd[attn + "qkv_proj.weight"].T.copy()
         else:
             w[q + "qkv.weight"] = np.concatenate([sd[attn + f"{n}_proj.weight"] for n in "qkv"], axis=0).T.copy()
-        if spec.qkv_bias:
+        if spec.qkv_bias and not spec.mla_kv_rank:
             w[q + "qkv.bias"] = (sd[attn + "qkv_proj.bias"] if attn + "qkv_proj.bias" in sd
                                  else np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"]))
         w[q + "o.weight"] = sd[attn + "o_proj.weight"].T.copy()
@@ -477,6 +508,49 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + "attn.sinks"] = sd[attn + "sinks"]
         w.update(_mlp_weights(spec, sd, i))
     return w
+
+
+def _mla(model: Any, config: Any) -> dict[str, Any]:
+    """Multi-head latent attention's spec fields: one KV head of the latent and the rotated key, every query head
+    on it (manifest.ModelSpec), the softmax's scale as the model's module has it (YaRN's mscale folded in)."""
+    rope, kv_rank = int(config.qk_rope_head_dim), int(config.kv_lora_rank)
+    if rope % 2 or rope <= 0:
+        _refuse("qk_rope_head_dim", rope, "MLA's rotated dims must be a positive even count")
+    return {"num_kv_heads": 1, "head_dim": kv_rank + rope, "rotary_dim": rope, "mla_kv_rank": kv_rank,
+            "mla_q_rank": int(_get(config, "q_lora_rank", 0) or 0), "mla_nope_dim": int(config.qk_nope_head_dim),
+            "mla_v_dim": int(config.v_head_dim), "qkv_bias": False,
+            "attention_scale": float(model.base_model.layers[0].self_attn.scaling)}
+
+
+def _mla_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A latent-attention layer's canonical weights: the q products (their columns per head [rotated, nope]), kv_a
+    ([rotated key, latent]), the latent's and q's norms, and kv_b_proj split into k_up [H, nope, C] (the queries'
+    side) and v_up [H, C, V] (the output's)."""
+    attn, q = f"model.layers.{i}.self_attn.", f"layers.{i}."
+    H, C, R = spec.num_heads, spec.mla_kv_rank, spec.rotated_dims
+    nope, v = spec.mla_nope_dim, spec.mla_v_dim
+
+    def rope_first(w: np.ndarray, n: int) -> np.ndarray:  # [n * (X + R), ...] -> each block [R, X]
+        blocks = w.reshape(n, -1, *w.shape[1:])
+        return np.concatenate([blocks[:, -R:], blocks[:, :-R]], axis=1).reshape(w.shape)
+
+    out: dict[str, np.ndarray] = {}
+    if spec.mla_q_rank:
+        out[q + "q_a.weight"] = sd[attn + "q_a_proj.weight"].T.copy()
+        if attn + "q_a_proj.bias" in sd:
+            out[q + "q_a.bias"] = sd[attn + "q_a_proj.bias"]
+        out[q + "q_a_norm.weight"] = sd[attn + "q_a_layernorm.weight"]
+        out[q + "q_b.weight"] = rope_first(sd[attn + "q_b_proj.weight"], H).T.copy()
+    else:
+        out[q + "q.weight"] = rope_first(sd[attn + "q_proj.weight"], H).T.copy()
+    out[q + "kv_a.weight"] = rope_first(sd[attn + "kv_a_proj_with_mqa.weight"], 1).T.copy()
+    if attn + "kv_a_proj_with_mqa.bias" in sd:
+        out[q + "kv_a.bias"] = rope_first(sd[attn + "kv_a_proj_with_mqa.bias"], 1)
+    out[q + "kv_a_norm.weight"] = sd[attn + "kv_a_layernorm.weight"]
+    kv_b = sd[attn + "kv_b_proj.weight"].reshape(H, nope + v, C)
+    out[q + "attn.k_up"] = np.ascontiguousarray(kv_b[:, :nope])  # q_nope [nope] @ k_up[h] -> [C]
+    out[q + "attn.v_up"] = np.ascontiguousarray(kv_b[:, nope:].transpose(0, 2, 1))  # latent [C] @ v_up[h] -> [V]
+    return out
 
 
 def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:

@@ -43,6 +43,14 @@ def check_config(config: dict[str, Any], where: str) -> None:
     if not _is_int(inner) or inner < 1:  # (0 is not "missing": transformers builds an MLP of width 0)
         raise InputError(f"{where}: {inner_name} must be a positive integer, got {inner!r}")
     _check_values(config, where)
+    if "kv_lora_rank" in config:  # latent attention (DeepSeek-V2 / V3): its own dimensions, not head_dim's
+        for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            _positive(config, name, where)
+        if config["qk_rope_head_dim"] % 2:
+            raise InputError(f"{where}: qk_rope_head_dim must be even (rotated in pairs), got "
+                             f"{config['qk_rope_head_dim']}")
+        if config.get("q_lora_rank") is not None:
+            _positive(config, "q_lora_rank", where)
     _check_size(where, vocab, hidden, dims["layers"], heads * head_dim, kv_heads * head_dim,
                 int(inner) + _experts_width(config, where),
                 tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")))

@@ -78,13 +78,14 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     rotary = Rotary(c)  # (the attention rotates q and k, unless their norms follow the rotation)
     for i in range(m.num_layers):
         p = f"layers.{i}"
-        qkv = linear(c, h, f"{p}.qkv")
+        qkv = _mla_qkv(c, i, h) if m.mla_kv_rank else linear(c, h, f"{p}.qkv")
         if m.qk_norm_after_rope and (table := layer_rope_table(c, i)) is not None:  # (Hunyuan)
             qkv = rotate_packed(c, rotary, qkv, table)
         qkv = _qk_norm(c, i, qkv)
         if m.clip_qkv:  # (after q and k's norms: OLMoE)
             qkv = c.b.op("Clip", qkv, c.b.scalar(-m.clip_qkv), c.b.scalar(m.clip_qkv))
-        delta = _block_output(c, linear(c, attend(i, qkv), f"{p}.o"), f"{p}.post_attn_norm")
+        heads = _mla_values(c, i, attend(i, qkv)) if m.mla_kv_rank else attend(i, qkv)
+        delta = _block_output(c, linear(c, heads, f"{p}.o"), f"{p}.post_attn_norm")
         if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
             mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")
             delta = c.b.op("Add", delta, _block_output(c, _mlp(c, i, mlp_in), f"{p}.post_mlp_norm"))
@@ -120,6 +121,34 @@ def _block_output(c: Ctx, y: str, post_norm: str) -> str:
     if c.m.residual_scale != 1.0:
         y = c.b.op("Mul", y, c.b.scalar(c.m.residual_scale))
     return y
+
+
+def _mla_qkv(c: Ctx, i: int, h: str) -> str:
+    """Multi-head latent attention's packed q, k, v (ModelSpec.mla_kv_rank), [B, S, H * D + 2 D] with D = R + C:
+    each query head [q_rot, q_nope @ k_up[h]], the one KV head's key [k_rot, norm(latent)] and, as its value, the
+    same rows (their first R dims are dropped from the output by _mla_values). q . k is then q_rot . k_rot +
+    q_nope . (latent @ k_up[h]^T): the model's score, with the latent cached instead of every head's key and value."""
+    b, m, p = c.b, c.m, f"layers.{i}"
+    H, C, R, N = m.num_heads, m.mla_kv_rank, m.rotated_dims, m.mla_nope_dim
+    q = (linear(c, norm(c, linear(c, h, f"{p}.q_a"), f"{p}.q_a_norm"), f"{p}.q_b") if m.mla_q_rank
+         else linear(c, h, f"{p}.q"))
+    q_rot, q_nope = b.split(b.op("Reshape", q, b.ints(0, 0, H, R + N)), [R, N])  # [B, S, H, R] / [.., N]
+    absorbed = b.op("MatMul", b.unsqueeze(q_nope, 3), b.weight(f"{p}.attn.k_up"))  # [B, S, H, 1, C]
+    q = b.op("Reshape", b.op("Concat", q_rot, b.op("Reshape", absorbed, b.ints(0, 0, H, C)), axis=-1),
+             b.ints(0, 0, H * (R + C)))
+    k_rot, latent = b.split(linear(c, h, f"{p}.kv_a"), [R, C])
+    k = b.op("Concat", k_rot, norm(c, latent, f"{p}.kv_a_norm"), axis=-1)  # [B, S, R + C]
+    return b.op("Concat", q, k, k, axis=-1)
+
+
+def _mla_values(c: Ctx, i: int, out: str) -> str:
+    """The attention's output [B, S, H * (R + C)] of _mla_qkv's rows: each head's weighted latent times its v_up,
+    [B, S, H * V] (what o_proj takes)."""
+    b, m = c.b, c.m
+    H, C, R = m.num_heads, m.mla_kv_rank, m.rotated_dims
+    latent = b.op("Slice", b.op("Reshape", out, b.ints(0, 0, H, R + C)), b.ints(R), b.ints(R + C), b.ints(3))
+    values = b.op("MatMul", b.unsqueeze(latent, 3), b.weight(f"layers.{i}.attn.v_up"))  # [B, S, H, 1, V]
+    return b.op("Reshape", values, b.ints(0, 0, H * m.mla_v_dim))
 
 
 def _qk_norm(c: Ctx, i: int, qkv: str) -> str:

@@ -108,8 +108,10 @@ def _out_width(m: ModelSpec, name: str) -> int:
     kind = name.rsplit(".", 1)[-1]
     inner = (m.moe_intermediate_size if ".experts." in name else m.shared_expert_size if ".shared_expert." in name
              else m.intermediate_size)
+    mla_q = m.num_heads * (m.rotated_dims + m.mla_nope_dim)  # (latent attention's q products: decoder._mla_qkv)
     widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * inner,
-              "fc": inner, "lm_head": m.vocab_size, "o": m.hidden_size}
+              "fc": inner, "lm_head": m.vocab_size, "o": m.hidden_size, "q": mla_q, "q_b": mla_q,
+              "q_a": m.mla_q_rank, "kv_a": m.head_dim}
     return widths.get(kind, m.hidden_size)  # down, proj
 
 

@@ -1,5 +1,5 @@
-"""The mixture-of-experts MLP block (transformers' Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS, GLM-4.5 and dots1) as
-ONNX, in four lowerings.
+"""The mixture-of-experts MLP block (transformers' Mixtral, Qwen2-MoE, Qwen3-MoE, GPT-OSS, GLM-4.5, dots1 and
+DeepSeek-V2 / V3) as ONNX, in four lowerings.
 
 Routing (MoESpec.routing), the [N, E] routing weights, one of:
   "softmax"  (Mixtral, Qwen, GPT-OSS) logits = h @ W_router (+ b_router: GPT-OSS; in the compute dtype), softmax over
@@ -14,6 +14,10 @@ Routing (MoESpec.routing), the [N, E] routing weights, one of:
              of its 2 best choices, and only the topk_groups best groups' experts compete: the top k of the choice
              there. Each picked expert's weight is its score (not its choice), divided by the k scores' sum
              (+ 1e-20) when `norm_topk_prob`, times routed_scaling.
+  "softmax_grouped"  (DeepSeek-V2's) softmax over all experts in fp32; with num_groups > topk_groups only the
+             experts of the topk_groups groups with the largest single probability compete ("group_limited_greedy";
+             else "greedy": all of them); the top k probabilities, divided by their sum when `norm_topk_prob`,
+             times routed_scaling.
 The shared experts of Qwen2-MoE, GLM-4.5 and dots1 are the decoder's (ModelSpec.shared_expert_size), not this block's.
 Each selected expert is a gated MLP,
 down(act(h @ gate (+ b), h @ up (+ b))) (+ b), and the block's output is the routing-weighted sum of its k experts'
@@ -71,7 +75,8 @@ from llmc.manifest import ModelSpec
 MS = "com.microsoft"
 LOWERINGS = ("standard", "loop", "dense", "ort")
 ACTIVATIONS = ("silu", "swiglu_oss")
-ROUTINGS = ("softmax", "softmax_biased", "sigmoid")
+ROUTINGS = ("softmax", "softmax_biased", "sigmoid", "softmax_grouped")
+GROUPED = ("sigmoid", "softmax_grouped")  # the routings with expert groups and a routed scaling
 
 ROUTER = "router.weight"  # [hidden, E]
 GATE_UP = "experts.gate_up.weight"  # [E, hidden, 2I]: columns [0, I) gate, [I, 2I) up
@@ -117,9 +122,9 @@ class MoESpec:
     limit: float = 0.0  # "swiglu_oss": the clamp of gate and up (GPT-OSS: config.swiglu_limit)
     bias: bool = False  # the router and both expert products add a bias (ROUTER_BIAS, GATE_UP_BIAS, DOWN_BIAS)
     routing: str = "softmax"  # one of ROUTINGS (the module's docstring)
-    num_groups: int = 1  # "sigmoid": the expert groups (GLM-4.5: config.n_group)
-    topk_groups: int = 1  # "sigmoid": how many of the best groups' experts compete (config.topk_group)
-    routed_scaling: float = 1.0  # "sigmoid": the routing weights' factor (config.routed_scaling_factor)
+    num_groups: int = 1  # GROUPED routings: the expert groups (GLM-4.5: config.n_group)
+    topk_groups: int = 1  # GROUPED: how many of the best groups' experts compete (config.topk_group)
+    routed_scaling: float = 1.0  # GROUPED: the routing weights' factor (config.routed_scaling_factor)
     router_fp32: bool = False  # "softmax": the router in fp32 whatever the model's dtype (Hunyuan); the others always
 
     def __post_init__(self) -> None:
@@ -135,14 +140,15 @@ class MoESpec:
                     raise ValueError(f"swiglu_oss experts need a finite positive {name}, got {value!r}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"MoE routing must be one of {ROUTINGS}, got {self.routing!r}")
-        if self.routing != "sigmoid":
+        if self.routing not in GROUPED:
             if (self.num_groups, self.topk_groups, self.routed_scaling) != (1, 1, 1.0):
-                raise ValueError("num_groups, topk_groups and routed_scaling are sigmoid routing's; softmax routing "
-                                 f"needs 1, 1, 1.0, got {self.num_groups}, {self.topk_groups}, {self.routed_scaling!r}")
+                raise ValueError(f"num_groups, topk_groups and routed_scaling are {' and '.join(GROUPED)} routing's; "
+                                 f"{self.routing} routing needs 1, 1, 1.0, got {self.num_groups}, {self.topk_groups}, "
+                                 f"{self.routed_scaling!r}")
             return
         if self.num_groups <= 0 or self.num_experts % self.num_groups:
             raise ValueError(f"num_groups must divide num_experts {self.num_experts}, got {self.num_groups}")
-        if self.num_experts // self.num_groups < 2:  # (a group's score is its 2 best choices': transformers' too)
+        if self.routing == "sigmoid" and self.num_experts // self.num_groups < 2:  # (a group's score: its 2 best)
             raise ValueError(f"num_groups must leave at least 2 experts a group, got {self.num_groups} groups of "
                              f"{self.num_experts} experts")
         if not 1 <= self.topk_groups <= self.num_groups:
@@ -160,7 +166,7 @@ class MoESpec:
         stored in."""
         if not self.fp32_router:
             return ()
-        correction = (CORRECTION_BIAS,) if self.routing != "softmax" else ()
+        correction = (CORRECTION_BIAS,) if self.routing in ("softmax_biased", "sigmoid") else ()
         return (ROUTER, *correction, *((ROUTER_BIAS,) if self.bias else ()))
 
     @property
@@ -169,7 +175,8 @@ class MoESpec:
         return self.routing != "softmax" or self.router_fp32
 
 
-SIGMOID_ROUTED = ("glm4_moe", "dots1")  # the model types with "sigmoid" routing
+SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite")  # the model types with "sigmoid" routing
+FIRST_DENSE = (*SIGMOID_ROUTED, "deepseek_v2")  # their first config.first_k_dense_replace layers are dense MLPs
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:
@@ -194,7 +201,16 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "gpt_oss":  # (its softmax over the top k logits: the renormalized weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, "swiglu_oss", float(config.swiglu_alpha), float(config.swiglu_limit), bias=True)
-    if config.model_type in SIGMOID_ROUTED:  # (dots1's router is GLM-4.5's, line for line)
+    if config.model_type == "deepseek_v2":  # (its router never renormalizes)
+        grouped = config.topk_method == "group_limited_greedy"
+        if config.topk_method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"DeepSeek-V2 topk_method {config.topk_method!r}: greedy or group_limited_greedy")
+        return MoESpec(int(config.n_routed_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       False, config.hidden_act, routing="softmax_grouped",
+                       num_groups=int(config.n_group) if grouped else 1,
+                       topk_groups=int(config.topk_group) if grouped else 1,
+                       routed_scaling=float(config.routed_scaling_factor))
+    if config.model_type in SIGMOID_ROUTED:  # (dots1's, DeepSeek-V3's, GLM-4.7-Flash's router is GLM-4.5's)
         return MoESpec(int(config.n_routed_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid",
                        num_groups=int(config.n_group), topk_groups=int(config.topk_group),
@@ -206,7 +222,7 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "gpt_oss", "olmoe", "hunyuan_v1_moe"):
         return True
-    if config.model_type in SIGMOID_ROUTED:  # the first first_k_dense_replace layers are dense
+    if config.model_type in FIRST_DENSE:  # the first first_k_dense_replace layers are dense
         return layer >= int(config.first_k_dense_replace)
     if config.model_type == "ernie4_5_moe":  # every moe_layer_interval-th layer from start to end index
         return ((layer + 1) % int(config.moe_layer_interval) == 0
@@ -399,6 +415,11 @@ def _routing_matrix(b: GraphBuilder, logits: str, prefix: str, spec: MoESpec) ->
         choice = b.op("Add", probs, b.to_float32(b.weight(f"{prefix}.{CORRECTION_BIAS}")))
         idx = b.op_n("TopK", choice, k, outputs=2, axis=-1)[1]
         top = b.op("GatherElements", probs, idx, axis=1)  # the probabilities, not the choices
+    elif spec.routing == "softmax_grouped":
+        scores = b.op("Softmax", logits, axis=-1)
+        choice = _in_best_groups(b, scores, spec) if spec.topk_groups < spec.num_groups else scores
+        idx = b.op_n("TopK", choice, k, outputs=2, axis=-1)[1]
+        top = b.op("GatherElements", scores, idx, axis=1)
     else:
         scores = b.op("Sigmoid", logits)
         choice = b.op("Add", scores, b.to_float32(b.weight(f"{prefix}.{CORRECTION_BIAS}")))
@@ -418,10 +439,14 @@ def _routing_matrix(b: GraphBuilder, logits: str, prefix: str, spec: MoESpec) ->
 
 def _in_best_groups(b: GraphBuilder, choice: str, spec: MoESpec) -> str:
     """choice [N, E] (fp32) with the experts outside each token's topk_groups best groups (a group's score: the sum
-    of its 2 best choices) at the lowest float (transformers: -inf), so that no top k reaches them."""
+    of its 2 best choices, "sigmoid"; its best probability, "softmax_grouped") at the lowest float (transformers:
+    -inf, or 0 under probabilities, which are positive: the same picks), so that no top k reaches them."""
     grouped = b.op("Reshape", choice, b.ints(-1, spec.num_groups, spec.num_experts // spec.num_groups))  # [N, G, E/G]
-    best2 = b.op_n("TopK", grouped, b.ints(2), outputs=2, axis=-1)[0]
-    group_scores = b.op("ReduceSum", best2, b.ints(-1), keepdims=0)  # [N, G]
+    if spec.routing == "sigmoid":
+        best2 = b.op_n("TopK", grouped, b.ints(2), outputs=2, axis=-1)[0]
+        group_scores = b.op("ReduceSum", best2, b.ints(-1), keepdims=0)  # [N, G]
+    else:
+        group_scores = b.reduce_max(grouped, -1, keepdims=0)
     kept = b.op_n("TopK", group_scores, b.ints(spec.topk_groups), outputs=2, axis=-1)[1]  # [N, topk_groups]
     mask = b.op("ScatterElements", _filled(b, b.op("Shape", group_scores), 0.0), kept,
                 _filled(b, b.op("Shape", kept), 1.0), axis=1)  # [N, G]: 1 where kept

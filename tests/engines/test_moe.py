@@ -51,7 +51,10 @@ HIDDEN, EXPERTS, TOP_K, INTER = 32, 4, 2, 32  # (multiples of 32: QMoE's blocks)
 SHAPES = [(1, 1), (3, 1), (1, 9), (2, 5)]  # [B, S]: decode rows and prompts
 PREFIX = "layers.0.mlp"
 FAMILIES = ("mixtral", "qwen3_norm", "qwen3_raw", "gpt_oss", "glm4_norm", "glm4_raw", "dots1", "ernie4_5_moe",
-            "hunyuan")
+            "hunyuan", "deepseek_v2_grouped", "deepseek_v2_greedy")
+# DeepSeek-V2's softmax routing: (experts, top k, topk_method, groups, groups kept, routed_scaling_factor)
+DEEPSEEK_V2 = {"deepseek_v2_grouped": (8, 3, "group_limited_greedy", 4, 2, 1.5),  # (k > groups kept: they bite)
+               "deepseek_v2_greedy": (8, 3, "greedy", 1, 1, 0.8)}
 # sigmoid-routed families: (experts, top k, groups, groups kept, norm_topk_prob, routed_scaling_factor)
 SIGMOID = {"glm4_norm": (8, 2, 4, 2, True, 2.5), "glm4_raw": (8, 2, 4, 2, False, 1.8),
            "dots1": (8, 3, 2, 1, True, 0.7)}
@@ -93,6 +96,16 @@ def picks(logits: np.ndarray, correction: np.ndarray, spec: MoESpec) -> tuple[np
     """Float64 routing of logits [N, E] as transformers does it: each token's k picked experts [N, k] and their
     weights [N, k]."""
     k = spec.experts_per_token
+    if spec.routing == "softmax_grouped":  # (DeepSeek-V2: the groups by their best probability)
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        grouped = probs.reshape(len(probs), spec.num_groups, -1)
+        best = np.argsort(-grouped.max(-1), axis=-1, kind="stable")[:, :spec.topk_groups]
+        kept = np.zeros(grouped.shape[:2], bool)
+        np.put_along_axis(kept, best, True, -1)
+        top = np.argsort(-np.where(kept[..., None], grouped, 0.0).reshape(probs.shape), -1, kind="stable")[:, :k]
+        w = np.take_along_axis(probs, top, -1)
+        return top, w / (w.sum(-1, keepdims=True) if spec.norm_topk_prob else 1.0) * spec.routed_scaling
     if spec.routing != "sigmoid":
         probs = np.exp(logits - logits.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
@@ -185,6 +198,16 @@ def hf_block(family: str, seed: int = 0) -> tuple[torch.nn.Module, MoESpec]:
         correction = torch.randn(experts, generator=torch.Generator().manual_seed(seed + 100)) * 0.3
         with torch.no_grad():  # (a buffer, not a parameter; about the scores' spread: `test_sigmoid_routing_picks`)
             block.get_buffer("gate.e_score_correction_bias").copy_(correction)
+    elif family in DEEPSEEK_V2:
+        from transformers import DeepseekV2Config
+        from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+
+        experts, k, method, groups, kept, scaling = DEEPSEEK_V2[family]
+        config = DeepseekV2Config(hidden_size=HIDDEN, moe_intermediate_size=INTER, n_routed_experts=experts,
+                                  num_experts_per_tok=k, topk_method=method, n_group=groups, topk_group=kept,
+                                  routed_scaling_factor=scaling, n_shared_experts=1)
+        block = DeepseekV2Moe(config)
+        scales = {"gate.weight": 0.5, "shared_experts.down_proj.weight": 0.0}  # (its shared experts: the decoder's)
     elif family == "hunyuan":
         from transformers import HunYuanMoEV1Config
         from transformers.models.hunyuan_v1_moe.modeling_hunyuan_v1_moe import HunYuanMoEV1Moe

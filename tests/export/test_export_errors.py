@@ -302,24 +302,38 @@ def test_impossible_config_values_are_named_before_loading(tmp_path: Path, tiny_
 
 
 @pytest.fixture(scope="module")
-def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_family(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """tiny_family(arch) -> a tiny random model of that family, made once."""
     from tiny_models import make_model
 
-    return make_model("gpt_oss", tmp_path_factory.mktemp("gpt-oss") / "hf")
+    made: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in made:
+            made[arch] = make_model(arch, tmp_path_factory.mktemp(arch) / "hf")
+        return made[arch]
+
+    return get
 
 
-@pytest.mark.parametrize(("changes", "words"), [
+@pytest.mark.parametrize(("arch", "changes", "words"), [
     # were tracebacks from llmc's mixture block, or a model too large for the machine taken for a small one
-    ({"swiglu_limit": -1.0}, ["swiglu_limit must be a positive number, got -1.0"]),
-    ({"swiglu_alpha": "1.7"}, ["swiglu_alpha must be a positive number, got '1.7'"]),
-    ({"num_experts_per_tok": 5}, ["num_experts_per_tok (5) must be at most num_local_experts (4)"]),
-    ({"num_local_experts": 0.5}, ["num_local_experts must be a positive integer, got 0.5"]),
-    ({"hidden_size": 4096, "num_local_experts": 4096, "intermediate_size": 8192},
+    ("gpt_oss", {"swiglu_limit": -1.0}, ["swiglu_limit must be a positive number, got -1.0"]),
+    ("gpt_oss", {"swiglu_alpha": "1.7"}, ["swiglu_alpha must be a positive number, got '1.7'"]),
+    ("gpt_oss", {"num_experts_per_tok": 5}, ["num_experts_per_tok (5) must be at most num_local_experts (4)"]),
+    ("gpt_oss", {"num_local_experts": 0.5}, ["num_local_experts must be a positive integer, got 0.5"]),
+    ("gpt_oss", {"hidden_size": 4096, "num_local_experts": 4096, "intermediate_size": 8192},
      ["GiB in fp32", "more than this machine's"]),  # the experts count: 400 B parameters, not 0.5 B
+    # were tracebacks from transformers' latent attention modules
+    ("deepseek_v3", {"kv_lora_rank": 0}, ["kv_lora_rank must be a positive integer, got 0"]),
+    ("deepseek_v3", {"qk_rope_head_dim": 7}, ["qk_rope_head_dim must be even (rotated in pairs), got 7"]),
+    ("deepseek_v3", {"q_lora_rank": -32}, ["q_lora_rank must be a positive integer, got -32"]),
+    ("deepseek_v3", {"v_head_dim": "16"}, ["v_head_dim must be a positive integer, got '16'"]),
 ])
-def test_impossible_mixture_values_are_named_before_loading(tmp_path: Path, tiny_gpt_oss: Path,
-                                                           changes: dict[str, Any], words: list[str]) -> None:
-    folder = _copy_model(tiny_gpt_oss, tmp_path / "m")
+def test_impossible_family_values_are_named_before_loading(tmp_path: Path, tiny_family: Callable[[str], Path],
+                                                           arch: str, changes: dict[str, Any],
+                                                           words: list[str]) -> None:
+    folder = _copy_model(tiny_family(arch), tmp_path / "m")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **changes}))
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), "config.json", *words)

@@ -17,6 +17,7 @@ from llmc import LLM, SamplingParams
 from llmc.engines.base import Engine
 from llmc.engines.registry import load_engine_dir
 from llmc.errors import LimitError
+from llmc.export.arch import MLA as ARCH_MLA
 from llmc.manifest import load_export
 from llmc.onnx_store import ALIGN
 from llmc.runtime.config import RuntimeConfig
@@ -304,14 +305,22 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     layers = getattr(cfg, "num_hidden_layers", getattr(cfg, "n_layer", None))
     assert m.num_layers == layers and m.num_heads == 4 and m.vocab_size == 320
     assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
-    assert m.num_kv_heads == {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1}.get(tiny.name, 2)
+    mla = tiny.name in ARCH_MLA  # one KV head: the latent (+ the rotated key)
+    assert m.num_kv_heads == (1 if mla else {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1,
+                                             "gpt_bigcode": 1}.get(tiny.name, 2))
+    assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
+        (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
+    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite") else 0)
+    if mla:  # the softmax's scale is the model's (V3: YaRN's mscale squared on (nope + rope) ** -0.5)
+        assert m.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
                                       "seed_oss", "gpt_oss", "glm4_moe"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
                                 "gpt_neox": "two"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
-                           "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha"}.get(
+                           "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
+                           "deepseek_v3": "yarn"}.get(
         tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
@@ -327,18 +336,20 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
-                                                    (8, 2) if tiny.name == "glm4_moe" else
+                                                    (8, 2) if tiny.name == "glm4_moe" or mla else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
-        "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5),
+        "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5), "deepseek_v3": ("sigmoid", 4, 2, 2.5),
+        "glm4_moe_lite": ("sigmoid", 2, 1, 1.8), "deepseek_v2": ("softmax_grouped", 4, 1, 1.5),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (False, False, "silu"))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
-                            (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe") else ())
+                            (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe") or mla else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
-                                                             "hunyuan_v1_moe": (96, False)}.get(
+                                                             "hunyuan_v1_moe": (96, False),
+                                                             **{n: (32, False) for n in ARCH_MLA}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post"}.get(tiny.name, "pre")

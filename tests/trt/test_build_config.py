@@ -69,6 +69,14 @@ def test_attention_sinks_are_refused_naming_the_other_backend() -> None:
         check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o"))), replace(MODEL, attn_sinks=True))
 
 
+def test_latent_attention_is_refused_naming_the_other_backend() -> None:
+    mla = replace(MODEL, num_kv_heads=1, head_dim=576, rotary_dim=64, mla_kv_rank=512, mla_nope_dim=128,
+                  mla_v_dim=128)
+    with pytest.raises(InputError, match=r"latent attention \(\d+ query heads on one KV head of 576 dims\).*"
+                                         r"build it with --backend ort"):
+        check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o"))), mla)
+
+
 def test_kv_rows_must_be_binding_aligned() -> None:
     check_alignment(MODEL, 2048)
     with pytest.raises(InputError, match=r"--max-seq-len 1001 makes each KV slot 384384 bytes.*multiple of 128"):

@@ -27,7 +27,8 @@ from llmc.graph.quant import (
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
 
-LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight")
+LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight",
+                   ".q.weight", ".q_a.weight", ".q_b.weight", ".kv_a.weight")  # (the last four: latent attention's)
 
 
 def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:

@@ -124,6 +124,9 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
     if model.attn_sinks:
         raise InputError("the model's attention sinks (GPT-OSS) are in neither TensorRT attention (plugin, native) "
                          "here: build it with --backend ort")
+    if model.mla_kv_rank:
+        raise InputError(f"the model's latent attention ({model.num_heads} query heads on one KV head of "
+                         f"{model.head_dim} dims) has not run in a TensorRT engine here: build it with --backend ort")
     limits = cfg.limits_for(model)
     limits.check_model(model.max_positions)
     check_alignment(model, limits.max_seq_len)
