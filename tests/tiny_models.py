@@ -269,6 +269,46 @@ def _dots1(tf: Any, common: dict[str, Any]) -> Any:  # GLM-4.5's routing unnorma
         sliding_window=8, layer_types=["sliding_attention", "full_attention"])))
 
 
+def _falcon(tf: Any, common: dict[str, Any]) -> Any:  # Falcon-40B's: q/k/v grouped per KV head, two parallel norms
+    return tf.FalconForCausalLM(tf.FalconConfig(
+        vocab_size=common["vocab_size"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+        new_decoder_architecture=True, bias=True, ffn_hidden_size=96, max_position_embeddings=256,
+        bos_token_id=1, eos_token_id=2))
+
+
+def _falcon_mqa(tf: Any, common: dict[str, Any]) -> Any:  # Falcon-7B's: one KV head, attention and MLP off one norm
+    return tf.FalconForCausalLM(tf.FalconConfig(
+        vocab_size=common["vocab_size"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False, ffn_hidden_size=96,
+        max_position_embeddings=256, bos_token_id=1, eos_token_id=2))
+
+
+def _falcon_seq(tf: Any, common: dict[str, Any]) -> Any:  # q/k/v interleaved per head, one block after the other
+    return tf.FalconForCausalLM(tf.FalconConfig(
+        vocab_size=common["vocab_size"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True, ffn_hidden_size=96,
+        max_position_embeddings=256, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False))
+
+
+def _gptj(tf: Any, common: dict[str, Any]) -> Any:  # rotary over interleaved pairs of part of each head, parallel
+    return tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=common["vocab_size"], n_embd=64, n_layer=2, n_head=4,
+                                            rotary_dim=8, n_inner=96, n_positions=256, bos_token_id=1,
+                                            eos_token_id=2))
+
+
+def _minimax_m2(tf: Any, common: dict[str, Any]) -> Any:  # sigmoid routing + correction bias, full qk-norm, partial
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    model = tf.MiniMaxM2ForCausalLM(tf.MiniMaxM2Config(**{**common, "intermediate_size": 32}, head_dim=16,
+                                                       num_local_experts=8, num_experts_per_tok=2,
+                                                       rope_parameters=rope))
+    import torch
+
+    with torch.no_grad():  # the block's correction bias (a buffer, zeros), about the scores' spread
+        for layer in model.model.layers:
+            layer.mlp.e_score_correction_bias.normal_(0.0, 0.3)
+    return model
+
+
 MLA_DIMS = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=24, v_head_dim=16)  # D = 40, V != nope
 
 
@@ -320,7 +360,9 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "olmo3": _olmo3, "glm4_moe": _glm4_moe, "dots1": _dots1,
                  "olmoe": _olmoe, "cohere2": _cohere2, "ernie4_5_moe": _ernie4_5_moe,
                  "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe,
-                 "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "glm4_moe_lite": _glm4_moe_lite}
+                 "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "glm4_moe_lite": _glm4_moe_lite,
+                 "falcon": _falcon, "falcon_mqa": _falcon_mqa, "falcon_seq": _falcon_seq, "gptj": _gptj,
+                 "minimax_m2": _minimax_m2}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -28,8 +28,9 @@ SUPPORTED = {
     "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "granite": "Granite",
     "granitemoe": "Granite MoE", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
     "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "deepseek_v2": "DeepSeek-V2, V2-Lite, V2.5",
-    "deepseek_v3": "DeepSeek-V3, R1, Kimi K2", "glm4_moe_lite": "GLM-4.7-Flash", "olmoe": "OLMoE", "gpt_oss": "gpt-oss",
-    "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
+    "deepseek_v3": "DeepSeek-V3, R1, Kimi K2", "glm4_moe_lite": "GLM-4.7-Flash", "minimax_m2": "MiniMax-M2", "olmoe": "OLMoE", "gpt_oss": "gpt-oss",
+    "falcon": "Falcon (7B, 40B, 180B, Falcon2 11B)", "gptj": "GPT-J", "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder",
+    "opt": "OPT",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -87,7 +88,8 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     rope, rope_weights = _rope(model, config, head_dim)
     fields: dict[str, Any] = dict(
         family="llama", hf_architecture=type(model).__name__, hidden_size=int(config.hidden_size), num_layers=layers,
-        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=int(config.intermediate_size),
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=_inner_size(config),
         vocab_size=int(config.vocab_size), max_positions=int(config.max_position_embeddings), norm="rms",
         norm_eps=float(_get(config, "rms_norm_eps", 1e-6)),
         activation=_activation(_get(config, "hidden_activation", None) or _get(config, "hidden_act", "silu")),
@@ -101,6 +103,15 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     return Checkpoint(spec, w)
 
 
+def _inner_size(config: Any) -> int:
+    """The MLP's width, by whichever name the family's config gives it."""
+    if config.model_type == "falcon":
+        return int(config.ffn_hidden_size)
+    if config.model_type == "gptj":
+        return int(config.n_inner or 4 * config.hidden_size)
+    return int(config.intermediate_size)
+
+
 def _qkv_bias(sd: dict[str, np.ndarray]) -> bool:
     return "model.layers.0.self_attn.q_proj.bias" in sd or "model.layers.0.self_attn.qkv_proj.bias" in sd
 
@@ -110,8 +121,9 @@ def _windows(model: Any, config: Any) -> dict[str, Any]:
     carry their own `sliding_window` say it per layer; Mistral, Phi-3 and Mixtral apply config.sliding_window to
     every layer."""
     per_layer = []
-    for layer in model.base_model.layers:
-        attn = layer.self_attn if hasattr(layer, "self_attn") else layer.attention  # (GPT-NeoX: attention)
+    for layer in getattr(model.base_model, "layers", None) or model.base_model.h:  # (Falcon: h)
+        attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention", "attn")
+                    if hasattr(layer, n))
         w = attn.sliding_window if hasattr(attn, "sliding_window") else _get(config, "sliding_window", None)
         if not getattr(attn, "is_sliding", True):  # a full layer that keeps the model's window (EXAONE 4)
             w = 0
@@ -139,9 +151,16 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
         rope_type = "ntk_alpha"
     if rope_type not in (*STATIC_ROPE_TYPES, "ntk_alpha"):
         _refuse("rope_type", rope_type, f"it depends on the sequence length; supported: {', '.join(STATIC_ROPE_TYPES)}")
-    inv_freq = rotary.original_inv_freq if hasattr(rotary, "original_inv_freq") else rotary.inv_freq
+    if config.model_type == "gptj":  # (its module holds a sin / cos table: the frequencies as it computes them)
+        import torch
+
+        dim = int(config.rotary_dim or head_dim)
+        inv_freq, scaling = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64) / dim)), 1.0
+    else:
+        inv_freq = rotary.original_inv_freq if hasattr(rotary, "original_inv_freq") else rotary.inv_freq
+        scaling = float(rotary.attention_scaling)
     fields: dict[str, Any] = {"rope_theta": float(params.get("rope_theta", _get(config, "rope_theta", 10000.0))),
-                              "rope_type": rope_type, "rope_attention_scaling": float(rotary.attention_scaling)}
+                              "rope_type": rope_type, "rope_attention_scaling": scaling}
     weights = {INV_FREQ: _np(inv_freq)}
     rotated = 2 * weights[INV_FREQ].shape[0]
     if rotated != head_dim:
@@ -356,6 +375,63 @@ def _gpt_neox_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndar
     return out
 
 
+def _falcon(config: Any) -> dict[str, Any]:
+    """Falcon: LayerNorm with bias, a plain MLP; attention and MLP in parallel off one norm (7B, Falcon2 11B) or two
+    (40B, 180B: `new_decoder_architecture`), or one after the other (`parallel_attn` false)."""
+    if _get(config, "alibi", False):
+        _refuse("alibi", True, "ALiBi position biases are not implemented (llmc's Falcons are rotary)")
+    if config.new_decoder_architecture:  # (always in parallel)
+        parallel = "two" if int(_get(config, "num_ln_in_parallel_attn", 2)) == 2 else "shared"
+    else:
+        parallel = "shared" if config.parallel_attn else ""
+    return {"norm": "layer", "norm_eps": float(config.layer_norm_epsilon), "plain_mlp": True,
+            "activation": _activation(config.activation), **({"parallel_block": parallel} if parallel else {})}
+
+
+def _falcon_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Falcon's weights under the names the other families use; its fused q/k/v rows split into q, k and v: per KV
+    group [its queries, key, value] (`new_decoder_architecture`), [queries, key, value] (`multi_query`), or
+    interleaved per head ([H, 3, D])."""
+    names = (("transformer.word_embeddings.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
+             ("transformer.h.", "model.layers."), (".self_attention.dense.", ".self_attn.o_proj."),
+             ("mlp.dense_h_to_4h.", "mlp.c_fc."), ("mlp.dense_4h_to_h.", "mlp.c_proj."),
+             (".ln_attn.", ".input_layernorm."), (".ln_mlp.", ".post_attention_layernorm."))
+    out = _renamed(sd, names)
+    heads, hidden = int(config.num_attention_heads), int(config.hidden_size)
+    kv = int(config.num_kv_heads) if config.new_decoder_architecture else 1 if config.multi_query else heads
+    D = hidden // heads
+    for key in [k for k in out if ".self_attention.query_key_value." in k]:
+        fused = out.pop(key)  # [rows, hidden] or [rows]
+        rest = fused.shape[1:]
+        if config.new_decoder_architecture:
+            groups = fused.reshape(kv, heads // kv + 2, D, *rest)
+            q, k, v = groups[:, :-2], groups[:, -2], groups[:, -1]
+        elif config.multi_query:
+            q, k, v = np.split(fused.reshape(heads + 2, D, *rest), [heads, heads + 1])
+        else:
+            q, k, v = (fused.reshape(heads, 3, D, *rest)[:, j] for j in range(3))
+        for name, part in zip("qkv", (q, k, v)):
+            out[key.replace(".self_attention.query_key_value.", f".self_attn.{name}_proj.")] = \
+                np.ascontiguousarray(part.reshape(-1, *rest))
+    return out
+
+
+def _gptj(config: Any) -> dict[str, Any]:  # LayerNorm with bias, a plain MLP, attention and MLP off one norm
+    return {"norm": "layer", "norm_eps": float(config.layer_norm_epsilon), "plain_mlp": True,
+            "parallel_block": "shared", "activation": _activation(config.activation_function)}
+
+
+_GPTJ_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
+               ("transformer.h.", "model.layers."), (".ln_1.", ".input_layernorm."), (".attn.", ".self_attn."),
+               (".self_attn.out_proj.", ".self_attn.o_proj."), ("mlp.fc_in.", "mlp.c_fc."), ("mlp.fc_out.", "mlp.c_proj."))
+
+
+def _gptj_rotated(config: Any) -> float:
+    """The share of each head GPT-J rotates (over interleaved pairs: made halves at export, as Cohere's)."""
+    head_dim = int(config.n_embd) // int(config.n_head)
+    return int(config.rotary_dim or head_dim) / head_dim
+
+
 def _stablelm(config: Any) -> dict[str, Any]:  # LayerNorm with bias, partial rotary; attention and MLP in parallel
     if _get(config, "qk_layernorm", False):
         _refuse("qk_layernorm", True, "a LayerNorm of its own for each head is not implemented")
@@ -435,6 +511,9 @@ _PLAIN_MLP_NAMES = (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_pro
 _GRANITEMOE_NAMES = ((".block_sparse_moe.router.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."))
 _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
     "phi": lambda c, sd: _renamed(sd, _PHI_NAMES), "gpt_neox": _gpt_neox_names, "olmo": _norm_params,
+    "falcon": _falcon_names,
+    "minimax_m2": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
+    "gptj": lambda c, sd: _interleaved_to_halves(c, _renamed(sd, _GPTJ_NAMES), _gptj_rotated(c)),
     "nemotron": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES), "arcee": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES),
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
     "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves,
@@ -450,13 +529,16 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
     "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4,
     "glm": _glm, "glm4": _glm,
-    "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "olmo2": _olmo2,
+    "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "falcon": _falcon, "gptj": _gptj,
+    "starcoder2": _starcoder2,
+    "olmo2": _olmo2,
     "olmo3": _olmo2,
     "granite": _granite, "granitemoe": lambda c: {**_granite(c), **_moe(c)}, "mixtral": _moe, "qwen2_moe": _moe,
     "qwen3_moe": _moe, "gpt_oss": lambda c: {**_moe(c), "attn_sinks": True},
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
     **{mt: _moe for mt in MLA},  # (their attention: _mla)
+    "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"},
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),

@@ -19,7 +19,7 @@ _NAMES = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "hidden
 
 def check_config(config: dict[str, Any], where: str) -> None:
     """Raise `InputError` for the first impossible dimension of `config` (from file `where`)."""
-    gpt2_names = config.get("model_type") in ("gpt2", "gpt_bigcode")
+    gpt2_names = config.get("model_type") in ("gpt2", "gpt_bigcode", "gptj")
     names = _GPT2_NAMES if gpt2_names else _NAMES
     dims = {k: _positive(config, name, where) for k, name in names.items()}
     vocab = _positive(config, "vocab_size", where)

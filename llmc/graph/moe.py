@@ -201,6 +201,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "gpt_oss":  # (its softmax over the top k logits: the renormalized weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, "swiglu_oss", float(config.swiglu_alpha), float(config.swiglu_limit), bias=True)
+    if config.model_type == "minimax_m2":  # (DeepSeek-V3's scores and correction bias without groups, renormalized)
+        return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
+                       True, config.hidden_act, routing="sigmoid")
     if config.model_type == "deepseek_v2":  # (its router never renormalizes)
         grouped = config.topk_method == "group_limited_greedy"
         if config.topk_method not in ("greedy", "group_limited_greedy"):
@@ -220,7 +223,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
-    if config.model_type in ("mixtral", "granitemoe", "gpt_oss", "olmoe", "hunyuan_v1_moe"):
+    if config.model_type in ("mixtral", "granitemoe", "gpt_oss", "olmoe", "hunyuan_v1_moe", "minimax_m2"):
         return True
     if config.model_type in FIRST_DENSE:  # the first first_k_dense_replace layers are dense
         return layer >= int(config.first_k_dense_replace)

@@ -339,6 +339,17 @@ def test_impossible_family_values_are_named_before_loading(tmp_path: Path, tiny_
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), "config.json", *words)
 
 
+@pytest.mark.parametrize(("arch", "changes", "words"), [
+    ("falcon_mqa", {"alibi": True}, ["config option alibi = True is not supported", "ALiBi"]),
+])
+def test_family_options_llmc_does_not_build_are_named(tmp_path: Path, tiny_family: Callable[[str], Path], arch: str,
+                                                      changes: dict[str, Any], words: list[str]) -> None:
+    folder = _copy_model(tiny_family(arch), tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), *words)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "short", "offsets"])
 def test_a_safetensors_file_that_is_not_one_is_named(tmp_path: Path, tiny_hf: Path, damage: str) -> None:
     folder = _copy_model(tiny_hf, tmp_path / "m")

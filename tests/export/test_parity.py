@@ -306,8 +306,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.num_layers == layers and m.num_heads == 4 and m.vocab_size == 320
     assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
     mla = tiny.name in ARCH_MLA  # one KV head: the latent (+ the rotated key)
-    assert m.num_kv_heads == (1 if mla else {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1,
-                                             "gpt_bigcode": 1}.get(tiny.name, 2))
+    assert m.num_kv_heads == (1 if mla else {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1,
+                                             "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4}.get(tiny.name, 2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
     assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite") else 0)
@@ -315,9 +315,10 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert m.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
-                                      "seed_oss", "gpt_oss", "glm4_moe"))
+                                      "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
-                                "gpt_neox": "two"}.get(tiny.name, "")
+                                "gpt_neox": "two", "falcon": "two", "falcon_mqa": "shared",
+                                "gptj": "shared"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
                            "deepseek_v3": "yarn"}.get(
@@ -332,15 +333,17 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
-                         "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head"}.get(tiny.name, "")
+                         "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
+                         "minimax_m2": "full"}.get(tiny.name, "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
-                                                    (8, 2) if tiny.name == "glm4_moe" or mla else
+                                                    (8, 2) if tiny.name in ("glm4_moe", "minimax_m2") or mla else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
         "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5), "deepseek_v3": ("sigmoid", 4, 2, 2.5),
         "glm4_moe_lite": ("sigmoid", 2, 1, 1.8), "deepseek_v2": ("softmax_grouped", 4, 1, 1.5),
+        "minimax_m2": ("sigmoid", 1, 1, 1.0),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (False, False, "silu"))
