@@ -81,6 +81,9 @@ class ModelSpec:
     rope_local_attention_scaling: float = 1.0  # sliding layers' own rotary table (Gemma 3), when the export has one
     rope_long_after: int = 0  # longrope: a row past this many positions uses the long-factor table (Phi-3 128k)
     attention_scale: float = 0.0  # q.k multiplier; 0: 1 / sqrt(head_dim)
+    # Llama 4's / Ministral 3's queries times 1 + beta * log(1 + floor(position / query_scale_after)); beta 0: none
+    query_scale_beta: float = 0.0
+    query_scale_after: int = 0
     attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) (Gemma 2); 0: none
     clip_qkv: float = 0.0  # q, k and v clamped to [-c, c] (OLMo); 0: not
     qk_norm: str = ""  # "head": RMSNorm over each head of q and k (Qwen3, Gemma 3); "full": over all of q / k (OLMo 2)

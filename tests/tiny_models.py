@@ -290,6 +290,13 @@ def _falcon_seq(tf: Any, common: dict[str, Any]) -> Any:  # q/k/v interleaved pe
         max_position_embeddings=256, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False))
 
 
+def _ministral3(tf: Any, common: dict[str, Any]) -> Any:  # yarn, queries scaled past 16 positions, a window
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.4}
+    return tf.Ministral3ForCausalLM(tf.Ministral3Config(**common, head_dim=16, rope_parameters=rope,
+                                                        sliding_window=16))
+
+
 def _gptj(tf: Any, common: dict[str, Any]) -> Any:  # rotary over interleaved pairs of part of each head, parallel
     return tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=common["vocab_size"], n_embd=64, n_layer=2, n_head=4,
                                             rotary_dim=8, n_inner=96, n_positions=256, bos_token_id=1,
@@ -362,7 +369,7 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe,
                  "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "glm4_moe_lite": _glm4_moe_lite,
                  "falcon": _falcon, "falcon_mqa": _falcon_mqa, "falcon_seq": _falcon_seq, "gptj": _gptj,
-                 "minimax_m2": _minimax_m2}
+                 "minimax_m2": _minimax_m2, "ministral3": _ministral3}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

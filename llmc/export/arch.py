@@ -19,7 +19,7 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE",
+    "ministral3": "Ministral 3 (text)", "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE",
     "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)", "arcee": "Arcee AFM",
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
@@ -416,6 +416,18 @@ def _falcon_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return out
 
 
+def _ministral3(config: Any) -> dict[str, Any]:
+    """Mistral's layer; past original_max_position_embeddings its queries grow by llama_4_scaling_beta's log."""
+    params = _get(config, "rope_parameters", None) or {}
+    beta = float(params.get("llama_4_scaling_beta") or 0.0)
+    if not beta:
+        return {}
+    after = params.get("original_max_position_embeddings")
+    if not after or int(after) <= 0:
+        _refuse("rope_parameters.original_max_position_embeddings", after, "llama_4_scaling_beta needs it positive")
+    return {"query_scale_beta": beta, "query_scale_after": int(after)}
+
+
 def _gptj(config: Any) -> dict[str, Any]:  # LayerNorm with bias, a plain MLP, attention and MLP off one norm
     return {"norm": "layer", "norm_eps": float(config.layer_norm_epsilon), "plain_mlp": True,
             "parallel_block": "shared", "activation": _activation(config.activation_function)}
@@ -538,7 +550,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
     **{mt: _moe for mt in MLA},  # (their attention: _mla)
-    "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"},
+    "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"}, "ministral3": _ministral3,
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),

@@ -89,7 +89,8 @@ def rotary_in_graph(model: ModelSpec, attention: str) -> bool:
 
 def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[TensorSpec]:
     inputs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
-    if model.positions == "learned" or attention in STANDARD_INPLACE or rotary_in_graph(model, attention):
+    if (model.positions == "learned" or attention in STANDARD_INPLACE or rotary_in_graph(model, attention)
+            or model.query_scale_beta):  # (Ministral 3's queries scaled by their positions)
         inputs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
     if attention in ("gqa", "llmc"):
         inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]

@@ -321,12 +321,12 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                 "gptj": "shared"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
-                           "deepseek_v3": "yarn"}.get(
+                           "deepseek_v3": "yarn", "ministral3": "yarn"}.get(
         tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
-                "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8}
+                "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -336,6 +336,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full"}.get(tiny.name, "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
+    assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2") or mla else
