@@ -422,10 +422,10 @@ def _ministral3(config: Any) -> dict[str, Any]:
     beta = float(params.get("llama_4_scaling_beta") or 0.0)
     if not beta:
         return {}
-    after = params.get("original_max_position_embeddings")
-    if not after or int(after) <= 0:
+    after = int(params.get("original_max_position_embeddings") or 0)
+    if after <= 0:
         _refuse("rope_parameters.original_max_position_embeddings", after, "llama_4_scaling_beta needs it positive")
-    return {"query_scale_beta": beta, "query_scale_after": int(after)}
+    return {"query_scale_beta": beta, "query_scale_after": after}
 
 
 def _gptj(config: Any) -> dict[str, Any]:  # LayerNorm with bias, a plain MLP, attention and MLP off one norm

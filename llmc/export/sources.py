@@ -51,6 +51,9 @@ DEFAULT = DefaultModel(
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
+# Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
+# image encoder and its projector are not exported). model_type -> the language model's model_type by default.
+VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral"}
 GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 
 
@@ -59,8 +62,9 @@ class ModelSource:
     name: str
     path: Path  # folder with config.json, or a .gguf file
     kind: str  # "hf" | "gguf"
-    model_type: str
+    model_type: str  # the decoder's (an image-text checkpoint's language model's)
     use_safetensors: bool = True
+    wrapper: str = ""  # an image-text checkpoint's own model_type (VLM_WRAPPERS) whose language model is exported
 
 
 @dataclass
@@ -109,8 +113,11 @@ def _hf_source(path: Path, allow_pickle: bool) -> ModelSource:
             f"{path} needs trust_remote_code (custom code in auto_map); llmc does not run a model's own code"
         )
     model_type = str(config.get("model_type", "?"))
+    wrapper = ""
+    if model_type in VLM_WRAPPERS:
+        wrapper, model_type, config = model_type, *_language_config(config, model_type, config_path)
     check_supported(model_type)
-    check_config(config, str(config_path))
+    check_config(config, str(config_path) + (" (its text_config)" if wrapper else ""))
     weight_files = sorted(path.glob("*.safetensors"))
     for f in weight_files:
         check_safetensors(f)
@@ -124,7 +131,25 @@ def _hf_source(path: Path, allow_pickle: bool) -> ModelSource:
                 f"{path} has only pickle weights ({pickles[0]}); pickle can run code on load: "
                 "convert to safetensors or pass --allow-pickle"
             )
-    return ModelSource(path.name, path, "hf", model_type, use_safetensors=has_safetensors)
+    return ModelSource(path.name, path, "hf", model_type, use_safetensors=has_safetensors, wrapper=wrapper)
+
+
+def _language_config(config: dict[str, Any], wrapper: str, config_path: Path) -> tuple[str, dict[str, Any]]:
+    """An image-text config's language model: its model_type and its config, the text_config's fields over that
+    model type's defaults (a published text_config names only what differs from them)."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        raise InputError(f"{config_path}: a {wrapper} config needs a text_config object (its language model), "
+                         f"got {text!r}")
+    model_type = str(text.get("model_type") or VLM_WRAPPERS[wrapper])
+    check_supported(model_type)
+    from transformers import AutoConfig
+
+    try:
+        defaults = AutoConfig.for_model(model_type).to_dict()
+    except Exception as e:  # (a model type this transformers does not know)
+        raise InputError(f"{config_path}: text_config model_type {model_type!r}: {one_line(e)}") from None
+    return model_type, {**defaults, **text, "model_type": model_type}
 
 
 _SAFETENSORS_DTYPES = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16", "I32",
@@ -202,14 +227,19 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
         where = src.path if src.kind == "gguf" else folder
         raise InputError(f"the tokenizer of {where} cannot be loaded ({type(e).__name__}: {one_line(e)})") from None
     where = src.path if src.kind == "gguf" else folder / "config.json"
+    auto: Any = AutoModelForCausalLM
+    if src.wrapper:
+        from transformers import AutoModelForImageTextToText as auto  # type: ignore[no-redef]
     try:
-        loaded: Any = AutoModelForCausalLM.from_pretrained(  # (with loading info: a (model, info) pair)
+        loaded: Any = auto.from_pretrained(  # (with loading info: a (model, info) pair)
             str(folder), dtype=torch.float32, **kwargs, output_loading_info=True, ignore_mismatched_sizes=True,
             **({"attn_implementation": attention} if attention else {}))
     except Exception as e:  # a value transformers cannot build a model from (an unknown activation, ...)
         raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
                          f"{one_line(e)})") from None
     model, info = loaded
+    if src.wrapper:
+        model = _language_model(model)
     _check_weights_match(where, info, int(model.config.num_hidden_layers))
     model.eval()
     if src.kind == "gguf" or "quantization_config" in kwargs:
@@ -219,6 +249,21 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     return LoadedModel(src, model, tokenizer)
+
+
+def _language_model(vlm: Any) -> Any:
+    """An image-text model's language model and head as the text family's *ForCausalLM (the same modules: its
+    text-only forward is the image-text model's on text), built around them without allocating weights."""
+    import torch
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    text_config = vlm.config.text_config
+    causal_lm: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(text_config)]
+    with torch.device("meta"):
+        model = causal_lm(text_config)
+    model.model, model.lm_head = vlm.model.language_model, vlm.lm_head
+    model.generation_config = vlm.generation_config
+    return model
 
 
 def _dequantized(folder: Path, config: Any) -> dict[str, Any]:

@@ -236,3 +236,63 @@ def test_other_quantized_checkpoints_are_refused_naming_the_method(tmp_path: Pat
     with pytest.raises(InputError, match=r"quantization_config.quant_method 'awq' is not supported: llmc exports "
                                          r"unquantized weights"):
         export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+
+
+def _tiny_image_text(out: Path, kind: str) -> Any:
+    """A tiny Gemma 3 (4B+'s form) or Mistral 3 image-text model (a one-layer vision encoder), saved with a
+    tokenizer; returns it (fp32, eval)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=8)
+    if kind == "gemma3":
+        config: Any = tf.Gemma3Config(text_config={**text, "sliding_window": 8,
+                                                   "layer_types": ["sliding_attention", "full_attention"]},
+                                      vision_config=vision, mm_tokens_per_image=4, image_token_index=300,
+                                      boi_token_index=301, eoi_token_index=302)
+        model: Any = tf.Gemma3ForConditionalGeneration(config)
+    else:  # Ministral 3's language model in Mistral 3's wrapper (Mistral Small 3.1 has a Mistral one)
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.4}
+        config = tf.Mistral3Config(text_config={**text, "model_type": "ministral3", "rope_parameters": rope},
+                                   vision_config={**vision, "head_dim": 16}, image_token_index=300)
+        model = tf.Mistral3ForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0)
+    model.save_pretrained(str(out))
+    make_tokenizer(out, 320)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "mistral3"])
+def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
+    """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
+    exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
+    from llmc.engines.ort.build import export_engine
+
+    vlm = _tiny_image_text(tmp_path / "hf", kind)
+    manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    assert manifest.model.hf_architecture == {"gemma3": "Gemma3ForCausalLM", "mistral3": "Ministral3ForCausalLM"}[kind]
+    assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
+    engine = export_engine(manifest, tmp_path / "export")
+    ids = np.random.default_rng(0).integers(3, 300, 40).tolist()  # (past 16 positions: Ministral 3's query scaling)
+    with torch.no_grad():
+        ref = vlm(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
+    ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 64))[0]
+    assert float(np.abs(ours - ref).max()) <= 1e-4
+    vision = sum(p.numel() for n, p in vlm.named_parameters() if "vision" in n or "projector" in n)
+    text = sum(p.numel() for n, p in vlm.named_parameters() if "vision" not in n and "projector" not in n)
+    assert vision > 0 and (tmp_path / "export" / "weights.bin").stat().st_size < 4 * (text + vision // 2)
+
+
+def test_an_image_text_config_without_its_language_model_is_named(tmp_path: Path) -> None:
+    _tiny_image_text(tmp_path / "hf", "gemma3")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "text_config": None}))
+    with pytest.raises(InputError, match=r"config.json: a gemma3 config needs a text_config object"):
+        export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
