@@ -296,3 +296,51 @@ def test_an_image_text_config_without_its_language_model_is_named(tmp_path: Path
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "text_config": None}))
     with pytest.raises(InputError, match=r"config.json: a gemma3 config needs a text_config object"):
         export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+
+
+def _as_fp8(folder: Path, out: Path, block: int = 32) -> dict[str, np.ndarray]:
+    """`folder`'s tiny model saved again as DeepSeek-V3 and the "-FP8" releases publish theirs: every linear layer's
+    weight in float8 e4m3 with an fp32 scale a block of block x block (`weight_scale_inv`), under quantization_config
+    fp8. Returns the weights those codes stand for."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    weights, values = load_file(str(out / "model.safetensors")), {}
+    for name in [n for n in weights if n.endswith("_proj.weight")]:
+        rows, cols = weights[name].shape
+        blocks = weights[name].reshape(rows // block, block, cols // block, block)
+        scale = blocks.abs().amax(dim=(1, 3)) / 448.0  # (e4m3's largest)
+        codes = (blocks / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+        weights[name], weights[name.replace(".weight", ".weight_scale_inv")] = codes, scale
+        values[name] = (codes.float().reshape(blocks.shape) * scale[:, None, :, None]).reshape(rows, cols).numpy()
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [block, block],
+                                     "activation_scheme": "dynamic"}
+    (out / "config.json").write_text(json.dumps(config))
+    return values
+
+
+def test_an_fp8_checkpoint_exports_the_values_its_codes_stand_for(tmp_path: Path) -> None:
+    """Block-scaled FP8 checkpoints are dequantized as they load, whatever the machine has: the export is the same as
+    from those values written in fp32."""
+    from safetensors.torch import load_file, save_file
+    from tiny_models import make_model
+
+    from llmc.engines.ort.graphs import load_checkpoint
+
+    values = _as_fp8(make_model("llama", tmp_path / "hf"), tmp_path / "fp8")
+    manifest = export(ExportConfig(str(tmp_path / "fp8"), tmp_path / "export"))
+    assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
+    plain = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    save_file({**plain, **{k: torch.from_numpy(v) for k, v in values.items()}},
+              str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    reference = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export-fp32"))
+    ours = load_checkpoint(tmp_path / "export", manifest).weights
+    theirs = load_checkpoint(tmp_path / "export-fp32", reference).weights
+    assert manifest.model == reference.model and ours.keys() == theirs.keys()
+    for name, w in theirs.items():
+        np.testing.assert_array_equal(ours[name], w, err_msg=name)
+    assert any(not np.array_equal(v, plain[k].numpy()) for k, v in values.items())  # (the codes moved them)
