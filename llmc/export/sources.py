@@ -53,7 +53,12 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
 # Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
 # image encoder and its projector are not exported). model_type -> the language model's model_type by default.
-VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral"}
+VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwen2_vl_text",
+                "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text"}
+# Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
+# every section the same position on text, which is the family's own rotary.
+TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+_NOT_TEXT = ("vision_config", "text_config", "model_type", "architectures", "transformers_version", "auto_map")
 GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 
 
@@ -138,18 +143,20 @@ def _language_config(config: dict[str, Any], wrapper: str, config_path: Path) ->
     """An image-text config's language model: its model_type and its config, the text_config's fields over that
     model type's defaults (a published text_config names only what differs from them)."""
     text = config.get("text_config")
+    if text is None and "num_hidden_layers" in config:  # (Qwen2-VL / 2.5-VL: the language model's fields at the top)
+        text = {k: v for k, v in config.items() if k not in _NOT_TEXT}
     if not isinstance(text, dict):
         raise InputError(f"{config_path}: a {wrapper} config needs a text_config object (its language model), "
                          f"got {text!r}")
     model_type = str(text.get("model_type") or VLM_WRAPPERS[wrapper])
-    check_supported(model_type)
+    check_supported(TEXT_FAMILY.get(model_type, model_type))
     from transformers import AutoConfig
 
     try:
         defaults = AutoConfig.for_model(model_type).to_dict()
     except Exception as e:  # (a model type this transformers does not know)
         raise InputError(f"{config_path}: text_config model_type {model_type!r}: {one_line(e)}") from None
-    return model_type, {**defaults, **text, "model_type": model_type}
+    return TEXT_FAMILY.get(model_type, model_type), {**defaults, **text, "model_type": model_type}
 
 
 _SAFETENSORS_DTYPES = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16", "I32",
@@ -255,13 +262,22 @@ def _language_model(vlm: Any) -> Any:
     """An image-text model's language model and head as the text family's *ForCausalLM (the same modules: its
     text-only forward is the image-text model's on text), built around them without allocating weights."""
     import torch
+    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    text_config = vlm.config.text_config
-    causal_lm: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(text_config)]
+    text_config, language = vlm.config.text_config, vlm.model.language_model
+    config = text_config
+    if text_config.model_type in TEXT_FAMILY:  # (its rotary module stays its own: the same tables on text)
+        fields = {k: v for k, v in text_config.to_dict().items() if k not in _NOT_TEXT}
+        rope = {k: v for k, v in (fields.get("rope_parameters") or {}).items() if not k.startswith("mrope")}
+        config = AutoConfig.for_model(TEXT_FAMILY[text_config.model_type], **{**fields, "rope_parameters": rope})
+        config._attn_implementation = text_config._attn_implementation
+    # tied as the checkpoint ties them (Qwen2.5-VL says so at its top level, not in its text_config)
+    config.tie_word_embeddings = vlm.lm_head.weight.data_ptr() == language.embed_tokens.weight.data_ptr()
+    causal_lm: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     with torch.device("meta"):
-        model = causal_lm(text_config)
-    model.model, model.lm_head = vlm.model.language_model, vlm.lm_head
+        model = causal_lm(config)
+    model.model, model.lm_head = language, vlm.lm_head
     model.generation_config = vlm.generation_config
     return model
 

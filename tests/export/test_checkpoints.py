@@ -239,8 +239,9 @@ def test_other_quantized_checkpoints_are_refused_naming_the_method(tmp_path: Pat
 
 
 def _tiny_image_text(out: Path, kind: str) -> Any:
-    """A tiny Gemma 3 (4B+'s form) or Mistral 3 image-text model (a one-layer vision encoder), saved with a
-    tokenizer; returns it (fp32, eval)."""
+    """A tiny Gemma 3 (4B+'s form), Mistral 3, Qwen2.5-VL (its language model's fields at the config's top level,
+    as published) or Qwen3-VL image-text model (a one-layer vision encoder), saved with a tokenizer; returns it (fp32,
+    eval)."""
     import transformers as tf
 
     torch.manual_seed(0)
@@ -254,6 +255,18 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
                                       vision_config=vision, mm_tokens_per_image=4, image_token_index=300,
                                       boi_token_index=301, eoi_token_index=302)
         model: Any = tf.Gemma3ForConditionalGeneration(config)
+    elif kind.startswith("qwen"):  # multimodal rotary sections (the same position in each on text)
+        qwen3 = kind == "qwen3_vl"
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                **({"mrope_interleaved": True} if qwen3 else {})}
+        vision = {**vision, "depth": 1, "num_heads": 2, "out_hidden_size": 64,
+                  **({"deepstack_visual_indexes": [0], "num_position_embeddings": 16} if qwen3 else
+                     {"window_size": 16, "fullatt_block_indexes": [0]})}
+        kinds: Any = ((tf.Qwen3VLConfig, tf.Qwen3VLForConditionalGeneration) if qwen3 else
+                      (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration))
+        config = kinds[0](text_config={**text, "rope_parameters": rope, "tie_word_embeddings": qwen3},
+                          vision_config=vision, image_token_id=300, video_token_id=301, vision_start_token_id=302)
+        model = kinds[1](config)
     else:  # Ministral 3's language model in Mistral 3's wrapper (Mistral Small 3.1 has a Mistral one)
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
@@ -265,11 +278,16 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
         for p in model.parameters():
             p.mul_(4.0)
     model.save_pretrained(str(out))
+    if kind == "qwen2_5_vl":
+        saved = json.loads((out / "config.json").read_text())
+        text_fields = saved.pop("text_config")
+        (out / "config.json").write_text(json.dumps({**{k: v for k, v in text_fields.items() if k != "model_type"},
+                                                     **saved}))
     make_tokenizer(out, 320)
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "mistral3"])
+@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl"])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
     exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
@@ -277,7 +295,10 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
 
     vlm = _tiny_image_text(tmp_path / "hf", kind)
     manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
-    assert manifest.model.hf_architecture == {"gemma3": "Gemma3ForCausalLM", "mistral3": "Ministral3ForCausalLM"}[kind]
+    assert manifest.model.hf_architecture == {"gemma3": "Gemma3ForCausalLM", "mistral3": "Ministral3ForCausalLM",
+                                              "qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM"}[kind]
+    tied = vlm.lm_head.weight.data_ptr() == vlm.model.language_model.embed_tokens.weight.data_ptr()
+    assert manifest.model.tie_embeddings is tied
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
     engine = export_engine(manifest, tmp_path / "export")
     ids = np.random.default_rng(0).integers(3, 300, 40).tolist()  # (past 16 positions: Ministral 3's query scaling)
@@ -285,8 +306,9 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
         ref = vlm(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
     ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 64))[0]
     assert float(np.abs(ours - ref).max()) <= 1e-4
-    vision = sum(p.numel() for n, p in vlm.named_parameters() if "vision" in n or "projector" in n)
-    text = sum(p.numel() for n, p in vlm.named_parameters() if "vision" not in n and "projector" not in n)
+    image = ("vision", "visual", "projector")
+    vision = sum(p.numel() for n, p in vlm.named_parameters() if any(w in n for w in image))
+    text = sum(p.numel() for n, p in vlm.named_parameters() if not any(w in n for w in image))
     assert vision > 0 and (tmp_path / "export" / "weights.bin").stat().st_size < 4 * (text + vision // 2)
 
 
