@@ -54,10 +54,12 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
 # image encoder and its projector are not exported). model_type -> the language model's model_type by default.
 VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwen2_vl_text",
-                "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text"}
+                "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
-TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
+               "qwen3_vl_moe_text": "qwen3_moe"}
+TEXT_FIXED = {"qwen3_vl_moe_text": {"norm_topk_prob": True}}  # (what its modules do whatever the config says)
 _NOT_TEXT = ("vision_config", "text_config", "model_type", "architectures", "transformers_version", "auto_map")
 GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 
@@ -270,7 +272,8 @@ def _language_model(vlm: Any) -> Any:
     if text_config.model_type in TEXT_FAMILY:  # (its rotary module stays its own: the same tables on text)
         fields = {k: v for k, v in text_config.to_dict().items() if k not in _NOT_TEXT}
         rope = {k: v for k, v in (fields.get("rope_parameters") or {}).items() if not k.startswith("mrope")}
-        config = AutoConfig.for_model(TEXT_FAMILY[text_config.model_type], **{**fields, "rope_parameters": rope})
+        config = AutoConfig.for_model(TEXT_FAMILY[text_config.model_type], **{**fields, "rope_parameters": rope,
+                                                                               **TEXT_FIXED.get(text_config.model_type, {})})
         config._attn_implementation = text_config._attn_implementation
     # tied as the checkpoint ties them (Qwen2.5-VL says so at its top level, not in its text_config)
     config.tie_word_embeddings = vlm.lm_head.weight.data_ptr() == language.embed_tokens.weight.data_ptr()

@@ -256,15 +256,18 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
                                       boi_token_index=301, eoi_token_index=302)
         model: Any = tf.Gemma3ForConditionalGeneration(config)
     elif kind.startswith("qwen"):  # multimodal rotary sections (the same position in each on text)
-        qwen3 = kind == "qwen3_vl"
+        qwen3 = kind != "qwen2_5_vl"
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
                 **({"mrope_interleaved": True} if qwen3 else {})}
         vision = {**vision, "depth": 1, "num_heads": 2, "out_hidden_size": 64,
                   **({"deepstack_visual_indexes": [0], "num_position_embeddings": 16} if qwen3 else
                      {"window_size": 16, "fullatt_block_indexes": [0]})}
-        kinds: Any = ((tf.Qwen3VLConfig, tf.Qwen3VLForConditionalGeneration) if qwen3 else
-                      (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration))
-        config = kinds[0](text_config={**text, "rope_parameters": rope, "tie_word_embeddings": qwen3},
+        kinds: Any = {"qwen2_5_vl": (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration),
+                      "qwen3_vl": (tf.Qwen3VLConfig, tf.Qwen3VLForConditionalGeneration),
+                      "qwen3_vl_moe": (tf.Qwen3VLMoeConfig, tf.Qwen3VLMoeForConditionalGeneration)}[kind]
+        experts = ({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+                   if kind == "qwen3_vl_moe" else {})
+        config = kinds[0](text_config={**text, **experts, "rope_parameters": rope, "tie_word_embeddings": qwen3},
                           vision_config=vision, image_token_id=300, video_token_id=301, vision_start_token_id=302)
         model = kinds[1](config)
     else:  # Ministral 3's language model in Mistral 3's wrapper (Mistral Small 3.1 has a Mistral one)
@@ -287,7 +290,7 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
     exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
@@ -296,7 +299,8 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
     vlm = _tiny_image_text(tmp_path / "hf", kind)
     manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
     assert manifest.model.hf_architecture == {"gemma3": "Gemma3ForCausalLM", "mistral3": "Ministral3ForCausalLM",
-                                              "qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM"}[kind]
+                                              "qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM",
+                                              "qwen3_vl_moe": "Qwen3MoeForCausalLM"}[kind]
     tied = vlm.lm_head.weight.data_ptr() == vlm.model.language_model.embed_tokens.weight.data_ptr()
     assert manifest.model.tie_embeddings is tied
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
