@@ -272,8 +272,9 @@ def _language_model(vlm: Any) -> Any:
     if text_config.model_type in TEXT_FAMILY:  # (its rotary module stays its own: the same tables on text)
         fields = {k: v for k, v in text_config.to_dict().items() if k not in _NOT_TEXT}
         rope = {k: v for k, v in (fields.get("rope_parameters") or {}).items() if not k.startswith("mrope")}
+        fixed = TEXT_FIXED.get(text_config.model_type, {})
         config = AutoConfig.for_model(TEXT_FAMILY[text_config.model_type], **{**fields, "rope_parameters": rope,
-                                                                               **TEXT_FIXED.get(text_config.model_type, {})})
+                                                                               **fixed})
         config._attn_implementation = text_config._attn_implementation
     # tied as the checkpoint ties them (Qwen2.5-VL says so at its top level, not in its text_config)
     config.tie_word_embeddings = vlm.lm_head.weight.data_ptr() == language.embed_tokens.weight.data_ptr()
