@@ -54,7 +54,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
 # image encoder and its projector are not exported). model_type -> the language model's model_type by default.
 VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwen2_vl_text",
-                "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
+                "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
+                "llava": "llama", "smolvlm": "llama", "internvl": "qwen2", "aya_vision": "cohere2"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
@@ -267,7 +268,8 @@ def _language_model(vlm: Any) -> Any:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    text_config, language = vlm.config.text_config, vlm.model.language_model
+    text_config = vlm.config.text_config
+    language = getattr(vlm.model, "language_model", None) or vlm.model.text_model  # (SmolVLM: text_model)
     config = text_config
     if text_config.model_type in TEXT_FAMILY:  # (its rotary module stays its own: the same tables on text)
         fields = {k: v for k, v in text_config.to_dict().items() if k not in _NOT_TEXT}

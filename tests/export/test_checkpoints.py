@@ -238,6 +238,11 @@ def test_other_quantized_checkpoints_are_refused_naming_the_method(tmp_path: Pat
         export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
 
 
+# kind: (transformers' class prefix, the language model's type, the vision encoder's type where the config needs it)
+OTHER_IMAGE_TEXT = {"llava": ("Llava", "llama", "clip_vision_model"), "smolvlm": ("SmolVLM", "llama", ""),
+                    "internvl": ("InternVL", "qwen2", ""), "aya_vision": ("AyaVision", "cohere2", "siglip_vision_model")}
+
+
 def _tiny_image_text(out: Path, kind: str) -> Any:
     """A tiny Gemma 3 (4B+'s form), Mistral 3, Qwen2.5-VL (its language model's fields at the config's top level,
     as published) or Qwen3-VL image-text model (a one-layer vision encoder), saved with a tokenizer; returns it (fp32,
@@ -270,6 +275,14 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
         config = kinds[0](text_config={**text, **experts, "rope_parameters": rope, "tie_word_embeddings": qwen3},
                           vision_config=vision, image_token_id=300, video_token_id=301, vision_start_token_id=302)
         model = kinds[1](config)
+    elif kind in OTHER_IMAGE_TEXT:
+        wrapper, text_type, vision_type = OTHER_IMAGE_TEXT[kind]
+        vision = {**vision, **({"model_type": vision_type} if vision_type else {}),
+                  **({"image_size": [32, 32], "patch_size": [8, 8]} if kind == "internvl" else {})}
+        config = getattr(tf, wrapper + "Config")(text_config={**text, "model_type": text_type}, vision_config=vision,
+                                                 **({"image_token_index": 300} if kind in ("llava", "aya_vision")
+                                                    else {"image_token_id": 300}))
+        model = getattr(tf, wrapper + "ForConditionalGeneration")(config)
     else:  # Ministral 3's language model in Mistral 3's wrapper (Mistral Small 3.1 has a Mistral one)
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
@@ -290,7 +303,7 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
+@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", *OTHER_IMAGE_TEXT])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
     exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
@@ -300,8 +313,11 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
     manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
     assert manifest.model.hf_architecture == {"gemma3": "Gemma3ForCausalLM", "mistral3": "Ministral3ForCausalLM",
                                               "qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM",
-                                              "qwen3_vl_moe": "Qwen3MoeForCausalLM"}[kind]
-    tied = vlm.lm_head.weight.data_ptr() == vlm.model.language_model.embed_tokens.weight.data_ptr()
+                                              "qwen3_vl_moe": "Qwen3MoeForCausalLM", "llava": "LlamaForCausalLM",
+                                              "smolvlm": "LlamaForCausalLM", "internvl": "Qwen2ForCausalLM",
+                                              "aya_vision": "Cohere2ForCausalLM"}[kind]
+    language = getattr(vlm.model, "language_model", None) or vlm.model.text_model
+    tied = vlm.lm_head.weight.data_ptr() == language.embed_tokens.weight.data_ptr()
     assert manifest.model.tie_embeddings is tied
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
     engine = export_engine(manifest, tmp_path / "export")
