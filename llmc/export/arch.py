@@ -36,9 +36,21 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
 MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # multi-head latent attention (ModelSpec.mla_kv_rank)
 
+# Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
+# image encoder and its projector are not exported). model_type -> the language model's model_type by default.
+VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwen2_vl_text",
+                "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
+                "llava": "llama", "smolvlm": "llama", "internvl": "qwen2", "aya_vision": "cohere2"}
+# Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
+# every section the same position on text, which is the family's own rotary.
+TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
+               "qwen3_vl_moe_text": "qwen3_moe"}
+TEXT_FIXED = {"qwen3_vl_moe_text": {"norm_topk_prob": True}}  # (what its modules do whatever the config says)
+
 
 def supported_list() -> str:
-    return ", ".join(f"{k} ({v})" for k, v in SUPPORTED.items())
+    return (", ".join(f"{k} ({v})" for k, v in SUPPORTED.items())
+            + f"; and the language model of image-text checkpoints: {', '.join(VLM_WRAPPERS)}")
 
 
 def check_supported(model_type: str) -> None:

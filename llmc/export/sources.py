@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmc.errors import InputError, UnsupportedModelError, one_line
-from llmc.export.arch import check_supported
+from llmc.export.arch import TEXT_FAMILY, TEXT_FIXED, VLM_WRAPPERS, check_supported
 from llmc.export.config_check import check_config
 from llmc.manifest import sha256_file
 from llmc.paths import cache_dir
@@ -51,16 +51,6 @@ DEFAULT = DefaultModel(
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
-# Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
-# image encoder and its projector are not exported). model_type -> the language model's model_type by default.
-VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwen2_vl_text",
-                "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
-                "llava": "llama", "smolvlm": "llama", "internvl": "qwen2", "aya_vision": "cohere2"}
-# Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
-# every section the same position on text, which is the family's own rotary.
-TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
-               "qwen3_vl_moe_text": "qwen3_moe"}
-TEXT_FIXED = {"qwen3_vl_moe_text": {"norm_topk_prob": True}}  # (what its modules do whatever the config says)
 _NOT_TEXT = ("vision_config", "text_config", "model_type", "architectures", "transformers_version", "auto_map")
 GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 

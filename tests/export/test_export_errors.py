@@ -82,7 +82,7 @@ def test_unsupported_architecture_is_refused_with_the_list(tmp_path: Path) -> No
     (folder / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"]}))
     with pytest.raises(UnsupportedModelError) as e:
         _export(folder, tmp_path / "out")
-    for name in ("'bert'", "llama", "mistral", "qwen2", "gpt2"):
+    for name in ("'bert'", "llama", "mistral", "qwen2", "gpt2", "image-text checkpoints: gemma3, mistral3"):
         assert name in str(e.value)
     assert _leftovers(tmp_path, "out") == []
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), "bert", "supported")
