@@ -40,7 +40,8 @@ MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # multi-head latent atten
 # image encoder and its projector are not exported). model_type -> the language model's model_type by default.
 VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwen2_vl_text",
                 "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
-                "llava": "llama", "smolvlm": "llama", "internvl": "qwen2", "aya_vision": "cohere2"}
+                "llava": "llama", "llava_next": "llama", "llava_onevision": "qwen2", "smolvlm": "llama",
+                "idefics3": "llama", "internvl": "qwen2", "aya_vision": "cohere2"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",

@@ -238,9 +238,18 @@ def test_other_quantized_checkpoints_are_refused_naming_the_method(tmp_path: Pat
         export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
 
 
-# kind: (transformers' class prefix, the language model's type, the vision encoder's type where the config needs it)
-OTHER_IMAGE_TEXT = {"llava": ("Llava", "llama", "clip_vision_model"), "smolvlm": ("SmolVLM", "llama", ""),
-                    "internvl": ("InternVL", "qwen2", ""), "aya_vision": ("AyaVision", "cohere2", "siglip_vision_model")}
+# kind: (transformers' class prefix, the language model's type, the vision encoder's type where the config needs it,
+# more of the config)
+OTHER_IMAGE_TEXT: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    "llava": ("Llava", "llama", "clip_vision_model", {"image_token_index": 300}),
+    "llava_next": ("LlavaNext", "mistral", "clip_vision_model", {"image_token_index": 300,
+                                                                 "image_grid_pinpoints": [[32, 32]]}),
+    "llava_onevision": ("LlavaOnevision", "qwen2", "siglip_vision_model",
+                        {"image_token_index": 300, "video_token_index": 301, "image_grid_pinpoints": [[32, 32]]}),
+    "smolvlm": ("SmolVLM", "llama", "", {"image_token_id": 300}),
+    "idefics3": ("Idefics3", "llama", "", {"image_token_id": 300}),
+    "internvl": ("InternVL", "qwen2", "", {"image_token_id": 300}),
+    "aya_vision": ("AyaVision", "cohere2", "siglip_vision_model", {"image_token_index": 300})}
 
 
 def _tiny_image_text(out: Path, kind: str) -> Any:
@@ -276,12 +285,11 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
                           vision_config=vision, image_token_id=300, video_token_id=301, vision_start_token_id=302)
         model = kinds[1](config)
     elif kind in OTHER_IMAGE_TEXT:
-        wrapper, text_type, vision_type = OTHER_IMAGE_TEXT[kind]
+        wrapper, text_type, vision_type, more = OTHER_IMAGE_TEXT[kind]
         vision = {**vision, **({"model_type": vision_type} if vision_type else {}),
                   **({"image_size": [32, 32], "patch_size": [8, 8]} if kind == "internvl" else {})}
         config = getattr(tf, wrapper + "Config")(text_config={**text, "model_type": text_type}, vision_config=vision,
-                                                 **({"image_token_index": 300} if kind in ("llava", "aya_vision")
-                                                    else {"image_token_id": 300}))
+                                                 **more)
         model = getattr(tf, wrapper + "ForConditionalGeneration")(config)
     else:  # Ministral 3's language model in Mistral 3's wrapper (Mistral Small 3.1 has a Mistral one)
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
@@ -314,7 +322,9 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
     assert manifest.model.hf_architecture == {"gemma3": "Gemma3ForCausalLM", "mistral3": "Ministral3ForCausalLM",
                                               "qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM",
                                               "qwen3_vl_moe": "Qwen3MoeForCausalLM", "llava": "LlamaForCausalLM",
-                                              "smolvlm": "LlamaForCausalLM", "internvl": "Qwen2ForCausalLM",
+                                              "llava_next": "MistralForCausalLM",
+                                              "llava_onevision": "Qwen2ForCausalLM", "smolvlm": "LlamaForCausalLM",
+                                              "idefics3": "LlamaForCausalLM", "internvl": "Qwen2ForCausalLM",
                                               "aya_vision": "Cohere2ForCausalLM"}[kind]
     language = getattr(vlm.model, "language_model", None) or vlm.model.text_model
     tied = vlm.lm_head.weight.data_ptr() == language.embed_tokens.weight.data_ptr()
