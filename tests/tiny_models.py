@@ -297,6 +297,17 @@ def _ministral3(tf: Any, common: dict[str, Any]) -> Any:  # yarn, queries scaled
                                                         sliding_window=16))
 
 
+def _apertus(tf: Any, common: dict[str, Any]) -> Any:  # xIELU (its alphas per layer moved off their start), qk-norm
+    import torch
+
+    model = tf.ApertusForCausalLM(tf.ApertusConfig(**common, head_dim=16))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.act_fn.alpha_p.normal_(0.0, 0.5)
+            layer.mlp.act_fn.alpha_n.normal_(0.0, 0.5)
+    return model
+
+
 def _gptj(tf: Any, common: dict[str, Any]) -> Any:  # rotary over interleaved pairs of part of each head, parallel
     return tf.GPTJForCausalLM(tf.GPTJConfig(vocab_size=common["vocab_size"], n_embd=64, n_layer=2, n_head=4,
                                             rotary_dim=8, n_inner=96, n_positions=256, bos_token_id=1,
@@ -369,7 +380,7 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe,
                  "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "glm4_moe_lite": _glm4_moe_lite,
                  "falcon": _falcon, "falcon_mqa": _falcon_mqa, "falcon_seq": _falcon_seq, "gptj": _gptj,
-                 "minimax_m2": _minimax_m2, "ministral3": _ministral3}
+                 "minimax_m2": _minimax_m2, "ministral3": _ministral3, "apertus": _apertus}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

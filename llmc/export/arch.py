@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from llmc.errors import UnsupportedModelError
-from llmc.graph.checkpoint import INV_FREQ, INV_FREQ_LOCAL, INV_FREQ_LONG, Checkpoint
+from llmc.graph.checkpoint import INV_FREQ, INV_FREQ_LOCAL, INV_FREQ_LONG, XIELU, Checkpoint
 from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "ministral3": "Ministral 3 (text)", "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE",
-    "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)", "arcee": "Arcee AFM",
+    "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)", "arcee": "Arcee AFM", "apertus": "Apertus",
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
     "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23",
@@ -273,6 +273,10 @@ def _exaone4(config: Any) -> dict[str, Any]:  # norms after attention and MLP on
     if _get(config, "sliding_window", None):
         fields["rope_layers"] = tuple(t == "sliding_attention" for t in config.layer_types)
     return fields
+
+
+def _apertus(config: Any) -> dict[str, Any]:  # a plain xIELU MLP, qk-norm per head
+    return {"plain_mlp": True, "qk_norm": "head"}
 
 
 def _arcee(config: Any) -> dict[str, Any]:  # a plain squared-ReLU MLP
@@ -540,6 +544,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "minimax_m2": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "gptj": lambda c, sd: _interleaved_to_halves(c, _renamed(sd, _GPTJ_NAMES), _gptj_rotated(c)),
     "nemotron": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES), "arcee": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES),
+    "apertus": lambda c, sd: _renamed(sd, (*_PLAIN_MLP_NAMES, (".attention_layernorm.", ".input_layernorm."),
+                                           (".feedforward_layernorm.", ".post_attention_layernorm."))),
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
     "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves,
     "ernie4_5_moe": _interleaved_to_halves,
@@ -552,7 +558,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
-    "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "exaone4": _exaone4,
+    "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "apertus": _apertus, "exaone4": _exaone4,
     "glm": _glm, "glm4": _glm,
     "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "falcon": _falcon, "gptj": _gptj,
     "starcoder2": _starcoder2,
@@ -677,6 +683,11 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
     if spec.plain_mlp:  # StarCoder2
         out = {q + "fc.weight": sd[p + "c_fc.weight"].T.copy(),
                q + "proj.weight": sd[p + "c_proj.weight"].T.copy()}
+        if spec.activation == "xielu":  # (Apertus) its layer's [alpha_p, alpha_n, beta, eps], alphas as applied
+            act = p + "act_fn."
+            beta = float(sd[act + "beta"])
+            out[q + XIELU] = np.array([_softplus(sd[act + "alpha_p"]), beta + _softplus(sd[act + "alpha_n"]), beta,
+                                       float(sd[act + "eps"])], np.float32)
         for theirs, ours in (("c_fc", "fc"), ("c_proj", "proj")):
             if p + theirs + ".bias" in sd:
                 out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
@@ -807,12 +818,18 @@ _LEARNED: dict[str, Callable[[Any, dict[str, np.ndarray]], Checkpoint]] = {
     "gpt2": _gpt2, "gpt_bigcode": _gpt_bigcode, "opt": _opt}
 
 
+def _softplus(x: np.ndarray) -> float:
+    """torch's softplus of a one-element array (x past 20: x itself), in fp32."""
+    v = np.float32(x.reshape(-1)[0])
+    return float(v if v > 20 else np.log1p(np.exp(v)))
+
+
 def _activation(name: str) -> str:
-    if name in ("silu", "relu", "relu2"):
+    if name in ("silu", "relu", "relu2", "xielu"):
         return name
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         return "gelu_tanh"
     if name == "gelu":
         return "gelu"
     raise UnsupportedModelError(f"activation {name!r} is not supported; supported: silu, relu, relu2, gelu, gelu_new, "
-                                "gelu_pytorch_tanh")
+                                "gelu_pytorch_tanh, xielu")

@@ -11,6 +11,7 @@ from llmc.manifest import ModelSpec
 INV_FREQ = "rope.inv_freq"  # [R/2] fp32 (R rotated dims of a head), stored beside the weights for rope models
 INV_FREQ_LOCAL = "rope.local.inv_freq"  # sliding layers' own table (Gemma 3), when they have one
 INV_FREQ_LONG = "rope.long.inv_freq"  # longrope: the long-factor table, for rows past `rope_long_after` positions
+XIELU = "xielu.params"  # [4] fp32 a layer (under layers.{i}.): xIELU's alpha_p, alpha_n (as applied), beta, eps
 ROPE_TABLES = (INV_FREQ, INV_FREQ_LOCAL, INV_FREQ_LONG)  # kept in fp32 in every export
 
 

@@ -22,7 +22,7 @@ from onnx import helper
 from llmc.graph import io_names as io
 from llmc.graph.attention import LOWERINGS, Rotary, layer_rope_table, rotate_packed
 from llmc.graph.builder import DTYPES, GraphBuilder
-from llmc.graph.checkpoint import Checkpoint
+from llmc.graph.checkpoint import XIELU, Checkpoint
 from llmc.graph.layers import (
     CALIBRATE_POSITIONS,
     LLMC_DOMAIN,
@@ -202,10 +202,24 @@ def _activation(c: Ctx, x: str) -> str:
     return b.op("Mul", b.op("Mul", x, b.scalar(0.5)), b.op("Add", b.op("Tanh", inner), b.scalar(1.0)))
 
 
+def _xielu(c: Ctx, x: str, params: str) -> str:
+    """Apertus's xIELU with its layer's [alpha_p, alpha_n, beta, eps]: alpha_p x^2 + beta x where x > 0, else
+    (expm1(min(x, eps)) - x) alpha_n + beta x (ONNX has no Expm1: Exp - 1, within ~1e-7 near 0)."""
+    b = c.b
+    ap, an, beta, eps = b.split(b.to_compute(b.weight(params)), [1, 1, 1, 1], axis=0)
+    linear_part = b.op("Mul", x, beta)
+    positive = b.op("Add", b.op("Mul", b.op("Mul", x, x), ap), linear_part)
+    expm1 = b.op("Sub", b.op("Exp", b.op("Min", x, eps)), b.scalar(1.0))
+    negative = b.op("Add", b.op("Mul", b.op("Sub", expm1, x), an), linear_part)
+    return b.op("Where", b.op("Greater", x, b.scalar(0.0)), positive, negative)
+
+
 def _mlp(c: Ctx, i: int, h: str) -> str:
     p = f"layers.{i}"
     if c.m.family == "gpt2" or c.m.plain_mlp:
-        return linear(c, _activation(c, linear(c, h, f"{p}.fc")), f"{p}.proj")
+        inner = linear(c, h, f"{p}.fc")
+        act = _xielu(c, inner, f"{p}.{XIELU}") if c.m.activation == "xielu" else _activation(c, inner)
+        return linear(c, act, f"{p}.proj")
     if not c.m.is_moe(i):
         return _gated_mlp(c, h, p, c.m.intermediate_size)
     y = moe_mlp(c, i, h)

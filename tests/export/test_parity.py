@@ -321,7 +321,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                 "gptj": "shared"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
-                           "deepseek_v3": "yarn", "ministral3": "yarn"}.get(
+                           "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3"}.get(
         tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
@@ -334,9 +334,10 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
-                         "minimax_m2": "full"}.get(tiny.name, "")
+                         "minimax_m2": "full", "apertus": "head"}.get(tiny.name, "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
+    assert (m.activation == "xielu") is (tiny.name == "apertus")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2") or mla else
