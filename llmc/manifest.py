@@ -88,6 +88,7 @@ class ModelSpec:
     clip_qkv: float = 0.0  # q, k and v clamped to [-c, c] (OLMo); 0: not
     qk_norm: str = ""  # "head": RMSNorm over each head of q and k (Qwen3, Gemma 3); "full": over all of q / k (OLMo 2)
     qk_norm_after_rope: bool = False  # q and k normed after their rotation, not before (Hunyuan)
+    attn_output_gate: bool = False  # the attention's output times sigmoid(h @ attn_gate) before o (AFMoE)
     # the residual stream
     norm_layout: str = "pre"  # "pre" | "sandwich": also after attention and MLP (Gemma) | "post": only after (OLMo 2)
     embedding_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden); Granite: embedding_multiplier)

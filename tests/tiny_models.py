@@ -297,6 +297,19 @@ def _ministral3(tf: Any, common: dict[str, Any]) -> Any:  # yarn, queries scaled
                                                         sliding_window=16))
 
 
+def _afmoe(tf: Any, common: dict[str, Any]) -> Any:  # gated attention output, sandwich norms, NoPE full layer
+    import torch
+
+    model = tf.AfmoeForCausalLM(tf.AfmoeConfig(
+        **{**common, "num_hidden_layers": 3}, head_dim=16, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1, route_scale=1.5, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], mup_enabled=True))
+    with torch.no_grad():  # the expert bias (zeros) about the scores' spread, so that it moves the choice
+        for layer in model.model.layers[1:]:
+            layer.mlp.expert_bias.normal_(0.0, 0.3)
+    return model
+
+
 def _apertus(tf: Any, common: dict[str, Any]) -> Any:  # xIELU (its alphas per layer moved off their start), qk-norm
     import torch
 
@@ -380,7 +393,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "hunyuan_v1_dense": _hunyuan_v1_dense, "hunyuan_v1_moe": _hunyuan_v1_moe,
                  "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "glm4_moe_lite": _glm4_moe_lite,
                  "falcon": _falcon, "falcon_mqa": _falcon_mqa, "falcon_seq": _falcon_seq, "gptj": _gptj,
-                 "minimax_m2": _minimax_m2, "ministral3": _ministral3, "apertus": _apertus}
+                 "minimax_m2": _minimax_m2, "ministral3": _ministral3, "apertus": _apertus,
+                 "afmoe": _afmoe}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

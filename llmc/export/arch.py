@@ -20,7 +20,7 @@ from llmc.manifest import ModelSpec
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
     "ministral3": "Ministral 3 (text)", "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE",
-    "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)", "arcee": "Arcee AFM", "apertus": "Apertus",
+    "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)", "arcee": "Arcee AFM", "afmoe": "Arcee Trinity (AFMoE)", "apertus": "Apertus",
     "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
     "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
     "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23",
@@ -275,6 +275,21 @@ def _exaone4(config: Any) -> dict[str, Any]:  # norms after attention and MLP on
     return fields
 
 
+def _afmoe(config: Any) -> dict[str, Any]:
+    """Arcee Trinity: norms before and after attention and the MLP, qk-norm per head, the attention's output gated,
+    RoPE on sliding layers only (full ones without), a mixture after num_dense_layers dense layers (sigmoid scores
+    + the expert bias choose, renormalized, times route_scale; shared experts added)."""
+    rope = tuple(t == "sliding_attention" for t in config.layer_types)
+    return {**_moe(config), "norm_layout": "sandwich", "qk_norm": "head", "attn_output_gate": True,
+            **({"rope_layers": rope} if not all(rope) else {}),
+            **({"embedding_scale": float(config.hidden_size) ** 0.5} if _get(config, "mup_enabled", False) else {})}
+
+
+_AFMOE_NAMES = ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
+                (".pre_mlp_layernorm.", ".pre_feedforward_layernorm."),
+                (".post_mlp_layernorm.", ".post_feedforward_layernorm."))
+
+
 def _apertus(config: Any) -> dict[str, Any]:  # a plain xIELU MLP, qk-norm per head
     return {"plain_mlp": True, "qk_norm": "head"}
 
@@ -505,7 +520,8 @@ def _shared_experts(config: Any) -> dict[str, Any]:
     if config.model_type == "hunyuan_v1_moe":
         width = int(config.intermediate_size) * int(config.num_shared_expert)
     else:
-        shared = int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0))
+        shared = int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0)
+                     or _get(config, "num_shared_experts", 0))
         width = int(config.moe_intermediate_size) * shared if shared else 0
     return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
 
@@ -542,6 +558,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "phi": lambda c, sd: _renamed(sd, _PHI_NAMES), "gpt_neox": _gpt_neox_names, "olmo": _norm_params,
     "falcon": _falcon_names,
     "minimax_m2": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
+    "afmoe": lambda c, sd: _renamed(sd, _AFMOE_NAMES),
     "gptj": lambda c, sd: _interleaved_to_halves(c, _renamed(sd, _GPTJ_NAMES), _gptj_rotated(c)),
     "nemotron": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES), "arcee": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES),
     "apertus": lambda c, sd: _renamed(sd, (*_PLAIN_MLP_NAMES, (".attention_layernorm.", ".input_layernorm."),
@@ -569,7 +586,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
     **{mt: _moe for mt in MLA},  # (their attention: _mla)
-    "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"}, "ministral3": _ministral3,
+    "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"}, "ministral3": _ministral3, "afmoe": _afmoe,
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),
@@ -617,6 +634,8 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
         bias(attn + "o_proj", q + "o")
         if spec.qk_norm:
             w[q + "q_norm.weight"], w[q + "k_norm.weight"] = norm(attn + "q_norm.weight"), norm(attn + "k_norm.weight")
+        if spec.attn_output_gate:  # AFMoE
+            w[q + "attn_gate.weight"] = sd[attn + "gate_proj.weight"].T.copy()
         if spec.attn_sinks:  # GPT-OSS
             w[q + "attn.sinks"] = sd[attn + "sinks"]
         w.update(_mlp_weights(spec, sd, i))

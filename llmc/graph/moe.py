@@ -201,6 +201,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "gpt_oss":  # (its softmax over the top k logits: the renormalized weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, "swiglu_oss", float(config.swiglu_alpha), float(config.swiglu_limit), bias=True)
+    if config.model_type == "afmoe":  # (its router always renormalizes)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       True, config.hidden_act, routing="sigmoid", routed_scaling=float(config.route_scale))
     if config.model_type == "minimax_m2":  # (DeepSeek-V3's scores and correction bias without groups, renormalized)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act, routing="sigmoid")
@@ -225,6 +228,8 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "gpt_oss", "olmoe", "hunyuan_v1_moe", "minimax_m2"):
         return True
+    if config.model_type == "afmoe":
+        return layer >= int(config.num_dense_layers)
     if config.model_type in FIRST_DENSE:  # the first first_k_dense_replace layers are dense
         return layer >= int(config.first_k_dense_replace)
     if config.model_type == "ernie4_5_moe":  # every moe_layer_interval-th layer from start to end index

@@ -28,7 +28,8 @@ from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
 
 LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight",
-                   ".q.weight", ".q_a.weight", ".q_b.weight", ".kv_a.weight")  # (the last four: latent attention's)
+                   ".q.weight", ".q_a.weight", ".q_b.weight", ".kv_a.weight",  # (these four: latent attention's)
+                   ".attn_gate.weight")
 
 
 def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
