@@ -41,11 +41,12 @@ MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # multi-head latent atten
 VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwen2_vl_text",
                 "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
                 "llava": "llama", "llava_next": "llama", "llava_onevision": "qwen2", "smolvlm": "llama",
-                "idefics3": "llama", "internvl": "qwen2", "aya_vision": "cohere2"}
+                "idefics3": "llama", "internvl": "qwen2", "aya_vision": "cohere2", "glm4v": "glm4v_text",
+                "glm4v_moe": "glm4v_moe_text"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
-               "qwen3_vl_moe_text": "qwen3_moe"}
+               "qwen3_vl_moe_text": "qwen3_moe", "glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe"}
 TEXT_FIXED = {"qwen3_vl_moe_text": {"norm_topk_prob": True}}  # (what its modules do whatever the config says)
 
 

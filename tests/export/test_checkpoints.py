@@ -291,6 +291,18 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
         config = getattr(tf, wrapper + "Config")(text_config={**text, "model_type": text_type}, vision_config=vision,
                                                  **more)
         model = getattr(tf, wrapper + "ForConditionalGeneration")(config)
+    elif kind.startswith("glm4v"):  # GLM-4.1V / 4.5V: GLM-4's (4.5's) language model, its rotary in sections
+        moe = kind == "glm4v_moe"
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2] if moe else [2, 3, 3],
+                "partial_rotary_factor": 0.5 if moe else 1.0}
+        experts = (dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                        n_group=1, topk_group=1, n_shared_experts=1) if moe else {})
+        kinds = ((tf.Glm4vMoeConfig, tf.Glm4vMoeForConditionalGeneration) if moe else
+                 (tf.Glm4vConfig, tf.Glm4vForConditionalGeneration))
+        config = kinds[0](text_config={**text, **experts, "rope_parameters": rope},
+                          vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                             out_hidden_size=64, patch_size=8, image_size=32))
+        model = kinds[1](config)
     else:  # Ministral 3's language model in Mistral 3's wrapper (Mistral Small 3.1 has a Mistral one)
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
                 "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
@@ -311,7 +323,8 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", *OTHER_IMAGE_TEXT])
+@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
+                                  "glm4v_moe", *OTHER_IMAGE_TEXT])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
     exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
@@ -325,7 +338,8 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
                                               "llava_next": "MistralForCausalLM",
                                               "llava_onevision": "Qwen2ForCausalLM", "smolvlm": "LlamaForCausalLM",
                                               "idefics3": "LlamaForCausalLM", "internvl": "Qwen2ForCausalLM",
-                                              "aya_vision": "Cohere2ForCausalLM"}[kind]
+                                              "aya_vision": "Cohere2ForCausalLM", "glm4v": "Glm4ForCausalLM",
+                                              "glm4v_moe": "Glm4MoeForCausalLM"}[kind]
     language = getattr(vlm.model, "language_model", None) or vlm.model.text_model
     tied = vlm.lm_head.weight.data_ptr() == language.embed_tokens.weight.data_ptr()
     assert manifest.model.tie_embeddings is tied
