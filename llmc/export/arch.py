@@ -19,18 +19,19 @@ from llmc.manifest import ModelSpec
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2", "mistral": "Mistral", "ministral": "Ministral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "ministral3": "Ministral 3 (text)", "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5", "ernie4_5_moe": "ERNIE 4.5 MoE",
-    "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)", "arcee": "Arcee AFM", "afmoe": "Arcee Trinity (AFMoE)", "apertus": "Apertus",
-    "exaone4": "EXAONE 4.0", "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)",
-    "phi": "Phi-1.5, Phi-2", "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414",
-    "nemotron": "Nemotron, Minitron", "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23",
-    "cohere2": "Command R7B, Command A", "olmo": "OLMo", "olmo2": "OLMo 2", "olmo3": "OLMo 3",
-    "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia", "starcoder2": "StarCoder2", "granite": "Granite",
-    "granitemoe": "Granite MoE", "mixtral": "Mixtral", "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
-    "glm4_moe": "GLM-4.5, GLM-4.6", "dots1": "dots.llm1", "deepseek_v2": "DeepSeek-V2, V2-Lite, V2.5",
-    "deepseek_v3": "DeepSeek-V3, R1, Kimi K2", "glm4_moe_lite": "GLM-4.7-Flash", "minimax_m2": "MiniMax-M2", "olmoe": "OLMoE", "gpt_oss": "gpt-oss",
-    "falcon": "Falcon (7B, 40B, 180B, Falcon2 11B)", "gptj": "GPT-J", "gpt2": "GPT-2", "gpt_bigcode": "StarCoder, SantaCoder",
-    "opt": "OPT",
+    "ministral3": "Ministral 3 (text)", "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5",
+    "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)",
+    "arcee": "Arcee AFM", "afmoe": "Arcee Trinity (AFMoE)", "apertus": "Apertus", "exaone4": "EXAONE 4.0",
+    "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2",
+    "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414", "nemotron": "Nemotron, Minitron",
+    "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "cohere2": "Command R7B, Command A", "olmo": "OLMo",
+    "olmo2": "OLMo 2", "olmo3": "OLMo 3", "stablelm": "StableLM 2", "gpt_neox": "GPT-NeoX, Pythia",
+    "starcoder2": "StarCoder2", "granite": "Granite", "granitemoe": "Granite MoE", "mixtral": "Mixtral",
+    "qwen2_moe": "Qwen1.5-MoE, Qwen2-MoE", "qwen3_moe": "Qwen3-MoE", "glm4_moe": "GLM-4.5, GLM-4.6",
+    "dots1": "dots.llm1", "deepseek_v2": "DeepSeek-V2, V2-Lite, V2.5", "deepseek_v3": "DeepSeek-V3, R1, Kimi K2",
+    "glm4_moe_lite": "GLM-4.7-Flash", "minimax_m2": "MiniMax-M2", "olmoe": "OLMoE", "gpt_oss": "gpt-oss",
+    "falcon": "Falcon (7B, 40B, 180B, Falcon2 11B)", "gptj": "GPT-J", "gpt2": "GPT-2",
+    "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -468,7 +469,8 @@ def _gptj(config: Any) -> dict[str, Any]:  # LayerNorm with bias, a plain MLP, a
 
 _GPTJ_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.ln_f.", "model.norm."),
                ("transformer.h.", "model.layers."), (".ln_1.", ".input_layernorm."), (".attn.", ".self_attn."),
-               (".self_attn.out_proj.", ".self_attn.o_proj."), ("mlp.fc_in.", "mlp.c_fc."), ("mlp.fc_out.", "mlp.c_proj."))
+               (".self_attn.out_proj.", ".self_attn.o_proj."), ("mlp.fc_in.", "mlp.c_fc."),
+               ("mlp.fc_out.", "mlp.c_proj."))
 
 
 def _gptj_rotated(config: Any) -> float:
