@@ -92,6 +92,7 @@ class ModelSpec:
     # the residual stream
     norm_layout: str = "pre"  # "pre" | "sandwich": also after attention and MLP (Gemma) | "post": only after (OLMo 2)
     embedding_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden); Granite: embedding_multiplier)
+    embed_norm: bool = False  # the embeddings RMS-normed (weights embed_norm.weight) before the first block (NanoChat)
     residual_scale: float = 1.0  # each block's output times this before the residual add (Granite)
     final_softcap: float = 0.0  # logits -> c * tanh(logits / c) (Gemma 2)
     logits_scaling: float = 1.0  # logits divided by this (Granite)

@@ -310,6 +310,33 @@ def _afmoe(tf: Any, common: dict[str, Any]) -> Any:  # gated attention output, s
     return model
 
 
+def _cwm(tf: Any, common: dict[str, Any]) -> Any:  # Llama's layer with sliding and full layers by layer_types
+    return tf.CwmForCausalLM(tf.CwmConfig(**common, head_dim=16, sliding_window=8,
+                                          layer_types=["sliding_attention", "full_attention"]))
+
+
+def _vaultgemma(tf: Any, common: dict[str, Any]) -> Any:  # Gemma 2's layer, norms before attention and MLP only
+    return tf.VaultGemmaForCausalLM(tf.VaultGemmaConfig(
+        **common, head_dim=16, query_pre_attn_scalar=16, sliding_window=8, attn_logit_softcapping=20.0,
+        final_logit_softcapping=10.0, layer_types=["sliding_attention", "full_attention"]))
+
+
+def _granitemoeshared(tf: Any, common: dict[str, Any]) -> Any:  # Granite MoE + a shared MLP (input_linear)
+    return tf.GraniteMoeSharedForCausalLM(tf.GraniteMoeSharedConfig(
+        **common, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=64, embedding_multiplier=2.0,
+        residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0))
+
+
+def _nanochat(tf: Any, common: dict[str, Any]) -> Any:  # weightless norms (one after the embedding), relu^2, soft-cap
+    return tf.NanoChatForCausalLM(tf.NanoChatConfig(**common, final_logit_softcapping=15.0))
+
+
+def _solar_open(tf: Any, common: dict[str, Any]) -> Any:  # GLM-4.5's routing in every layer, shared experts
+    return _sigmoid_routed(tf.SolarOpenForCausalLM(tf.SolarOpenConfig(
+        **common, head_dim=16, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, n_shared_experts=1, routed_scaling_factor=1.5, norm_topk_prob=True)))
+
+
 def _apertus(tf: Any, common: dict[str, Any]) -> Any:  # xIELU (its alphas per layer moved off their start), qk-norm
     import torch
 
@@ -394,7 +421,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "glm4_moe_lite": _glm4_moe_lite,
                  "falcon": _falcon, "falcon_mqa": _falcon_mqa, "falcon_seq": _falcon_seq, "gptj": _gptj,
                  "minimax_m2": _minimax_m2, "ministral3": _ministral3, "apertus": _apertus,
-                 "afmoe": _afmoe}
+                 "afmoe": _afmoe, "cwm": _cwm, "vaultgemma": _vaultgemma, "granitemoeshared": _granitemoeshared,
+                 "nanochat": _nanochat, "solar_open": _solar_open}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -31,10 +31,11 @@ SUPPORTED = {
     "dots1": "dots.llm1", "deepseek_v2": "DeepSeek-V2, V2-Lite, V2.5", "deepseek_v3": "DeepSeek-V3, R1, Kimi K2",
     "glm4_moe_lite": "GLM-4.7-Flash", "minimax_m2": "MiniMax-M2", "olmoe": "OLMoE", "gpt_oss": "gpt-oss",
     "falcon": "Falcon (7B, 40B, 180B, Falcon2 11B)", "gptj": "GPT-J", "gpt2": "GPT-2",
-    "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT",
+    "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT", "cwm": "CWM (Code World Model)", "vaultgemma": "VaultGemma",
+    "granitemoeshared": "Granite MoE (shared experts)", "nanochat": "nanochat", "solar_open": "Solar Open",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-GEMMA = ("gemma", "gemma2", "gemma3_text")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
+GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
 MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # multi-head latent attention (ModelSpec.mla_kv_rank)
 
 # Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
@@ -237,6 +238,8 @@ def _gemma(config: Any) -> dict[str, Any]:
                    "final_softcap": float(_get(config, "final_logit_softcapping", 0.0))})
     if config.model_type == "gemma3_text":
         fields["qk_norm"] = "head"
+    if config.model_type == "vaultgemma":  # (Gemma 2's layer with its norms before attention and the MLP only)
+        fields["norm_layout"] = "pre"
     return fields
 
 
@@ -290,6 +293,38 @@ def _afmoe(config: Any) -> dict[str, Any]:
 _AFMOE_NAMES = ((".mlp.router.gate.", ".mlp.gate."), (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"),
                 (".pre_mlp_layernorm.", ".pre_feedforward_layernorm."),
                 (".post_mlp_layernorm.", ".post_feedforward_layernorm."))
+
+
+def _granite_shared_names(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Granite MoE's shared MLP (input_linear: gate then up rows; output_linear) under the shared experts' names."""
+    out = {}
+    for k, v in sd.items():
+        if ".shared_mlp.input_linear." in k:
+            gate, up = np.split(v, 2)
+            out[k.replace(".shared_mlp.input_linear.", ".mlp.shared_experts.gate_proj.")] = gate
+            out[k.replace(".shared_mlp.input_linear.", ".mlp.shared_experts.up_proj.")] = up
+        else:
+            out[k.replace(".shared_mlp.output_linear.", ".mlp.shared_experts.down_proj.")] = v
+    return out
+
+
+def _nanochat_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """nanochat's weightless RMSNorms (every block's two, q's and k's, the final one, which also norms the
+    embeddings) as norms of weight 1, its MLP (fc1, relu^2, fc2) under the plain MLP's names. Its rotary turns the
+    other way (rotate_half with flipped signs): the halves of each head's q and k rows swapped make it Llama's, q . k
+    unchanged (the per-head norms after it have no weight: a permutation of the dims leaves them as they are)."""
+    hidden, head_dim = int(config.hidden_size), int(config.hidden_size) // int(config.num_attention_heads)
+    ones = {"model.norm.weight": hidden, "embed_norm.weight": hidden}
+    for i in range(int(config.num_hidden_layers)):
+        p = f"model.layers.{i}."
+        ones.update({p + "input_layernorm.weight": hidden, p + "post_attention_layernorm.weight": hidden,
+                     p + "self_attn.q_norm.weight": head_dim, p + "self_attn.k_norm.weight": head_dim})
+    out = _renamed(sd, (("mlp.fc1.", "mlp.c_fc."), ("mlp.fc2.", "mlp.c_proj.")))
+    for key in [k for k in out if k.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight"))]:
+        heads = out[key].reshape(-1, head_dim, out[key].shape[-1])
+        out[key] = np.ascontiguousarray(np.concatenate([heads[:, head_dim // 2:], heads[:, :head_dim // 2]], 1)
+                                        .reshape(out[key].shape))
+    return {**{k: np.ones(n, np.float32) for k, n in ones.items()}, **out}
 
 
 def _apertus(config: Any) -> dict[str, Any]:  # a plain xIELU MLP, qk-norm per head
@@ -520,6 +555,9 @@ def _shared_experts(config: Any) -> dict[str, Any]:
     as they are."""
     if config.model_type == "qwen2_moe":
         return {"shared_expert_size": int(config.shared_expert_intermediate_size)}
+    if config.model_type == "granitemoeshared":
+        width = int(config.shared_intermediate_size)
+        return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
     if config.model_type == "hunyuan_v1_moe":
         width = int(config.intermediate_size) * int(config.num_shared_expert)
     else:
@@ -567,6 +605,9 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "apertus": lambda c, sd: _renamed(sd, (*_PLAIN_MLP_NAMES, (".attention_layernorm.", ".input_layernorm."),
                                            (".feedforward_layernorm.", ".post_attention_layernorm."))),
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
+    "granitemoeshared": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
+    "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
+    "nanochat": lambda c, sd: _nanochat_names(c, sd),
     "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves,
     "ernie4_5_moe": _interleaved_to_halves,
     "hunyuan_v1_dense": lambda c, sd: _renamed(sd, _HUNYUAN_NAMES),
@@ -578,13 +619,18 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
-    "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "apertus": _apertus, "exaone4": _exaone4,
+    "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "apertus": _apertus,
+    "exaone4": _exaone4,
     "glm": _glm, "glm4": _glm,
     "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "falcon": _falcon, "gptj": _gptj,
     "starcoder2": _starcoder2,
     "olmo2": _olmo2,
     "olmo3": _olmo2,
-    "granite": _granite, "granitemoe": lambda c: {**_granite(c), **_moe(c)}, "mixtral": _moe, "qwen2_moe": _moe,
+    "granite": _granite, "granitemoe": lambda c: {**_granite(c), **_moe(c)},
+    "granitemoeshared": lambda c: {**_granite(c), **_moe(c)}, "vaultgemma": _gemma, "solar_open": _moe,
+    "nanochat": lambda c: {"plain_mlp": True, "qk_norm": "head", "embed_norm": True,
+                           "final_softcap": float(_get(c, "final_logit_softcapping", 0.0))},
+    "mixtral": _moe, "qwen2_moe": _moe,
     "qwen3_moe": _moe, "gpt_oss": lambda c: {**_moe(c), "attn_sinks": True},
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
@@ -607,6 +653,8 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[ours + ".bias"] = sd[theirs + ".bias"]
 
     w: dict[str, np.ndarray] = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": norm("model.norm.weight")}
+    if spec.embed_norm:
+        w["embed_norm.weight"] = sd["embed_norm.weight"]
     bias("model.norm", "norm")
     if not spec.tie_embeddings:
         w["lm_head.weight"] = sd["lm_head.weight"]

@@ -56,6 +56,8 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
         x = b.op("Mul", x, b.scalar(m.embedding_scale))
     if m.positions == "learned":
         x = b.op("Add", x, b.op("Gather", b.weight("pos_embed.weight"), io.POSITION_IDS))
+    if m.embed_norm:
+        x = norm(c, x, "embed_norm")
     attend = LOWERINGS[opts.attention](c)
     h = _layers(c, x, attend, attend.last_token if spec.logits == "last" else None)
     if CALIBRATE_POSITIONS in names:  # calibration: the head only where logits are scored, [1, N, Hd]

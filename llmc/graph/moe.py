@@ -175,7 +175,7 @@ class MoESpec:
         return self.routing != "softmax" or self.router_fp32
 
 
-SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite")  # the model types with "sigmoid" routing
+SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite", "solar_open")  # "sigmoid" routing's types
 FIRST_DENSE = (*SIGMOID_ROUTED, "deepseek_v2")  # their first config.first_k_dense_replace layers are dense MLPs
 
 
@@ -183,7 +183,8 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     """The MoE block of a transformers MixtralConfig, GraniteMoeConfig, Qwen3MoeConfig, Qwen2MoeConfig, GptOssConfig,
     Glm4MoeConfig, Dots1Config or OlmoeConfig (Qwen2-MoE's, GLM-4.5's and dots1's shared experts are the decoder's:
     ModelSpec.shared_expert_size)."""
-    if config.model_type in ("mixtral", "granitemoe"):  # (Granite's softmax over the top k logits: the same weights)
+    if config.model_type in ("mixtral", "granitemoe", "granitemoeshared"):  # (Granite's softmax over the top k
+        # logits: the same weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
     if config.model_type == "ernie4_5_moe":
@@ -226,12 +227,13 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
-    if config.model_type in ("mixtral", "granitemoe", "gpt_oss", "olmoe", "hunyuan_v1_moe", "minimax_m2"):
+    if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
+                             "minimax_m2"):
         return True
     if config.model_type == "afmoe":
         return layer >= int(config.num_dense_layers)
     if config.model_type in FIRST_DENSE:  # the first first_k_dense_replace layers are dense
-        return layer >= int(config.first_k_dense_replace)
+        return layer >= int(getattr(config, "first_k_dense_replace", 0) or 0)  # (Solar Open: none)
     if config.model_type == "ernie4_5_moe":  # every moe_layer_interval-th layer from start to end index
         return ((layer + 1) % int(config.moe_layer_interval) == 0
                 and int(config.moe_layer_start_index) <= layer <= int(config.moe_layer_end_index))

@@ -321,12 +321,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                 "gptj": "shared"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
-                           "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3"}.get(
+                           "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3", "cwm": "llama3"}.get(
         tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
-                "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8}
+                "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
+                "cwm": 8, "vaultgemma": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -334,19 +335,23 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
-                         "minimax_m2": "full", "apertus": "head", "afmoe": "head"}.get(tiny.name, "")
+                         "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head"}.get(tiny.name,
+                                                                                                           "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
     assert (m.activation == "xielu") is (tiny.name == "apertus")
     assert m.attn_output_gate is (tiny.name == "afmoe")
-    moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe")
+    assert m.embed_norm is (tiny.name == "nanochat")
+    moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
+           "granitemoeshared")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
-                                                    (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe") or mla else
+                                                    (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
+                                                                            "solar_open") or mla else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
         "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5), "deepseek_v3": ("sigmoid", 4, 2, 2.5),
         "glm4_moe_lite": ("sigmoid", 2, 1, 1.8), "deepseek_v2": ("softmax_grouped", 4, 1, 1.5),
-        "minimax_m2": ("sigmoid", 1, 1, 1.0), "afmoe": ("sigmoid", 1, 1, 1.5),
+        "minimax_m2": ("sigmoid", 1, 1, 1.0), "afmoe": ("sigmoid", 1, 1, 1.5), "solar_open": ("sigmoid", 2, 1, 1.5),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (False, False, "silu"))
@@ -356,7 +361,9 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
-                                                             **{n: (32, False) for n in (*ARCH_MLA, "afmoe")}}.get(
+                                                             "granitemoeshared": (64, False),
+                                                             **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
+                                                                                        "solar_open")}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich"}.get(tiny.name,
