@@ -337,6 +337,32 @@ def _solar_open(tf: Any, common: dict[str, Any]) -> Any:  # GLM-4.5's routing in
         topk_group=1, n_shared_experts=1, routed_scaling_factor=1.5, norm_topk_prob=True)))
 
 
+def _exaone(tf: Any, common: dict[str, Any]) -> Any:  # Llama's layer (make_model writes it as EXAONE 3.x publishes)
+    return tf.LlamaForCausalLM(tf.ExaoneConfig(**common))
+
+
+def _as_published_exaone(out: Path) -> None:
+    """The saved EXAONE 3.x model under the names its checkpoints use (transformers renames them as it loads)."""
+    from safetensors.torch import load_file, save_file
+
+    names = (("model.embed_tokens.", "transformer.wte."), ("model.layers.", "transformer.h."),
+             ("model.norm.", "transformer.ln_f."), (".self_attn.o_proj.", ".attn.attention.out_proj."),
+             (".self_attn.", ".attn.attention."), (".input_layernorm.", ".ln_1."),
+             (".post_attention_layernorm.", ".ln_2."), (".mlp.gate_proj.", ".mlp.c_fc_0."),
+             (".mlp.up_proj.", ".mlp.c_fc_1."), (".mlp.down_proj.", ".mlp.c_proj."))
+    weights = {}
+    for key, value in load_file(str(out / "model.safetensors")).items():
+        for ours, theirs in names:
+            key = key.replace(ours, theirs)
+        weights[key] = value
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    for ours, theirs in (("num_hidden_layers", "num_layers"), ("rms_norm_eps", "layer_norm_epsilon"),
+                         ("hidden_act", "activation_function")):
+        config[theirs] = config.pop(ours)
+    (out / "config.json").write_text(json.dumps(config))
+
+
 def _apertus(tf: Any, common: dict[str, Any]) -> Any:  # xIELU (its alphas per layer moved off their start), qk-norm
     import torch
 
@@ -422,7 +448,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "falcon": _falcon, "falcon_mqa": _falcon_mqa, "falcon_seq": _falcon_seq, "gptj": _gptj,
                  "minimax_m2": _minimax_m2, "ministral3": _ministral3, "apertus": _apertus,
                  "afmoe": _afmoe, "cwm": _cwm, "vaultgemma": _vaultgemma, "granitemoeshared": _granitemoeshared,
-                 "nanochat": _nanochat, "solar_open": _solar_open}
+                 "nanochat": _nanochat, "solar_open": _solar_open, "exaone": _exaone}
+PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:
@@ -459,5 +486,7 @@ def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Pa
                 p.mul_(4.0)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
+    if arch in PUBLISHED_AS:
+        PUBLISHED_AS[arch](out)
     make_tokenizer(out, vocab_size)
     return out

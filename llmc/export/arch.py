@@ -32,7 +32,7 @@ SUPPORTED = {
     "glm4_moe_lite": "GLM-4.7-Flash", "minimax_m2": "MiniMax-M2", "olmoe": "OLMoE", "gpt_oss": "gpt-oss",
     "falcon": "Falcon (7B, 40B, 180B, Falcon2 11B)", "gptj": "GPT-J", "gpt2": "GPT-2",
     "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT", "cwm": "CWM (Code World Model)", "vaultgemma": "VaultGemma",
-    "granitemoeshared": "Granite MoE (shared experts)", "nanochat": "nanochat", "solar_open": "Solar Open",
+    "granitemoeshared": "Granite MoE (shared experts)", "exaone": "EXAONE 3.0, 3.5", "nanochat": "nanochat", "solar_open": "Solar Open",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)

@@ -21,6 +21,8 @@ def check_config(config: dict[str, Any], where: str) -> None:
     """Raise `InputError` for the first impossible dimension of `config` (from file `where`)."""
     gpt2_names = config.get("model_type") in ("gpt2", "gpt_bigcode", "gptj")
     names = _GPT2_NAMES if gpt2_names else _NAMES
+    if config.get("model_type") == "exaone" and "num_layers" in config:  # (EXAONE 3.x's published names)
+        names = {**_NAMES, "layers": "num_layers"}
     dims = {k: _positive(config, name, where) for k, name in names.items()}
     vocab = _positive(config, "vocab_size", where)
     heads, hidden = dims["heads"], dims["hidden"]
