@@ -270,13 +270,16 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
                                       boi_token_index=301, eoi_token_index=302)
         model: Any = tf.Gemma3ForConditionalGeneration(config)
     elif kind.startswith("qwen"):  # multimodal rotary sections (the same position in each on text)
-        qwen3 = kind != "qwen2_5_vl"
+        qwen3 = kind.startswith("qwen3")
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
                 **({"mrope_interleaved": True} if qwen3 else {})}
-        vision = {**vision, "depth": 1, "num_heads": 2, "out_hidden_size": 64,
-                  **({"deepstack_visual_indexes": [0], "num_position_embeddings": 16} if qwen3 else
-                     {"window_size": 16, "fullatt_block_indexes": [0]})}
-        kinds: Any = {"qwen2_5_vl": (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration),
+        vision = ({"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "patch_size": 8, "mlp_ratio": 2}
+                  if kind == "qwen2_vl" else
+                  {**vision, "depth": 1, "num_heads": 2, "out_hidden_size": 64,
+                   **({"deepstack_visual_indexes": [0], "num_position_embeddings": 16} if qwen3 else
+                      {"window_size": 16, "fullatt_block_indexes": [0]})})
+        kinds: Any = {"qwen2_vl": (tf.Qwen2VLConfig, tf.Qwen2VLForConditionalGeneration),
+                      "qwen2_5_vl": (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration),
                       "qwen3_vl": (tf.Qwen3VLConfig, tf.Qwen3VLForConditionalGeneration),
                       "qwen3_vl_moe": (tf.Qwen3VLMoeConfig, tf.Qwen3VLMoeForConditionalGeneration)}[kind]
         experts = ({"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
@@ -323,7 +326,7 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
     return model.eval()
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
+@pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
                                   "glm4v_moe", *OTHER_IMAGE_TEXT])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
@@ -333,7 +336,8 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
     vlm = _tiny_image_text(tmp_path / "hf", kind)
     manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
     assert manifest.model.hf_architecture == {"gemma3": "Gemma3ForCausalLM", "mistral3": "Ministral3ForCausalLM",
-                                              "qwen2_5_vl": "Qwen2ForCausalLM", "qwen3_vl": "Qwen3ForCausalLM",
+                                              "qwen2_vl": "Qwen2ForCausalLM", "qwen2_5_vl": "Qwen2ForCausalLM",
+                                              "qwen3_vl": "Qwen3ForCausalLM",
                                               "qwen3_vl_moe": "Qwen3MoeForCausalLM", "llava": "LlamaForCausalLM",
                                               "llava_next": "MistralForCausalLM",
                                               "llava_onevision": "Qwen2ForCausalLM", "smolvlm": "LlamaForCausalLM",
