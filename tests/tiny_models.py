@@ -412,6 +412,12 @@ def _deepseek_v3(tf: Any, common: dict[str, Any]) -> Any:  # + q's low rank, YaR
         topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, rope_parameters=rope, attention_bias=True)))
 
 
+def _minicpm3(tf: Any, common: dict[str, Any]) -> Any:  # latent attention (halves), embedding / residual / logit scales
+    return tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(
+        **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32, scale_emb=3.0, scale_depth=1.4,
+        dim_model_base=16))
+
+
 def _glm4_moe_lite(tf: Any, common: dict[str, Any]) -> Any:  # V3's, rotated in halves (rope_interleave off)
     return _sigmoid_routed(tf.Glm4MoeLiteForCausalLM(tf.Glm4MoeLiteConfig(
         **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32, moe_intermediate_size=32,
@@ -448,7 +454,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "falcon": _falcon, "falcon_mqa": _falcon_mqa, "falcon_seq": _falcon_seq, "gptj": _gptj,
                  "minimax_m2": _minimax_m2, "ministral3": _ministral3, "apertus": _apertus,
                  "afmoe": _afmoe, "cwm": _cwm, "vaultgemma": _vaultgemma, "granitemoeshared": _granitemoeshared,
-                 "nanochat": _nanochat, "solar_open": _solar_open, "exaone": _exaone}
+                 "nanochat": _nanochat, "solar_open": _solar_open, "exaone": _exaone,
+                 "minicpm3": _minicpm3}
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

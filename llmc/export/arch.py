@@ -32,11 +32,11 @@ SUPPORTED = {
     "glm4_moe_lite": "GLM-4.7-Flash", "minimax_m2": "MiniMax-M2", "olmoe": "OLMoE", "gpt_oss": "gpt-oss",
     "falcon": "Falcon (7B, 40B, 180B, Falcon2 11B)", "gptj": "GPT-J", "gpt2": "GPT-2",
     "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT", "cwm": "CWM (Code World Model)", "vaultgemma": "VaultGemma",
-    "granitemoeshared": "Granite MoE (shared experts)", "exaone": "EXAONE 3.0, 3.5", "nanochat": "nanochat", "solar_open": "Solar Open",
+    "granitemoeshared": "Granite MoE (shared experts)", "exaone": "EXAONE 3.0, 3.5", "nanochat": "nanochat", "solar_open": "Solar Open", "minicpm3": "MiniCPM3",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
-MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")  # multi-head latent attention (ModelSpec.mla_kv_rank)
+MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3")  # latent attention (ModelSpec.mla_kv_rank)
 
 # Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
 # image encoder and its projector are not exported). model_type -> the language model's model_type by default.
@@ -571,8 +571,9 @@ def _mla_rope_halves(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.nda
     """DeepSeek-V2 (always) and V3 / GLM-4.7-Flash (config.rope_interleave) rotate interleaved pairs of the rotated
     dims (the last qk_rope_head_dim of each query head and of kv_a_proj_with_mqa's output); their rows are
     reordered even then odd, as _interleaved_to_halves does for the other families."""
-    if config.model_type != "deepseek_v2" and not _get(config, "rope_interleave", True):
-        return sd
+    if config.model_type == "minicpm3" or (config.model_type != "deepseek_v2"
+                                            and not _get(config, "rope_interleave", True)):
+        return sd  # (MiniCPM3 rotates halves, as Llama)
     out = dict(sd)
     rope, heads = int(config.qk_rope_head_dim), int(config.num_attention_heads)
     halves = np.concatenate([np.arange(0, rope, 2), np.arange(1, rope, 2)])
@@ -634,7 +635,9 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_moe": _moe, "gpt_oss": lambda c: {**_moe(c), "attn_sinks": True},
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
-    **{mt: _moe for mt in MLA},  # (their attention: _mla)
+    **{mt: _moe for mt in MLA if mt != "minicpm3"},  # (their attention: _mla)
+    "minicpm3": lambda c: {"embedding_scale": float(c.scale_emb), "logits_scaling": float(c.logits_scaling),
+                           "residual_scale": float(c.scale_depth) / float(c.num_hidden_layers) ** 0.5},
     "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"}, "ministral3": _ministral3, "afmoe": _afmoe,
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},

@@ -310,7 +310,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                              "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4}.get(tiny.name, 2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
-    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite") else 0)
+    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3") else 0)
+    mla_moe = mla and tiny.name != "minicpm3"
     if mla:  # the softmax's scale is the model's (V3: YaRN's mscale squared on (nope + rope) ** -0.5)
         assert m.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
@@ -346,7 +347,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
            "granitemoeshared")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
-                                                                            "solar_open") or mla else
+                                                                            "solar_open") or mla_moe else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
         "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5), "deepseek_v3": ("sigmoid", 4, 2, 2.5),
@@ -356,14 +357,15 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (False, False, "silu"))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
-                            (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe") or mla else
+                            (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe") or mla_moe else
                             (False, True, True) if tiny.name == "afmoe" else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
                                                              "granitemoeshared": (64, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
-                                                                                        "solar_open")}}.get(
+                                                                                        "solar_open")
+                                                                if n != "minicpm3"}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich"}.get(tiny.name,
