@@ -412,6 +412,11 @@ def _deepseek_v3(tf: Any, common: dict[str, Any]) -> Any:  # + q's low rank, YaR
         topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, rope_parameters=rope, attention_bias=True)))
 
 
+def _flex_olmo(tf: Any, common: dict[str, Any]) -> Any:  # OLMo 2's layer (norms after, full qk-norm), OLMoE's MoE
+    return tf.FlexOlmoForCausalLM(tf.FlexOlmoConfig(**{**common, "intermediate_size": 32}, num_experts=8,
+                                                    num_experts_per_tok=2, norm_topk_prob=False))
+
+
 def _minicpm3(tf: Any, common: dict[str, Any]) -> Any:  # latent attention (halves), embedding / residual / logit scales
     return tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(
         **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32, scale_emb=3.0, scale_depth=1.4,
@@ -455,7 +460,7 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "minimax_m2": _minimax_m2, "ministral3": _ministral3, "apertus": _apertus,
                  "afmoe": _afmoe, "cwm": _cwm, "vaultgemma": _vaultgemma, "granitemoeshared": _granitemoeshared,
                  "nanochat": _nanochat, "solar_open": _solar_open, "exaone": _exaone,
-                 "minicpm3": _minicpm3}
+                 "minicpm3": _minicpm3, "flex_olmo": _flex_olmo}
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -33,6 +33,7 @@ SUPPORTED = {
     "falcon": "Falcon (7B, 40B, 180B, Falcon2 11B)", "gptj": "GPT-J", "gpt2": "GPT-2",
     "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT", "cwm": "CWM (Code World Model)", "vaultgemma": "VaultGemma",
     "granitemoeshared": "Granite MoE (shared experts)", "exaone": "EXAONE 3.0, 3.5", "nanochat": "nanochat", "solar_open": "Solar Open", "minicpm3": "MiniCPM3",
+    "flex_olmo": "FlexOlmo",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -639,6 +640,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "minicpm3": lambda c: {"embedding_scale": float(c.scale_emb), "logits_scaling": float(c.logits_scaling),
                            "residual_scale": float(c.scale_depth) / float(c.num_hidden_layers) ** 0.5},
     "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"}, "ministral3": _ministral3, "afmoe": _afmoe,
+    "flex_olmo": lambda c: {**_moe(c), "norm_layout": "post", "qk_norm": "full"},  # (OLMo 2's layer, OLMoE's MoE)
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),

@@ -193,7 +193,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "hunyuan_v1_moe":  # (one count for every layer: arch.py refuses per-layer lists)
         return MoESpec(int(config.num_experts), int(config.moe_topk), int(config.intermediate_size), True,
                        config.hidden_act, router_fp32=True)
-    if config.model_type == "olmoe":  # (its experts are intermediate_size wide)
+    if config.model_type in ("olmoe", "flex_olmo"):  # (its experts are intermediate_size wide)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
     if config.model_type in ("qwen3_moe", "qwen2_moe"):
@@ -228,7 +228,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
-                             "minimax_m2"):
+                             "minimax_m2", "flex_olmo"):
         return True
     if config.model_type == "afmoe":
         return layer >= int(config.num_dense_layers)

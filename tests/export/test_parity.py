@@ -336,7 +336,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
-                         "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head"}.get(tiny.name,
+                         "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
+                         "flex_olmo": "full"}.get(tiny.name,
                                                                                                            "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
@@ -347,7 +348,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
            "granitemoeshared")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
-                                                                            "solar_open") or mla_moe else
+                                                                            "solar_open", "flex_olmo") or mla_moe
+                                                    else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
         "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5), "deepseek_v3": ("sigmoid", 4, 2, 2.5),
@@ -368,7 +370,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                                 if n != "minicpm3"}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
-                             "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich"}.get(tiny.name,
+                             "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich",
+                             "flex_olmo": "post"}.get(tiny.name,
                                                                                                            "pre")
 
 
