@@ -417,6 +417,13 @@ def _flex_olmo(tf: Any, common: dict[str, Any]) -> Any:  # OLMo 2's layer (norms
                                                     num_experts_per_tok=2, norm_topk_prob=False))
 
 
+def _exaone_moe(tf: Any, common: dict[str, Any]) -> Any:  # EXAONE 4's attention (a NoPE full layer), grouped sigmoid
+    return _sigmoid_routed(tf.ExaoneMoeForCausalLM(tf.ExaoneMoeConfig(
+        **common, head_dim=16, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+        n_group=2, topk_group=1, routed_scaling_factor=2.5, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], mlp_layer_types=["dense", "sparse"])))
+
+
 def _minicpm3(tf: Any, common: dict[str, Any]) -> Any:  # latent attention (halves), embedding / residual / logit scales
     return tf.MiniCPM3ForCausalLM(tf.MiniCPM3Config(
         **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32, scale_emb=3.0, scale_depth=1.4,
@@ -460,7 +467,8 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "minimax_m2": _minimax_m2, "ministral3": _ministral3, "apertus": _apertus,
                  "afmoe": _afmoe, "cwm": _cwm, "vaultgemma": _vaultgemma, "granitemoeshared": _granitemoeshared,
                  "nanochat": _nanochat, "solar_open": _solar_open, "exaone": _exaone,
-                 "minicpm3": _minicpm3, "flex_olmo": _flex_olmo}
+                 "minicpm3": _minicpm3, "flex_olmo": _flex_olmo,
+                 "exaone_moe": _exaone_moe}
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

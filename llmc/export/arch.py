@@ -33,7 +33,7 @@ SUPPORTED = {
     "falcon": "Falcon (7B, 40B, 180B, Falcon2 11B)", "gptj": "GPT-J", "gpt2": "GPT-2",
     "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT", "cwm": "CWM (Code World Model)", "vaultgemma": "VaultGemma",
     "granitemoeshared": "Granite MoE (shared experts)", "exaone": "EXAONE 3.0, 3.5", "nanochat": "nanochat", "solar_open": "Solar Open", "minicpm3": "MiniCPM3",
-    "flex_olmo": "FlexOlmo",
+    "flex_olmo": "FlexOlmo", "exaone_moe": "K-EXAONE (EXAONE MoE)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -279,6 +279,11 @@ def _exaone4(config: Any) -> dict[str, Any]:  # norms after attention and MLP on
     if _get(config, "sliding_window", None):
         fields["rope_layers"] = tuple(t == "sliding_attention" for t in config.layer_types)
     return fields
+
+
+def _exaone_moe(config: Any) -> dict[str, Any]:  # EXAONE 4's attention with norms before, DeepSeek-V3's mixture
+    rope = _exaone4(config).get("rope_layers", ())
+    return {**_moe(config), "qk_norm": "head", **({"rope_layers": rope} if rope and not all(rope) else {})}
 
 
 def _afmoe(config: Any) -> dict[str, Any]:
@@ -641,6 +646,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
                            "residual_scale": float(c.scale_depth) / float(c.num_hidden_layers) ** 0.5},
     "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"}, "ministral3": _ministral3, "afmoe": _afmoe,
     "flex_olmo": lambda c: {**_moe(c), "norm_layout": "post", "qk_norm": "full"},  # (OLMo 2's layer, OLMoE's MoE)
+    "exaone_moe": _exaone_moe,
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),

@@ -205,6 +205,11 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "afmoe":  # (its router always renormalizes)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        True, config.hidden_act, routing="sigmoid", routed_scaling=float(config.route_scale))
+    if config.model_type == "exaone_moe":  # (GLM-4.5's router, its experts counted as num_experts)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid",
+                       num_groups=int(config.n_group), topk_groups=int(config.topk_group),
+                       routed_scaling=float(config.routed_scaling_factor))
     if config.model_type == "minimax_m2":  # (DeepSeek-V3's scores and correction bias without groups, renormalized)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act, routing="sigmoid")
@@ -232,6 +237,8 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
         return True
     if config.model_type == "afmoe":
         return layer >= int(config.num_dense_layers)
+    if config.model_type == "exaone_moe":
+        return config.mlp_layer_types[layer] == "sparse"
     if config.model_type in FIRST_DENSE:  # the first first_k_dense_replace layers are dense
         return layer >= int(getattr(config, "first_k_dense_replace", 0) or 0)  # (Solar Open: none)
     if config.model_type == "ernie4_5_moe":  # every moe_layer_interval-th layer from start to end index

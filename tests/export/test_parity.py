@@ -328,7 +328,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
-                "cwm": 8, "vaultgemma": 8}
+                "cwm": 8, "vaultgemma": 8, "exaone_moe": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -337,7 +337,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
-                         "flex_olmo": "full"}.get(tiny.name,
+                         "flex_olmo": "full", "exaone_moe": "head"}.get(tiny.name,
                                                                                                            "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
@@ -348,25 +348,28 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
            "granitemoeshared")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
-                                                                            "solar_open", "flex_olmo") or mla_moe
+                                                                            "solar_open", "flex_olmo",
+                                                                            "exaone_moe") or mla_moe
                                                     else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
         "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5), "deepseek_v3": ("sigmoid", 4, 2, 2.5),
         "glm4_moe_lite": ("sigmoid", 2, 1, 1.8), "deepseek_v2": ("softmax_grouped", 4, 1, 1.5),
         "minimax_m2": ("sigmoid", 1, 1, 1.0), "afmoe": ("sigmoid", 1, 1, 1.5), "solar_open": ("sigmoid", 2, 1, 1.5),
+        "exaone_moe": ("sigmoid", 2, 1, 2.5),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (False, False, "silu"))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
-                            (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe") or mla_moe else
+                            (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe") or mla_moe
+                            else
                             (False, True, True) if tiny.name == "afmoe" else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
                                                              "granitemoeshared": (64, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
-                                                                                        "solar_open")
+                                                                                        "solar_open", "exaone_moe")
                                                                 if n != "minicpm3"}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
