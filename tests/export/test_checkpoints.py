@@ -209,16 +209,23 @@ def _as_mxfp4(folder: Path, out: Path, seed: int = 0) -> dict[str, np.ndarray]:
 def test_an_mxfp4_checkpoint_exports_its_experts_exactly(tmp_path: Path) -> None:
     """gpt-oss publishes its experts in MXFP4: they are dequantized as they load (each value a 4-bit code times a
     power of two, exact in fp32) whatever kernels the machine has, and the export is the model's."""
-    from safetensors.numpy import load_file, save_file
     from tiny_models import make_model
+
+    values = _as_mxfp4(make_model("gpt_oss", tmp_path / "hf"), tmp_path / "mxfp4")
+    _assert_exports_as_its_values(tmp_path, tmp_path / "mxfp4", values)
+
+
+def _assert_exports_as_its_values(tmp_path: Path, packed: Path, values: dict[str, np.ndarray]) -> None:
+    """The pre-quantized folder `packed` exports (passing its golden check) to exactly the weights that tmp_path/hf
+    does with `values` (what its codes stand for) written over its own in fp32."""
+    from safetensors.numpy import load_file, save_file
 
     from llmc.engines.ort.graphs import load_checkpoint
 
-    values = _as_mxfp4(make_model("gpt_oss", tmp_path / "hf"), tmp_path / "mxfp4")
-    manifest = export(ExportConfig(str(tmp_path / "mxfp4"), tmp_path / "export"))
+    manifest = export(ExportConfig(str(packed), tmp_path / "export"))
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
-    # the same values written in fp32 export to the same weights
     plain = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert any(not np.array_equal(v, plain[k]) for k, v in values.items() if k in plain)  # (the codes moved them)
     save_file({**plain, **values}, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
     reference = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export-fp32"))
     ours = load_checkpoint(tmp_path / "export", manifest).weights
@@ -396,21 +403,7 @@ def _as_fp8(folder: Path, out: Path, block: int = 32) -> dict[str, np.ndarray]:
 def test_an_fp8_checkpoint_exports_the_values_its_codes_stand_for(tmp_path: Path) -> None:
     """Block-scaled FP8 checkpoints are dequantized as they load, whatever the machine has: the export is the same as
     from those values written in fp32."""
-    from safetensors.torch import load_file, save_file
     from tiny_models import make_model
 
-    from llmc.engines.ort.graphs import load_checkpoint
-
     values = _as_fp8(make_model("llama", tmp_path / "hf"), tmp_path / "fp8")
-    manifest = export(ExportConfig(str(tmp_path / "fp8"), tmp_path / "export"))
-    assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
-    plain = load_file(str(tmp_path / "hf" / "model.safetensors"))
-    save_file({**plain, **{k: torch.from_numpy(v) for k, v in values.items()}},
-              str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
-    reference = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export-fp32"))
-    ours = load_checkpoint(tmp_path / "export", manifest).weights
-    theirs = load_checkpoint(tmp_path / "export-fp32", reference).weights
-    assert manifest.model == reference.model and ours.keys() == theirs.keys()
-    for name, w in theirs.items():
-        np.testing.assert_array_equal(ours[name], w, err_msg=name)
-    assert any(not np.array_equal(v, plain[k].numpy()) for k, v in values.items())  # (the codes moved them)
+    _assert_exports_as_its_values(tmp_path, tmp_path / "fp8", values)
