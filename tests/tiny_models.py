@@ -469,6 +469,75 @@ TINY_BUILDERS = {"qwen3": _qwen3, "gemma": _gemma, "gemma2": _gemma2, "gemma3_te
                  "nanochat": _nanochat, "solar_open": _solar_open, "exaone": _exaone,
                  "minicpm3": _minicpm3, "flex_olmo": _flex_olmo,
                  "exaone_moe": _exaone_moe}
+def _auto(tf: Any, model_type: str, **config: Any) -> Any:
+    """transformers' causal LM of `model_type` from its config class, with each learned sink about the scores' size
+    and each sigmoid router's correction bias moved off zero (so that both change what the model computes)."""
+    import torch
+
+    model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.for_model(model_type, **config))
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith("self_attn.sinks"):
+                t.normal_(0.0, 2.0)
+            elif name.endswith("e_score_correction_bias"):
+                t.normal_(0.0, 0.3)
+    return model
+
+
+_SLIDING_FULL = {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+_GRANITE_MULTIPLIERS = {"embedding_multiplier": 2.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2}
+
+
+def _granite_swa(tf: Any, common: dict[str, Any]) -> Any:  # sinks, sliding / full layers, a layer without rotary
+    return _auto(tf, "granite_swa", **common, head_dim=16, **_SLIDING_FULL, **_GRANITE_MULTIPLIERS,
+                 logits_scaling=1.5, layer_rope_theta=[0.0, 10000.0])
+
+
+def _granitemoe_swa(tf: Any, common: dict[str, Any]) -> Any:  # Granite MoE's shared MLP with Granite SWA's attention
+    return _auto(tf, "granitemoe_swa", **common, num_local_experts=4, num_experts_per_tok=2,
+                 shared_intermediate_size=32, **_SLIDING_FULL, **_GRANITE_MULTIPLIERS, logits_scaling=1.5)
+
+
+def _hyperclovax(tf: Any, common: dict[str, Any]) -> Any:  # Granite's multipliers, logits multiplied, post-norms
+    return _auto(tf, "hyperclovax", **common, head_dim=16, **_GRANITE_MULTIPLIERS, logits_scaling=0.7,
+                 use_post_norm=True)
+
+
+def _jais2(tf: Any, common: dict[str, Any]) -> Any:  # LayerNorm with bias, biases everywhere, a plain relu^2 MLP
+    return _auto(tf, "jais2", **common)
+
+
+def _youtu(tf: Any, common: dict[str, Any]) -> Any:  # a dense decoder with DeepSeek-V3's latent attention
+    return _auto(tf, "youtu", **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32,
+                 tie_word_embeddings=False)
+
+
+def _minicpm5_moe(tf: Any, common: dict[str, Any]) -> Any:  # gated attention output, GLM-4.5's grouped mixture
+    return _auto(tf, "minicpm5_moe", **common, head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=32, n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.0,
+                 mlp_layer_types=["dense", "sparse"])
+
+
+def _mellum(tf: Any, common: dict[str, Any]) -> Any:  # Qwen3-MoE with a rotary base per layer type, a dense layer
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    return _auto(tf, "mellum", **common, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                 **_SLIDING_FULL, rope_parameters=rope, mlp_layer_types=["dense", "sparse"])
+
+
+def _flint(tf: Any, common: dict[str, Any]) -> Any:  # sinks, RoPE on sliding layers only, sigmoid routing unbiased
+    return _auto(tf, "flint", **common, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                 shared_expert_intermediate_size=32, **_SLIDING_FULL, mlp_only_layers=[0])
+
+
+def _hy_v3(tf: Any, common: dict[str, Any]) -> Any:  # qk-norm, sigmoid routing + the block's bias, scaled, shared
+    return _auto(tf, "hy_v3", **common, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                 num_shared_experts=1, router_scaling_factor=2.0, mlp_layer_types=["dense", "sparse"])
+
+
+TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
+                      "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
+                      "flint": _flint, "hy_v3": _hy_v3})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -34,10 +34,21 @@ SUPPORTED = {
     "gpt_bigcode": "StarCoder, SantaCoder", "opt": "OPT", "cwm": "CWM (Code World Model)", "vaultgemma": "VaultGemma",
     "granitemoeshared": "Granite MoE (shared experts)", "exaone": "EXAONE 3.0, 3.5", "nanochat": "nanochat", "solar_open": "Solar Open", "minicpm3": "MiniCPM3",
     "flex_olmo": "FlexOlmo", "exaone_moe": "K-EXAONE (EXAONE MoE)",
+    "internlm3": "InternLM3", "iquestcoder": "IQuest-Coder", "sarvam_mla": "Sarvam-105B (latent attention)",
+    "param2moe": "Param2-MoE", "sarvam_moe": "Sarvam-30B", "granite_swa": "Granite SWA",
+    "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
+    "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
-MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3")  # latent attention (ModelSpec.mla_kv_rank)
+MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "sarvam_mla", "youtu")  # latent attention
+# (ModelSpec.mla_kv_rank); of them, the dense decoders (no mixture)
+MLA_DENSE = ("minicpm3", "youtu")
+# Model types with no modules of their own: transformers builds them as another family (its auto mapping), so they
+# are that family with its config's defaults (InternLM3, IQuest-Coder: Llama; Param2, Sarvam-30B: GLM-4.5;
+# Sarvam-105B: DeepSeek-V3)
+BUILT_AS = {"internlm3": "llama", "iquestcoder": "llama", "param2moe": "glm4_moe", "sarvam_moe": "glm4_moe",
+            "sarvam_mla": "deepseek_v3"}
 
 # Image-text checkpoints whose language model is a supported decoder: llmc exports that model (text in, text out; the
 # image encoder and its projector are not exported). model_type -> the language model's model_type by default.
@@ -95,7 +106,7 @@ def _common_checks(config: Any, sd: dict[str, np.ndarray]) -> None:
 
 
 def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
-    mt = config.model_type
+    mt = BUILT_AS.get(config.model_type, config.model_type)  # (the family whose modules transformers built)
     sd = _WEIGHT_NAMES.get(mt, lambda c, sd: sd)(config, sd)
     _common_checks(config, sd)
     layers = int(config.num_hidden_layers)
@@ -162,10 +173,13 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
     rotary = model.base_model.rotary_emb
     params = _get(config, "rope_parameters", None) or _get(config, "rope_scaling", None) or {}
     if any(hasattr(rotary, f"{t}_inv_freq") for t in ("full_attention", "sliding_attention")):
-        return _per_layer_type_rope(rotary, params)  # (Gemma 3, OLMo 3)
+        return _per_layer_type_rope(rotary, params, head_dim)  # (Gemma 3, OLMo 3)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if getattr(rotary, "rope_type", None) == "ntk_alpha":  # Hunyuan's "dynamic" with a fixed alpha: a static base
         rope_type = "ntk_alpha"
+    if rope_type == "dynamic":  # (InternLM3) transformers' dynamic NTK recomputes its table only for a sequence past
+        # max_position_embeddings (until then it is the default one), and an engine never holds more positions
+        rope_type = "default"
     if rope_type not in (*STATIC_ROPE_TYPES, "ntk_alpha"):
         _refuse("rope_type", rope_type, f"it depends on the sequence length; supported: {', '.join(STATIC_ROPE_TYPES)}")
     if config.model_type == "gptj":  # (its module holds a sin / cos table: the frequencies as it computes them)
@@ -195,7 +209,8 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
 PER_LAYER_TYPE_ROPE = ("default", "linear", "llama3", "yarn")  # (longrope's second table has no place here)
 
 
-def _per_layer_type_rope(rotary: Any, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
+                         head_dim: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A rotary table per layer type (Gemma 3, OLMo 3): full layers use the global table (scaled as its rope_type
     says), sliding layers their own local one."""
     fields: dict[str, Any] = {}
@@ -209,6 +224,9 @@ def _per_layer_type_rope(rotary: Any, params: dict[str, Any]) -> tuple[dict[str,
             _refuse(f"rope_parameters[{layer_type!r}].rope_type", rope_type,
                     f"a table per layer type supports {', '.join(PER_LAYER_TYPE_ROPE)}")
         weights[name] = _np(getattr(rotary, f"{layer_type}_original_inv_freq"))
+        if 2 * weights[name].shape[0] != head_dim:
+            _refuse(f"rope_parameters[{layer_type!r}].partial_rotary_factor", p.get("partial_rotary_factor"),
+                    "a table per layer type rotates every dim of a head")
         scaling = float(getattr(rotary, f"{layer_type}_attention_scaling"))
         if layer_type == "full_attention":
             fields.update(rope_theta=float(p.get("rope_theta", 10000.0)), rope_type=rope_type,
@@ -540,6 +558,74 @@ def _granite(config: Any) -> dict[str, Any]:
             "attention_scale": float(config.attention_multiplier), "logits_scaling": float(config.logits_scaling)}
 
 
+def _granite_swa(config: Any) -> dict[str, Any]:
+    """Granite SWA: Granite's multipliers, a learned sink per head (GPT-OSS's), sliding / full layers, and each
+    layer's rotary base (`layer_rope_theta`; 0: a layer without rotary)."""
+    fields = {**_granite(config), "attn_sinks": True}
+    thetas = [float(t) for t in (_get(config, "layer_rope_theta", None) or [])]
+    base = float((_get(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+    if any(t and t != base for t in thetas):  # (the model's one table is built from rope_theta)
+        _refuse("layer_rope_theta", thetas, f"llmc rotates every layer by rope_theta ({base:g}) or not at all")
+    if thetas and not all(thetas):
+        fields["rope_layers"] = tuple(bool(t) for t in thetas)
+    return fields
+
+
+def _hyperclovax(config: Any) -> dict[str, Any]:  # Granite's multipliers, logits multiplied; norms after the blocks
+    multiplier = _get(config, "attention_multiplier", None)
+    return {"embedding_scale": float(config.embedding_multiplier), "residual_scale": float(config.residual_multiplier),
+            **({"attention_scale": float(multiplier)} if multiplier is not None else {}),
+            "logits_scaling": 1.0 / float(config.logits_scaling),
+            **({"norm_layout": "sandwich"} if _get(config, "use_post_norm", True) else {})}
+
+
+# HyperCLOVA X's norms after attention and the MLP, and its norm before the MLP, under Gemma 2's names
+_HYPERCLOVAX_NORMS = {"post_attention_layernorm": "pre_feedforward_layernorm", "post_norm1": "post_attention_layernorm",
+                      "post_norm2": "post_feedforward_layernorm"}
+
+
+def _layer_part_names(sd: dict[str, np.ndarray], names: dict[str, str]) -> dict[str, np.ndarray]:
+    """Each `model.layers.i.<part>...` weight whose part `names` lists renamed once (no chains)."""
+    out = {}
+    for k, v in sd.items():
+        parts = k.split(".")
+        if len(parts) > 3 and parts[3] in names:
+            parts[3] = names[parts[3]]
+        out[".".join(parts)] = v
+    return out
+
+
+def _minicpm5_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """MiniCPM5-MoE's q_gate_proj [H * 2D, hidden] (each head's query rows, then its gate's) as q_proj and the
+    attention's output gate (AFMoE's gate_proj)."""
+    if _get(config, "attention_bias", False):
+        _refuse("attention_bias", True, "the attention's output gate has no bias in llmc")
+    heads, dim = int(config.num_attention_heads), int(config.head_dim)
+    out = dict(sd)
+    for name in [k for k in sd if k.endswith("self_attn.q_gate_proj.weight")]:
+        w = out.pop(name).reshape(heads, 2, dim, -1)
+        out[name.replace("q_gate_proj", "q_proj")] = np.ascontiguousarray(w[:, 0].reshape(heads * dim, -1))
+        out[name.replace("q_gate_proj", "gate_proj")] = np.ascontiguousarray(w[:, 1].reshape(heads * dim, -1))
+    return out
+
+
+def _flint(config: Any) -> dict[str, Any]:
+    """Flint: Qwen3-MoE's layer with a sink per head, RoPE on sliding layers only, sigmoid routing (no correction
+    bias: zeros) and a shared expert added ungated."""
+    rope = tuple(t == "sliding_attention" for t in config.layer_types)
+    return {**_moe(config), "qk_norm": "head", "attn_sinks": True, **({"rope_layers": rope} if not all(rope) else {})}
+
+
+def _flint_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from llmc.graph.moe import is_sparse_layer
+
+    out = _renamed(sd, ((".mlp.shared_expert.", ".mlp.shared_experts."),))
+    for i in range(int(config.num_hidden_layers)):
+        if is_sparse_layer(config, i):  # (its sigmoid scores choose as they are: GLM-4.5's routing, bias 0)
+            out[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = np.zeros(int(config.num_experts), np.float32)
+    return out
+
+
 def _moe(config: Any) -> dict[str, Any]:
     from llmc.graph.moe import is_sparse_layer, spec_from_hf_config
 
@@ -561,11 +647,13 @@ def _shared_experts(config: Any) -> dict[str, Any]:
     as they are."""
     if config.model_type == "qwen2_moe":
         return {"shared_expert_size": int(config.shared_expert_intermediate_size)}
-    if config.model_type == "granitemoeshared":
-        width = int(config.shared_intermediate_size)
+    if config.model_type in ("granitemoeshared", "granitemoe_swa"):
+        width = int(_get(config, "shared_intermediate_size", 0))
         return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
     if config.model_type == "hunyuan_v1_moe":
         width = int(config.intermediate_size) * int(config.num_shared_expert)
+    elif config.model_type == "flint":
+        width = int(config.shared_expert_intermediate_size)
     else:
         shared = int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0)
                      or _get(config, "num_shared_experts", 0))
@@ -613,6 +701,10 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
                                            (".feedforward_layernorm.", ".post_attention_layernorm."))),
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
     "granitemoeshared": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
+    "granitemoe_swa": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
+    "hyperclovax": lambda c, sd: _layer_part_names(sd, _HYPERCLOVAX_NORMS), "jais2": lambda c, sd: _renamed(
+        sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
+    "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
     "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves,
@@ -641,12 +733,17 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_moe": _moe, "gpt_oss": lambda c: {**_moe(c), "attn_sinks": True},
     "glm4_moe": lambda c: {**_moe(c), **({"qk_norm": "head"} if c.use_qk_norm else {})},
     "dots1": lambda c: {**_moe(c), "qk_norm": "head"},
-    **{mt: _moe for mt in MLA if mt != "minicpm3"},  # (their attention: _mla)
+    **{mt: _moe for mt in MLA if mt not in MLA_DENSE},  # (their attention: _mla)
     "minicpm3": lambda c: {"embedding_scale": float(c.scale_emb), "logits_scaling": float(c.logits_scaling),
                            "residual_scale": float(c.scale_depth) / float(c.num_hidden_layers) ** 0.5},
     "minimax_m2": lambda c: {**_moe(c), "qk_norm": "full"}, "ministral3": _ministral3, "afmoe": _afmoe,
     "flex_olmo": lambda c: {**_moe(c), "norm_layout": "post", "qk_norm": "full"},  # (OLMo 2's layer, OLMoE's MoE)
     "exaone_moe": _exaone_moe,
+    "granite_swa": _granite_swa, "granitemoe_swa": lambda c: {**_granite_swa(c), **_moe(c)},
+    "hyperclovax": _hyperclovax, "jais2": lambda c: {"norm": "layer", "norm_eps": float(c.layer_norm_eps),
+                                                     "plain_mlp": True},
+    "minicpm5_moe": lambda c: {**_moe(c), "attn_output_gate": True}, "mellum": lambda c: {**_moe(c), "qk_norm": "head"},
+    "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),

@@ -175,15 +175,17 @@ class MoESpec:
         return self.routing != "softmax" or self.router_fp32
 
 
-SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite", "solar_open")  # "sigmoid" routing's types
+SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite", "solar_open", "param2moe", "sarvam_moe",
+                  "sarvam_mla", "minicpm5_moe")  # "sigmoid" routing's types (GLM-4.5's config names)
 FIRST_DENSE = (*SIGMOID_ROUTED, "deepseek_v2")  # their first config.first_k_dense_replace layers are dense MLPs
+MLP_LAYER_TYPES = ("exaone_moe", "mellum", "minicpm5_moe", "hy_v3")  # config.mlp_layer_types: "dense" / "sparse"
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:
     """The MoE block of a transformers MixtralConfig, GraniteMoeConfig, Qwen3MoeConfig, Qwen2MoeConfig, GptOssConfig,
     Glm4MoeConfig, Dots1Config or OlmoeConfig (Qwen2-MoE's, GLM-4.5's and dots1's shared experts are the decoder's:
     ModelSpec.shared_expert_size)."""
-    if config.model_type in ("mixtral", "granitemoe", "granitemoeshared"):  # (Granite's softmax over the top k
+    if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa"):  # (Granite's softmax over the top k
         # logits: the same weights)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
@@ -196,7 +198,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type in ("olmoe", "flex_olmo"):  # (its experts are intermediate_size wide)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
-    if config.model_type in ("qwen3_moe", "qwen2_moe"):
+    if config.model_type in ("qwen3_moe", "qwen2_moe", "mellum"):
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
     if config.model_type == "gpt_oss":  # (its softmax over the top k logits: the renormalized weights)
@@ -210,6 +212,12 @@ def spec_from_hf_config(config: Any) -> MoESpec:
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid",
                        num_groups=int(config.n_group), topk_groups=int(config.topk_group),
                        routed_scaling=float(config.routed_scaling_factor))
+    if config.model_type == "hy_v3":  # (MiniMax-M2's router, renormalized, times router_scaling_factor)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       True, config.hidden_act, routing="sigmoid", routed_scaling=float(config.router_scaling_factor))
+    if config.model_type == "flint":  # (sigmoid scores choose with no correction bias: arch.py gives it zeros)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid")
     if config.model_type == "minimax_m2":  # (DeepSeek-V3's scores and correction bias without groups, renormalized)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act, routing="sigmoid")
@@ -233,12 +241,12 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
-                             "minimax_m2", "flex_olmo"):
+                             "minimax_m2", "flex_olmo", "granitemoe_swa"):
         return True
+    if config.model_type in MLP_LAYER_TYPES:
+        return config.mlp_layer_types[layer] == "sparse"
     if config.model_type == "afmoe":
         return layer >= int(config.num_dense_layers)
-    if config.model_type == "exaone_moe":
-        return config.mlp_layer_types[layer] == "sparse"
     if config.model_type in FIRST_DENSE:  # the first first_k_dense_replace layers are dense
         return layer >= int(getattr(config, "first_k_dense_replace", 0) or 0)  # (Solar Open: none)
     if config.model_type == "ernie4_5_moe":  # every moe_layer_interval-th layer from start to end index

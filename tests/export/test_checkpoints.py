@@ -64,7 +64,7 @@ def test_every_eos_id_of_generation_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("config", "words"), [
-    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}, ["rope_type", "'dynamic'"]),
+    ({"use_bidirectional_attention": True}, ["use_bidirectional_attention", "causal"]),
 ])
 def test_an_option_llmc_does_not_implement_is_refused_by_name(tmp_path: Path, config: dict[str, Any],
                                                               words: list[str]) -> None:
@@ -407,3 +407,72 @@ def test_an_fp8_checkpoint_exports_the_values_its_codes_stand_for(tmp_path: Path
 
     values = _as_fp8(make_model("llama", tmp_path / "hf"), tmp_path / "fp8")
     _assert_exports_as_its_values(tmp_path, tmp_path / "fp8", values)
+
+
+@pytest.mark.parametrize(("model_type", "family", "config"), [
+    ("internlm3", "LlamaForCausalLM", {"rope_parameters": {"rope_type": "dynamic", "factor": 6.0, "rope_theta": 5e4}}),
+    ("iquestcoder", "LlamaForCausalLM", {}),
+    ("param2moe", "Glm4MoeForCausalLM", {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                         "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1}),
+    ("sarvam_moe", "Glm4MoeForCausalLM", {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                          "first_k_dense_replace": 1}),
+    ("sarvam_mla", "DeepseekV3ForCausalLM", {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                             "kv_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 24,
+                                             "v_head_dim": 16, "first_k_dense_replace": 1, "num_key_value_heads": 4}),
+])
+def test_a_model_type_built_as_another_family_exports_as_that_family(tmp_path: Path, model_type: str, family: str,
+                                                                      config: dict[str, Any]) -> None:
+    """InternLM3 and IQuest-Coder are Llama, Param2 and Sarvam-30B GLM-4.5, Sarvam-105B DeepSeek-V3: transformers has
+    only their configs (and builds the family's modules); their exports are that family's, exact. InternLM3 ships
+    "dynamic" NTK rotary, which is the default table up to max_position_embeddings (all an engine holds)."""
+    import transformers as tf
+
+    from llmc.engines.ort.build import export_engine
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.for_model(model_type, **{**common, **config}))
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if t.dim() >= 2:
+                t.mul_(4.0)
+            elif name.endswith("e_score_correction_bias"):
+                t.normal_(0.0, 0.3)
+    model.save_pretrained(str(tmp_path / "hf"))
+    make_tokenizer(tmp_path / "hf", 320)
+    manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    assert manifest.model.hf_architecture == family == type(model).__name__
+    assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
+    engine = export_engine(manifest, tmp_path / "export")
+    ids = np.random.default_rng(0).integers(3, 300, 60).tolist()
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
+    ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 64))[0]
+    assert float(np.abs(ours - ref).max()) <= 1e-4
+
+
+@pytest.mark.parametrize(("model_type", "config", "words"), [
+    ("granite_swa", {"layer_rope_theta": [5000.0, 10000.0]}, ["layer_rope_theta", "5000"]),
+    ("mellum", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5,
+                                                       "partial_rotary_factor": 0.5},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     ["partial_rotary_factor", "0.5"]),
+])
+def test_rotary_a_layer_cannot_have_in_llmc_is_refused_by_name(tmp_path: Path, model_type: str, config: dict[str, Any],
+                                                               words: list[str]) -> None:
+    """Granite SWA's per-layer rotary base other than rope_theta, Mellum's partial rotary on one layer type: refused
+    (the export would rotate them by the model's one table), never exported wrong."""
+    import transformers as tf
+
+    common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8,
+                  layer_types=["sliding_attention", "full_attention"])
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32} if model_type == "mellum" else {}
+    model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.for_model(model_type, **common, **moe, **config))
+    model.save_pretrained(str(tmp_path / "hf"))
+    make_tokenizer(tmp_path / "hf", 320)
+    with pytest.raises(UnsupportedModelError) as e:
+        export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    assert all(w in str(e.value) for w in words), str(e.value)

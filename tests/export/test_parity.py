@@ -18,6 +18,7 @@ from llmc.engines.base import Engine
 from llmc.engines.registry import load_engine_dir
 from llmc.errors import LimitError
 from llmc.export.arch import MLA as ARCH_MLA
+from llmc.export.arch import MLA_DENSE
 from llmc.manifest import load_export
 from llmc.onnx_store import ALIGN
 from llmc.runtime.config import RuntimeConfig
@@ -310,13 +311,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                              "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4}.get(tiny.name, 2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
-    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3") else 0)
-    mla_moe = mla and tiny.name != "minicpm3"
+    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu") else 0)
+    mla_moe = mla and tiny.name not in MLA_DENSE
     if mla:  # the softmax's scale is the model's (V3: YaRN's mscale squared on (nope + rope) ** -0.5)
         assert m.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
-                                      "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq"))
+                                      "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq", "jais2"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
                                 "gpt_neox": "two", "falcon": "two", "falcon_mqa": "shared",
                                 "gptj": "shared"}.get(tiny.name, "")
@@ -328,7 +329,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
-                "cwm": 8, "vaultgemma": 8, "exaone_moe": 8}
+                "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
+                "flint": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -337,44 +339,56 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
-                         "flex_olmo": "full", "exaone_moe": "head"}.get(tiny.name,
-                                                                                                           "")
+                         "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
+                         "hy_v3": "head"}.get(tiny.name, "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
     assert (m.activation == "xielu") is (tiny.name == "apertus")
-    assert m.attn_output_gate is (tiny.name == "afmoe")
+    assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe"))
+    if tiny.name in ("granite_swa", "flint"):  # (a layer without rotary: Granite SWA's theta 0, Flint's full layers)
+        assert m.rope_layers == {"granite_swa": (False, True), "flint": (True, False)}[tiny.name]
+    if tiny.name == "jais2":
+        assert (m.norm, m.plain_mlp, m.activation) == ("layer", True, "relu2")
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
-           "granitemoeshared")
+           "granitemoeshared", "granitemoe_swa")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
-                                                                            "exaone_moe") or mla_moe
+                                                                            "exaone_moe", "minicpm5_moe", "mellum",
+                                                                            "flint", "hy_v3") or mla_moe
                                                     else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
         "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5), "deepseek_v3": ("sigmoid", 4, 2, 2.5),
         "glm4_moe_lite": ("sigmoid", 2, 1, 1.8), "deepseek_v2": ("softmax_grouped", 4, 1, 1.5),
         "minimax_m2": ("sigmoid", 1, 1, 1.0), "afmoe": ("sigmoid", 1, 1, 1.5), "solar_open": ("sigmoid", 2, 1, 1.5),
-        "exaone_moe": ("sigmoid", 2, 1, 2.5),
+        "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
+        "hy_v3": ("sigmoid", 1, 1, 2.0),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
+                                                            else (True, False, "silu") if tiny.name in
+                                                            ("granite_swa", "granitemoe_swa", "flint")
                                                             else (False, False, "silu"))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
-                            (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe") or mla_moe
+                            (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
+                                                           "minicpm5_moe", "mellum", "flint", "hy_v3") or mla_moe
                             else
                             (False, True, True) if tiny.name == "afmoe" else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
                                                              "granitemoeshared": (64, False),
+                                                             "granitemoe_swa": (32, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
-                                                                                        "solar_open", "exaone_moe")
-                                                                if n != "minicpm3"}}.get(
+                                                                                        "solar_open", "exaone_moe",
+                                                                                        "minicpm5_moe", "flint",
+                                                                                        "hy_v3")
+                                                                if n not in MLA_DENSE}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich",
-                             "flex_olmo": "post"}.get(tiny.name,
+                             "flex_olmo": "post", "hyperclovax": "sandwich"}.get(tiny.name,
                                                                                                            "pre")
 
 
