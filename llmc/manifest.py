@@ -113,7 +113,8 @@ class ModelSpec:
     shared_expert_gated: bool = True
     # routing: "softmax" (softmax over the experts, top k) or "sigmoid" (DeepSeek-V3 / GLM-4.5: sigmoid scores, the
     # top k of scores + router.correction_bias within the moe_topk_groups best of moe_groups groups, the scores of
-    # those, times routed_scaling), "softmax_biased" (ERNIE 4.5) or "softmax_grouped" (DeepSeek-V2): llmc/graph/moe.py
+    # those, times routed_scaling), "softmax_biased" (ERNIE 4.5), "softmax_grouped" (DeepSeek-V2) or "sigmoid_logits"
+    # (Kolibri-1): llmc/graph/moe.py
     moe_routing: str = "softmax"
     moe_groups: int = 1
     moe_topk_groups: int = 1

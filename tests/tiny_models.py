@@ -535,9 +535,22 @@ def _hy_v3(tf: Any, common: dict[str, Any]) -> Any:  # qk-norm, sigmoid routing 
                  num_shared_experts=1, router_scaling_factor=2.0, mlp_layer_types=["dense", "sparse"])
 
 
+def _kolibri1(tf: Any, common: dict[str, Any]) -> Any:  # EXAONE 4's attention, GLM-4's norms, logit-biased routing
+    import torch
+
+    model = _auto(tf, "kolibri1", **{k: v for k, v in common.items() if k != "intermediate_size"}, head_dim=16,
+                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                  norm_topk_prob=True, **_SLIDING_FULL)
+    with torch.no_grad():  # a bias on the logits' scale, so that it changes the choice
+        for name, t in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                t.normal_(0.0, 2.0)
+    return model
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
-                      "flint": _flint, "hy_v3": _hy_v3})
+                      "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

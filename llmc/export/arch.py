@@ -38,6 +38,7 @@ SUPPORTED = {
     "param2moe": "Param2-MoE", "sarvam_moe": "Sarvam-30B", "granite_swa": "Granite SWA",
     "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
+    "kolibri1": "Kolibri-1",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -137,6 +138,8 @@ def _inner_size(config: Any) -> int:
         return int(config.ffn_hidden_size)
     if config.model_type == "gptj":
         return int(config.n_inner or 4 * config.hidden_size)
+    if config.model_type == "kolibri1":  # (a mixture in every layer: no dense width)
+        return int(config.moe_intermediate_size)
     return int(config.intermediate_size)
 
 
@@ -370,12 +373,7 @@ _GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
 
 
 def _glm_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    out = {}
-    for k, v in sd.items():
-        parts = k.split(".")
-        if config.model_type == "glm4" and len(parts) > 3 and parts[3] in _GLM4_NORMS:
-            parts[3] = _GLM4_NORMS[parts[3]]
-        out[".".join(parts)] = v
+    out = _layer_part_names(sd, _GLM4_NORMS) if config.model_type == "glm4" else sd
     params = _get(config, "rope_parameters", None) or {}
     rotated = float(params.get("partial_rotary_factor", _get(config, "partial_rotary_factor", 1.0)) or 1.0)
     return _interleaved_to_halves(config, out, rotated)
@@ -652,7 +650,7 @@ def _shared_experts(config: Any) -> dict[str, Any]:
         return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
     if config.model_type == "hunyuan_v1_moe":
         width = int(config.intermediate_size) * int(config.num_shared_expert)
-    elif config.model_type == "flint":
+    elif config.model_type in ("flint", "kolibri1"):
         width = int(config.shared_expert_intermediate_size)
     else:
         shared = int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0)
@@ -704,6 +702,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "granitemoe_swa": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
     "hyperclovax": lambda c, sd: _layer_part_names(sd, _HYPERCLOVAX_NORMS), "jais2": lambda c, sd: _renamed(
         sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
+    "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS),
     "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
@@ -744,6 +743,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
                                                      "plain_mlp": True},
     "minicpm5_moe": lambda c: {**_moe(c), "attn_output_gate": True}, "mellum": lambda c: {**_moe(c), "qk_norm": "head"},
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
+    "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),

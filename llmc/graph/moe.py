@@ -14,6 +14,8 @@ Routing (MoESpec.routing), the [N, E] routing weights, one of:
              of its 2 best choices, and only the topk_groups best groups' experts compete: the top k of the choice
              there. Each picked expert's weight is its score (not its choice), divided by the k scores' sum
              (+ 1e-20) when `norm_topk_prob`, times routed_scaling.
+  "sigmoid_logits"  (Kolibri-1's) in fp32: the experts are chosen by the top k of the logits + router.correction_bias,
+             each picked expert's weight is sigmoid(its logit), divided by the k weights' sum when `norm_topk_prob`
   "softmax_grouped"  (DeepSeek-V2's) softmax over all experts in fp32; with num_groups > topk_groups only the
              experts of the topk_groups groups with the largest single probability compete ("group_limited_greedy";
              else "greedy": all of them); the top k probabilities, divided by their sum when `norm_topk_prob`,
@@ -75,7 +77,7 @@ from llmc.manifest import ModelSpec
 MS = "com.microsoft"
 LOWERINGS = ("standard", "loop", "dense", "ort")
 ACTIVATIONS = ("silu", "swiglu_oss")
-ROUTINGS = ("softmax", "softmax_biased", "sigmoid", "softmax_grouped")
+ROUTINGS = ("softmax", "softmax_biased", "sigmoid", "softmax_grouped", "sigmoid_logits")
 GROUPED = ("sigmoid", "softmax_grouped")  # the routings with expert groups and a routed scaling
 
 ROUTER = "router.weight"  # [hidden, E]
@@ -166,7 +168,7 @@ class MoESpec:
         stored in."""
         if not self.fp32_router:
             return ()
-        correction = (CORRECTION_BIAS,) if self.routing in ("softmax_biased", "sigmoid") else ()
+        correction = (CORRECTION_BIAS,) if self.routing in ("softmax_biased", "sigmoid", "sigmoid_logits") else ()
         return (ROUTER, *correction, *((ROUTER_BIAS,) if self.bias else ()))
 
     @property
@@ -218,6 +220,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "flint":  # (sigmoid scores choose with no correction bias: arch.py gives it zeros)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid")
+    if config.model_type == "kolibri1":  # (the choice on the logits + bias, the weights their sigmoids)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid_logits")
     if config.model_type == "minimax_m2":  # (DeepSeek-V3's scores and correction bias without groups, renormalized)
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act, routing="sigmoid")
@@ -241,7 +246,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
-                             "minimax_m2", "flex_olmo", "granitemoe_swa"):
+                             "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1"):
         return True
     if config.model_type in MLP_LAYER_TYPES:
         return config.mlp_layer_types[layer] == "sparse"
@@ -445,6 +450,10 @@ def _routing_matrix(b: GraphBuilder, logits: str, prefix: str, spec: MoESpec) ->
         choice = _in_best_groups(b, scores, spec) if spec.topk_groups < spec.num_groups else scores
         idx = b.op_n("TopK", choice, k, outputs=2, axis=-1)[1]
         top = b.op("GatherElements", scores, idx, axis=1)
+    elif spec.routing == "sigmoid_logits":
+        choice = b.op("Add", logits, b.to_float32(b.weight(f"{prefix}.{CORRECTION_BIAS}")))
+        idx = b.op_n("TopK", choice, k, outputs=2, axis=-1)[1]
+        top = b.op("GatherElements", b.op("Sigmoid", logits), idx, axis=1)
     else:
         scores = b.op("Sigmoid", logits)
         choice = b.op("Add", scores, b.to_float32(b.weight(f"{prefix}.{CORRECTION_BIAS}")))

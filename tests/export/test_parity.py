@@ -330,7 +330,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
                 "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
-                "flint": 8}
+                "flint": 8, "kolibri1": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -340,13 +340,14 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
-                         "hy_v3": "head"}.get(tiny.name, "")
+                         "hy_v3": "head", "kolibri1": "head"}.get(tiny.name, "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
     assert (m.activation == "xielu") is (tiny.name == "apertus")
     assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe"))
-    if tiny.name in ("granite_swa", "flint"):  # (a layer without rotary: Granite SWA's theta 0, Flint's full layers)
-        assert m.rope_layers == {"granite_swa": (False, True), "flint": (True, False)}[tiny.name]
+    if tiny.name in ("granite_swa", "flint", "kolibri1"):  # (a layer without rotary: Granite SWA's theta 0, the
+        # full layers of Flint and Kolibri-1)
+        assert m.rope_layers == {"granite_swa": (False, True)}.get(tiny.name, (True, False))
     if tiny.name == "jais2":
         assert (m.norm, m.plain_mlp, m.activation) == ("layer", True, "relu2")
     assert m.embed_norm is (tiny.name == "nanochat")
@@ -356,7 +357,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
                                                                             "exaone_moe", "minicpm5_moe", "mellum",
-                                                                            "flint", "hy_v3") or mla_moe
+                                                                            "flint", "hy_v3", "kolibri1") or mla_moe
                                                     else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
@@ -364,7 +365,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "glm4_moe_lite": ("sigmoid", 2, 1, 1.8), "deepseek_v2": ("softmax_grouped", 4, 1, 1.5),
         "minimax_m2": ("sigmoid", 1, 1, 1.0), "afmoe": ("sigmoid", 1, 1, 1.5), "solar_open": ("sigmoid", 2, 1, 1.5),
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
-        "hy_v3": ("sigmoid", 1, 1, 2.0),
+        "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
@@ -383,12 +384,12 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",
                                                                                         "minicpm5_moe", "flint",
-                                                                                        "hy_v3")
+                                                                                        "hy_v3", "kolibri1")
                                                                 if n not in MLA_DENSE}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich",
-                             "flex_olmo": "post", "hyperclovax": "sandwich"}.get(tiny.name,
+                             "flex_olmo": "post", "hyperclovax": "sandwich", "kolibri1": "sandwich"}.get(tiny.name,
                                                                                                            "pre")
 
 
