@@ -548,9 +548,19 @@ def _kolibri1(tf: Any, common: dict[str, Any]) -> Any:  # EXAONE 4's attention, 
     return model
 
 
+def _dbrx(tf: Any, common: dict[str, Any]) -> Any:  # fused q/k/v clamped, bias-free LayerNorm, experts as w1/v1/w2
+    return tf.DbrxForCausalLM(tf.DbrxConfig(
+        d_model=common["hidden_size"], n_heads=common["num_attention_heads"], n_layers=common["num_hidden_layers"],
+        max_seq_len=common["max_position_embeddings"], vocab_size=common["vocab_size"],
+        attn_config={"kv_n_heads": common["num_key_value_heads"], "clip_qkv": 1.0, "rope_theta": 10000.0},
+        ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+        **{k: common[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}))
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
-                      "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1})
+                      "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
+                      "dbrx": _dbrx})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -38,7 +38,7 @@ SUPPORTED = {
     "param2moe": "Param2-MoE", "sarvam_moe": "Sarvam-30B", "granite_swa": "Granite SWA",
     "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
-    "kolibri1": "Kolibri-1",
+    "kolibri1": "Kolibri-1", "dbrx": "DBRX",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -140,6 +140,8 @@ def _inner_size(config: Any) -> int:
         return int(config.n_inner or 4 * config.hidden_size)
     if config.model_type == "kolibri1":  # (a mixture in every layer: no dense width)
         return int(config.moe_intermediate_size)
+    if config.model_type == "dbrx":
+        return int(config.ffn_config.ffn_hidden_size)
     return int(config.intermediate_size)
 
 
@@ -152,8 +154,10 @@ def _windows(model: Any, config: Any) -> dict[str, Any]:
     carry their own `sliding_window` say it per layer; Mistral, Phi-3 and Mixtral apply config.sliding_window to
     every layer."""
     per_layer = []
-    for layer in getattr(model.base_model, "layers", None) or model.base_model.h:  # (Falcon: h)
-        attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention", "attn")
+    base = model.base_model
+    for layer in next(getattr(base, n) for n in ("layers", "h", "blocks") if hasattr(base, n)):  # (Falcon: h, DBRX:
+        # blocks)
+        attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention", "attn", "norm_attn_norm")
                     if hasattr(layer, n))
         w = attn.sliding_window if hasattr(attn, "sliding_window") else _get(config, "sliding_window", None)
         if not getattr(attn, "is_sliding", True):  # a full layer that keeps the model's window (EXAONE 4)
@@ -569,6 +573,43 @@ def _granite_swa(config: Any) -> dict[str, Any]:
     return fields
 
 
+def _dbrx(config: Any) -> dict[str, Any]:
+    """DBRX: LayerNorm without bias, its fused q/k/v clamped, a mixture in every layer (softmax, top k, the k weights
+    renormalized by their sum where moe_normalize_expert_weights is 1, as they are where it is None)."""
+    ffn, attn = config.ffn_config, config.attn_config
+    if ffn.moe_normalize_expert_weights not in (None, 1):
+        _refuse("ffn_config.moe_normalize_expert_weights", ffn.moe_normalize_expert_weights,
+                "the routing weights renormalized by their sum (1) or not at all (None)")
+    built = float((_get(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+    theta = _get(attn, "rope_theta", None)
+    if theta is not None and float(theta) != built:  # (transformers builds the table from rope_parameters)
+        _refuse("attn_config.rope_theta", theta, f"transformers rotates DBRX by rope_parameters' rope_theta ({built:g}), "
+                "not by this; give config.json the same rope_parameters.rope_theta to export the model as it was "
+                "trained")
+    return {"norm": "layer", "norm_eps": 1e-5, "activation": _activation(ffn.ffn_act_fn.get("name", "silu")),
+            **_moe(config), **({"clip_qkv": float(attn.clip_qkv)} if _get(attn, "clip_qkv", None) else {})}
+
+
+def _dbrx_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """DBRX's weights under Llama's and Mixtral's names: experts' w1 (gate), v1 (up) and w2 ([E * I, hidden] each) as
+    gate_up_proj [E, 2I, hidden] and down_proj [E, hidden, I]; its bias-free LayerNorms given zero biases."""
+    experts, width = int(config.ffn_config.moe_num_experts), int(config.ffn_config.ffn_hidden_size)
+    out = _renamed({k: v for k, v in sd.items() if ".ffn.experts.mlp." not in k}, _DBRX_NAMES)
+    for i in range(int(config.num_hidden_layers)):
+        raw, canonical = f"transformer.blocks.{i}.ffn.experts.mlp.", f"model.layers.{i}.mlp.experts."
+        gate, up, down = (sd[raw + n].reshape(experts, width, -1) for n in ("w1", "v1", "w2"))
+        out[canonical + "gate_up_proj"] = np.concatenate([gate, up], axis=1)
+        out[canonical + "down_proj"] = np.ascontiguousarray(down.transpose(0, 2, 1))
+    return _norm_params(config, out)
+
+
+_DBRX_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.norm_f.", "model.norm."),
+               ("transformer.blocks.", "model.layers."), (".norm_attn_norm.norm_1.", ".input_layernorm."),
+               (".norm_attn_norm.norm_2.", ".post_attention_layernorm."),
+               (".norm_attn_norm.attn.Wqkv.", ".self_attn.qkv_proj."),
+               (".norm_attn_norm.attn.out_proj.", ".self_attn.o_proj."), (".ffn.router.layer.", ".mlp.gate."))
+
+
 def _hyperclovax(config: Any) -> dict[str, Any]:  # Granite's multipliers, logits multiplied; norms after the blocks
     multiplier = _get(config, "attention_multiplier", None)
     return {"embedding_scale": float(config.embedding_multiplier), "residual_scale": float(config.residual_multiplier),
@@ -702,7 +743,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "granitemoe_swa": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
     "hyperclovax": lambda c, sd: _layer_part_names(sd, _HYPERCLOVAX_NORMS), "jais2": lambda c, sd: _renamed(
         sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
-    "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS),
+    "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
     "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
@@ -743,6 +784,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
                                                      "plain_mlp": True},
     "minicpm5_moe": lambda c: {**_moe(c), "attn_output_gate": True}, "mellum": lambda c: {**_moe(c), "qk_norm": "head"},
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
+    "dbrx": _dbrx,
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},

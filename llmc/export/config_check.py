@@ -23,6 +23,13 @@ def check_config(config: dict[str, Any], where: str) -> None:
     names = _GPT2_NAMES if gpt2_names else _NAMES
     if config.get("model_type") == "exaone" and "num_layers" in config:  # (EXAONE 3.x's published names)
         names = {**_NAMES, "layers": "num_layers"}
+    if config.get("model_type") == "dbrx":  # (its own names; attention's and the MLP's sizes in sub-configs)
+        names = {"layers": "n_layers", "heads": "n_heads", "hidden": "d_model", "positions": "max_seq_len"}
+        attn, ffn = config.get("attn_config") or {}, config.get("ffn_config") or {}
+        config = {**config, "num_key_value_heads": attn.get("kv_n_heads", 1),
+                  **{ours: ffn[theirs] for theirs, ours in (("ffn_hidden_size", "intermediate_size"),
+                                                            ("moe_num_experts", "num_local_experts"),
+                                                            ("moe_top_k", "num_experts_per_tok")) if theirs in ffn}}
     dims = {k: _positive(config, name, where) for k, name in names.items()}
     vocab = _positive(config, "vocab_size", where)
     heads, hidden = dims["heads"], dims["hidden"]

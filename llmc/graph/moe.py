@@ -220,6 +220,10 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "flint":  # (sigmoid scores choose with no correction bias: arch.py gives it zeros)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid")
+    if config.model_type == "dbrx":  # (the top k weights over their p-norm: p = 1 renormalizes; arch.py refuses p > 1)
+        ffn = config.ffn_config
+        return MoESpec(int(ffn.moe_num_experts), int(ffn.moe_top_k), int(ffn.ffn_hidden_size),
+                       ffn.moe_normalize_expert_weights == 1, ffn.ffn_act_fn.get("name", "silu"))
     if config.model_type == "kolibri1":  # (the choice on the logits + bias, the weights their sigmoids)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid_logits")
@@ -246,7 +250,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
-                             "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1"):
+                             "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx"):
         return True
     if config.model_type in MLP_LAYER_TYPES:
         return config.mlp_layer_types[layer] == "sparse"

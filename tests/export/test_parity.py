@@ -348,11 +348,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     if tiny.name in ("granite_swa", "flint", "kolibri1"):  # (a layer without rotary: Granite SWA's theta 0, the
         # full layers of Flint and Kolibri-1)
         assert m.rope_layers == {"granite_swa": (False, True)}.get(tiny.name, (True, False))
+    if tiny.name == "dbrx":  # (its fused q/k/v clamped, LayerNorm without bias)
+        assert (m.norm, m.norm_eps, m.clip_qkv) == ("layer", 1e-5, 1.0)
     if tiny.name == "jais2":
         assert (m.norm, m.plain_mlp, m.activation) == ("layer", True, "relu2")
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
-           "granitemoeshared", "granitemoe_swa")
+           "granitemoeshared", "granitemoe_swa", "dbrx")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
