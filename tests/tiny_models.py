@@ -557,10 +557,18 @@ def _dbrx(tf: Any, common: dict[str, Any]) -> Any:  # fused q/k/v clamped, bias-
         **{k: common[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}))
 
 
+def _cohere2_moe(tf: Any, common: dict[str, Any]) -> Any:  # a dense layer rotated, sliding rotated, full without
+    return _auto(tf, "cohere2_moe", **{**common, "num_hidden_layers": 3}, head_dim=16, logit_scale=0.25,
+                 num_experts=4, num_experts_per_tok=2, num_shared_experts=1, expert_selection_fn="sigmoid",
+                 norm_topk_prob=False, rms_norm_eps=1e-5, prefix_dense_intermediate_size=64, sliding_window=8,
+                 layer_types=["full_attention", "sliding_attention", "full_attention"],
+                 mlp_layer_types=["dense", "sparse", "sparse"])
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
-                      "dbrx": _dbrx})
+                      "dbrx": _dbrx, "cohere2_moe": _cohere2_moe})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -38,7 +38,7 @@ SUPPORTED = {
     "param2moe": "Param2-MoE", "sarvam_moe": "Sarvam-30B", "granite_swa": "Granite SWA",
     "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
-    "kolibri1": "Kolibri-1", "dbrx": "DBRX",
+    "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -428,6 +428,38 @@ def _cohere2(config: Any) -> dict[str, Any]:  # Cohere's, with sliding layers ro
     return {**_cohere(config), "rope_layers": tuple(t == "sliding_attention" for t in config.layer_types)}
 
 
+def _cohere2_moe(config: Any) -> dict[str, Any]:
+    """Cohere 2's layer (RMSNorm where rms_norm_eps is set, else its LayerNorm) with RoPE on sliding layers and, where
+    prefix_dense_sliding_window_pattern is 1, on its dense layers too; a mixture where mlp_layer_types says sparse
+    (softmax over the top k logits, or their sigmoids: "sigmoid" routing with no bias), dense layers
+    prefix_dense_intermediate_size wide."""
+    dense = [t == "dense" for t in config.mlp_layer_types]
+    forced = int(config.prefix_dense_sliding_window_pattern) == 1
+    rope = tuple(t == "sliding_attention" or (d and forced) for t, d in zip(config.layer_types, dense))
+    width = _get(config, "prefix_dense_intermediate_size", None)
+    return {**_cohere(config), **_moe(config), "rope_layers": rope,
+            **({"norm": "rms", "norm_eps": float(config.rms_norm_eps)} if _get(config, "rms_norm_eps", None) else {}),
+            **({"intermediate_size": int(width)} if width else {})}
+
+
+def _cohere2_moe_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Cohere 2 MoE's weights as Cohere 2's; its "average" of routed and shared experts ((r + s) / 2) as every
+    expert's down product halved (exact), its sigmoid routing given a zero correction bias."""
+    from llmc.graph.moe import is_sparse_layer
+
+    out = _interleaved_to_halves(config, sd if _get(config, "rms_norm_eps", None) else _norm_params(config, sd))
+    for i in range(int(config.num_hidden_layers)):
+        if not is_sparse_layer(config, i):
+            continue
+        p = f"model.layers.{i}.mlp."
+        if config.expert_selection_fn == "sigmoid":
+            out[p + "gate.e_score_correction_bias"] = np.zeros(int(config.num_experts), np.float32)
+        if int(config.num_shared_experts) and config.shared_expert_combination_strategy == "average":
+            for name in (p + "experts.down_proj", p + "shared_experts.down_proj.weight"):
+                out[name] = out[name] * np.float32(0.5)
+    return out
+
+
 def _interleaved_to_halves(config: Any, sd: dict[str, np.ndarray], rotated: float = 1.0) -> dict[str, np.ndarray]:
     """Cohere and GLM rotate each head's pairs (2i, 2i + 1); llmc, as Llama, the halves (i, i + R/2) with the same
     frequency i (R: the rotated dims, the first `rotated` of each head). q . k is the same under one permutation of
@@ -693,6 +725,8 @@ def _shared_experts(config: Any) -> dict[str, Any]:
         width = int(config.intermediate_size) * int(config.num_shared_expert)
     elif config.model_type in ("flint", "kolibri1"):
         width = int(config.shared_expert_intermediate_size)
+    elif config.model_type == "cohere2_moe":  # (its experts intermediate_size wide, the shared ones too)
+        width = int(config.intermediate_size) * int(config.num_shared_experts)
     else:
         shared = int(_get(config, "n_shared_experts", 0) or _get(config, "moe_num_shared_experts", 0)
                      or _get(config, "num_shared_experts", 0))
@@ -744,6 +778,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "hyperclovax": lambda c, sd: _layer_part_names(sd, _HYPERCLOVAX_NORMS), "jais2": lambda c, sd: _renamed(
         sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
+    "cohere2_moe": _cohere2_moe_names,
     "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
@@ -784,7 +819,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
                                                      "plain_mlp": True},
     "minicpm5_moe": lambda c: {**_moe(c), "attn_output_gate": True}, "mellum": lambda c: {**_moe(c), "qk_norm": "head"},
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
-    "dbrx": _dbrx,
+    "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},

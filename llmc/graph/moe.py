@@ -180,7 +180,7 @@ class MoESpec:
 SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite", "solar_open", "param2moe", "sarvam_moe",
                   "sarvam_mla", "minicpm5_moe")  # "sigmoid" routing's types (GLM-4.5's config names)
 FIRST_DENSE = (*SIGMOID_ROUTED, "deepseek_v2")  # their first config.first_k_dense_replace layers are dense MLPs
-MLP_LAYER_TYPES = ("exaone_moe", "mellum", "minicpm5_moe", "hy_v3")  # config.mlp_layer_types: "dense" / "sparse"
+MLP_LAYER_TYPES = ("exaone_moe", "mellum", "minicpm5_moe", "hy_v3", "cohere2_moe")  # config.mlp_layer_types: "dense" / "sparse"
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:
@@ -224,6 +224,11 @@ def spec_from_hf_config(config: Any) -> MoESpec:
         ffn = config.ffn_config
         return MoESpec(int(ffn.moe_num_experts), int(ffn.moe_top_k), int(ffn.ffn_hidden_size),
                        ffn.moe_normalize_expert_weights == 1, ffn.ffn_act_fn.get("name", "silu"))
+    if config.model_type == "cohere2_moe":  # (the top k logits' softmax: renormalized; or their sigmoids)
+        sigmoid = config.expert_selection_fn == "sigmoid"
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
+                       bool(config.norm_topk_prob) if sigmoid else True, config.hidden_act,
+                       routing="sigmoid" if sigmoid else "softmax")
     if config.model_type == "kolibri1":  # (the choice on the logits + bias, the weights their sigmoids)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid_logits")

@@ -319,6 +319,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
                                       "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq", "jais2"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
+                                "cohere2_moe": "shared",
                                 "gpt_neox": "two", "falcon": "two", "falcon_mqa": "shared",
                                 "gptj": "shared"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
@@ -330,7 +331,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
                 "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
-                "flint": 8, "kolibri1": 8}
+                "flint": 8, "kolibri1": 8, "cohere2_moe": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -348,13 +349,15 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     if tiny.name in ("granite_swa", "flint", "kolibri1"):  # (a layer without rotary: Granite SWA's theta 0, the
         # full layers of Flint and Kolibri-1)
         assert m.rope_layers == {"granite_swa": (False, True)}.get(tiny.name, (True, False))
+    if tiny.name == "cohere2_moe":  # (RMSNorm: rms_norm_eps set; RoPE on the dense and the sliding layer)
+        assert (m.norm, m.rope_layers, m.intermediate_size) == ("rms", (True, True, False), 64)
     if tiny.name == "dbrx":  # (its fused q/k/v clamped, LayerNorm without bias)
         assert (m.norm, m.norm_eps, m.clip_qkv) == ("layer", 1e-5, 1.0)
     if tiny.name == "jais2":
         assert (m.norm, m.plain_mlp, m.activation) == ("layer", True, "relu2")
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
-           "granitemoeshared", "granitemoe_swa", "dbrx")
+           "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -368,6 +371,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "minimax_m2": ("sigmoid", 1, 1, 1.0), "afmoe": ("sigmoid", 1, 1, 1.5), "solar_open": ("sigmoid", 2, 1, 1.5),
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
+        "cohere2_moe": ("sigmoid", 1, 1, 1.0),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
@@ -377,12 +381,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
                                                            "minicpm5_moe", "mellum", "flint", "hy_v3") or mla_moe
                             else
-                            (False, True, True) if tiny.name == "afmoe" else ())
+                            (False, True, True) if tiny.name in ("afmoe", "cohere2_moe") else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
                                                              "granitemoeshared": (64, False),
                                                              "granitemoe_swa": (32, False),
+                                                             "cohere2_moe": (96, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",
                                                                                         "minicpm5_moe", "flint",
