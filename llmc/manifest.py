@@ -114,12 +114,13 @@ class ModelSpec:
     # routing: "softmax" (softmax over the experts, top k) or "sigmoid" (DeepSeek-V3 / GLM-4.5: sigmoid scores, the
     # top k of scores + router.correction_bias within the moe_topk_groups best of moe_groups groups, the scores of
     # those, times routed_scaling), "softmax_biased" (ERNIE 4.5), "softmax_grouped" (DeepSeek-V2) or "sigmoid_logits"
-    # (Kolibri-1): llmc/graph/moe.py
+    # (Kolibri-1) or "sparsemixer" (PhiMoE): llmc/graph/moe.py
     moe_routing: str = "softmax"
     moe_groups: int = 1
     moe_topk_groups: int = 1
     routed_scaling: float = 1.0
     moe_router_fp32: bool = False  # "softmax" routing's router in fp32 whatever the dtype (Hunyuan; the others always)
+    moe_jitter_eps: float = 0.0  # "sparsemixer" routing's threshold (PhiMoE: config.router_jitter_noise)
     # GPT-OSS's experts: "swiglu_oss" is (clamp(up, -L, L) + 1) * g * sigmoid(alpha g), g = min(gate, L), with
     # L = swiglu_limit, alpha = swiglu_alpha; moe_bias: the router and every expert's products have biases
     moe_activation: str = "silu"

@@ -565,10 +565,26 @@ def _cohere2_moe(tf: Any, common: dict[str, Any]) -> Any:  # a dense layer rotat
                  mlp_layer_types=["dense", "sparse", "sparse"])
 
 
+def _phimoe(tf: Any, common: dict[str, Any]) -> Any:  # sparsemixer routing, LayerNorm, biases, longrope's mscale
+    import torch
+
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + i / 8 for i in range(8)],
+            "long_factor": [2.0 + i / 4 for i in range(8)], "short_mscale": 1.25, "long_mscale": 1.25,
+            "original_max_position_embeddings": 64}
+    model = _auto(tf, "phimoe", **common, num_local_experts=4, num_experts_per_tok=2, rope_parameters=rope,
+                  attention_bias=True, lm_head_bias=True, router_jitter_noise=0.3)
+    with torch.no_grad():  # norms' and biases' own values
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
-                      "dbrx": _dbrx, "cohere2_moe": _cohere2_moe})
+                      "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
+                      "phimoe": _phimoe})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -38,7 +38,7 @@ SUPPORTED = {
     "param2moe": "Param2-MoE", "sarvam_moe": "Sarvam-30B", "granite_swa": "Granite SWA",
     "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
-    "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)",
+    "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -179,6 +179,8 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
     """The rotary tables (inverse frequencies) and their spec fields, read from transformers' own rotary module."""
     rotary = model.base_model.rotary_emb
     params = _get(config, "rope_parameters", None) or _get(config, "rope_scaling", None) or {}
+    if config.model_type == "phimoe":
+        return _phimoe_rope(rotary, params, head_dim)
     if any(hasattr(rotary, f"{t}_inv_freq") for t in ("full_attention", "sliding_attention")):
         return _per_layer_type_rope(rotary, params, head_dim)  # (Gemma 3, OLMo 3)
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -211,6 +213,25 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
         weights[INV_FREQ_LONG] = _np(long_freq)
         fields["rope_long_after"] = orig
     return fields, weights
+
+
+def _phimoe_rope(rotary: Any, params: dict[str, Any], head_dim: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """PhiMoE's rotary as transformers computes it: longrope's short-factor table for every length (its long factors
+    are never used), times short_mscale, or long_mscale past original_max_position_embeddings (refused unless the
+    two are equal, as Phi-3.5-MoE ships them)."""
+    rope_type = params.get("rope_type", "default")
+    inv_freq = _np(rotary.original_inv_freq)
+    if 2 * inv_freq.shape[0] != head_dim:
+        _refuse("partial_rotary_factor", params.get("partial_rotary_factor"), "PhiMoE rotates every dim of a head")
+    scaling = 1.0
+    if rope_type != "default":
+        short, long = float(params["short_mscale"]), float(params["long_mscale"])
+        if short != long:
+            _refuse("rope_parameters.long_mscale", long, f"it differs from short_mscale ({short}): the table's scale "
+                    "would depend on the sequence's length")
+        scaling = short
+    return ({"rope_theta": float(params.get("rope_theta", 10000.0)), "rope_type": rope_type,
+             "rope_attention_scaling": scaling}, {INV_FREQ: inv_freq})
 
 
 PER_LAYER_TYPE_ROPE = ("default", "linear", "llama3", "yarn")  # (longrope's second table has no place here)
@@ -707,7 +728,7 @@ def _moe(config: Any) -> dict[str, Any]:
             "moe_activation": moe.activation, "swiglu_alpha": moe.alpha, "swiglu_limit": moe.limit,
             "moe_bias": moe.bias, "moe_routing": moe.routing, "moe_groups": moe.num_groups,
             "moe_topk_groups": moe.topk_groups, "routed_scaling": moe.routed_scaling,
-            "moe_router_fp32": moe.router_fp32,
+            "moe_router_fp32": moe.router_fp32, "moe_jitter_eps": moe.jitter_eps,
             **({"moe_layers": layers} if not all(layers) else {}), **_shared_experts(config),
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
 
@@ -778,7 +799,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "hyperclovax": lambda c, sd: _layer_part_names(sd, _HYPERCLOVAX_NORMS), "jais2": lambda c, sd: _renamed(
         sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
-    "cohere2_moe": _cohere2_moe_names,
+    "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
     "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
@@ -820,6 +841,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "minicpm5_moe": lambda c: {**_moe(c), "attn_output_gate": True}, "mellum": lambda c: {**_moe(c), "qk_norm": "head"},
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
+    "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},  # (LayerNorm with bias)
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},

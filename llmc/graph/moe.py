@@ -16,6 +16,10 @@ Routing (MoESpec.routing), the [N, E] routing weights, one of:
              (+ 1e-20) when `norm_topk_prob`, times routed_scaling.
   "sigmoid_logits"  (Kolibri-1's) in fp32: the experts are chosen by the top k of the logits + router.correction_bias,
              each picked expert's weight is sigmoid(its logit), divided by the k weights' sum when `norm_topk_prob`
+  "sparsemixer"  (PhiMoE's, as transformers evaluates it) always 2 experts, in fp32: the first is the largest logit m1,
+             its weight the softmax of the logits s with every s_e where (m1 - s_e) / max(|s_e|, m1) > 2 eps masked
+             (eps: jitter_eps); the second the largest logit m2 of the others, its weight the softmax of those others
+             masked the same way about m2; never renormalized
   "softmax_grouped"  (DeepSeek-V2's) softmax over all experts in fp32; with num_groups > topk_groups only the
              experts of the topk_groups groups with the largest single probability compete ("group_limited_greedy";
              else "greedy": all of them); the top k probabilities, divided by their sum when `norm_topk_prob`,
@@ -77,7 +81,7 @@ from llmc.manifest import ModelSpec
 MS = "com.microsoft"
 LOWERINGS = ("standard", "loop", "dense", "ort")
 ACTIVATIONS = ("silu", "swiglu_oss")
-ROUTINGS = ("softmax", "softmax_biased", "sigmoid", "softmax_grouped", "sigmoid_logits")
+ROUTINGS = ("softmax", "softmax_biased", "sigmoid", "softmax_grouped", "sigmoid_logits", "sparsemixer")
 GROUPED = ("sigmoid", "softmax_grouped")  # the routings with expert groups and a routed scaling
 
 ROUTER = "router.weight"  # [hidden, E]
@@ -128,6 +132,7 @@ class MoESpec:
     topk_groups: int = 1  # GROUPED: how many of the best groups' experts compete (config.topk_group)
     routed_scaling: float = 1.0  # GROUPED: the routing weights' factor (config.routed_scaling_factor)
     router_fp32: bool = False  # "softmax": the router in fp32 whatever the model's dtype (Hunyuan); the others always
+    jitter_eps: float = 0.0  # "sparsemixer": the masks' threshold (PhiMoE: config.router_jitter_noise)
 
     def __post_init__(self) -> None:
         if not 0 < self.experts_per_token <= self.num_experts:
@@ -142,6 +147,10 @@ class MoESpec:
                     raise ValueError(f"swiglu_oss experts need a finite positive {name}, got {value!r}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"MoE routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.routing == "sparsemixer" and (self.experts_per_token != 2 or self.norm_topk_prob
+                                              or not (math.isfinite(self.jitter_eps) and self.jitter_eps >= 0)):
+            raise ValueError(f"sparsemixer routing picks 2 experts, unrenormalized, with a finite jitter_eps >= 0; got "
+                             f"{self.experts_per_token}, norm_topk_prob {self.norm_topk_prob}, {self.jitter_eps!r}")
         if self.routing not in GROUPED:
             if (self.num_groups, self.topk_groups, self.routed_scaling) != (1, 1, 1.0):
                 raise ValueError(f"num_groups, topk_groups and routed_scaling are {' and '.join(GROUPED)} routing's; "
@@ -224,6 +233,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
         ffn = config.ffn_config
         return MoESpec(int(ffn.moe_num_experts), int(ffn.moe_top_k), int(ffn.ffn_hidden_size),
                        ffn.moe_normalize_expert_weights == 1, ffn.ffn_act_fn.get("name", "silu"))
+    if config.model_type == "phimoe":  # (transformers' sparsemixer picks 2 whatever num_experts_per_tok says)
+        return MoESpec(int(config.num_local_experts), 2, int(config.intermediate_size), False, config.hidden_act,
+                       routing="sparsemixer", jitter_eps=float(config.router_jitter_noise))
     if config.model_type == "cohere2_moe":  # (the top k logits' softmax: renormalized; or their sigmoids)
         sigmoid = config.expert_selection_fn == "sigmoid"
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
@@ -255,7 +267,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
-                             "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx"):
+                             "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe"):
         return True
     if config.model_type in MLP_LAYER_TYPES:
         return config.mlp_layer_types[layer] == "sparse"
@@ -459,6 +471,8 @@ def _routing_matrix(b: GraphBuilder, logits: str, prefix: str, spec: MoESpec) ->
         choice = _in_best_groups(b, scores, spec) if spec.topk_groups < spec.num_groups else scores
         idx = b.op_n("TopK", choice, k, outputs=2, axis=-1)[1]
         top = b.op("GatherElements", scores, idx, axis=1)
+    elif spec.routing == "sparsemixer":
+        idx, top = _sparsemixer(b, logits, spec.jitter_eps)
     elif spec.routing == "sigmoid_logits":
         choice = b.op("Add", logits, b.to_float32(b.weight(f"{prefix}.{CORRECTION_BIAS}")))
         idx = b.op_n("TopK", choice, k, outputs=2, axis=-1)[1]
@@ -478,6 +492,24 @@ def _routing_matrix(b: GraphBuilder, logits: str, prefix: str, spec: MoESpec) ->
     if spec.routed_scaling != 1.0:
         top = b.op("Mul", top, _f32(b, spec.routed_scaling))
     return b.op("ScatterElements", _filled(b, b.op("Shape", logits), 0.0), idx, top, axis=1)
+
+
+def _sparsemixer(b: GraphBuilder, logits: str, eps: float) -> tuple[str, str]:
+    """PhiMoE's two experts and their weights ([N, 2] each) from fp32 logits s [N, E] (the module's docstring)."""
+    lowest = _f32(b, float(np.finfo(np.float32).min))  # (transformers: -inf; exp underflows to 0 either way)
+    magnitude = b.op("Abs", logits)
+
+    def pick(scores: str) -> tuple[str, str]:  # the largest of `scores` and its weight
+        best, idx = b.op_n("TopK", scores, b.ints(1), outputs=2, axis=-1)  # [N, 1]
+        far = b.op("Greater", b.op("Div", b.op("Sub", best, logits), b.op("Max", magnitude, best)), _f32(b, 2 * eps))
+        weights = b.op("Softmax", b.op("Where", far, lowest, scores), axis=-1)
+        return idx, b.op("GatherElements", weights, idx, axis=1)
+
+    first, w1 = pick(logits)
+    others = b.op("ScatterElements", logits, first, _filled(b, b.op("Shape", first), float(np.finfo(np.float32).min)),
+                  axis=1)
+    second, w2 = pick(others)
+    return b.op("Concat", first, second, axis=1), b.op("Concat", w1, w2, axis=1)
 
 
 def _in_best_groups(b: GraphBuilder, choice: str, spec: MoESpec) -> str:
@@ -619,7 +651,7 @@ def _loop(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> st
 def moe_spec(m: ModelSpec) -> MoESpec:
     return MoESpec(m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.norm_topk_prob, m.moe_activation,
                    m.swiglu_alpha, m.swiglu_limit, m.moe_bias, m.moe_routing, m.moe_groups, m.moe_topk_groups,
-                   m.routed_scaling, m.moe_router_fp32)
+                   m.routed_scaling, m.moe_router_fp32, m.moe_jitter_eps)
 
 
 def moe_mlp(c: Ctx, layer: int, h: str) -> str:

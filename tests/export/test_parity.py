@@ -317,14 +317,16 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert m.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
-                                      "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq", "jais2"))
+                                      "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq", "jais2",
+                                      "phimoe"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
                                 "cohere2_moe": "shared",
                                 "gpt_neox": "two", "falcon": "two", "falcon_mqa": "shared",
                                 "gptj": "shared"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
-                           "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3", "cwm": "llama3"}.get(
+                           "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3", "cwm": "llama3",
+                           "phimoe": "longrope"}.get(
         tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
@@ -351,13 +353,15 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert m.rope_layers == {"granite_swa": (False, True)}.get(tiny.name, (True, False))
     if tiny.name == "cohere2_moe":  # (RMSNorm: rms_norm_eps set; RoPE on the dense and the sliding layer)
         assert (m.norm, m.rope_layers, m.intermediate_size) == ("rms", (True, True, False), 64)
+    if tiny.name == "phimoe":  # (longrope's short table only, times its mscale; sparsemixer's threshold)
+        assert (m.norm, m.rope_attention_scaling, m.rope_long_after, m.moe_jitter_eps) == ("layer", 1.25, 0, 0.3)
     if tiny.name == "dbrx":  # (its fused q/k/v clamped, LayerNorm without bias)
         assert (m.norm, m.norm_eps, m.clip_qkv) == ("layer", 1e-5, 1.0)
     if tiny.name == "jais2":
         assert (m.norm, m.plain_mlp, m.activation) == ("layer", True, "relu2")
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
-           "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe")
+           "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -371,7 +375,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "minimax_m2": ("sigmoid", 1, 1, 1.0), "afmoe": ("sigmoid", 1, 1, 1.5), "solar_open": ("sigmoid", 2, 1, 1.5),
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
-        "cohere2_moe": ("sigmoid", 1, 1, 1.0),
+        "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
