@@ -81,12 +81,14 @@ class ModelSpec:
     rope_local_attention_scaling: float = 1.0  # sliding layers' own rotary table (Gemma 3), when the export has one
     rope_long_after: int = 0  # longrope: a row past this many positions uses the long-factor table (Phi-3 128k)
     attention_scale: float = 0.0  # q.k multiplier; 0: 1 / sqrt(head_dim)
-    # Llama 4's / Ministral 3's queries times 1 + beta * log(1 + floor(position / query_scale_after)); beta 0: none
+    # Ministral 3's queries times 1 + beta * log(1 + floor(position / query_scale_after)); beta 0: none (Llama 4's
+    # differs: floor((position + 1) / ...), on its layers without rotary; arch._llama4 holds positions below it)
     query_scale_beta: float = 0.0
     query_scale_after: int = 0
     attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) (Gemma 2); 0: none
     clip_qkv: float = 0.0  # q, k and v clamped to [-c, c] (OLMo); 0: not
     qk_norm: str = ""  # "head": RMSNorm over each head of q and k (Qwen3, Gemma 3); "full": over all of q / k (OLMo 2)
+    qk_norm_layers: tuple[bool, ...] = ()  # which layers have the qk-norm (Llama 4: its rotated ones); empty: all
     qk_norm_after_rope: bool = False  # q and k normed after their rotation, not before (Hunyuan)
     attn_output_gate: bool = False  # the attention's output times sigmoid(h @ attn_gate) before o (AFMoE)
     # the residual stream
@@ -120,6 +122,8 @@ class ModelSpec:
     moe_topk_groups: int = 1
     routed_scaling: float = 1.0
     moe_router_fp32: bool = False  # "softmax" routing's router in fp32 whatever the dtype (Hunyuan; the others always)
+    moe_scale_inputs: bool = False  # each expert runs on its input times its routing weight, its output unweighted
+    # (Llama 4)
     moe_jitter_eps: float = 0.0  # "sparsemixer" routing's threshold (PhiMoE: config.router_jitter_noise)
     # GPT-OSS's experts: "swiglu_oss" is (clamp(up, -L, L) + 1) * g * sigmoid(alpha g), g = min(gate, L), with
     # L = swiglu_limit, alpha = swiglu_alpha; moe_bias: the router and every expert's products have biases

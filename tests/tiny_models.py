@@ -580,11 +580,18 @@ def _phimoe(tf: Any, common: dict[str, Any]) -> Any:  # sparsemixer routing, Lay
     return model
 
 
+def _llama4_text(tf: Any, common: dict[str, Any]) -> Any:  # NoPE layer, qk-norm, experts on scaled inputs, chunks
+    return _auto(tf, "llama4_text", **{**common, "num_hidden_layers": 3, "intermediate_size": 32}, head_dim=16,
+                 intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=2, moe_layers=[1, 2],
+                 no_rope_layers=[1, 1, 0], use_qk_norm=True, attn_temperature_tuning=True, floor_scale=512,
+                 attention_chunk_size=192, tie_word_embeddings=False)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
                       "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
-                      "phimoe": _phimoe})
+                      "phimoe": _phimoe, "llama4_text": _llama4_text})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -39,6 +39,7 @@ SUPPORTED = {
     "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
     "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
+    "llama4_text": "Llama 4 (text; up to its attention chunk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -57,7 +58,7 @@ VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwe
                 "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
                 "llava": "llama", "llava_next": "llama", "llava_onevision": "qwen2", "smolvlm": "llama",
                 "idefics3": "llama", "internvl": "qwen2", "aya_vision": "cohere2", "glm4v": "glm4v_text",
-                "glm4v_moe": "glm4v_moe_text"}
+                "glm4v_moe": "glm4v_moe_text", "llama4": "llama4_text"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
@@ -142,6 +143,8 @@ def _inner_size(config: Any) -> int:
         return int(config.moe_intermediate_size)
     if config.model_type == "dbrx":
         return int(config.ffn_config.ffn_hidden_size)
+    if config.model_type == "llama4_text":  # (its dense layers'; the experts' is intermediate_size)
+        return int(config.intermediate_size_mlp)
     return int(config.intermediate_size)
 
 
@@ -149,12 +152,19 @@ def _qkv_bias(sd: dict[str, np.ndarray]) -> bool:
     return "model.layers.0.self_attn.q_proj.bias" in sd or "model.layers.0.self_attn.qkv_proj.bias" in sd
 
 
+def _base(model: Any) -> Any:
+    """The causal LM's decoder stack (its layers, its rotary module): transformers' base_model, or the `model` of
+    one whose base_model prefix names something else (Llama 4's)."""
+    base = model.base_model
+    return model.model if base is model else base
+
+
 def _windows(model: Any, config: Any) -> dict[str, Any]:
     """Each layer's attention as transformers masks it: sliding (window W) or full. Models whose attention modules
     carry their own `sliding_window` say it per layer; Mistral, Phi-3 and Mixtral apply config.sliding_window to
     every layer."""
     per_layer = []
-    base = model.base_model
+    base = _base(model)
     for layer in next(getattr(base, n) for n in ("layers", "h", "blocks") if hasattr(base, n)):  # (Falcon: h, DBRX:
         # blocks)
         attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention", "attn", "norm_attn_norm")
@@ -177,7 +187,7 @@ def _windows(model: Any, config: Any) -> dict[str, Any]:
 
 def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The rotary tables (inverse frequencies) and their spec fields, read from transformers' own rotary module."""
-    rotary = model.base_model.rotary_emb
+    rotary = _base(model).rotary_emb
     params = _get(config, "rope_parameters", None) or _get(config, "rope_scaling", None) or {}
     if config.model_type == "phimoe":
         return _phimoe_rope(rotary, params, head_dim)
@@ -663,6 +673,44 @@ _DBRX_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.norm_f
                (".norm_attn_norm.attn.out_proj.", ".self_attn.o_proj."), (".ffn.router.layer.", ".mlp.gate."))
 
 
+def _llama4(config: Any) -> dict[str, Any]:
+    """Llama 4 (text): interleaved rotary (reordered at export) on the layers no_rope_layers marks, a weightless
+    qk-norm on those only, mixtures on config.moe_layers (the top k logits' sigmoids scale the experts' inputs, a
+    shared expert added). Its chunked attention (a query sees the keys of its own attention_chunk_size block) and its
+    query temperature on the layers without rotary (1 + attn_scale log1p(floor((pos + 1) / floor_scale))) are
+    exactly full attention and 1 below both: the engine holds no more positions than that."""
+    rope = tuple(bool(r) for r in config.no_rope_layers)
+    positions = [int(config.max_position_embeddings)]
+    if _get(config, "attention_chunk_size", None):
+        positions.append(int(config.attention_chunk_size))
+    if _get(config, "attn_temperature_tuning", False) and not all(rope):
+        positions.append(int(config.floor_scale) - 1)
+    return {**_moe(config), "rope_layers": rope, "max_positions": min(positions),
+            **({"qk_norm": "head", "qk_norm_layers": rope} if config.use_qk_norm else {})}
+
+
+def _llama4_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Llama 4's weights under the names the others use: its experts ([E, hidden, 2I] and [E, I, hidden]: llmc's
+    canonical layout) as transformers' other families hold them, its weightless qk-norms as weights of 1, and a zero
+    correction bias for the routing (the choice is the top k logits)."""
+    from llmc.graph.moe import is_sparse_layer
+
+    out = _interleaved_to_halves(config, _renamed(sd, ((".feed_forward.shared_expert.", ".mlp.shared_experts."),
+                                                       (".feed_forward.router.", ".mlp.gate."),
+                                                       (".feed_forward.", ".mlp."))))
+    head_dim = int(_get(config, "head_dim", config.hidden_size // config.num_attention_heads))
+    for i in range(int(config.num_hidden_layers)):
+        p = f"model.layers.{i}."
+        if config.use_qk_norm and config.no_rope_layers[i]:
+            out[p + "self_attn.q_norm.weight"] = out[p + "self_attn.k_norm.weight"] = np.ones(head_dim, np.float32)
+        if is_sparse_layer(config, i):
+            e = p + "mlp.experts."
+            out[e + "gate_up_proj"] = out[e + "gate_up_proj"].transpose(0, 2, 1)
+            out[e + "down_proj"] = out[e + "down_proj"].transpose(0, 2, 1)
+            out[p + "mlp.gate.e_score_correction_bias"] = np.zeros(int(config.num_local_experts), np.float32)
+    return out
+
+
 def _hyperclovax(config: Any) -> dict[str, Any]:  # Granite's multipliers, logits multiplied; norms after the blocks
     multiplier = _get(config, "attention_multiplier", None)
     return {"embedding_scale": float(config.embedding_multiplier), "residual_scale": float(config.residual_multiplier),
@@ -728,7 +776,7 @@ def _moe(config: Any) -> dict[str, Any]:
             "moe_activation": moe.activation, "swiglu_alpha": moe.alpha, "swiglu_limit": moe.limit,
             "moe_bias": moe.bias, "moe_routing": moe.routing, "moe_groups": moe.num_groups,
             "moe_topk_groups": moe.topk_groups, "routed_scaling": moe.routed_scaling,
-            "moe_router_fp32": moe.router_fp32, "moe_jitter_eps": moe.jitter_eps,
+            "moe_router_fp32": moe.router_fp32, "moe_jitter_eps": moe.jitter_eps, "moe_scale_inputs": moe.scale_inputs,
             **({"moe_layers": layers} if not all(layers) else {}), **_shared_experts(config),
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
 
@@ -746,6 +794,8 @@ def _shared_experts(config: Any) -> dict[str, Any]:
         width = int(config.intermediate_size) * int(config.num_shared_expert)
     elif config.model_type in ("flint", "kolibri1"):
         width = int(config.shared_expert_intermediate_size)
+    elif config.model_type == "llama4_text":
+        width = int(config.intermediate_size)
     elif config.model_type == "cohere2_moe":  # (its experts intermediate_size wide, the shared ones too)
         width = int(config.intermediate_size) * int(config.num_shared_experts)
     else:
@@ -800,6 +850,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
         sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
     "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
+    "llama4_text": _llama4_names,
     "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
@@ -841,7 +892,8 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "minicpm5_moe": lambda c: {**_moe(c), "attn_output_gate": True}, "mellum": lambda c: {**_moe(c), "qk_norm": "head"},
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
-    "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},  # (LayerNorm with bias)
+    "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},
+    "llama4_text": _llama4,  # (LayerNorm with bias)
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
@@ -890,7 +942,7 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
                                  else np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"]))
         w[q + "o.weight"] = sd[attn + "o_proj.weight"].T.copy()
         bias(attn + "o_proj", q + "o")
-        if spec.qk_norm:
+        if spec.qk_norm and (not spec.qk_norm_layers or spec.qk_norm_layers[i]):
             w[q + "q_norm.weight"], w[q + "k_norm.weight"] = norm(attn + "q_norm.weight"), norm(attn + "k_norm.weight")
         if spec.attn_output_gate:  # AFMoE
             w[q + "attn_gate.weight"] = sd[attn + "gate_proj.weight"].T.copy()
@@ -909,7 +961,7 @@ def _mla(model: Any, config: Any) -> dict[str, Any]:
     return {"num_kv_heads": 1, "head_dim": kv_rank + rope, "rotary_dim": rope, "mla_kv_rank": kv_rank,
             "mla_q_rank": int(_get(config, "q_lora_rank", 0) or 0), "mla_nope_dim": int(config.qk_nope_head_dim),
             "mla_v_dim": int(config.v_head_dim), "qkv_bias": False,
-            "attention_scale": float(model.base_model.layers[0].self_attn.scaling)}
+            "attention_scale": float(_base(model).layers[0].self_attn.scaling)}
 
 
 def _mla_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:

@@ -258,6 +258,10 @@ def _language_model(vlm: Any) -> Any:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    whole = getattr(vlm, "language_model", None)
+    if whole is not None and hasattr(whole, "lm_head"):  # (Llama 4: a whole causal LM of its own)
+        whole.generation_config = vlm.generation_config
+        return whole
     text_config = vlm.config.text_config
     language = getattr(vlm.model, "language_model", None) or vlm.model.text_model  # (SmolVLM: text_model)
     config = text_config

@@ -174,7 +174,7 @@ def _qk_norm(c: Ctx, i: int, qkv: str) -> str:
     """RMSNorm of q and k before rotary (after it: Hunyuan): over each head (Qwen3, Gemma 3) or over all of q / k
     (OLMo 2)."""
     m = c.m
-    if not m.qk_norm:
+    if not m.qk_norm or (m.qk_norm_layers and not m.qk_norm_layers[i]):
         return qkv
     b = c.b
     H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim

@@ -133,6 +133,8 @@ class MoESpec:
     routed_scaling: float = 1.0  # GROUPED: the routing weights' factor (config.routed_scaling_factor)
     router_fp32: bool = False  # "softmax": the router in fp32 whatever the model's dtype (Hunyuan); the others always
     jitter_eps: float = 0.0  # "sparsemixer": the masks' threshold (PhiMoE: config.router_jitter_noise)
+    scale_inputs: bool = False  # each expert runs on its tokens times their routing weights, its output added as it
+    # is (Llama 4); without biases, so that an unpicked expert (weight 0) adds nothing
 
     def __post_init__(self) -> None:
         if not 0 < self.experts_per_token <= self.num_experts:
@@ -147,6 +149,8 @@ class MoESpec:
                     raise ValueError(f"swiglu_oss experts need a finite positive {name}, got {value!r}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"MoE routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if self.scale_inputs and self.bias:
+            raise ValueError("experts on scaled inputs have no biases (an unpicked one must add nothing)")
         if self.routing == "sparsemixer" and (self.experts_per_token != 2 or self.norm_topk_prob
                                               or not (math.isfinite(self.jitter_eps) and self.jitter_eps >= 0)):
             raise ValueError(f"sparsemixer routing picks 2 experts, unrenormalized, with a finite jitter_eps >= 0; got "
@@ -233,6 +237,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
         ffn = config.ffn_config
         return MoESpec(int(ffn.moe_num_experts), int(ffn.moe_top_k), int(ffn.ffn_hidden_size),
                        ffn.moe_normalize_expert_weights == 1, ffn.ffn_act_fn.get("name", "silu"))
+    if config.model_type == "llama4_text":  # (the top k logits' sigmoids, on the experts' inputs)
+        return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
+                       False, config.hidden_act, routing="sigmoid_logits", scale_inputs=True)
     if config.model_type == "phimoe":  # (transformers' sparsemixer picks 2 whatever num_experts_per_tok says)
         return MoESpec(int(config.num_local_experts), 2, int(config.intermediate_size), False, config.hidden_act,
                        routing="sparsemixer", jitter_eps=float(config.router_jitter_noise))
@@ -269,6 +276,8 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
                              "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe"):
         return True
+    if config.model_type == "llama4_text":
+        return layer in config.moe_layers
     if config.model_type in MLP_LAYER_TYPES:
         return config.mlp_layer_types[layer] == "sparse"
     if config.model_type == "afmoe":
@@ -369,6 +378,9 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
     (MatMulNBits' meaning: 4 lets the 4-bit experts take int8 activations).
     """
     _check_lowering(lowering)
+    if spec.scale_inputs and lowering == "ort":
+        raise ValueError("com.microsoft.MoE weights the experts' outputs; experts on scaled inputs (Llama 4) need the "
+                         "standard, loop or dense lowering")
     hidden, e = weights[f"{prefix}.{ROUTER}"].shape
     if e != spec.num_experts:
         raise ValueError(f"{prefix}.{ROUTER} has {e} experts, the spec {spec.num_experts}")
@@ -575,8 +587,11 @@ def _dense(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> s
     """Every expert on every token: [N, hidden] @ [E, hidden, 2I] -> [E, N, 2I] ... -> [E, N, hidden], weighted."""
     biases = ((b.unsqueeze(b.weight(f"{prefix}.{GATE_UP_BIAS}"), 1), b.unsqueeze(b.weight(f"{prefix}.{DOWN_BIAS}"), 1))
               if spec.bias else NO_BIAS)  # [E, 1, 2I], [E, 1, hidden]
-    y = _expert(b, x, b.weight(f"{prefix}.{GATE_UP}"), b.weight(f"{prefix}.{DOWN}"), spec, biases=biases)
     w = b.unsqueeze(b.op("Transpose", dense, perm=[1, 0]), 2)  # [E, N, 1]
+    if spec.scale_inputs:  # [E, N, hidden] inputs, the outputs summed as they are
+        y = _expert(b, b.op("Mul", x, w), b.weight(f"{prefix}.{GATE_UP}"), b.weight(f"{prefix}.{DOWN}"), spec)
+        return b.op("ReduceSum", y, b.ints(0), keepdims=0)
+    y = _expert(b, x, b.weight(f"{prefix}.{GATE_UP}"), b.weight(f"{prefix}.{DOWN}"), spec, biases=biases)
     return b.op("ReduceSum", b.op("Mul", y, w), b.ints(0), keepdims=0)
 
 
@@ -584,12 +599,15 @@ def _add_expert(b: GraphBuilder, acc: str, x: str, rows: str, weight: str, gate_
                 mm: MatMul | None = None, biases: tuple[str, str] = NO_BIAS) -> str:
     """acc [N, hidden] plus the expert's weighted output on its tokens: rows [1, n] (NonZero's), weight [N]."""
     tokens = b.op("Squeeze", rows, b.ints(0))  # [n]
-    ye = _expert(b, b.op("Gather", x, tokens, axis=0), gate_up, down, spec, mm, biases)  # [n, hidden]
+    xe = b.op("Gather", x, tokens, axis=0)
     we = b.unsqueeze(b.op("Gather", weight, tokens, axis=0), 1)  # [n, 1]
+    if spec.scale_inputs:  # (Llama 4: the expert on its weighted input, its output as it is)
+        xe, we = b.op("Mul", xe, we), ""
+    ye = _expert(b, xe, gate_up, down, spec, mm, biases)  # [n, hidden]
     # each token once per expert, so a plain ScatterND of (gathered + new) adds in place (no "add" reduction: ONNX
     # Runtime's CPU ScatterND has none for fp16), rounding as transformers' index_add_ does
     at = b.op("Transpose", rows, perm=[1, 0])  # [n, 1]
-    return b.op("ScatterND", acc, at, b.op("Add", b.op("GatherND", acc, at), b.op("Mul", ye, we)))
+    return b.op("ScatterND", acc, at, b.op("Add", b.op("GatherND", acc, at), b.op("Mul", ye, we) if we else ye))
 
 
 def _zeros_like(b: GraphBuilder, x: str) -> str:
@@ -651,7 +669,7 @@ def _loop(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> st
 def moe_spec(m: ModelSpec) -> MoESpec:
     return MoESpec(m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.norm_topk_prob, m.moe_activation,
                    m.swiglu_alpha, m.swiglu_limit, m.moe_bias, m.moe_routing, m.moe_groups, m.moe_topk_groups,
-                   m.routed_scaling, m.moe_router_fp32, m.moe_jitter_eps)
+                   m.routed_scaling, m.moe_router_fp32, m.moe_jitter_eps, m.moe_scale_inputs)
 
 
 def moe_mlp(c: Ctx, layer: int, h: str) -> str:

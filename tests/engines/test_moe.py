@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -573,3 +574,57 @@ def test_expert_blocks_qmoe_cannot_take_are_refused_naming_the_flag(block: int) 
     weights = block_weights(module)
     with pytest.raises(InputError, match=f"--block-size {block} must be a power of 2 >= 16 dividing the experts'"):
         quantize_experts({**weights, **moe_weights(weights, PREFIX, "ort")}, PREFIX, 4, block)
+
+
+@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1"])
+def test_each_routing_and_expert_input_runs_on_every_lowering(tmp_path: Path, arch: str) -> None:
+    """Llama 4's experts on inputs scaled by the top k logits' sigmoids, PhiMoE's sparsemixer and Kolibri-1's
+    logit-biased choice: each engine lowering gives transformers' logits (the export's check ran "loop"); the
+    com.microsoft.MoE one, which weights the experts' outputs, is refused for Llama 4's by name."""
+    import transformers as tf
+    from tiny_models import make_model
+
+    from llmc.engines.ort.build import build_ort
+    from llmc.engines.ort.config import BuildConfig
+    from llmc.engines.registry import load_engine_dir
+    from llmc.errors import InputError
+    from llmc.export.exporter import ExportConfig, export
+
+    make_model(arch, tmp_path / "hf")
+    export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    model = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    ids = np.random.default_rng(1).integers(3, 300, 24).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0, -1].numpy()
+    for lowering in ("standard", "ort"):
+        cfg = BuildConfig(tmp_path / "export", tmp_path / lowering, moe=lowering, attention="gqa")
+        if lowering == "ort" and arch == "llama4_text":
+            with pytest.raises(InputError, match="--moe ort"):
+                build_ort(cfg)
+            continue
+        build_ort(cfg)
+        engine = load_engine_dir(tmp_path / lowering)
+        ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]
+        assert float(np.abs(ours - ref).max()) <= 1e-4, lowering
+
+
+@pytest.mark.parametrize("routing", ["sigmoid_logits", "sparsemixer"])
+@pytest.mark.parametrize("scale_inputs", [False, True])
+def test_graph_lowerings_agree_on_the_new_routings(routing: str, scale_inputs: bool) -> None:
+    """The standard, loop and dense lowerings compute the same block for Kolibri-1's / Llama 4's routing and
+    PhiMoE's, on outputs weighted or (Llama 4) inputs scaled (loop and standard are checked against transformers
+    through whole models above and in the parity suite)."""
+    spec = MoESpec(EXPERTS, 2, INTER, norm_topk_prob=routing == "sigmoid_logits" and not scale_inputs,
+                   routing=routing, jitter_eps=0.2 if routing == "sparsemixer" else 0.0, scale_inputs=scale_inputs)
+    rng = np.random.default_rng(7)
+    weights = {f"{PREFIX}.{ROUTER}": rng.standard_normal((HIDDEN, EXPERTS)).astype(np.float32),
+               f"{PREFIX}.{GATE_UP}": (rng.standard_normal((EXPERTS, HIDDEN, 2 * INTER)) * 0.2).astype(np.float32),
+               f"{PREFIX}.{DOWN}": (rng.standard_normal((EXPERTS, INTER, HIDDEN)) * 0.2).astype(np.float32),
+               **({f"{PREFIX}.{CORRECTION_BIAS}": rng.standard_normal(EXPERTS).astype(np.float32)}
+                  if routing == "sigmoid_logits" else {})}
+    h = rng.standard_normal((2, 5, HIDDEN)).astype(np.float32)
+    outputs = {lowering: moe_session(weights, spec, lowering, HIDDEN).run(None, {"h": h})[0]
+               for lowering in ("standard", "loop", "dense")}
+    assert np.abs(outputs["loop"]).max() > 0.1
+    for lowering in ("standard", "dense"):
+        assert np.abs(outputs[lowering] - outputs["loop"]).max() <= 1e-5, lowering

@@ -301,6 +301,14 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
         config = getattr(tf, wrapper + "Config")(text_config={**text, "model_type": text_type}, vision_config=vision,
                                                  **more)
         model = getattr(tf, wrapper + "ForConditionalGeneration")(config)
+    elif kind == "llama4":  # Llama 4's language model: a whole causal LM inside (NoPE layer, experts on scaled inputs)
+        config = tf.Llama4Config(
+            text_config={**text, "intermediate_size": 32, "intermediate_size_mlp": 96, "num_local_experts": 4,
+                         "num_experts_per_tok": 1, "moe_layers": [1], "no_rope_layers": [1, 0],
+                         "attention_chunk_size": 128, "floor_scale": 256, "attn_temperature_tuning": True},
+            vision_config={**vision, "vision_output_dim": 64, "projector_input_dim": 64, "projector_output_dim": 64,
+                           "pixel_shuffle_ratio": 0.5}, image_token_index=300)
+        model = tf.Llama4ForConditionalGeneration(config)
     elif kind.startswith("glm4v"):  # GLM-4.1V / 4.5V: GLM-4's (4.5's) language model, its rotary in sections
         moe = kind == "glm4v_moe"
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2] if moe else [2, 3, 3],
@@ -334,7 +342,7 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
-                                  "glm4v_moe", *OTHER_IMAGE_TEXT])
+                                  "glm4v_moe", "llama4", *OTHER_IMAGE_TEXT])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
     exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
@@ -350,9 +358,12 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
                                               "llava_onevision": "Qwen2ForCausalLM", "smolvlm": "LlamaForCausalLM",
                                               "idefics3": "LlamaForCausalLM", "internvl": "Qwen2ForCausalLM",
                                               "aya_vision": "Cohere2ForCausalLM", "glm4v": "Glm4ForCausalLM",
-                                              "glm4v_moe": "Glm4MoeForCausalLM"}[kind]
-    language = getattr(vlm.model, "language_model", None) or vlm.model.text_model
-    tied = vlm.lm_head.weight.data_ptr() == language.embed_tokens.weight.data_ptr()
+                                              "glm4v_moe": "Glm4MoeForCausalLM", "llama4": "Llama4ForCausalLM"}[kind]
+    if kind == "llama4":
+        language, head = vlm.language_model.model, vlm.language_model.lm_head
+    else:
+        language, head = getattr(vlm.model, "language_model", None) or vlm.model.text_model, vlm.lm_head
+    tied = head.weight.data_ptr() == language.embed_tokens.weight.data_ptr()
     assert manifest.model.tie_embeddings is tied
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
     engine = export_engine(manifest, tmp_path / "export")

@@ -343,7 +343,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
-                         "hy_v3": "head", "kolibri1": "head"}.get(tiny.name, "")
+                         "hy_v3": "head", "kolibri1": "head", "llama4_text": "head"}.get(tiny.name, "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
     assert (m.activation == "xielu") is (tiny.name == "apertus")
@@ -353,6 +353,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert m.rope_layers == {"granite_swa": (False, True)}.get(tiny.name, (True, False))
     if tiny.name == "cohere2_moe":  # (RMSNorm: rms_norm_eps set; RoPE on the dense and the sliding layer)
         assert (m.norm, m.rope_layers, m.intermediate_size) == ("rms", (True, True, False), 64)
+    if tiny.name == "llama4_text":  # (up to its attention chunk: chunked attention and the query temperature are
+        # full attention and 1 there; its weightless qk-norm on its rotated layers only)
+        assert (m.max_positions, m.qk_norm, m.qk_norm_layers, m.rope_layers) == (192, "head", (True, True, False),
+                                                                                   (True, True, False))
+        assert m.moe_scale_inputs and m.intermediate_size == 96 and m.moe_intermediate_size == 32
+    else:
+        assert not m.moe_scale_inputs and not m.qk_norm_layers
     if tiny.name == "phimoe":  # (longrope's short table only, times its mscale; sparsemixer's threshold)
         assert (m.norm, m.rope_attention_scaling, m.rope_long_after, m.moe_jitter_eps) == ("layer", 1.25, 0, 0.3)
     if tiny.name == "dbrx":  # (its fused q/k/v clamped, LayerNorm without bias)
@@ -361,7 +368,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert (m.norm, m.plain_mlp, m.activation) == ("layer", True, "relu2")
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
-           "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe")
+           "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -376,6 +383,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
+        "llama4_text": ("sigmoid_logits", 1, 1, 1.0),
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
@@ -385,13 +393,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
                                                            "minicpm5_moe", "mellum", "flint", "hy_v3") or mla_moe
                             else
-                            (False, True, True) if tiny.name in ("afmoe", "cohere2_moe") else ())
+                            (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text") else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
                                                              "granitemoeshared": (64, False),
                                                              "granitemoe_swa": (32, False),
-                                                             "cohere2_moe": (96, False),
+                                                             "cohere2_moe": (96, False), "llama4_text": (32, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",
                                                                                         "minicpm5_moe", "flint",

@@ -131,8 +131,13 @@ def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
         use = cfg.quant is not Quant.none and cfg.block_size == TILE_BLOCK and fp32 and inplace and fast
         matmul = MatMul.llmc if use else MatMul.ort
     moe = cfg.moe
+    scaled = export.model.moe_scale_inputs  # (Llama 4: com.microsoft.MoE cannot run experts on scaled inputs)
     if moe is MoELowering.auto:
-        moe = MoELowering.standard if export.model.num_experts <= MOE_UNROLL_MAX else MoELowering.ort
+        moe = (MoELowering.standard if export.model.num_experts <= MOE_UNROLL_MAX or scaled
+               else MoELowering.ort)
+    if moe is MoELowering.ort and scaled:
+        raise InputError("--moe ort: com.microsoft.MoE weights the experts' outputs, and this model's experts run on "
+                         "inputs scaled by their routing weights; use --moe standard")
     dtype = WeightsDtype(export.dtype) if cfg.dtype is WeightsDtype.auto and export.dtype in (
         "float32", "bfloat16") else cfg.dtype
     if dtype is WeightsDtype.bfloat16 and not fp32:
