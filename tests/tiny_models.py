@@ -587,11 +587,21 @@ def _llama4_text(tf: Any, common: dict[str, Any]) -> Any:  # NoPE layer, qk-norm
                  attention_chunk_size=192, tie_word_embeddings=False)
 
 
+def _sparse_indexed(model_type: str) -> Any:  # DeepSeek-V3 with DSA's indexer (every key kept up to index_topk)
+    def build(tf: Any, common: dict[str, Any]) -> Any:
+        return _auto(tf, model_type, **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32,
+                     moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                     first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.0,
+                     index_topk=128, index_head_dim=16, index_n_heads=2)
+    return build
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
                       "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
-                      "phimoe": _phimoe, "llama4_text": _llama4_text})
+                      "phimoe": _phimoe, "llama4_text": _llama4_text,
+                      **{mt: _sparse_indexed(mt) for mt in ("deepseek_v32", "glm_moe_dsa")}})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -40,12 +40,18 @@ SUPPORTED = {
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
     "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
     "llama4_text": "Llama 4 (text; up to its attention chunk)",
+    "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
-MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "sarvam_mla", "youtu")  # latent attention
+MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "sarvam_mla", "youtu", "deepseek_v32",
+       "glm_moe_dsa")  # latent attention
 # (ModelSpec.mla_kv_rank); of them, the dense decoders (no mixture)
 MLA_DENSE = ("minicpm3", "youtu")
+# DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): DeepSeek-V3 whose queries attend the index_topk keys a lightning
+# indexer picks; up to index_topk keys that is every key (dense latent attention, exactly), and the export holds no
+# more positions (its indexer is not exported)
+SPARSE_INDEXED = ("deepseek_v32", "glm_moe_dsa")
 # Model types with no modules of their own: transformers builds them as another family (its auto mapping), so they
 # are that family with its config's defaults (InternLM3, IQuest-Coder: Llama; Param2, Sarvam-30B: GLM-4.5;
 # Sarvam-105B: DeepSeek-V3)
@@ -809,7 +815,7 @@ def _mla_rope_halves(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.nda
     """DeepSeek-V2 (always) and V3 / GLM-4.7-Flash (config.rope_interleave) rotate interleaved pairs of the rotated
     dims (the last qk_rope_head_dim of each query head and of kv_a_proj_with_mqa's output); their rows are
     reordered even then odd, as _interleaved_to_halves does for the other families."""
-    if config.model_type == "minicpm3" or (config.model_type != "deepseek_v2"
+    if config.model_type == "minicpm3" or (config.model_type not in ("deepseek_v2", *SPARSE_INDEXED)
                                             and not _get(config, "rope_interleave", True)):
         return sd  # (MiniCPM3 rotates halves, as Llama)
     out = dict(sd)
@@ -893,7 +899,9 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
     "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},
-    "llama4_text": _llama4,  # (LayerNorm with bias)
+    "llama4_text": _llama4,
+    **{mt: lambda c: {**_moe(c), "max_positions": min(int(c.max_position_embeddings), int(c.index_topk))}
+       for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},

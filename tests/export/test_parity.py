@@ -18,7 +18,7 @@ from llmc.engines.base import Engine
 from llmc.engines.registry import load_engine_dir
 from llmc.errors import LimitError
 from llmc.export.arch import MLA as ARCH_MLA
-from llmc.export.arch import MLA_DENSE
+from llmc.export.arch import MLA_DENSE, SPARSE_INDEXED
 from llmc.manifest import load_export
 from llmc.onnx_store import ALIGN
 from llmc.runtime.config import RuntimeConfig
@@ -311,7 +311,11 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                              "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4}.get(tiny.name, 2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
-    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu") else 0)
+    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu", *SPARSE_INDEXED)
+                            else 0)
+    # (DeepSeek Sparse Attention: every key up to index_topk, 128 here; Llama 4: its chunk; else the model's)
+    assert m.max_positions == (128 if tiny.name in SPARSE_INDEXED else 192 if tiny.name == "llama4_text" else
+                               getattr(cfg, "max_position_embeddings", m.max_positions))
     mla_moe = mla and tiny.name not in MLA_DENSE
     if mla:  # the softmax's scale is the model's (V3: YaRN's mscale squared on (nope + rope) ** -0.5)
         assert m.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling)
@@ -383,7 +387,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
-        "llama4_text": ("sigmoid_logits", 1, 1, 1.0),
+        "llama4_text": ("sigmoid_logits", 1, 1, 1.0), **{n: ("sigmoid", 2, 1, 2.0) for n in SPARSE_INDEXED},
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
