@@ -122,6 +122,7 @@ class ModelSpec:
     moe_topk_groups: int = 1
     routed_scaling: float = 1.0
     moe_router_fp32: bool = False  # "softmax" routing's router in fp32 whatever the dtype (Hunyuan; the others always)
+    moe_post_norm: bool = False  # the mixture's output (routed + shared) normed (layers.{i}.moe_norm) (A.X K1)
     moe_scale_inputs: bool = False  # each expert runs on its input times its routing weight, its output unweighted
     # (Llama 4)
     moe_jitter_eps: float = 0.0  # "sparsemixer" routing's threshold (PhiMoE: config.router_jitter_noise)

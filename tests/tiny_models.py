@@ -596,12 +596,25 @@ def _sparse_indexed(model_type: str) -> Any:  # DeepSeek-V3 with DSA's indexer (
     return build
 
 
+def _axk1(tf: Any, common: dict[str, Any]) -> Any:  # DeepSeek-V3 with the mixture's output normed
+    import torch
+
+    model = _auto(tf, "axk1", **{**common, "num_key_value_heads": 4}, **MLA_DIMS, q_lora_rank=32,
+                  moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                  first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.0)
+    with torch.no_grad():  # (the norm's own weights)
+        for name, p in model.named_parameters():
+            if name.endswith("post_mlp_layernorm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
                       "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
                       "phimoe": _phimoe, "llama4_text": _llama4_text,
-                      **{mt: _sparse_indexed(mt) for mt in ("deepseek_v32", "glm_moe_dsa")}})
+                      **{mt: _sparse_indexed(mt) for mt in ("deepseek_v32", "glm_moe_dsa")}, "axk1": _axk1})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

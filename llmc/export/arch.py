@@ -40,12 +40,12 @@ SUPPORTED = {
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
     "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
     "llama4_text": "Llama 4 (text; up to its attention chunk)",
-    "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
+    "axk1": "A.X K1", "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
 MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "sarvam_mla", "youtu", "deepseek_v32",
-       "glm_moe_dsa")  # latent attention
+       "glm_moe_dsa", "axk1")  # latent attention
 # (ModelSpec.mla_kv_rank); of them, the dense decoders (no mixture)
 MLA_DENSE = ("minicpm3", "youtu")
 # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): DeepSeek-V3 whose queries attend the index_topk keys a lightning
@@ -899,7 +899,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
     "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},
-    "llama4_text": _llama4,
+    "llama4_text": _llama4, "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
     **{mt: lambda c: {**_moe(c), "max_positions": min(int(c.max_position_embeddings), int(c.index_topk))}
        for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)
@@ -1009,6 +1009,8 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
         from llmc.graph.moe import canonical_from_hf
 
         out = canonical_from_hf(sd, p, q.rstrip("."))
+        if spec.moe_post_norm:  # (A.X K1)
+            out[q + "moe_norm.weight"] = sd[p + "post_mlp_layernorm.weight"]
         if spec.shared_expert_size:  # Qwen2-MoE's (gated), GLM-4.5's (its shared experts as one MLP)
             s = p + ("shared_expert." if spec.shared_expert_gated else "shared_experts.")
             gate_up = np.concatenate([sd[s + "gate_proj.weight"], sd[s + "up_proj.weight"]], axis=0)

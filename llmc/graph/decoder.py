@@ -232,7 +232,7 @@ def _mlp(c: Ctx, i: int, h: str) -> str:
         if c.m.shared_expert_gated:
             shared = c.b.op("Mul", c.b.op("Sigmoid", linear(c, h, f"{p}.shared_expert_gate")), shared)
         y = c.b.op("Add", y, shared)
-    return y
+    return norm(c, y, f"{p}.moe_norm") if c.m.moe_post_norm else y  # (A.X K1)
 
 
 def _gated_mlp(c: Ctx, h: str, p: str, inner: int) -> str:

@@ -191,10 +191,11 @@ class MoESpec:
 
 
 SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite", "solar_open", "param2moe", "sarvam_moe",
-                  "sarvam_mla", "minicpm5_moe", "deepseek_v32", "glm_moe_dsa")  # "sigmoid" routing's types (GLM-4.5's
+                  "sarvam_mla", "minicpm5_moe", "deepseek_v32", "glm_moe_dsa", "axk1")  # "sigmoid" routing's types (GLM-4.5's
 # config names)
 FIRST_DENSE = (*SIGMOID_ROUTED, "deepseek_v2")  # their first config.first_k_dense_replace layers are dense MLPs
-MLP_LAYER_TYPES = ("exaone_moe", "mellum", "minicpm5_moe", "hy_v3", "cohere2_moe", "deepseek_v32", "glm_moe_dsa")  # config.mlp_layer_types: "dense" / "sparse"
+MLP_LAYER_TYPES = ("exaone_moe", "mellum", "minicpm5_moe", "hy_v3", "cohere2_moe", "deepseek_v32", "glm_moe_dsa",
+                   "axk1")  # config.mlp_layer_types: "dense" / "sparse"
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:

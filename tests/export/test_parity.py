@@ -311,7 +311,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                              "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4}.get(tiny.name, 2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
-    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu", *SPARSE_INDEXED)
+    assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu", "axk1",
+                                                *SPARSE_INDEXED)
                             else 0)
     # (DeepSeek Sparse Attention: every key up to index_topk, 128 here; Llama 4: its chunk; else the model's)
     assert m.max_positions == (128 if tiny.name in SPARSE_INDEXED else 192 if tiny.name == "llama4_text" else
@@ -364,6 +365,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert m.moe_scale_inputs and m.intermediate_size == 96 and m.moe_intermediate_size == 32
     else:
         assert not m.moe_scale_inputs and not m.qk_norm_layers
+    assert m.moe_post_norm is (tiny.name == "axk1")
     if tiny.name == "phimoe":  # (longrope's short table only, times its mscale; sparsemixer's threshold)
         assert (m.norm, m.rope_attention_scaling, m.rope_long_after, m.moe_jitter_eps) == ("layer", 1.25, 0, 0.3)
     if tiny.name == "dbrx":  # (its fused q/k/v clamped, LayerNorm without bias)
@@ -387,7 +389,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
-        "llama4_text": ("sigmoid_logits", 1, 1, 1.0), **{n: ("sigmoid", 2, 1, 2.0) for n in SPARSE_INDEXED},
+        "llama4_text": ("sigmoid_logits", 1, 1, 1.0), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
