@@ -74,17 +74,21 @@ class ModelSpec:
     qkv_bias: bool = False
     tie_embeddings: bool = False
     # attention, per layer
-    layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" per layer; empty: all full
+    layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" | "chunked_attention" per layer; empty:
+    # all full
     sliding_window: int = 0  # W: a sliding layer's query sees its last W positions (itself included)
+    attention_chunk: int = 0  # C: a chunked layer's query at p sees the keys of its block, floor(p / C) * C .. p (Llama 4)
     rope_layers: tuple[bool, ...] = ()  # False: a layer without rotary (SmolLM3's NoPE layers); empty: all rotary
     rotary_dim: int = 0  # leading dims of each head that are rotated (partial rotary, Phi-4-mini); 0: all
     rope_local_attention_scaling: float = 1.0  # sliding layers' own rotary table (Gemma 3), when the export has one
     rope_long_after: int = 0  # longrope: a row past this many positions uses the long-factor table (Phi-3 128k)
     attention_scale: float = 0.0  # q.k multiplier; 0: 1 / sqrt(head_dim)
-    # Ministral 3's queries times 1 + beta * log(1 + floor(position / query_scale_after)); beta 0: none (Llama 4's
-    # differs: floor((position + 1) / ...), on its layers without rotary; arch._llama4 holds positions below it)
+    # queries times 1 + beta * log(1 + floor((position + query_scale_offset) / query_scale_after)); beta 0: none
+    # (Ministral 3: offset 0, every layer; Llama 4: offset 1, only its layers without rotary: query_scale_nope_only)
     query_scale_beta: float = 0.0
     query_scale_after: int = 0
+    query_scale_offset: int = 0
+    query_scale_nope_only: bool = False
     attn_softcap: float = 0.0  # scores -> c * tanh(scores / c) (Gemma 2); 0: none
     clip_qkv: float = 0.0  # q, k and v clamped to [-c, c] (OLMo); 0: not
     qk_norm: str = ""  # "head": RMSNorm over each head of q and k (Qwen3, Gemma 3); "full": over all of q / k (OLMo 2)
@@ -149,6 +153,14 @@ class ModelSpec:
         """The layer's sliding window W (0: full attention)."""
         types = self.layer_types
         return self.sliding_window if types and types[layer] == "sliding_attention" else 0
+
+    def chunk(self, layer: int) -> int:
+        """The layer's attention chunk C (0: none)."""
+        types = self.layer_types
+        return self.attention_chunk if types and types[layer] == "chunked_attention" else 0
+
+    def scales_queries(self, layer: int) -> bool:
+        return bool(self.query_scale_beta) and not (self.query_scale_nope_only and self.has_rope(layer))
 
     def has_rope(self, layer: int) -> bool:
         return self.positions == "rope" and (not self.rope_layers or self.rope_layers[layer])

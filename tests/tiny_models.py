@@ -580,11 +580,13 @@ def _phimoe(tf: Any, common: dict[str, Any]) -> Any:  # sparsemixer routing, Lay
     return model
 
 
-def _llama4_text(tf: Any, common: dict[str, Any]) -> Any:  # NoPE layer, qk-norm, experts on scaled inputs, chunks
+def _llama4_text(tf: Any, common: dict[str, Any], chunk: int = 256, floor_scale: int = 512) -> Any:
+    """NoPE layer, qk-norm on the others, experts on scaled inputs; its chunks (chunk < 256) and query temperature
+    (floor_scale within the positions a test reaches) only where asked (GroupQueryAttention has no chunks)."""
     return _auto(tf, "llama4_text", **{**common, "num_hidden_layers": 3, "intermediate_size": 32}, head_dim=16,
                  intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=2, moe_layers=[1, 2],
-                 no_rope_layers=[1, 1, 0], use_qk_norm=True, attn_temperature_tuning=True, floor_scale=512,
-                 attention_chunk_size=192, tie_word_embeddings=False)
+                 no_rope_layers=[1, 1, 0], use_qk_norm=True, attn_temperature_tuning=True, floor_scale=floor_scale,
+                 attn_scale=0.5, attention_chunk_size=chunk, tie_word_embeddings=False)
 
 
 def _sparse_indexed(model_type: str) -> Any:  # DeepSeek-V3 with DSA's indexer (every key kept up to index_topk)

@@ -141,8 +141,8 @@ def prefill_flops(engine_dir: Path, manifest: EngineManifest, prompt_len: int) -
             per_token += macs * (share if ".experts." in node.input[1] else 1.0)  # (an unrolled mixture's expert)
     attention = 0.0
     for layer in range(m.num_layers):
-        sliding = m.layer_types and m.layer_types[layer] == "sliding_attention" and m.sliding_window
-        keys = sum(min(i + 1, m.sliding_window) if sliding else i + 1 for i in range(prompt_len))
+        window, chunk = m.window(layer), m.chunk(layer)  # (a chunked layer's query: the keys of its own block)
+        keys = sum(min(i + 1, window) if window else i % chunk + 1 if chunk else i + 1 for i in range(prompt_len))
         attention += 4.0 * m.num_heads * m.head_dim * keys  # q.k and p.v: a multiply-add each per key and dim
     return 2.0 * (per_token * prompt_len + head) + attention
 

@@ -39,7 +39,7 @@ SUPPORTED = {
     "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
     "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
-    "llama4_text": "Llama 4 (text; up to its attention chunk)",
+    "llama4_text": "Llama 4 (text)",
     "axk1": "A.X K1", "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -682,17 +682,20 @@ _DBRX_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.norm_f
 def _llama4(config: Any) -> dict[str, Any]:
     """Llama 4 (text): interleaved rotary (reordered at export) on the layers no_rope_layers marks, a weightless
     qk-norm on those only, mixtures on config.moe_layers (the top k logits' sigmoids scale the experts' inputs, a
-    shared expert added). Its chunked attention (a query sees the keys of its own attention_chunk_size block) and its
-    query temperature on the layers without rotary (1 + attn_scale log1p(floor((pos + 1) / floor_scale))) are
-    exactly full attention and 1 below both: the engine holds no more positions than that."""
+    shared expert added). Its rotated layers attend in chunks (a query sees the keys of its own attention_chunk_size
+    block), and its layers without rotary scale their queries by 1 + attn_scale log1p(floor((pos + 1) /
+    floor_scale))."""
     rope = tuple(bool(r) for r in config.no_rope_layers)
-    positions = [int(config.max_position_embeddings)]
-    if _get(config, "attention_chunk_size", None):
-        positions.append(int(config.attention_chunk_size))
+    chunk = int(_get(config, "attention_chunk_size", 0) or 0)
+    fields: dict[str, Any] = {**_moe(config), "rope_layers": rope,
+                              **({"qk_norm": "head", "qk_norm_layers": rope} if config.use_qk_norm else {})}
+    if 0 < chunk < int(config.max_position_embeddings):  # (a chunk as long as every row: full attention)
+        fields.update(attention_chunk=chunk,
+                      layer_types=tuple("chunked_attention" if r else "full_attention" for r in rope))
     if _get(config, "attn_temperature_tuning", False) and not all(rope):
-        positions.append(int(config.floor_scale) - 1)
-    return {**_moe(config), "rope_layers": rope, "max_positions": min(positions),
-            **({"qk_norm": "head", "qk_norm_layers": rope} if config.use_qk_norm else {})}
+        fields.update(query_scale_beta=float(config.attn_scale), query_scale_after=int(config.floor_scale),
+                      query_scale_offset=1, query_scale_nope_only=True)
+    return fields
 
 
 def _llama4_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -137,19 +137,28 @@ def rotate_packed(c: Ctx, rotary: Rotary, qkv: str, table: str) -> str:
     return b.op("Concat", *parts, v, axis=-1)
 
 
+def _inside(b: Any, keys: str, pos: str, window: int, chunk: int) -> str:
+    """Keys at positions `keys` inside the window W (t > p - W) or the chunk C (t // C == p // C) of queries at
+    `pos` (int64, broadcast against each other)."""
+    if window:
+        return b.op("Greater", keys, b.op("Sub", pos, b.const(np.array(window, np.int64))))
+    size = b.const(np.array(chunk, np.int64))  # (non-negative positions: Div truncates as floor)
+    return b.op("Equal", b.op("Div", keys, size), b.op("Div", pos, size))
+
+
 class DecomposedAttention:
     """Standard ONNX ops; past [B, Hkv, P, D] and the new K/V concatenated into present [B, Hkv, T, D]."""
 
     def __init__(self, c: Ctx) -> None:
         self.c = c
         self.rotary = Rotary(c)
-        self._masks: dict[int, str] = {}
+        self._masks: dict[tuple[int, int], str] = {}
 
-    def allowed(self, window: int) -> str:
+    def allowed(self, window: int, chunk: int = 0) -> str:
         """[B, 1, 1, S, T] bool: key t is visible to new token s iff t <= P + s, attention_mask[b, t] == 1 and, with
-        a window W, the key's position is within the query's last W (positions count the row's valid keys, so a
-        right-padded row's windows are its own)."""
-        if window not in self._masks:
+        a window W, the key's position is within the query's last W, with a chunk C in the query's block of C
+        (positions count the row's valid keys, so a right-padded row's windows are its own)."""
+        if (window, chunk) not in self._masks:
             b = self.c.b
             zero, one = b.const(np.array(0, np.int64)), b.const(np.array(1, np.int64))
             t, s = b.op("Squeeze", b.dim(io.ATTENTION_MASK, 1)), b.op("Squeeze", b.dim(io.INPUT_IDS, 1))
@@ -158,13 +167,12 @@ class DecomposedAttention:
             causal = b.op("LessOrEqual", b.unsqueeze(key_idx, 0), b.unsqueeze(query_idx, 1))  # [S, T]
             valid = b.unsqueeze(b.cast(io.ATTENTION_MASK, "bool"), 1)  # [B, 1, T]
             allowed = b.op("And", causal, valid)  # [B, S, T]
-            if window:
+            if window or chunk:
                 key_pos = b.op("Sub", b.op("CumSum", io.ATTENTION_MASK, b.const(np.array(1, np.int64))), one)
-                lowest = b.op("Sub", io.POSITION_IDS, b.const(np.array(window, np.int64)))  # [B, S]
-                inside = b.op("Greater", b.unsqueeze(key_pos, 1), b.unsqueeze(lowest, 2))  # [B, S, T]
-                allowed = b.op("And", allowed, inside)
-            self._masks[window] = b.unsqueeze(allowed, 1, 2)  # [B, 1, 1, S, T]
-        return self._masks[window]
+                allowed = b.op("And", allowed, _inside(b, b.unsqueeze(key_pos, 1), b.unsqueeze(io.POSITION_IDS, 2),
+                                                       window, chunk))  # [B, S, T]
+            self._masks[window, chunk] = b.unsqueeze(allowed, 1, 2)  # [B, 1, 1, S, T]
+        return self._masks[window, chunk]
 
     def _heads(self, x: str, heads: int) -> str:
         """[B, S, heads*D] -> [B, heads, S, D]"""
@@ -199,7 +207,7 @@ class DecomposedAttention:
         scores = b.to_float32(b.op("MatMul", q5, k_t))  # [B, Hkv, G, S, T], softmax in fp32
         if m.attn_softcap:
             scores = softcap(self.c, scores, m.attn_softcap)
-        scores = b.op("Where", self.allowed(m.window(i)), scores, b.const(np.array(_NEG, np.float32)))
+        scores = b.op("Where", self.allowed(m.window(i), m.chunk(i)), scores, b.const(np.array(_NEG, np.float32)))
         if m.attn_sinks:
             probs = _without_sink_column(self.c, b.op("Softmax", _with_sink_column(self.c, scores, i,
                                                                                   [1, Hkv, H // Hkv, 1, 1]), axis=-1))
@@ -260,6 +268,8 @@ class GroupQueryAttention:
         attrs: dict[str, Any] = {"num_heads": m.num_heads, "kv_num_heads": m.num_kv_heads, "scale": m.scale}
         if m.window(i):
             attrs["local_window_size"] = m.window(i)
+        if m.chunk(i):  # (llmc's operator; GroupQueryAttention has none: attention_lowering refuses it there)
+            attrs["attention_chunk_size"] = m.chunk(i)
         if m.attn_softcap:
             attrs["softcap"] = m.attn_softcap
         return attrs
@@ -272,6 +282,9 @@ class GroupQueryAttention:
         return f"{name}_out"
 
     def __call__(self, i: int, qkv: str) -> str:
+        if self.c.m.chunk(i):
+            raise ValueError("GroupQueryAttention has no chunked attention (Llama 4's): the llmc, onnx or decomposed "
+                             "lowering builds it")
         qkv, rope = self._rope(i, qkv)
         past = [io.PAST_KEY.format(i=i), io.PAST_VALUE.format(i=i)]
         inputs = [qkv, "", "", *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *(rope or ("", ""))]
@@ -332,17 +345,17 @@ class OnnxAttention(DecomposedAttention):
         self.total = b.op("Add", b.op("ReduceMax", pos, keepdims=0), one)  # []
         self.keys = b.op("Range", b.const(np.array(0, np.int64)), self.total, one)  # [T]
 
-    def allowed(self, window: int) -> str:
-        """[B, 1, S, T]: key t is visible to a query at position p iff t <= p and, with a window W, t > p - W."""
-        if window not in self._masks:
+    def allowed(self, window: int, chunk: int = 0) -> str:
+        """[B, 1, S, T]: key t is visible to a query at position p iff t <= p and, with a window W, t > p - W, with a
+        chunk C, t // C == p // C."""
+        if (window, chunk) not in self._masks:
             b = self.c.b
             keys, pos = b.unsqueeze(self.keys, 0, 1), b.unsqueeze(io.POSITION_IDS, 2)  # [1, 1, T], [B, S, 1]
             allowed = b.op("LessOrEqual", keys, pos)  # [B, S, T]
-            if window:
-                lowest = b.op("Sub", pos, b.const(np.array(window, np.int64)))
-                allowed = b.op("And", allowed, b.op("Greater", keys, lowest))
-            self._masks[window] = b.unsqueeze(allowed, 1)
-        return self._masks[window]
+            if window or chunk:
+                allowed = b.op("And", allowed, _inside(b, keys, pos, window, chunk))
+            self._masks[window, chunk] = b.unsqueeze(allowed, 1)
+        return self._masks[window, chunk]
 
     def __call__(self, i: int, qkv: str) -> str:
         b, m = self.c.b, self.c.m
@@ -356,7 +369,7 @@ class OnnxAttention(DecomposedAttention):
         attrs: dict[str, Any] = {"scale": m.scale}
         if m.attn_softcap:
             attrs["softcap"] = m.attn_softcap
-        mask = self.allowed(m.window(i))
+        mask = self.allowed(m.window(i), m.chunk(i))
         if m.attn_sinks:
             used, mask = self._sink_key(i, used, mask)
         out = b.op("Attention", q, used[0], used[1], mask, **attrs)  # [B, H, S, D]

@@ -82,7 +82,7 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     for i in range(m.num_layers):
         p = f"layers.{i}"
         qkv = _mla_qkv(c, i, h) if m.mla_kv_rank else linear(c, h, f"{p}.qkv")
-        if query_scale is not None:  # (before the rotation: the same, a rotation being linear)
+        if query_scale is not None and m.scales_queries(i):  # (before the rotation: the same, a rotation being linear)
             q, kv = c.b.split(qkv, [m.num_heads * m.head_dim, 2 * m.num_kv_heads * m.head_dim])
             qkv = c.b.op("Concat", c.b.op("Mul", q, query_scale), kv, axis=-1)
         if m.qk_norm_after_rope and (table := layer_rope_table(c, i)) is not None:  # (Hunyuan)
@@ -132,10 +132,12 @@ def _block_output(c: Ctx, y: str, post_norm: str) -> str:
 
 
 def _query_scale(c: Ctx) -> str:
-    """Each new token's query factor [B, S, 1] (ModelSpec.query_scale_beta: Ministral 3's, after Llama 4's), in the
-    compute dtype: 1 + beta * log(1 + floor(position / query_scale_after)), 1 below query_scale_after."""
+    """Each new token's query factor [B, S, 1] (ModelSpec.query_scale_beta: Ministral 3's, Llama 4's), in the compute
+    dtype: 1 + beta * log(1 + floor((position + query_scale_offset) / query_scale_after)), 1 below that."""
     b, m = c.b, c.m
     pos = b.cast(io.POSITION_IDS, "float32")
+    if m.query_scale_offset:
+        pos = b.op("Add", pos, b.const(np.array(m.query_scale_offset, np.float32)))
     steps = b.op("Floor", b.op("Div", pos, b.const(np.array(m.query_scale_after, np.float32))))
     factor = b.op("Add", b.op("Mul", b.op("Log", b.op("Add", steps, b.const(np.array(1.0, np.float32)))),
                               b.const(np.array(m.query_scale_beta, np.float32))), b.const(np.array(1.0, np.float32)))

@@ -88,7 +88,7 @@ def _rotate(x: np.ndarray, pos: np.ndarray, cos: np.ndarray | None, sin: np.ndar
 
 def _reference(qkv: np.ndarray, k: np.ndarray, v: np.ndarray, past: list[int], new: list[int], H: int, Hkv: int,
                cos: np.ndarray | None, sin: np.ndarray | None, window: int = 0,
-               softcap: float = 0.0, sinks: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+               softcap: float = 0.0, sinks: np.ndarray | None = None, chunk: int = 0) -> tuple[np.ndarray, ...]:
     """Each row's valid tokens, rotated here, through the project's attention reference (the TensorRT plugin's:
     writes at positions, causal over the written cache); padded query rows give zeros and write nothing."""
     B, S, _ = qkv.shape
@@ -99,7 +99,8 @@ def _reference(qkv: np.ndarray, k: np.ndarray, v: np.ndarray, past: list[int], n
         heads = qkv[b, :n].astype(np.float64).reshape(n, H + 2 * Hkv, D).transpose(1, 0, 2)  # [heads, n, D]
         q, k_new = _rotate(heads[:H], pos, cos, sin), _rotate(heads[H:H + Hkv], pos, cos, sin)
         attn, k[b:b + 1], v[b:b + 1] = attention_reference(q[None], k_new[None], heads[None, H + Hkv:], k[b:b + 1],
-                                                           v[b:b + 1], pos[None], 0.3, window, softcap, sinks)
+                                                           v[b:b + 1], pos[None], 0.3, window, softcap, sinks,
+                                                           chunk)
         out[b, :n] = attn[0].transpose(1, 0, 2).reshape(n, H * D)
     return out, k, v
 
@@ -117,6 +118,11 @@ CASES: dict[str, tuple[Any, ...]] = {  # name: (B, S, H, Hkv, D, L, past per row
                                          {"window": 300, "softcap": 2.0, "rotary": 16}),
     "chunk-after-past-window-softcap": (1, 5, 4, 1, 16, 40, [17], [5], False,
                                         {"window": 6, "softcap": 2.0, "rotary": 3}),
+    # attention_chunk (Llama 4): each query sees its own block of C positions: rows 1099 and 600 from 1024 and 512,
+    # split over the block; a prompt's blocks of query positions across the blocks of keys (and 77 valid of 140)
+    "decode-attention-chunks-split-rows": (3, 1, 6, 2, 64, 1100, [1099, 5, 600], [1, 1, 1], False,
+                                           {"attention_chunk": 256, "rotary": 16}),
+    "prompt-d64-blocks-attention-chunks": (2, 140, 6, 2, 64, 160, [0, 0], [140, 77], True, {"attention_chunk": 48}),
     # head size 64 (the AVX-512 path's own loop, 16 keys reduced at a time), prompts across several groups of 16 keys
     "prompt-d64": (2, 19, 8, 2, 64, 24, [0, 0], [19, 7], True),
     # new_tokens: rows after a past with different counts in one run (right-padded), 4 and 10 query heads per KV
@@ -176,7 +182,8 @@ def _options(case: tuple) -> dict[str, Any]:
 def _attrs(case: tuple) -> dict[str, Any]:
     """The case's node attributes (GroupQueryAttention's names; none given: the defaults, no window and no cap)."""
     opts = _options(case)
-    return {a: opts[o] for a, o in (("local_window_size", "window"), ("softcap", "softcap")) if o in opts}
+    return {a: opts[o] for a, o in (("local_window_size", "window"), ("softcap", "softcap"),
+                                    ("attention_chunk_size", "attention_chunk")) if o in opts}
 
 
 GROUP = 32  # int8 cache: values per fp16 scale
@@ -240,7 +247,8 @@ def _inputs(case: tuple, cache: str, rope: bool, seed: int = 0,
         feeds["cos"], feeds["sin"] = np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
     expected = _reference(feeds["qkv"], _cache_values(feeds["past_key"], keys=True),
                           _cache_values(feeds["past_value"]), past, new, H, Hkv, feeds.get("cos"), feeds.get("sin"),
-                          opts.get("window", 0), opts.get("softcap", 0.0), feeds.get("sinks"))
+                          opts.get("window", 0), opts.get("softcap", 0.0), feeds.get("sinks"),
+                          opts.get("attention_chunk", 0))
     return feeds, expected
 
 
@@ -570,7 +578,7 @@ def test_an_engine_of_another_operator_version_is_refused_at_load(tiny_llama: Bu
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "0"}}))
     with pytest.raises(ManifestError, match=f"built with llmc's operators version 0; this installation has version "
                                             f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
-                                            f"16\\): build the engine again"):
+                                            f"16, 17\\): build the engine again"):
         load_engine_dir(engine)
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "5"}}))
     load_engine_dir(engine)  # versions 6 and 7 only added an optional input and an operator: version 5 runs

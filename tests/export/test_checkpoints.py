@@ -159,6 +159,18 @@ def _assert_logits_are_transformers(tmp_path: Path, seed: int) -> None:
     assert float(np.abs(ours - ref).max()) <= 1e-4
 
 
+def _export_widened(model: Any, tmp_path: Path) -> Any:
+    """`model`'s matrices times 4 (random init is near-uniform: greedy paths decisive), saved with a tokenizer into
+    tmp_path/hf and exported into tmp_path/export; returns the export's manifest."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    model.save_pretrained(str(tmp_path / "hf"))
+    make_tokenizer(tmp_path / "hf", 320)
+    return export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+
+
 def test_gpt_bigcode_with_a_kv_head_per_head_and_unscaled_scores(tmp_path: Path) -> None:
     """The tiny gpt_bigcode of the parity tests has one KV head; here every head has its own (q/k/v rows interleaved
     per head, as GPT-NeoX's) and the scores are not scaled (`scale_attn_weights` false)."""
@@ -168,13 +180,7 @@ def test_gpt_bigcode_with_a_kv_head_per_head_and_unscaled_scores(tmp_path: Path)
     model = tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
         vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=256, multi_query=False, scale_attn_weights=False,
         bos_token_id=1, eos_token_id=2))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(4.0)
-    model.save_pretrained(str(tmp_path / "hf"))
-    make_tokenizer(tmp_path / "hf", 320)
-    manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
+    manifest = _export_widened(model, tmp_path)
     assert (manifest.model.num_kv_heads, manifest.model.attention_scale) == (4, 1.0)
     assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
 
@@ -497,3 +503,44 @@ def test_rotary_a_layer_cannot_have_in_llmc_is_refused_by_name(tmp_path: Path, m
     with pytest.raises(UnsupportedModelError) as e:
         export(ExportConfig(str(tmp_path / "hf"), tmp_path / "export"))
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_llama4_chunked_attention_and_query_temperature_are_transformers_on_every_lowering(tmp_path: Path) -> None:
+    """Llama 4 past its attention chunk and its floor_scale: a rotated layer's query sees only its own block of 16
+    keys (not a window: the span restarts at every multiple of 16), the layer without rotary scales its queries by
+    1 + 0.5 log1p(floor((p + 1) / 8)); a 40-token prompt and decode steps to position 55 give transformers' logits
+    through llmc's operator (prompt and decode paths), standard ONNX Attention (and its TensorRT-native form over the
+    whole buffer) and the export's graphs; GroupQueryAttention, which has no chunks, is refused by name."""
+    import transformers as tf
+    from tiny_models import _llama4_text
+
+    from llmc.engines.ort.build import build_ort
+    from llmc.engines.ort.config import BuildConfig
+    from llmc.engines.registry import load_engine_dir
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=320, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = _llama4_text(tf, common, chunk=16, floor_scale=8)
+    manifest = _export_widened(model, tmp_path)
+    assert (manifest.model.attention_chunk, manifest.model.layer_types) == (
+        16, ("chunked_attention", "chunked_attention", "full_attention"))
+    ids = np.random.default_rng(2).integers(3, 300, 56).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+    dense = model.config
+    dense.attention_chunk_size = 1024  # (the same weights without chunks differ: the chunks bite)
+    with torch.no_grad():
+        unchunked = tf.AutoModelForCausalLM.from_config(dense)
+        unchunked.load_state_dict(model.state_dict())
+        assert float(np.abs(unchunked(torch.tensor([ids])).logits[0].numpy()[39:] - ref[39:]).max()) > 1e-2
+    for attention in ("llmc", "onnx", "onnx-static", "concat"):
+        layout = ({"kv_layout": "concat"} if attention == "concat" else  # (llmc's over an fp32 cache: exact)
+                  {"attention": attention, **({"kv_dtype": "float32"} if attention == "llmc" else {})})
+        build_ort(BuildConfig(tmp_path / "export", tmp_path / attention, **layout))
+        engine = load_engine_dir(tmp_path / attention)
+        kv = engine.new_kv_cache(1, 64)
+        steps = [engine.prefill([0], [ids[:40]], kv)[0]] + [engine.decode([0], [[t]], kv)[0] for t in ids[40:55]]
+        assert float(np.abs(np.stack(steps) - ref[39:55]).max()) <= 1e-4, attention
+    with pytest.raises(InputError, match="--attention gqa"):
+        build_ort(BuildConfig(tmp_path / "export", tmp_path / "gqa", attention="gqa"))

@@ -314,8 +314,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu", "axk1",
                                                 *SPARSE_INDEXED)
                             else 0)
-    # (DeepSeek Sparse Attention: every key up to index_topk, 128 here; Llama 4: its chunk; else the model's)
-    assert m.max_positions == (128 if tiny.name in SPARSE_INDEXED else 192 if tiny.name == "llama4_text" else
+    # (DeepSeek Sparse Attention: every key up to index_topk, 128 here; else the model's)
+    assert m.max_positions == (128 if tiny.name in SPARSE_INDEXED else
                                getattr(cfg, "max_position_embeddings", m.max_positions))
     mla_moe = mla and tiny.name not in MLA_DENSE
     if mla:  # the softmax's scale is the model's (V3: YaRN's mscale squared on (nope + rope) ** -0.5)
@@ -350,7 +350,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
                          "hy_v3": "head", "kolibri1": "head", "llama4_text": "head"}.get(tiny.name, "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
-    assert (m.query_scale_beta, m.query_scale_after) == ((0.4, 16) if tiny.name == "ministral3" else (0.0, 0))
+    assert (m.query_scale_beta, m.query_scale_after) == {"ministral3": (0.4, 16), "llama4_text": (0.5, 512)}.get(
+        tiny.name, (0.0, 0))
     assert (m.activation == "xielu") is (tiny.name == "apertus")
     assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe"))
     if tiny.name in ("granite_swa", "flint", "kolibri1"):  # (a layer without rotary: Granite SWA's theta 0, the
@@ -358,10 +359,12 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert m.rope_layers == {"granite_swa": (False, True)}.get(tiny.name, (True, False))
     if tiny.name == "cohere2_moe":  # (RMSNorm: rms_norm_eps set; RoPE on the dense and the sliding layer)
         assert (m.norm, m.rope_layers, m.intermediate_size) == ("rms", (True, True, False), 64)
-    if tiny.name == "llama4_text":  # (up to its attention chunk: chunked attention and the query temperature are
-        # full attention and 1 there; its weightless qk-norm on its rotated layers only)
-        assert (m.max_positions, m.qk_norm, m.qk_norm_layers, m.rope_layers) == (192, "head", (True, True, False),
-                                                                                   (True, True, False))
+    if tiny.name == "llama4_text":  # (its weightless qk-norm on its rotated layers only; a chunk as long as the
+        # model's positions is none; the query temperature on its layer without rotary)
+        assert (m.qk_norm, m.qk_norm_layers, m.rope_layers, m.attention_chunk) == ("head", (True, True, False),
+                                                                                   (True, True, False), 0)
+        assert (m.query_scale_beta, m.query_scale_after, m.query_scale_offset, m.query_scale_nope_only) == (
+            0.5, 512, 1, True)
         assert m.moe_scale_inputs and m.intermediate_size == 96 and m.moe_intermediate_size == 32
     else:
         assert not m.moe_scale_inputs and not m.qk_norm_layers

@@ -77,6 +77,13 @@ def test_latent_attention_is_refused_naming_the_other_backend() -> None:
         check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o"))), mla)
 
 
+def test_chunked_attention_is_refused_by_the_plugin_and_built_natively() -> None:
+    chunked = replace(MODEL, attention_chunk=64, layer_types=("chunked_attention",) * MODEL.num_layers)
+    with pytest.raises(InputError, match=r"chunked attention \(blocks of 64 positions: Llama 4\).*--attention native"):
+        check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o"))), chunked)
+    check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), chunked)
+
+
 def test_kv_rows_must_be_binding_aligned() -> None:
     check_alignment(MODEL, 2048)
     with pytest.raises(InputError, match=r"--max-seq-len 1001 makes each KV slot 384384 bytes.*multiple of 128"):

@@ -961,7 +961,8 @@ static void run_unit(void* data, size_t u) {
   int lo[64], hi[64], t0 = 0, t1 = 0;
   for (int ri = 0; ri < rows; ri++) {
     int i = i0 + ri, keys = past + i + 1;
-    int first = a->window > 0 && keys > a->window ? keys - a->window : 0;
+    int first = a->chunk_size > 0 ? (keys - 1) / a->chunk_size * a->chunk_size
+                : a->window > 0 && keys > a->window ? keys - a->window : 0;
     int k0 = first + sp * j->split_len, k1 = k0 + j->split_len < keys ? k0 + j->split_len : keys;
     const float* src = a->qkv + ((size_t)b * a->S + i) * j->W;
     for (int g = 0; g < G; g++) {
@@ -1110,6 +1111,11 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
     snprintf(err_buf, sizeof err_buf, "window %d: must be 0 (none) or positive", a->window);
     return err_buf;
   }
+  if (a->chunk_size < 0 || (a->chunk_size > 0 && a->window > 0)) {
+    snprintf(err_buf, sizeof err_buf, "chunk size %d: must be 0 (none) or positive, and not with a window (%d)",
+             a->chunk_size, a->window);
+    return err_buf;
+  }
   if (!(a->softcap >= 0.f) || isinf(a->softcap)) {
     snprintf(err_buf, sizeof err_buf, "softcap %g: must be 0 (off) or positive and finite", (double)a->softcap);
     return err_buf;
@@ -1150,6 +1156,7 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
       }
   }
   int max_span = a->window > 0 && a->window < max_keys ? a->window : max_keys; /* the most keys a row reads */
+  if (a->chunk_size > 0 && a->chunk_size < max_span) max_span = a->chunk_size;
   job j = {.a = a, .G = a->H / a->Hkv, .W = (a->H + 2 * a->Hkv) * a->D, .nsplit = 1, .split_len = max_span, .qb = 1};
   /* a unit holds up to 64 query heads' rows (and G x D <= MAX_GD): more a KV head (latent attention's one KV head
    * under every query head) go to several units, each reading the head's keys for its share */

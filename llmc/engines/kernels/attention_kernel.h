@@ -45,6 +45,8 @@ typedef struct {
   int B, S, H, Hkv, D, L, first_prompt, kv_kind, max_pos; /* kv_kind: LLMC_KV_* */
   int R;      /* cos / sin row width, 1 .. D/2 (unused without them) */
   int window; /* 0: no window */
+  int chunk_size; /* 0: none; else the query at position p sees only the keys of its own block of chunk_size positions,
+                   * floor(p / chunk_size) * chunk_size <= t <= p (Llama 4's chunked attention); not with a window */
   const float* qkv;
   void* k;
   void* v;

@@ -19,7 +19,9 @@
  * (int, default -1 = none; W >= 1: the query at position p sees keys p - W < t <= p only, and the kernel reads no
  * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale); llmc's own:
  * key_tiles (int, default 0; 1, fp32 and fp16 caches: the keys of each 16 aligned positions held as [D][16] in their
- * rows' bytes, attention_kernel.h; the cache's length or block size a multiple of 16).
+ * rows' bytes, attention_kernel.h; the cache's length or block size a multiple of 16), attention_chunk_size (int,
+ * default 0 = none; C >= 1: the query at position p sees the keys of its own block only, floor(p / C) * C <= t <= p:
+ * Llama 4's chunked attention; not with local_window_size).
  *
  * MatMulQ4 (matmul_q4.h): A [..., K] fp32, B uint8 [ceil(N / 32), K / 32, 640] (the packed 4-bit tiles), bias [N]
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated;
@@ -164,7 +166,7 @@ static int pool_threads_of(const OrtCustomOp* op) {
 
 typedef struct {
   const OrtApi* api;
-  int64_t num_heads, kv_num_heads, local_window_size, key_tiles;
+  int64_t num_heads, kv_num_heads, local_window_size, key_tiles, attention_chunk_size;
   float scale, softcap;
   int kv_kind; /* LLMC_KV_* */
   int pool_threads; /* llmc's pool of this many threads, or 0: ONNX Runtime's (Pool below) */
@@ -232,6 +234,7 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   if (!s) {
     char msg[160];
     k->local_window_size = optional_int(api, info, "local_window_size", -1);
+    k->attention_chunk_size = optional_int(api, info, "attention_chunk_size", 0);
     k->softcap = optional_float(api, info, "softcap", 0.f);
     k->key_tiles = optional_int(api, info, "key_tiles", 0);
     if (k->key_tiles != 0 && k->key_tiles != 1) {
@@ -240,6 +243,10 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
       s = fail(api, ERR_INVALID_ARGUMENT, msg);
     } else if (k->key_tiles && k->kv_kind == LLMC_KV_I8) {
       s = fail(api, ERR_INVALID_ARGUMENT, "CachedAttention: key_tiles 1: an fp32 or fp16 cache only (CachedAttentionI8Cache holds rows)");
+    } else if (k->attention_chunk_size < 0 || (k->attention_chunk_size > 0 && k->local_window_size > 0)) {
+      snprintf(msg, sizeof msg, "CachedAttention: attention_chunk_size %lld: must be 0 (none) or positive, and not "
+               "with local_window_size", (long long)k->attention_chunk_size);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
     } else if (k->local_window_size == 0 || k->local_window_size < -1) {
       snprintf(msg, sizeof msg, "CachedAttention: local_window_size %lld: must be -1 (no window) or at least 1",
                (long long)k->local_window_size);
@@ -386,6 +393,8 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .max_pos = rank[IN_COS] >= 0 ? (int)dims[IN_COS][0] : 0, .R = rank[IN_COS] >= 0 ? (int)dims[IN_COS][1] : 0,
       /* a window at least as long as any cache is no window */
       .window = k->local_window_size > 0 && k->local_window_size < L ? (int)k->local_window_size : 0,
+      /* (a block at least as long as any cache: every key is in the query's) */
+      .chunk_size = k->attention_chunk_size > 0 && k->attention_chunk_size < L ? (int)k->attention_chunk_size : 0,
       .softcap = k->softcap,
       .qkv = (const float*)data[IN_QKV], .k = present_data[0], .v = present_data[1],
       .seqlens = (const int32_t*)data[IN_SEQLENS], .cos = (const float*)data[IN_COS],

@@ -120,8 +120,13 @@ def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
     fp32 = export.dtype == "float32"
     inplace = cfg.kv_layout is KVLayout.inplace
     attention = cfg.attention
+    chunked = export.model.attention_chunk > 0  # (Llama 4: GroupQueryAttention has no chunked attention)
     if attention is Attention.auto:
-        attention = Attention.llmc if inplace and fp32 and paths.get("attention") == "avx512" else Attention.gqa
+        attention = (Attention.llmc if inplace and fp32 and paths.get("attention") == "avx512"
+                     else Attention.onnx if chunked else Attention.gqa)
+    if attention is Attention.gqa and chunked:
+        raise InputError(f"--attention gqa: GroupQueryAttention has no chunked attention (this model's layers see "
+                         f"blocks of {export.model.attention_chunk} positions); use --attention llmc or onnx")
     kv_dtype = cfg.kv_dtype
     if kv_dtype is KVDtype.auto:
         kv_dtype = KVDtype.float16 if attention is Attention.llmc and inplace else KVDtype(export.dtype)

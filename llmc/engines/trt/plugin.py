@@ -38,11 +38,12 @@ NUM_STAGES = 2
 
 def attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, past_key: np.ndarray,
                         past_value: np.ndarray, position_ids: np.ndarray, scale: float, window: int = 0,
-                        softcap: float = 0.0,
-                        sinks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                        softcap: float = 0.0, sinks: np.ndarray | None = None,
+                        chunk: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(attn, present_key, present_value); present_* are updated copies of past_* (the op writes in place).
     `window` W > 0: each query sees its last W positions only; `softcap` c > 0: scores become c * tanh(s / c);
-    `sinks` [heads]: each head's softmax takes one more logit, whose value is 0 (GPT-OSS)."""
+    `sinks` [heads]: each head's softmax takes one more logit, whose value is 0 (GPT-OSS); `chunk` C > 0: a query
+    at p sees the keys of its own block, floor(p / C) * C <= t <= p (Llama 4; llmc's CachedAttention only)."""
     batch, heads, seq, dim = q.shape
     kv_heads, max_seq = past_key.shape[1], past_key.shape[2]
     present_k, present_v = past_key.copy(), past_value.copy()
@@ -63,6 +64,8 @@ def attention_reference(q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, pas
     visible = keys <= position_ids[:, :, None]  # [B, S, T]
     if window > 0:
         visible &= keys > position_ids[:, :, None] - window
+    if chunk > 0:
+        visible &= keys // chunk == position_ids[:, :, None] // chunk
     scores = np.where(visible[:, None, None], scores, -np.inf)
     top = scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores - top)
