@@ -611,12 +611,22 @@ def _axk1(tf: Any, common: dict[str, Any]) -> Any:  # DeepSeek-V3 with the mixtu
     return model
 
 
+def _mimo_v2_flash(tf: Any, common: dict[str, Any]) -> Any:  # KV heads, sinks per layer type; narrow scaled values
+    rope = {t: {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.5}
+            for t, theta in (("full_attention", 5e6), ("sliding_attention", 1e4))}
+    return _auto(tf, "mimo_v2_flash", **{**common, "num_key_value_heads": 1}, head_dim=16, v_head_dim=8,
+                 attention_value_scale=0.7, sliding_window=8, layer_types=["full_attention", "sliding_attention"],
+                 rope_parameters=rope, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                 n_group=2, topk_group=1, routed_scaling_factor=1.5, mlp_layer_types=["dense", "sparse"])
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
                       "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
                       "phimoe": _phimoe, "llama4_text": _llama4_text,
-                      **{mt: _sparse_indexed(mt) for mt in ("deepseek_v32", "glm_moe_dsa")}, "axk1": _axk1})
+                      **{mt: _sparse_indexed(mt) for mt in ("deepseek_v32", "glm_moe_dsa")}, "axk1": _axk1,
+                      "mimo_v2_flash": _mimo_v2_flash})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -40,7 +40,7 @@ SUPPORTED = {
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
     "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
     "llama4_text": "Llama 4 (text)",
-    "axk1": "A.X K1", "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
+    "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -268,9 +268,14 @@ def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
             _refuse(f"rope_parameters[{layer_type!r}].rope_type", rope_type,
                     f"a table per layer type supports {', '.join(PER_LAYER_TYPE_ROPE)}")
         weights[name] = _np(getattr(rotary, f"{layer_type}_original_inv_freq"))
-        if 2 * weights[name].shape[0] != head_dim:
-            _refuse(f"rope_parameters[{layer_type!r}].partial_rotary_factor", p.get("partial_rotary_factor"),
-                    "a table per layer type rotates every dim of a head")
+        if 2 * weights[name].shape[0] != head_dim:  # (partial rotary: the same width on every layer type)
+            widths = {2 * len(getattr(rotary, f"{t}_original_inv_freq")) for t in ("full_attention",
+                                                                                   "sliding_attention")
+                      if hasattr(rotary, f"{t}_original_inv_freq")}
+            if len(widths) > 1:
+                _refuse(f"rope_parameters[{layer_type!r}].partial_rotary_factor", p.get("partial_rotary_factor"),
+                        f"the layer types rotate {sorted(widths)} dims: one width per model")
+            fields["rotary_dim"] = 2 * weights[name].shape[0]
         scaling = float(getattr(rotary, f"{layer_type}_attention_scaling"))
         if layer_type == "full_attention":
             fields.update(rope_theta=float(p.get("rope_theta", 10000.0)), rope_type=rope_type,
@@ -720,6 +725,49 @@ def _llama4_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return out
 
 
+def _mimo_v2_flash(config: Any) -> dict[str, Any]:
+    """MiMo-V2-Flash: sliding layers with twice the full layers' KV heads and a sink per head, values narrower than
+    q / k and scaled, partial rotary with a base per layer type, DeepSeek-V3's mixture without shared experts. Its
+    layers are made one shape at export (_mimo_v2_flash_names): every layer has the sliding layers' KV heads, each
+    head the q / k width, and a sink."""
+    sliding = any(t == "sliding_attention" for t in config.layer_types)
+    return {**_moe(config), "attn_sinks": True,
+            "num_kv_heads": int(config.num_key_value_heads) * (2 if sliding else 1)}
+
+
+def _mimo_v2_flash_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each layer at one shape, exactly: a full layer's KV heads repeated in place (each query head meets the same
+    key and value), values times attention_value_scale padded with zero dims to the q / k width (o's input columns
+    there zero: the output is unchanged), a full layer's sinks at the lowest float (exp(sink - max) is 0: no sink)."""
+    heads, kv = int(config.num_attention_heads), int(config.num_key_value_heads)
+    dim, v_dim = int(config.head_dim), int(config.v_head_dim)
+    scale = np.float32(_get(config, "attention_value_scale", 1.0))
+    sliding = any(t == "sliding_attention" for t in config.layer_types)
+    out = dict(sd)
+
+    def heads_of(w: np.ndarray, n: int, width: int, repeat: int, pad: int) -> np.ndarray:  # [n * width, ...]
+        h = w.reshape(n, width, *w.shape[1:])
+        if pad:
+            h = np.concatenate([h, np.zeros((n, pad, *w.shape[1:]), w.dtype)], axis=1)
+        return np.ascontiguousarray(np.repeat(h, repeat, axis=0).reshape(n * repeat * (width + pad), *w.shape[1:]))
+
+    for i, kind in enumerate(config.layer_types):
+        p = f"model.layers.{i}.self_attn."
+        repeat = 2 if sliding and kind == "full_attention" else 1
+        n = kv * (2 if kind == "sliding_attention" else 1)
+        for part in ("weight", "bias"):
+            if p + f"k_proj.{part}" in sd:
+                out[p + f"k_proj.{part}"] = heads_of(sd[p + f"k_proj.{part}"], n, dim, repeat, 0)
+            if p + f"v_proj.{part}" in sd:
+                out[p + f"v_proj.{part}"] = heads_of(sd[p + f"v_proj.{part}"] * scale, n, v_dim, repeat, dim - v_dim)
+        o = sd[p + "o_proj.weight"].reshape(-1, heads, v_dim)
+        out[p + "o_proj.weight"] = np.ascontiguousarray(
+            np.concatenate([o, np.zeros((o.shape[0], heads, dim - v_dim), o.dtype)], axis=2).reshape(o.shape[0], -1))
+        if p + "sinks" not in sd:
+            out[p + "sinks"] = np.full(heads, np.finfo(np.float32).min, np.float32)
+    return out
+
+
 def _hyperclovax(config: Any) -> dict[str, Any]:  # Granite's multipliers, logits multiplied; norms after the blocks
     multiplier = _get(config, "attention_multiplier", None)
     return {"embedding_scale": float(config.embedding_multiplier), "residual_scale": float(config.residual_multiplier),
@@ -805,6 +853,8 @@ def _shared_experts(config: Any) -> dict[str, Any]:
         width = int(config.shared_expert_intermediate_size)
     elif config.model_type == "llama4_text":
         width = int(config.intermediate_size)
+    elif config.model_type == "mimo_v2_flash":  # (none)
+        width = 0
     elif config.model_type == "cohere2_moe":  # (its experts intermediate_size wide, the shared ones too)
         width = int(config.intermediate_size) * int(config.num_shared_experts)
     else:
@@ -859,7 +909,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
         sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
     "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
-    "llama4_text": _llama4_names,
+    "llama4_text": _llama4_names, "mimo_v2_flash": _mimo_v2_flash_names,
     "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
@@ -902,7 +952,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
     "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},
-    "llama4_text": _llama4, "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
+    "mimo_v2_flash": _mimo_v2_flash, "llama4_text": _llama4, "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
     **{mt: lambda c: {**_moe(c), "max_positions": min(int(c.max_position_embeddings), int(c.index_topk))}
        for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)

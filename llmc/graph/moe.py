@@ -190,12 +190,12 @@ class MoESpec:
         return self.routing != "softmax" or self.router_fp32
 
 
+# "sigmoid" routing's types (GLM-4.5's config names)
 SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite", "solar_open", "param2moe", "sarvam_moe",
-                  "sarvam_mla", "minicpm5_moe", "deepseek_v32", "glm_moe_dsa", "axk1")  # "sigmoid" routing's types (GLM-4.5's
-# config names)
+                  "sarvam_mla", "minicpm5_moe", "deepseek_v32", "glm_moe_dsa", "axk1", "mimo_v2_flash")
 FIRST_DENSE = (*SIGMOID_ROUTED, "deepseek_v2")  # their first config.first_k_dense_replace layers are dense MLPs
 MLP_LAYER_TYPES = ("exaone_moe", "mellum", "minicpm5_moe", "hy_v3", "cohere2_moe", "deepseek_v32", "glm_moe_dsa",
-                   "axk1")  # config.mlp_layer_types: "dense" / "sparse"
+                   "axk1", "mimo_v2_flash")  # config.mlp_layer_types: "dense" / "sparse"
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,14 @@ def test_choices_ort_cuda_does_not_build_are_refused(tiny_llama: Built, tmp_path
                                                      match: str) -> None:
     with pytest.raises(InputError, match=match):
         build(BuildConfig(tiny_llama.export_dir, tmp_path / "e", backend="ort-cuda", **change))
+
+
+def test_chunked_attention_is_refused_naming_the_backends_that_build_it(tiny_llama: Built, tmp_path: Path) -> None:
+    """GroupQueryAttention has no chunked attention (Llama 4's rotated layers): the ort-cuda graph is refused."""
+    export = load_export(tiny_llama.export_dir)
+    model = replace(export.model, attention_chunk=8, layer_types=("chunked_attention",) * export.model.num_layers)
+    with pytest.raises(InputError, match=r"no chunked attention .*blocks of 8 positions.*--backend ort"):
+        write_cuda_engine(tmp_path, tiny_llama.export_dir, replace(export, model=model), "1.0")
 
 
 def test_the_written_engine_is_fp16_gqa_for_cuda(tiny_llama: Built, tmp_path: Path) -> None:

@@ -308,6 +308,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
     mla = tiny.name in ARCH_MLA  # one KV head: the latent (+ the rotated key)
     assert m.num_kv_heads == (1 if mla else {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1,
+                                             "mimo_v2_flash": 2,  # (its sliding layers': twice its full ones')
                                              "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4}.get(tiny.name, 2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
@@ -338,7 +339,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
                 "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
-                "flint": 8, "kolibri1": 8, "cohere2_moe": 8}
+                "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -373,6 +374,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert (m.norm, m.rope_attention_scaling, m.rope_long_after, m.moe_jitter_eps) == ("layer", 1.25, 0, 0.3)
     if tiny.name == "dbrx":  # (its fused q/k/v clamped, LayerNorm without bias)
         assert (m.norm, m.norm_eps, m.clip_qkv) == ("layer", 1e-5, 1.0)
+    if tiny.name == "mimo_v2_flash":  # (partial rotary of the same width on both layer types' tables)
+        assert (m.head_dim, m.rotary_dim) == (16, 8)
     if tiny.name == "jais2":
         assert (m.norm, m.plain_mlp, m.activation) == ("layer", True, "relu2")
     assert m.embed_norm is (tiny.name == "nanochat")
@@ -382,7 +385,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
                                                                             "exaone_moe", "minicpm5_moe", "mellum",
-                                                                            "flint", "hy_v3", "kolibri1") or mla_moe
+                                                                            "flint", "hy_v3", "kolibri1",
+                                                                            "mimo_v2_flash") or mla_moe
                                                     else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
@@ -392,15 +396,17 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
-        "llama4_text": ("sigmoid_logits", 1, 1, 1.0), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
+        "llama4_text": ("sigmoid_logits", 1, 1, 1.0), "mimo_v2_flash": ("sigmoid", 2, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
-                                                            ("granite_swa", "granitemoe_swa", "flint")
+                                                            ("granite_swa", "granitemoe_swa", "flint",
+                                                             "mimo_v2_flash")
                                                             else (False, False, "silu"))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
-                                                           "minicpm5_moe", "mellum", "flint", "hy_v3") or mla_moe
+                                                           "minicpm5_moe", "mellum", "flint", "hy_v3",
+                                                           "mimo_v2_flash") or mla_moe
                             else
                             (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text") else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),

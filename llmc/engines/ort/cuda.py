@@ -192,6 +192,10 @@ def write_cuda_engine(work: Path, export_dir: Path, export: ExportManifest, onnx
     from llmc.engines.ort.graphs import load_checkpoint, write_inplace_graphs
     from llmc.engines.trt.build import fp16_checkpoint
 
+    if export.model.attention_chunk:
+        raise InputError(f"--backend ort-cuda builds GroupQueryAttention, which has no chunked attention (this "
+                         f"model's layers see blocks of {export.model.attention_chunk} positions): use --backend ort "
+                         "or trt --attention native")
     ckpt = fp16_checkpoint(load_checkpoint(export_dir, export))
     kv, prefill, decode = write_inplace_graphs(ckpt, work, "float16", export.opset, None, "gqa", one_graph=True,
                                                moe="standard")
