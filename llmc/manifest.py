@@ -95,6 +95,7 @@ class ModelSpec:
     qk_norm_layers: tuple[bool, ...] = ()  # which layers have the qk-norm (Llama 4: its rotated ones); empty: all
     qk_norm_after_rope: bool = False  # q and k normed after their rotation, not before (Hunyuan)
     attn_output_gate: bool = False  # the attention's output times sigmoid(h @ attn_gate) before o (AFMoE)
+    attn_gate_activation: str = "sigmoid"  # the gate's function: "sigmoid" (AFMoE, MiniCPM5) | "softplus" (Laguna)
     # the residual stream
     norm_layout: str = "pre"  # "pre" | "sandwich": also after attention and MLP (Gemma) | "post": only after (OLMo 2)
     embedding_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden); Granite: embedding_multiplier)

@@ -620,13 +620,28 @@ def _mimo_v2_flash(tf: Any, common: dict[str, Any]) -> Any:  # KV heads, sinks p
                  n_group=2, topk_group=1, routed_scaling_factor=1.5, mlp_layer_types=["dense", "sparse"])
 
 
+def _laguna(tf: Any, common: dict[str, Any]) -> Any:  # softplus gate per head, half-rotated full layers, sigmoid MoE
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    import torch
+
+    model = _auto(tf, "laguna", **common, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=32, moe_routed_scaling_factor=1.5, rope_parameters=rope,
+                  mlp_layer_types=["dense", "sparse"], **_SLIDING_FULL)
+    with torch.no_grad():  # q's and k's norms per dim (reordered with them where a layer rotates part of a head)
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
                       "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
                       "phimoe": _phimoe, "llama4_text": _llama4_text,
                       **{mt: _sparse_indexed(mt) for mt in ("deepseek_v32", "glm_moe_dsa")}, "axk1": _axk1,
-                      "mimo_v2_flash": _mimo_v2_flash})
+                      "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

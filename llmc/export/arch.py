@@ -40,7 +40,7 @@ SUPPORTED = {
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
     "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
     "llama4_text": "Llama 4 (text)",
-    "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
+    "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "laguna": "Laguna (poolside)", "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -122,6 +122,7 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     head_dim = int(_get(config, "head_dim", config.hidden_size // heads))
     tied = bool(_get(config, "tie_word_embeddings", False))
     rope, rope_weights = _rope(model, config, head_dim)
+    sd = _partial_rotary_halves(model, config, sd, head_dim)
     fields: dict[str, Any] = dict(
         family="llama", hf_architecture=type(model).__name__, hidden_size=int(config.hidden_size), num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -268,15 +269,14 @@ def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
             _refuse(f"rope_parameters[{layer_type!r}].rope_type", rope_type,
                     f"a table per layer type supports {', '.join(PER_LAYER_TYPE_ROPE)}")
         weights[name] = _np(getattr(rotary, f"{layer_type}_original_inv_freq"))
-        if 2 * weights[name].shape[0] != head_dim:  # (partial rotary: the same width on every layer type)
-            widths = {2 * len(getattr(rotary, f"{t}_original_inv_freq")) for t in ("full_attention",
-                                                                                   "sliding_attention")
-                      if hasattr(rotary, f"{t}_original_inv_freq")}
-            if len(widths) > 1:
-                _refuse(f"rope_parameters[{layer_type!r}].partial_rotary_factor", p.get("partial_rotary_factor"),
-                        f"the layer types rotate {sorted(widths)} dims: one width per model")
-            fields["rotary_dim"] = 2 * weights[name].shape[0]
         scaling = float(getattr(rotary, f"{layer_type}_attention_scaling"))
+        if layer_type in _narrower_types(rotary, head_dim):  # (its layers' q / k turned by _partial_rotary_halves)
+            if scaling != 1.0:
+                _refuse(f"rope_parameters[{layer_type!r}].partial_rotary_factor", p.get("partial_rotary_factor"),
+                        f"its table's scale ({scaling:g}) would fall on the dims it does not rotate")
+            weights[name] = np.concatenate([weights[name], np.zeros(head_dim // 2 - len(weights[name]), np.float32)])
+        elif 2 * weights[name].shape[0] != head_dim:  # (partial rotary: the same width on every layer type)
+            fields["rotary_dim"] = 2 * weights[name].shape[0]
         if layer_type == "full_attention":
             fields.update(rope_theta=float(p.get("rope_theta", 10000.0)), rope_type=rope_type,
                           rope_attention_scaling=scaling)
@@ -286,6 +286,47 @@ def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
         weights[INV_FREQ] = weights.pop(INV_FREQ_LOCAL)
         fields["rope_attention_scaling"] = fields.pop("rope_local_attention_scaling", 1.0)
     return fields, weights
+
+
+def _widths(rotary: Any) -> dict[str, int]:
+    """Each layer type's rotated dims, by its per-layer-type table."""
+    return {t: 2 * len(getattr(rotary, f"{t}_original_inv_freq")) for t in ("full_attention", "sliding_attention")
+            if hasattr(rotary, f"{t}_original_inv_freq")}
+
+
+def _narrower_types(rotary: Any, head_dim: int) -> set[str]:
+    """The layer types that rotate fewer dims than another type (Laguna's full layers: half of a head): their q / k
+    are reordered so that they rotate every dim, the table's extra frequencies 0 (nothing turned)."""
+    widths = _widths(rotary) if hasattr(rotary, "full_attention_original_inv_freq") else {}
+    return {t for t, w in widths.items() if w < max(widths.values())} if len(set(widths.values())) > 1 else set()
+
+
+def _partial_rotary_halves(model: Any, config: Any, sd: dict[str, np.ndarray], head_dim: int
+                           ) -> dict[str, np.ndarray]:
+    """A narrower layer type's layers made to rotate whole heads, exactly: each head's rotated pairs (i, i + R/2)
+    moved to (i, i + D/2), its unrotated dims into the other places (q and k rows, their biases and per-head norms
+    alike: q . k is the same under one permutation of both); with the type's table padded with zero frequencies to
+    D/2 (_per_layer_type_rope) the pairs past R/2 turn by nothing."""
+    rotary = _base(model).rotary_emb
+    narrower = _narrower_types(rotary, head_dim)
+    if not narrower:
+        return sd
+    widths = _widths(rotary)
+    out = dict(sd)
+    for i, kind in enumerate(config.layer_types):
+        if kind not in narrower:
+            continue
+        half, r = head_dim // 2, widths[kind] // 2
+        rest = iter(range(2 * r, head_dim))
+        order = [j if j < r else j - half + r if half <= j < half + r else next(rest) for j in range(head_dim)]
+        attn = f"model.layers.{i}.self_attn."
+        for name in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "q_norm.weight",
+                     "k_norm.weight"):
+            if attn + name in out:
+                w = out[attn + name]
+                heads = w.reshape(-1, head_dim, *w.shape[1:])
+                out[attn + name] = np.ascontiguousarray(heads[:, order].reshape(w.shape))
+    return out
 
 
 def _np(t: Any) -> np.ndarray:
@@ -725,6 +766,32 @@ def _llama4_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return out
 
 
+def _laguna(config: Any) -> dict[str, Any]:
+    """Laguna: qk-norm per head, sliding / full layers (the full ones rotating part of each head:
+    _partial_rotary_halves), the attention's output times softplus(h @ g_proj) per head or per element, GLM-4.5's
+    sigmoid routing (one group) with a correction bias, renormalized, times moe_routed_scaling_factor, a shared expert
+    added, dense layers by mlp_layer_types."""
+    per_layer = set(_get(config, "num_attention_heads_per_layer", None) or [config.num_attention_heads])
+    if len(per_layer) > 1:
+        _refuse("num_attention_heads_per_layer", sorted(per_layer), "one head count per model")
+    if float(_get(config, "moe_router_logit_softcapping", 0.0)):
+        _refuse("moe_router_logit_softcapping", config.moe_router_logit_softcapping, "llmc does not implement it")
+    return {**_moe(config), "num_heads": per_layer.pop(), "qk_norm": "head", "attn_output_gate": True,
+            "attn_gate_activation": "softplus"}
+
+
+def _laguna_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Laguna's output gate g_proj ([heads, hidden] per head: each row repeated over its head's dims) as the
+    per-element gate AFMoE's gate_proj is."""
+    head_dim = int(config.head_dim)
+    out = dict(sd)
+    for name in [k for k in sd if k.endswith("self_attn.g_proj.weight")]:
+        gate = out.pop(name)
+        per_head = gate.shape[0] * head_dim == sd[name.replace("g_proj", "q_proj")].shape[0]  # (else per element)
+        out[name.replace("g_proj", "gate_proj")] = np.repeat(gate, head_dim, axis=0) if per_head else gate
+    return out
+
+
 def _mimo_v2_flash(config: Any) -> dict[str, Any]:
     """MiMo-V2-Flash: sliding layers with twice the full layers' KV heads and a sink per head, values narrower than
     q / k and scaled, partial rotary with a base per layer type, DeepSeek-V3's mixture without shared experts. Its
@@ -849,7 +916,7 @@ def _shared_experts(config: Any) -> dict[str, Any]:
         return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
     if config.model_type == "hunyuan_v1_moe":
         width = int(config.intermediate_size) * int(config.num_shared_expert)
-    elif config.model_type in ("flint", "kolibri1"):
+    elif config.model_type in ("flint", "kolibri1", "laguna"):
         width = int(config.shared_expert_intermediate_size)
     elif config.model_type == "llama4_text":
         width = int(config.intermediate_size)
@@ -909,7 +976,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
         sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
     "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
-    "llama4_text": _llama4_names, "mimo_v2_flash": _mimo_v2_flash_names,
+    "llama4_text": _llama4_names, "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
@@ -952,7 +1019,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
     "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},
-    "mimo_v2_flash": _mimo_v2_flash, "llama4_text": _llama4, "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
+    "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "llama4_text": _llama4, "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
     **{mt: lambda c: {**_moe(c), "max_positions": min(int(c.max_position_embeddings), int(c.index_topk))}
        for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)

@@ -92,7 +92,8 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
             qkv = c.b.op("Clip", qkv, c.b.scalar(-m.clip_qkv), c.b.scalar(m.clip_qkv))
         heads = _mla_values(c, i, attend(i, qkv)) if m.mla_kv_rank else attend(i, qkv)
         if m.attn_output_gate:  # (AFMoE: gated per element by the block's input)
-            heads = c.b.op("Mul", heads, c.b.op("Sigmoid", linear(c, h, f"{p}.attn_gate")))
+            gate = {"sigmoid": "Sigmoid", "softplus": "Softplus"}[m.attn_gate_activation]
+            heads = c.b.op("Mul", heads, c.b.op(gate, linear(c, h, f"{p}.attn_gate")))
         delta = _block_output(c, linear(c, heads, f"{p}.o"), f"{p}.post_attn_norm")
         if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
             mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")

@@ -195,7 +195,7 @@ SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite", "solar_op
                   "sarvam_mla", "minicpm5_moe", "deepseek_v32", "glm_moe_dsa", "axk1", "mimo_v2_flash")
 FIRST_DENSE = (*SIGMOID_ROUTED, "deepseek_v2")  # their first config.first_k_dense_replace layers are dense MLPs
 MLP_LAYER_TYPES = ("exaone_moe", "mellum", "minicpm5_moe", "hy_v3", "cohere2_moe", "deepseek_v32", "glm_moe_dsa",
-                   "axk1", "mimo_v2_flash")  # config.mlp_layer_types: "dense" / "sparse"
+                   "axk1", "mimo_v2_flash", "laguna")  # config.mlp_layer_types: "dense" / "sparse"
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:
@@ -232,6 +232,10 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "hy_v3":  # (MiniMax-M2's router, renormalized, times router_scaling_factor)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        True, config.hidden_act, routing="sigmoid", routed_scaling=float(config.router_scaling_factor))
+    if config.model_type == "laguna":  # (one group, renormalized, times moe_routed_scaling_factor)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       True, config.hidden_act, routing="sigmoid",
+                       routed_scaling=float(config.moe_routed_scaling_factor))
     if config.model_type == "flint":  # (sigmoid scores choose with no correction bias: arch.py gives it zeros)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid")

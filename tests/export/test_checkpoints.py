@@ -472,10 +472,6 @@ def test_a_model_type_built_as_another_family_exports_as_that_family(tmp_path: P
 
 @pytest.mark.parametrize(("model_type", "config", "words"), [
     ("granite_swa", {"layer_rope_theta": [5000.0, 10000.0]}, ["layer_rope_theta", "5000"]),
-    ("mellum", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5,
-                                                       "partial_rotary_factor": 0.5},
-                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-     ["partial_rotary_factor", "0.5"]),
     ("dbrx", {"attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0},
               "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}},
      ["attn_config.rope_theta", "500000", "rope_parameters"]),
@@ -485,8 +481,8 @@ def test_a_model_type_built_as_another_family_exports_as_that_family(tmp_path: P
 ])
 def test_rotary_a_layer_cannot_have_in_llmc_is_refused_by_name(tmp_path: Path, model_type: str, config: dict[str, Any],
                                                                words: list[str]) -> None:
-    """Granite SWA's per-layer rotary base other than rope_theta, Mellum's partial rotary on one layer type: refused
-    (the export would rotate them by the model's one table), never exported wrong. DBRX's attn_config.rope_theta,
+    """Granite SWA's per-layer rotary base other than rope_theta: refused (the export would rotate it by the model's
+    one table), never exported wrong. DBRX's attn_config.rope_theta,
     which transformers does not use (it rotates by rope_parameters): refused while the two differ. PhiMoE's mscales
     that differ (the scale would change with the sequence's length): refused."""
     import transformers as tf
@@ -494,10 +490,9 @@ def test_rotary_a_layer_cannot_have_in_llmc_is_refused_by_name(tmp_path: Path, m
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8,
                   layer_types=["sliding_attention", "full_attention"])
-    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32} if model_type == "mellum" else {}
     if model_type == "dbrx":  # (its own names)
         common = dict(vocab_size=320, d_model=64, n_layers=2, n_heads=4, max_seq_len=256)
-    model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.for_model(model_type, **common, **moe, **config))
+    model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.for_model(model_type, **common, **config))
     model.save_pretrained(str(tmp_path / "hf"))
     make_tokenizer(tmp_path / "hf", 320)
     with pytest.raises(UnsupportedModelError) as e:

@@ -339,7 +339,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
                 "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
-                "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8}
+                "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8, "laguna": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -349,12 +349,14 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
-                         "hy_v3": "head", "kolibri1": "head", "llama4_text": "head"}.get(tiny.name, "")
+                         "hy_v3": "head", "kolibri1": "head", "llama4_text": "head", "laguna": "head"}.get(tiny.name,
+                                                                                                           "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == {"ministral3": (0.4, 16), "llama4_text": (0.5, 512)}.get(
         tiny.name, (0.0, 0))
     assert (m.activation == "xielu") is (tiny.name == "apertus")
-    assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe"))
+    assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe", "laguna"))
+    assert m.attn_gate_activation == ("softplus" if tiny.name == "laguna" else "sigmoid")
     if tiny.name in ("granite_swa", "flint", "kolibri1"):  # (a layer without rotary: Granite SWA's theta 0, the
         # full layers of Flint and Kolibri-1)
         assert m.rope_layers == {"granite_swa": (False, True)}.get(tiny.name, (True, False))
@@ -386,7 +388,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                                             "solar_open", "flex_olmo",
                                                                             "exaone_moe", "minicpm5_moe", "mellum",
                                                                             "flint", "hy_v3", "kolibri1",
-                                                                            "mimo_v2_flash") or mla_moe
+                                                                            "mimo_v2_flash", "laguna") or mla_moe
                                                     else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
@@ -396,7 +398,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
-        "llama4_text": ("sigmoid_logits", 1, 1, 1.0), "mimo_v2_flash": ("sigmoid", 2, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
+        "llama4_text": ("sigmoid_logits", 1, 1, 1.0), "mimo_v2_flash": ("sigmoid", 2, 1, 1.5),
+        "laguna": ("sigmoid", 1, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
@@ -406,7 +409,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
                                                            "minicpm5_moe", "mellum", "flint", "hy_v3",
-                                                           "mimo_v2_flash") or mla_moe
+                                                           "mimo_v2_flash", "laguna") or mla_moe
                             else
                             (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text") else ())
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
@@ -418,7 +421,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",
                                                                                         "minicpm5_moe", "flint",
-                                                                                        "hy_v3", "kolibri1")
+                                                                                        "hy_v3", "kolibri1", "laguna")
                                                                 if n not in MLA_DENSE}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
