@@ -270,13 +270,14 @@ def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
                     f"a table per layer type supports {', '.join(PER_LAYER_TYPE_ROPE)}")
         weights[name] = _np(getattr(rotary, f"{layer_type}_original_inv_freq"))
         scaling = float(getattr(rotary, f"{layer_type}_attention_scaling"))
+        widest = max(_widths(rotary).values())
         if layer_type in _narrower_types(rotary, head_dim):  # (its layers' q / k turned by _partial_rotary_halves)
             if scaling != 1.0:
                 _refuse(f"rope_parameters[{layer_type!r}].partial_rotary_factor", p.get("partial_rotary_factor"),
                         f"its table's scale ({scaling:g}) would fall on the dims it does not rotate")
-            weights[name] = np.concatenate([weights[name], np.zeros(head_dim // 2 - len(weights[name]), np.float32)])
-        elif 2 * weights[name].shape[0] != head_dim:  # (partial rotary: the same width on every layer type)
-            fields["rotary_dim"] = 2 * weights[name].shape[0]
+            weights[name] = np.concatenate([weights[name], np.zeros(widest // 2 - len(weights[name]), np.float32)])
+        if widest != head_dim:  # (partial rotary: the widest type's, every type rotating that many dims)
+            fields["rotary_dim"] = widest
         if layer_type == "full_attention":
             fields.update(rope_theta=float(p.get("rope_theta", 10000.0)), rope_type=rope_type,
                           rope_attention_scaling=scaling)
@@ -296,17 +297,17 @@ def _widths(rotary: Any) -> dict[str, int]:
 
 def _narrower_types(rotary: Any, head_dim: int) -> set[str]:
     """The layer types that rotate fewer dims than another type (Laguna's full layers: half of a head): their q / k
-    are reordered so that they rotate every dim, the table's extra frequencies 0 (nothing turned)."""
+    are reordered so that they rotate as many as the widest type, the table's extra frequencies 0 (nothing turned)."""
     widths = _widths(rotary) if hasattr(rotary, "full_attention_original_inv_freq") else {}
     return {t for t, w in widths.items() if w < max(widths.values())} if len(set(widths.values())) > 1 else set()
 
 
 def _partial_rotary_halves(model: Any, config: Any, sd: dict[str, np.ndarray], head_dim: int
                            ) -> dict[str, np.ndarray]:
-    """A narrower layer type's layers made to rotate whole heads, exactly: each head's rotated pairs (i, i + R/2)
-    moved to (i, i + D/2), its unrotated dims into the other places (q and k rows, their biases and per-head norms
-    alike: q . k is the same under one permutation of both); with the type's table padded with zero frequencies to
-    D/2 (_per_layer_type_rope) the pairs past R/2 turn by nothing."""
+    """A narrower layer type's layers made to rotate as many dims W as the widest type, exactly: each head's rotated
+    pairs (i, i + R/2) moved to (i, i + W/2), its unrotated dims into the other places (q and k rows, their biases
+    and per-head norms alike: q . k is the same under one permutation of both); with the type's table padded with
+    zero frequencies to W/2 (_per_layer_type_rope) the pairs past R/2 turn by nothing."""
     rotary = _base(model).rotary_emb
     narrower = _narrower_types(rotary, head_dim)
     if not narrower:
@@ -316,7 +317,7 @@ def _partial_rotary_halves(model: Any, config: Any, sd: dict[str, np.ndarray], h
     for i, kind in enumerate(config.layer_types):
         if kind not in narrower:
             continue
-        half, r = head_dim // 2, widths[kind] // 2
+        half, r = max(widths.values()) // 2, widths[kind] // 2
         rest = iter(range(2 * r, head_dim))
         order = [j if j < r else j - half + r if half <= j < half + r else next(rest) for j in range(head_dim)]
         attn = f"model.layers.{i}.self_attn."

@@ -268,7 +268,7 @@ class GroupQueryAttention:
         attrs: dict[str, Any] = {"num_heads": m.num_heads, "kv_num_heads": m.num_kv_heads, "scale": m.scale}
         if m.window(i):
             attrs["local_window_size"] = m.window(i)
-        if m.chunk(i):  # (llmc's operator; GroupQueryAttention has none: attention_lowering refuses it there)
+        if m.chunk(i):  # (llmc's operator; GroupQueryAttention has none: its __call__ refuses the layer)
             attrs["attention_chunk_size"] = m.chunk(i)
         if m.attn_softcap:
             attrs["softcap"] = m.attn_softcap

@@ -539,3 +539,32 @@ def test_llama4_chunked_attention_and_query_temperature_are_transformers_on_ever
         assert float(np.abs(np.stack(steps) - ref[39:55]).max()) <= 1e-4, attention
     with pytest.raises(InputError, match="--attention gqa"):
         build_ort(BuildConfig(tmp_path / "export", tmp_path / "gqa", attention="gqa"))
+
+
+def test_layer_types_rotating_different_widths_export_exactly(tmp_path: Path) -> None:
+    """Laguna's full layers rotating a quarter of each 32-dim head, its sliding ones half (a per-element output gate
+    too): the narrower type's q / k rows and norm weights are reordered so that it rotates the wider type's width
+    with zero frequencies past its own; the logits are transformers'."""
+    import transformers as tf
+    from tiny_models import _SLIDING_FULL, _auto
+
+    from llmc.engines.ort.build import export_engine
+
+    torch.manual_seed(0)
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.25},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}
+    model = _auto(tf, "laguna", vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, head_dim=32,
+                  num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                  rope_parameters=rope, mlp_layer_types=["dense", "sparse"], gating="per-element", **_SLIDING_FULL)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.add_(0.3 * torch.randn_like(p))
+    manifest = _export_widened(model, tmp_path)
+    assert manifest.model.rotary_dim == 16 and manifest.parity["max_abs_diff"] <= 1e-4
+    engine = export_engine(manifest, tmp_path / "export")
+    ids = np.random.default_rng(0).integers(3, 300, 40).tolist()
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
+    assert float(np.abs(engine.prefill([0], [ids], engine.new_kv_cache(1, 64))[0] - ref).max()) <= 1e-4
