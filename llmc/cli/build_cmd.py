@@ -35,7 +35,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
                                                          "graphs).")] = KVLayout.inplace,
         attention: Annotated[str | None, typer.Option(
             help="Attention lowering. ort: auto (default: llmc where its AVX-512 path runs and the export is fp32, "
-                 "else gqa), gqa (GroupQueryAttention), llmc (llmc's own operator: reads the cache once per KV head, "
+                 "else gqa, or onnx for chunked attention), gqa (GroupQueryAttention), llmc (llmc's own operator: reads the cache once per KV head, "
                  "takes --kv-dtype float16|int8), onnx (Attention + TensorScatter) or onnx-static (the same over "
                  "the whole buffer, a fixed key length); ort-cuda: auto or gqa; trt: plugin (llmc::attention, "
                  "default) or native (TensorRT >= 10.15 layers, the onnx-static graph).")] = None,

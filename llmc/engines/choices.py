@@ -36,7 +36,7 @@ class KVLayout(str, Enum):
 
 
 class Attention(str, Enum):
-    auto = "auto"  # llmc where its AVX-512 path runs and the export is fp32, else gqa
+    auto = "auto"  # llmc where its AVX-512 path runs and the export is fp32, else gqa (onnx for chunked attention)
     gqa = "gqa"  # com.microsoft.GroupQueryAttention
     llmc = "llmc"  # llmc's CachedAttention operator
     onnx = "onnx"  # standard Attention + TensorScatter (what TensorRT parses)

@@ -40,13 +40,14 @@ SUPPORTED = {
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
     "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
     "llama4_text": "Llama 4 (text)",
-    "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "laguna": "Laguna (poolside)", "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
+    "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "laguna": "Laguna (poolside)",
+    "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
+# latent attention (ModelSpec.mla_kv_rank), and of those the dense decoders (no mixture)
 MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "sarvam_mla", "youtu", "deepseek_v32",
-       "glm_moe_dsa", "axk1")  # latent attention
-# (ModelSpec.mla_kv_rank); of them, the dense decoders (no mixture)
+       "glm_moe_dsa", "axk1")
 MLA_DENSE = ("minicpm3", "youtu")
 # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): DeepSeek-V3 whose queries attend the index_topk keys a lightning
 # indexer picks; up to index_topk keys that is every key (dense latent attention, exactly), and the export holds no
@@ -699,9 +700,9 @@ def _dbrx(config: Any) -> dict[str, Any]:
     built = float((_get(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
     theta = _get(attn, "rope_theta", None)
     if theta is not None and float(theta) != built:  # (transformers builds the table from rope_parameters)
-        _refuse("attn_config.rope_theta", theta, f"transformers rotates DBRX by rope_parameters' rope_theta ({built:g}), "
-                "not by this; give config.json the same rope_parameters.rope_theta to export the model as it was "
-                "trained")
+        _refuse("attn_config.rope_theta", theta, f"transformers rotates DBRX by rope_parameters' rope_theta "
+                f"({built:g}), not by this; give config.json the same rope_parameters.rope_theta to export the model "
+                "as it was trained")
     return {"norm": "layer", "norm_eps": 1e-5, "activation": _activation(ffn.ffn_act_fn.get("name", "silu")),
             **_moe(config), **({"clip_qkv": float(attn.clip_qkv)} if _get(attn, "clip_qkv", None) else {})}
 
@@ -1020,10 +1021,12 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
     "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},
-    "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "llama4_text": _llama4, "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
+    "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "llama4_text": _llama4,
+    "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
     **{mt: lambda c: {**_moe(c), "max_positions": min(int(c.max_position_embeddings), int(c.index_topk))}
        for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
-    "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},  # (EXAONE 4's attention, GLM-4's norms)
+    # (Kolibri-1: EXAONE 4's attention, GLM-4's norms)
+    "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),

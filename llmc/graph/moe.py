@@ -202,8 +202,8 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     """The MoE block of a transformers MixtralConfig, GraniteMoeConfig, Qwen3MoeConfig, Qwen2MoeConfig, GptOssConfig,
     Glm4MoeConfig, Dots1Config or OlmoeConfig (Qwen2-MoE's, GLM-4.5's and dots1's shared experts are the decoder's:
     ModelSpec.shared_expert_size)."""
-    if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa"):  # (Granite's softmax over the top k
-        # logits: the same weights)
+    # (Granite's softmax over the top k logits: the same weights)
+    if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa"):
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
     if config.model_type == "ernie4_5_moe":
