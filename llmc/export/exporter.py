@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from llmc.errors import InputError, LlmcError
+from llmc.errors import InputError, LlmcError, UnsupportedModelError, one_line
 from llmc.export import sources
 from llmc.export.arch import from_transformers
 from llmc.export.golden import golden_prompt_ids, make_golden
@@ -73,7 +73,11 @@ def _export_into(work: Path, src: sources.ModelSource, cfg: ExportConfig, progre
     if len(prompt) + GOLDEN_STEPS > ckpt.spec.max_positions:  # (the export checks its graphs on this prompt)
         raise InputError(f"max_position_embeddings {ckpt.spec.max_positions} is less than the golden check needs "
                          f"({len(prompt)} prompt tokens + {GOLDEN_STEPS}): the model cannot hold a chat turn")
-    golden = make_golden(loaded.model, prompt)
+    try:
+        golden = make_golden(loaded.model, prompt)
+    except Exception as e:  # (a config transformers builds but cannot run: its own error, in one line)
+        raise UnsupportedModelError(f"transformers' own forward fails on this model's config, and llmc checks every "
+                                    f"export against it: {type(e).__name__}: {one_line(e)}") from None
     golden.save(work / GOLDEN_FILE)
     manifest = ExportManifest(
         model_name=src.name, source=str(src.path), dtype=cfg.dtype, opset=cfg.opset, model=ckpt.spec, kv=kv,

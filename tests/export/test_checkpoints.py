@@ -475,6 +475,11 @@ def test_a_model_type_built_as_another_family_exports_as_that_family(tmp_path: P
     ("dbrx", {"attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0},
               "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}},
      ["attn_config.rope_theta", "500000", "rope_parameters"]),
+    ("mellum", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5,
+                                                       "partial_rotary_factor": 0.5},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+                "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+     ["transformers' own forward fails", "RuntimeError"]),
     ("phimoe", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
                                     "long_factor": [2.0] * 8, "short_mscale": 1.2, "long_mscale": 1.3,
                                     "original_max_position_embeddings": 64}}, ["long_mscale", "1.3", "short_mscale"]),
@@ -484,7 +489,8 @@ def test_rotary_a_layer_cannot_have_in_llmc_is_refused_by_name(tmp_path: Path, m
     """Granite SWA's per-layer rotary base other than rope_theta: refused (the export would rotate it by the model's
     one table), never exported wrong. DBRX's attn_config.rope_theta,
     which transformers does not use (it rotates by rope_parameters): refused while the two differ. PhiMoE's mscales
-    that differ (the scale would change with the sequence's length): refused."""
+    that differ (the scale would change with the sequence's length): refused. Mellum with partial rotary on one layer
+    type, which transformers builds but cannot run: its error in one line, not a traceback."""
     import transformers as tf
 
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
