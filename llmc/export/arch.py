@@ -529,7 +529,7 @@ def _cohere2_moe(config: Any) -> dict[str, Any]:
 
 def _cohere2_moe_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Cohere 2 MoE's weights as Cohere 2's; its "average" of routed and shared experts ((r + s) / 2) as every
-    expert's down product halved (exact), its sigmoid routing given a zero correction bias."""
+    expert's down product halved (exact)."""
     from llmc.graph.moe import is_sparse_layer
 
     out = _interleaved_to_halves(config, sd if _get(config, "rms_norm_eps", None) else _norm_params(config, sd))
@@ -537,8 +537,6 @@ def _cohere2_moe_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.n
         if not is_sparse_layer(config, i):
             continue
         p = f"model.layers.{i}.mlp."
-        if config.expert_selection_fn == "sigmoid":
-            out[p + "gate.e_score_correction_bias"] = np.zeros(int(config.num_experts), np.float32)
         if int(config.num_shared_experts) and config.shared_expert_combination_strategy == "average":
             for name in (p + "experts.down_proj", p + "shared_experts.down_proj.weight"):
                 out[name] = out[name] * np.float32(0.5)
@@ -748,8 +746,7 @@ def _llama4(config: Any) -> dict[str, Any]:
 
 def _llama4_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Llama 4's weights under the names the others use: its experts ([E, hidden, 2I] and [E, I, hidden]: llmc's
-    canonical layout) as transformers' other families hold them, its weightless qk-norms as weights of 1, and a zero
-    correction bias for the routing (the choice is the top k logits)."""
+    canonical layout) as transformers' other families hold them, its weightless qk-norms as weights of 1."""
     from llmc.graph.moe import is_sparse_layer
 
     out = _interleaved_to_halves(config, _renamed(sd, ((".feed_forward.shared_expert.", ".mlp.shared_experts."),
@@ -764,7 +761,6 @@ def _llama4_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarra
             e = p + "mlp.experts."
             out[e + "gate_up_proj"] = out[e + "gate_up_proj"].transpose(0, 2, 1)
             out[e + "down_proj"] = out[e + "down_proj"].transpose(0, 2, 1)
-            out[p + "mlp.gate.e_score_correction_bias"] = np.zeros(int(config.num_local_experts), np.float32)
     return out
 
 
@@ -877,19 +873,9 @@ def _minicpm5_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndar
 
 def _flint(config: Any) -> dict[str, Any]:
     """Flint: Qwen3-MoE's layer with a sink per head, RoPE on sliding layers only, sigmoid routing (no correction
-    bias: zeros) and a shared expert added ungated."""
+    bias: zeros, _mlp_weights) and a shared expert added ungated."""
     rope = tuple(t == "sliding_attention" for t in config.layer_types)
     return {**_moe(config), "qk_norm": "head", "attn_sinks": True, **({"rope_layers": rope} if not all(rope) else {})}
-
-
-def _flint_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from llmc.graph.moe import is_sparse_layer
-
-    out = _renamed(sd, ((".mlp.shared_expert.", ".mlp.shared_experts."),))
-    for i in range(int(config.num_hidden_layers)):
-        if is_sparse_layer(config, i):  # (its sigmoid scores choose as they are: GLM-4.5's routing, bias 0)
-            out[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = np.zeros(int(config.num_experts), np.float32)
-    return out
 
 
 def _moe(config: Any) -> dict[str, Any]:
@@ -962,10 +948,11 @@ _HUNYUAN_NAMES = ((".query_layernorm.", ".q_norm."), (".key_layernorm.", ".k_nor
                   (".mlp.shared_mlp.", ".mlp.shared_experts."))
 _PLAIN_MLP_NAMES = (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj."))  # up, activation, down
 _GRANITEMOE_NAMES = ((".block_sparse_moe.router.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."))
+_BLOCK_CORRECTION_BIAS = ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)  # (MiniMax-M2, Hy3)
 _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
     "phi": lambda c, sd: _renamed(sd, _PHI_NAMES), "gpt_neox": _gpt_neox_names, "olmo": _norm_params,
     "falcon": _falcon_names,
-    "minimax_m2": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
+    "minimax_m2": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "afmoe": lambda c, sd: _renamed(sd, _AFMOE_NAMES),
     "gptj": lambda c, sd: _interleaved_to_halves(c, _renamed(sd, _GPTJ_NAMES), _gptj_rotated(c)),
     "nemotron": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES), "arcee": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES),
@@ -975,11 +962,12 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "granitemoeshared": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
     "granitemoe_swa": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
     "hyperclovax": lambda c, sd: _layer_part_names(sd, _HYPERCLOVAX_NORMS), "jais2": lambda c, sd: _renamed(
-        sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names, "flint": _flint_names,
+        sd, _PLAIN_MLP_NAMES), "minicpm5_moe": _minicpm5_names,
+    "flint": lambda c, sd: _renamed(sd, ((".mlp.shared_expert.", ".mlp.shared_experts."),)),
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
     "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
     "llama4_text": _llama4_names, "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
-    "hy_v3": lambda c, sd: _renamed(sd, ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)),
+    "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
     "helium": _interleaved_to_halves, "ernie4_5": _interleaved_to_halves,
@@ -1130,9 +1118,12 @@ def _mla_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
 def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     p, q = f"model.layers.{i}.mlp.", f"layers.{i}."
     if spec.is_moe(i):
-        from llmc.graph.moe import canonical_from_hf
+        from llmc.graph.moe import CORRECTION_BIAS, canonical_from_hf
 
         out = canonical_from_hf(sd, p, q.rstrip("."))
+        if spec.moe_routing in ("sigmoid", "sigmoid_logits") and q + CORRECTION_BIAS not in out:
+            # (a checkpoint without one chooses by the scores or logits as they are: Flint, Llama 4, Cohere 2 MoE)
+            out[q + CORRECTION_BIAS] = np.zeros(spec.num_experts, np.float32)
         if spec.moe_post_norm:  # (A.X K1)
             out[q + "moe_norm.weight"] = sd[p + "post_mlp_layernorm.weight"]
         if spec.shared_expert_size:  # Qwen2-MoE's (gated), GLM-4.5's (its shared experts as one MLP)

@@ -236,7 +236,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        True, config.hidden_act, routing="sigmoid",
                        routed_scaling=float(config.moe_routed_scaling_factor))
-    if config.model_type == "flint":  # (sigmoid scores choose with no correction bias: arch.py gives it zeros)
+    if config.model_type == "flint":  # (sigmoid scores choose with no correction bias: arch.py's zeros)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid")
     if config.model_type == "dbrx":  # (the top k weights over their p-norm: p = 1 renormalizes; arch.py refuses p > 1)

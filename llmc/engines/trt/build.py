@@ -124,7 +124,7 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
     if model.attn_sinks:
         raise InputError("the model's attention sinks (GPT-OSS) are in neither TensorRT attention (plugin, native) "
                          "here: build it with --backend ort")
-    if any(model.chunk(i) for i in range(model.num_layers)) and cfg.attention == "plugin":
+    if model.attention_chunk and cfg.attention == "plugin":
         raise InputError(f"the model's chunked attention (blocks of {model.attention_chunk} positions: Llama 4) is not "
                          "in llmc's attention plugin: build with --attention native (its mask holds the chunks)")
     if model.mla_kv_rank:
