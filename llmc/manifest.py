@@ -74,8 +74,8 @@ class ModelSpec:
     qkv_bias: bool = False
     tie_embeddings: bool = False
     # attention, per layer
-    layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" | "chunked_attention" per layer; empty:
-    # all full
+    layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" | "chunked_attention" | "conv" per
+    # layer; empty: all full
     sliding_window: int = 0  # W: a sliding layer's query sees its last W positions (itself included)
     attention_chunk: int = 0  # C: a chunked layer's query at p sees the keys of its block, floor(p / C) * C .. p (Llama 4)
     rope_layers: tuple[bool, ...] = ()  # False: a layer without rotary (SmolLM3's NoPE layers); empty: all rotary
@@ -131,6 +131,7 @@ class ModelSpec:
     moe_scale_inputs: bool = False  # each expert runs on its input times its routing weight, its output unweighted
     # (Llama 4)
     moe_jitter_eps: float = 0.0  # "sparsemixer" routing's threshold (PhiMoE: config.router_jitter_noise)
+    moe_norm_eps: float = 1e-20  # "sigmoid" routing, renormalized: added to the k scores' sum (LFM2-MoE: 1e-6)
     # GPT-OSS's experts: "swiglu_oss" is (clamp(up, -L, L) + 1) * g * sigmoid(alpha g), g = min(gate, L), with
     # L = swiglu_limit, alpha = swiglu_alpha; moe_bias: the router and every expert's products have biases
     moe_activation: str = "silu"
@@ -149,6 +150,11 @@ class ModelSpec:
     mla_q_rank: int = 0  # the queries' low rank (config.q_lora_rank): q_a -> q_a_norm -> q_b; 0: one q product
     mla_nope_dim: int = 0  # each query head's dims without rotary (config.qk_nope_head_dim)
     mla_v_dim: int = 0  # each head's value width after v_up (config.v_head_dim)
+    # a "conv" layer has no attention: a gated short convolution (LFM2), B, C, x = h @ conv_in;
+    # y = C * conv(B * x) @ o, conv a causal depthwise convolution of conv_kernel taps (layers.{i}.conv.weight
+    # [taps, hidden], tap taps - 1 on the newest input); each sequence keeps its last conv_kernel - 1 inputs B * x
+    # as a state beside the KV cache (KVSpec.states)
+    conv_kernel: int = 0
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""
@@ -166,6 +172,18 @@ class ModelSpec:
     def has_rope(self, layer: int) -> bool:
         return self.positions == "rope" and (not self.rope_layers or self.rope_layers[layer])
 
+    def is_conv(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "conv"
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers with a KV cache (every layer but a "conv" one), in order: KV layer j is layer kv_layers[j]."""
+        return tuple(i for i in range(self.num_layers) if not self.is_conv(i))
+
+    def kv_index(self, layer: int) -> int:
+        """Layer `layer`'s place among the KV layers (its cache's name index)."""
+        return layer if "conv" not in self.layer_types else self.kv_layers.index(layer)
+
     def is_moe(self, layer: int) -> bool:
         return self.num_experts > 0 and (not self.moe_layers or self.moe_layers[layer])
 
@@ -177,6 +195,22 @@ class ModelSpec:
     @property
     def rotated_dims(self) -> int:
         return self.rotary_dim or self.head_dim
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A fixed-size state each sequence keeps for some layers beside its KV cache (a short convolution's last
+    inputs): `count` tensors [B, *shape] in as `past` and out as `present` (templates with {i}, the i-th such
+    layer), written whole by each run. Held in `dtype` whatever the compute dtype."""
+
+    past: str
+    present: str
+    count: int
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def names(self, kind: str) -> list[str]:
+        return [(self.past if kind == "past" else self.present).format(i=i) for i in range(self.count)]
 
 
 KV_INT8_GROUP = 32  # an "int8" KV row: one fp16 scale per this many values (llmc/engines/kernels/attention_kernel.h)
@@ -208,6 +242,13 @@ class KVSpec:
     # paged fp32 / fp16 pools of llmc's operator: the keys of each 16 aligned positions of a block held in their
     # 16 rows' bytes as [head_dim][16] (the operator's key_tiles; the values stay rows); blocks of 16 or more
     key_tiles: bool = False
+    # per-sequence states of layers without a KV cache (LFM2's convolutions), beside it; num_layers counts only the
+    # layers with KV
+    states: tuple[StateSpec, ...] = ()
+
+    def state_names(self, kind: str) -> list[str]:
+        """Every state tensor's name of one kind ("past" or "present"), in the graphs' order."""
+        return [n for s in self.states for n in s.names(kind)]
 
     @property
     def row_width(self) -> int:

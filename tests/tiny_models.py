@@ -635,13 +635,58 @@ def _laguna(tf: Any, common: dict[str, Any]) -> Any:  # softplus gate per head, 
     return model
 
 
+def _lfm2(tf: Any, common: dict[str, Any]) -> Any:  # conv layers around an attention layer, biased convolutions
+    import torch
+
+    model = _auto(tf, "lfm2", **{**common, "num_hidden_layers": 3}, layer_types=["conv", "full_attention", "conv"],
+                  conv_bias=True, block_multiple_of=32)
+    with torch.no_grad():  # (norms off 1, so that each one shows)
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "layernorm.weight")):
+                p.add_(0.3 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+    return model
+
+
+def _lfm2_moe(tf: Any, common: dict[str, Any]) -> Any:  # LFM2's layers, a dense MLP first, then experts
+    import torch
+
+    model = _auto(tf, "lfm2_moe", **{**common, "num_hidden_layers": 3}, layer_types=["conv", "full_attention", "conv"],
+                  num_dense_layers=1, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                  routed_scaling_factor=1.5)
+    with torch.no_grad():  # (the expert bias off zero: it chooses)
+        for name, t in model.named_buffers():
+            if name.endswith("expert_bias"):
+                t.normal_(0.0, 0.3)
+    return model
+
+
+def _lfm3(tf: Any, common: dict[str, Any]) -> Any:  # conv layers (4 taps), sliding and full layers, gates per head
+    import torch
+
+    rope = {"full_attention": {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    model = _auto(tf, "lfm3", **{**common, "num_hidden_layers": 4}, head_dim=16, conv_L_cache=4, sliding_window=8,
+                  layer_types=["conv", "sliding_attention", "conv", "full_attention"], rope_parameters=rope,
+                  use_attention_gate=True, use_sandwich_norm=True, attention_bias=True)
+    with torch.no_grad():  # (norms off 1 and biases off 0, so that each one shows)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+    return model
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
                       "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
                       "phimoe": _phimoe, "llama4_text": _llama4_text,
                       **{mt: _sparse_indexed(mt) for mt in ("deepseek_v32", "glm_moe_dsa")}, "axk1": _axk1,
-                      "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna})
+                      "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "lfm2": _lfm2,
+                      "lfm2_moe": _lfm2_moe, "lfm3": _lfm3})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

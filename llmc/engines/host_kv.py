@@ -27,10 +27,12 @@ def memory_limit() -> int:
 
 
 class _HostBuffers:
-    """One K and one V numpy buffer per layer (slots or block pools) in host RAM."""
+    """One K and one V numpy buffer per layer (slots or block pools) in host RAM, and each slot's states
+    (KVSpec.states: a conv layer's last inputs) [num_slots, *shape] per state tensor."""
 
     keys: list[np.ndarray]
     values: list[np.ndarray]
+    states: list[np.ndarray]
 
     def _allocate(self, spec: KVSpec, shape: tuple[int, ...]) -> None:
         """Zeroed K and V buffers of `shape` per layer; memory past what this machine has is refused by name
@@ -43,13 +45,35 @@ class _HostBuffers:
         try:
             self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
             self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+            self.states = [np.zeros((self.num_slots, *s.shape), np.float32) for s in spec.states for _ in range(s.count)]
         except MemoryError:
             raise InputError(f"--kv-budget-mb: {need / 2**20:,.0f} MiB of KV memory could not be allocated "
                              f"(this machine has {limit / 2**20:,.0f} MiB): lower it", "kv_budget_mb") from None
 
+    num_slots: int
+
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+        return sum(a.nbytes for a in (*self.keys, *self.values, *self.states))
+
+    def state_rows(self, slots: list[int], fresh: bool = False) -> list[np.ndarray]:
+        """Each state's rows for `slots` [B, *shape], in KVSpec.state_names order; `fresh`: zeros (a prompt's
+        first run)."""
+        if fresh:
+            return [np.zeros((len(slots), *s.shape[1:]), s.dtype) for s in self.states]
+        return [s[slots] for s in self.states]
+
+    def store_states(self, slots: list[int], present: list[np.ndarray], live: list[int] | None = None) -> None:
+        """Write each state's rows after a run back to `slots`: only batch rows `live` (None: all; a slot window's
+        other rows ran a dummy token)."""
+        rows = np.arange(len(slots)) if live is None else np.asarray(live, np.int64)
+        at = np.asarray(slots, np.int64)[rows]
+        for buf, new in zip(self.states, present):
+            buf[at] = new[rows]
+
+    def _move_states(self, src: int, dst: int) -> None:
+        for buf in self.states:
+            buf[dst] = buf[src]
 
     def buffers(self) -> list[np.ndarray]:
         """K and V buffers interleaved by layer, in the order of KVSpec.names()."""
@@ -60,7 +84,7 @@ class _HostBuffers:
         them now. Left lazy, the first write of each page lands inside a decode step: on a VM that backs its
         memory on first touch, 3-5 s a GiB, 50-75 ms stalls between tokens (docs/kv_cache.md).
         ndarray.fill lets go of the GIL: the buffers go over `threads` threads."""
-        buffers = self.keys + self.values
+        buffers = self.keys + self.values + self.states
         with ThreadPoolExecutor(max(1, threads)) as pool:
             list(pool.map(lambda buf: buf.fill(0), buffers))
         return sum(buf.nbytes for buf in buffers)
@@ -78,6 +102,7 @@ class HostKVCache(_HostBuffers, KVCache):
         n = int(self.lengths[src])
         for buf in self.buffers():
             buf[dst, :, :n] = buf[src, :, :n]
+        self._move_states(src, dst)
         self.lengths[dst], self.lengths[src] = n, 0
 
     def write(self, slot: int, start: int, present: list[np.ndarray], row: int, src: slice) -> None:
@@ -115,6 +140,7 @@ class HostPagedKVCache(_HostBuffers, PagedKVCache):
         return cls(spec, num_slots, max_len, num_slots * -(-max_len // block_size), block_size, fixed=True)
 
     def move(self, src: int, dst: int) -> None:
+        self._move_states(src, dst)
         if not self.fixed:
             super().move(src, dst)
             return

@@ -41,6 +41,8 @@ SUPPORTED = {
     "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
     "llama4_text": "Llama 4 (text)",
     "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "laguna": "Laguna (poolside)",
+    "lfm2": "LFM2 (Liquid: gated short convolutions and attention)", "lfm2_moe": "LFM2-MoE (LFM2-8B-A1B)",
+    "lfm3": "LFM3",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -65,7 +67,7 @@ VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwe
                 "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
                 "llava": "llama", "llava_next": "llama", "llava_onevision": "qwen2", "smolvlm": "llama",
                 "idefics3": "llama", "internvl": "qwen2", "aya_vision": "cohere2", "glm4v": "glm4v_text",
-                "glm4v_moe": "glm4v_moe_text", "llama4": "llama4_text"}
+                "glm4v_moe": "glm4v_moe_text", "llama4": "llama4_text", "lfm2_vl": "lfm2"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
@@ -153,11 +155,18 @@ def _inner_size(config: Any) -> int:
         return int(config.ffn_config.ffn_hidden_size)
     if config.model_type == "llama4_text":  # (its dense layers'; the experts' is intermediate_size)
         return int(config.intermediate_size_mlp)
+    if config.model_type == "lfm2" and config.block_auto_adjust_ff_dim:  # (as Lfm2MLP sizes itself)
+        size = int(2 * int(config.intermediate_size) / 3)
+        if config.block_ffn_dim_multiplier is not None:
+            size = int(config.block_ffn_dim_multiplier * size)
+            size = config.block_multiple_of * ((size + config.block_multiple_of - 1) // config.block_multiple_of)
+        return size
     return int(config.intermediate_size)
 
 
 def _qkv_bias(sd: dict[str, np.ndarray]) -> bool:
-    return "model.layers.0.self_attn.q_proj.bias" in sd or "model.layers.0.self_attn.qkv_proj.bias" in sd
+    return any(k.startswith("model.layers.") and k.endswith((".self_attn.q_proj.bias", ".self_attn.qkv_proj.bias"))
+               for k in sd)  # (any layer's: LFM's first layers may have no attention)
 
 
 def _base(model: Any) -> Any:
@@ -165,6 +174,12 @@ def _base(model: Any) -> Any:
     one whose base_model prefix names something else (Llama 4's)."""
     base = model.base_model
     return model.model if base is model else base
+
+
+def _rotary(model: Any) -> Any:
+    """transformers' rotary module of the decoder stack (rotary_emb; LFM2-MoE's pos_emb)."""
+    base = _base(model)
+    return base.rotary_emb if hasattr(base, "rotary_emb") else base.pos_emb
 
 
 def _windows(model: Any, config: Any) -> dict[str, Any]:
@@ -175,8 +190,11 @@ def _windows(model: Any, config: Any) -> dict[str, Any]:
     base = _base(model)
     for layer in next(getattr(base, n) for n in ("layers", "h", "blocks") if hasattr(base, n)):  # (Falcon: h, DBRX:
         # blocks)
-        attn = next(getattr(layer, n) for n in ("self_attn", "attention", "self_attention", "attn", "norm_attn_norm")
-                    if hasattr(layer, n))
+        attn = next((getattr(layer, n) for n in ("self_attn", "attention", "self_attention", "attn", "norm_attn_norm")
+                     if hasattr(layer, n)), None)
+        if attn is None:  # (a layer without attention: LFM2's convolutions)
+            per_layer.append(0)
+            continue
         w = attn.sliding_window if hasattr(attn, "sliding_window") else _get(config, "sliding_window", None)
         if not getattr(attn, "is_sliding", True):  # a full layer that keeps the model's window (EXAONE 4)
             w = 0
@@ -195,7 +213,7 @@ def _windows(model: Any, config: Any) -> dict[str, Any]:
 
 def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The rotary tables (inverse frequencies) and their spec fields, read from transformers' own rotary module."""
-    rotary = _base(model).rotary_emb
+    rotary = _rotary(model)
     params = _get(config, "rope_parameters", None) or _get(config, "rope_scaling", None) or {}
     if config.model_type == "phimoe":
         return _phimoe_rope(rotary, params, head_dim)
@@ -252,7 +270,9 @@ def _phimoe_rope(rotary: Any, params: dict[str, Any], head_dim: int) -> tuple[di
              "rope_attention_scaling": scaling}, {INV_FREQ: inv_freq})
 
 
-PER_LAYER_TYPE_ROPE = ("default", "linear", "llama3", "yarn")  # (longrope's second table has no place here)
+PER_LAYER_TYPE_ROPE = ("default", "linear", "llama3", "yarn", "proportional")  # (proportional: the first
+# partial_rotary_factor of each head's pairs (i, i + D / 2) rotated at base^(-2i / D), the rest at frequency 0, as its
+# table holds them)  # (longrope's second table has no place here)
 
 
 def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
@@ -309,7 +329,7 @@ def _partial_rotary_halves(model: Any, config: Any, sd: dict[str, np.ndarray], h
     pairs (i, i + R/2) moved to (i, i + W/2), its unrotated dims into the other places (q and k rows, their biases
     and per-head norms alike: q . k is the same under one permutation of both); with the type's table padded with
     zero frequencies to W/2 (_per_layer_type_rope) the pairs past R/2 turn by nothing."""
-    rotary = _base(model).rotary_emb
+    rotary = _rotary(model)
     narrower = _narrower_types(rotary, head_dim)
     if not narrower:
         return sd
@@ -725,6 +745,49 @@ _DBRX_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.norm_f
                (".norm_attn_norm.attn.out_proj.", ".self_attn.o_proj."), (".ffn.router.layer.", ".mlp.gate."))
 
 
+def _lfm2(config: Any) -> dict[str, Any]:
+    """LFM2: "conv" layers (a gated short convolution) among attention layers with a qk-norm per head; LFM3's
+    attention layers full or sliding (a rotary table per type), gated per head (`use_attention_gate`), its norms
+    also after the blocks (`use_sandwich_norm`)."""
+    fields = {"layer_types": tuple(t if t in ("conv", "sliding_attention") else "full_attention"
+                                   for t in config.layer_types),
+              "conv_kernel": int(config.conv_L_cache), "qk_norm": "head", "norm_eps": float(config.norm_eps)}
+    if config.model_type == "lfm3":
+        if float(_get(config, "rms_norm_eps", config.norm_eps)) != float(config.norm_eps):
+            _refuse("rms_norm_eps", config.rms_norm_eps, f"one eps for every norm (norm_eps is {config.norm_eps})")
+        fields.update(attn_output_gate=bool(config.use_attention_gate),
+                      norm_layout="sandwich" if config.use_sandwich_norm else "pre")
+    return fields
+
+
+_LFM2_NAMES = ((".operator_norm.", ".input_layernorm."), (".ffn_norm.", ".post_attention_layernorm."),
+               (".self_attn.out_proj.", ".self_attn.o_proj."), (".q_layernorm.", ".q_norm."),
+               (".k_layernorm.", ".k_norm."), (".feed_forward.w1.", ".mlp.gate_proj."),
+               (".feed_forward.w3.", ".mlp.up_proj."), (".feed_forward.w2.", ".mlp.down_proj."),
+               ("model.embedding_norm.", "model.norm."), (".feed_forward.", ".mlp."),  # (LFM2-MoE's mixture)
+               (".mlp.expert_bias", ".mlp.gate.e_score_correction_bias"))
+_LFM3_SANDWICH = ((".post_operator_norm.", ".post_attention_layernorm."), (".operator_norm.", ".input_layernorm."),
+                  (".post_ffn_norm.", ".post_feedforward_layernorm."), (".ffn_norm.", ".pre_feedforward_layernorm."))
+
+
+def _lfm3_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """LFM2's names (its four norms where use_sandwich_norm places them), the per-head gate as Laguna's."""
+    sd = _renamed(sd, _LFM3_SANDWICH) if config.use_sandwich_norm else sd
+    return _laguna_names(config, _renamed(sd, _LFM2_NAMES))
+
+
+
+def _conv_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A "conv" layer's canonical weights: conv_in [Hd, 3 Hd] (B, C, x), the taps [taps, Hd], o [Hd, Hd]."""
+    p, q = f"model.layers.{i}.conv.", f"layers.{i}."
+    out = {q + "conv_in.weight": sd[p + "in_proj.weight"].T.copy(), q + "o.weight": sd[p + "out_proj.weight"].T.copy(),
+           q + "conv.weight": np.ascontiguousarray(sd[p + "conv.weight"][:, 0, :].T)}
+    for theirs, ours in (("in_proj", "conv_in"), ("out_proj", "o"), ("conv", "conv")):
+        if p + theirs + ".bias" in sd:
+            out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
+    return out
+
+
 def _llama4(config: Any) -> dict[str, Any]:
     """Llama 4 (text): interleaved rotary (reordered at export) on the layers no_rope_layers marks, a weightless
     qk-norm on those only, mixtures on config.moe_layers (the top k logits' sigmoids scale the experts' inputs, a
@@ -889,6 +952,7 @@ def _moe(config: Any) -> dict[str, Any]:
             "moe_bias": moe.bias, "moe_routing": moe.routing, "moe_groups": moe.num_groups,
             "moe_topk_groups": moe.topk_groups, "routed_scaling": moe.routed_scaling,
             "moe_router_fp32": moe.router_fp32, "moe_jitter_eps": moe.jitter_eps, "moe_scale_inputs": moe.scale_inputs,
+            "moe_norm_eps": moe.norm_eps,
             **({"moe_layers": layers} if not all(layers) else {}), **_shared_experts(config),
             **({"qk_norm": "head"} if config.model_type == "qwen3_moe" else {})}
 
@@ -966,7 +1030,9 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "flint": lambda c, sd: _renamed(sd, ((".mlp.shared_expert.", ".mlp.shared_experts."),)),
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
     "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
-    "llama4_text": _llama4_names, "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
+    "llama4_text": _llama4_names, "lfm2": lambda c, sd: _renamed(sd, _LFM2_NAMES),
+    "lfm2_moe": lambda c, sd: _renamed(sd, _LFM2_NAMES), "lfm3": _lfm3_names,
+    "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
     "nanochat": lambda c, sd: _nanochat_names(c, sd),
@@ -1009,7 +1075,8 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "flint": _flint, "hy_v3": lambda c: {**_moe(c), "qk_norm": "head"},
     "dbrx": _dbrx, "cohere2_moe": _cohere2_moe,
     "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},
-    "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "llama4_text": _llama4,
+    "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "llama4_text": _llama4, "lfm2": _lfm2,
+    "lfm2_moe": lambda c: {**_lfm2(c), **_moe(c)}, "lfm3": _lfm2,
     "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
     **{mt: lambda c: {**_moe(c), "max_positions": min(int(c.max_position_embeddings), int(c.index_topk))}
        for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
@@ -1051,6 +1118,10 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + ours + ".weight"] = norm(p + theirs + ".weight")
             bias(p + theirs, q + ours)
         attn = p + "self_attn."
+        if spec.is_conv(i):  # (LFM2) its convolution in the attention's place
+            w.update(_conv_weights(sd, i))
+            w.update(_mlp_weights(spec, sd, i))
+            continue
         if spec.mla_kv_rank:
             w.update(_mla_weights(spec, sd, i))
         elif attn + "qkv_proj.weight" in sd:

@@ -195,10 +195,10 @@ class DecomposedAttention:
         b, m = self.c.b, self.c.m
         H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
         q, k, v = self.split_heads(i, qkv)
-        present = (io.PRESENT_KEY.format(i=i), io.PRESENT_VALUE.format(i=i))
+        present, past = io.layer_kv(m, i, "present"), io.layer_kv(m, i, "past")
         if self.c.with_past:
-            k = b.output("Concat", [io.PAST_KEY.format(i=i), k], present[0], axis=2)  # [B, Hkv, T, D]
-            v = b.output("Concat", [io.PAST_VALUE.format(i=i), v], present[1], axis=2)
+            k = b.output("Concat", [past[0], k], present[0], axis=2)  # [B, Hkv, T, D]
+            v = b.output("Concat", [past[1], v], present[1], axis=2)
         else:
             k, v = b.output("Identity", [k], present[0]), b.output("Identity", [v], present[1])
         # Grouped heads without copying K/V: q as [B, Hkv, G, S, D] against K/V broadcast as [B, Hkv, 1, T, D].
@@ -277,7 +277,7 @@ class GroupQueryAttention:
     def _node(self, op: str, layer: int, inputs: list[str], attrs: dict[str, Any], domain: str) -> str:
         b = self.c.b
         name = b._name(op)
-        present = [io.PRESENT_KEY.format(i=layer), io.PRESENT_VALUE.format(i=layer)]
+        present = io.layer_kv(self.c.m, layer, "present")
         b.nodes.append(helper.make_node(op, inputs, [f"{name}_out", *present], name=name, domain=domain, **attrs))
         return f"{name}_out"
 
@@ -286,7 +286,7 @@ class GroupQueryAttention:
             raise ValueError("GroupQueryAttention has no chunked attention (Llama 4's): the llmc, onnx or decomposed "
                              "lowering builds it")
         qkv, rope = self._rope(i, qkv)
-        past = [io.PAST_KEY.format(i=i), io.PAST_VALUE.format(i=i)]
+        past = io.layer_kv(self.c.m, i, "past")
         inputs = [qkv, "", "", *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *(rope or ("", ""))]
         sink = sinks(self.c, i)
         if sink is not None:  # head_sink, after position_ids and attention_bias (unused)
@@ -309,7 +309,7 @@ class CachedAttention(GroupQueryAttention):
 
     def __call__(self, i: int, qkv: str) -> str:
         qkv, rope = self._rope(i, qkv)
-        past = [io.PAST_KEY.format(i=i), io.PAST_VALUE.format(i=i)]
+        past = io.layer_kv(self.c.m, i, "past")
         op = {"float16": "CachedAttentionF16Cache", "int8": "CachedAttentionI8Cache"}.get(self.c.opts.kv_dtype,
                                                                                           "CachedAttention")
         inputs = [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope]
@@ -363,8 +363,8 @@ class OnnxAttention(DecomposedAttention):
         q, k, v = self.split_heads(i, qkv)
         zero = b.ints(0)
         used = []
-        for new, past, present in ((k, io.PAST_KEY, io.PRESENT_KEY), (v, io.PAST_VALUE, io.PRESENT_VALUE)):
-            full = b.output("TensorScatter", [past.format(i=i), new, self.write_index], present.format(i=i), axis=2)
+        for new, past, present in zip((k, v), io.layer_kv(m, i, "past"), io.layer_kv(m, i, "present")):
+            full = b.output("TensorScatter", [past, new, self.write_index], present, axis=2)
             used.append(self.attended(full, zero))
         attrs: dict[str, Any] = {"scale": m.scale}
         if m.attn_softcap:

@@ -6,7 +6,7 @@ valid positions of past + new tokens; `position_ids` carry each token's position
 
 from __future__ import annotations
 
-from llmc.manifest import GraphSpec, KVSpec, ModelSpec, TensorSpec
+from llmc.manifest import GraphSpec, KVSpec, ModelSpec, StateSpec, TensorSpec
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -19,7 +19,10 @@ PAST_VALUE = "past_key_values.{i}.value"
 PRESENT_KEY = "present.{i}.key"
 PRESENT_VALUE = "present.{i}.value"
 BLOCK_TABLE = "block_table"  # [B, max_blocks] int32: paged KV memory, row b's position t in block [b, t // block]
-NEW_TOKENS = "new_tokens"  # [B] int32 (paged graphs): row b's new tokens in this run, right-padded to the width
+NEW_TOKENS = "new_tokens"  # [B] int32 (paged graphs, graphs with states): row b's new tokens in this run,
+# right-padded to the width
+PAST_CONV = "past_conv.{i}"  # [B, conv_kernel - 1, hidden]: a conv layer's last inputs before this run (LFM2)
+PRESENT_CONV = "present_conv.{i}"  # the same after it (each row's last valid ones)
 
 STANDARD_INPLACE = ("onnx", "onnx-static")  # in-place lowerings of standard ops: Attention + TensorScatter
 
@@ -28,17 +31,28 @@ NUM_BLOCKS, BLOCK, MAX_BLOCKS = "num_blocks", "block_size", "max_blocks"
 
 
 def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
+    convs = model.num_layers - len(model.kv_layers)
+    states = (StateSpec(PAST_CONV, PRESENT_CONV, convs, (model.conv_kernel - 1, model.hidden_size)),) if convs else ()
     return KVSpec(
         layout=layout,
         dtype=dtype,
-        num_layers=model.num_layers,
+        num_layers=len(model.kv_layers),
         num_kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
         past_key=PAST_KEY,
         past_value=PAST_VALUE,
         present_key=PRESENT_KEY,
         present_value=PRESENT_VALUE,
+        states=states,
     )
+
+
+def layer_kv(model: ModelSpec, layer: int, kind: str) -> tuple[str, str]:
+    """Layer `layer`'s key and value names of one kind ("past" or "present"), by its place among the layers with a
+    KV cache (model.kv_index)."""
+    j = model.kv_index(layer)
+    k, v = (PAST_KEY, PAST_VALUE) if kind == "past" else (PRESENT_KEY, PRESENT_VALUE)
+    return k.format(i=j), v.format(i=j)
 
 
 def _token_inputs(mask_len: str) -> list[TensorSpec]:
@@ -55,12 +69,17 @@ def _kv(kv: KVSpec, kind: str, length: str) -> list[TensorSpec]:
     return [TensorSpec(n, kv.dtype, shape) for n in kv.names(kind)]
 
 
+def _states(kv: KVSpec, kind: str) -> list[TensorSpec]:
+    return [TensorSpec(n, s.dtype, (BATCH, *s.shape)) for s in kv.states for n in s.names(kind)]
+
+
 def prefill_spec(model: ModelSpec, kv: KVSpec, file: str = "prefill.onnx") -> GraphSpec:
-    """Prompt in, logits at each row's last valid token [B, 1, V] and the cache [B, Hkv, S, D] out."""
+    """Prompt in, logits at each row's last valid token [B, 1, V] and the cache [B, Hkv, S, D] (and the states) out."""
     return GraphSpec(
         file=file,
         inputs=tuple(_token_inputs(SEQ)),
-        outputs=(TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *_kv(kv, "present", SEQ)),
+        outputs=(TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *_kv(kv, "present", SEQ),
+                 *_states(kv, "present")),
         logits="last",
     )
 
@@ -69,8 +88,9 @@ def decode_spec(model: ModelSpec, kv: KVSpec, file: str = "decode.onnx") -> Grap
     """New tokens [B, S] (S = 1 when decoding) + past [B, Hkv, P, D] in; logits [B, S, V] and [B, Hkv, P+S, D] out."""
     return GraphSpec(
         file=file,
-        inputs=(*_token_inputs(TOTAL), *_kv(kv, "past", PAST)),
-        outputs=(TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *_kv(kv, "present", TOTAL)),
+        inputs=(*_token_inputs(TOTAL), *_kv(kv, "past", PAST), *_states(kv, "past")),
+        outputs=(TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *_kv(kv, "present", TOTAL),
+                 *_states(kv, "present")),
         logits="all",
     )
 
@@ -95,8 +115,10 @@ def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[Tensor
     if attention in ("gqa", "llmc"):
         inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]
     if kv.paged:
-        inputs += [TensorSpec(BLOCK_TABLE, "int32", (BATCH, MAX_BLOCKS)), TensorSpec(NEW_TOKENS, "int32", (BATCH,))]
-    return inputs + _kv(kv, "past", MAX_SEQ)
+        inputs.append(TensorSpec(BLOCK_TABLE, "int32", (BATCH, MAX_BLOCKS)))
+    if kv.paged or kv.states:  # (a state keeps each row's last valid inputs: where they end)
+        inputs.append(TensorSpec(NEW_TOKENS, "int32", (BATCH,)))
+    return inputs + _kv(kv, "past", MAX_SEQ) + _states(kv, "past")
 
 
 def inplace_specs(model: ModelSpec, kv: KVSpec, attention: str = "gqa",
@@ -111,7 +133,7 @@ def inplace_specs(model: ModelSpec, kv: KVSpec, attention: str = "gqa",
     (all a runtime needs: one-token decode rows, a one-row prompt chunk, right-padded prompts), so an engine holds
     its weights once.
     """
-    present = _kv(kv, "present", MAX_SEQ)
+    present = [*_kv(kv, "present", MAX_SEQ), *_states(kv, "present")]
     inputs = tuple(_inplace_inputs(model, kv, attention))
     prefill = GraphSpec("model.onnx" if one_graph else "prefill.onnx", inputs,
                         (TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *present), logits="last")

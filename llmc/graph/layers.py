@@ -61,6 +61,7 @@ class Ctx:
     ckpt: Checkpoint
     opts: GraphOptions
     with_past: bool
+    inputs: frozenset[str] = frozenset()  # the graph's input names
 
     def has(self, name: str) -> bool:
         return name in self.ckpt.weights
@@ -111,7 +112,8 @@ def _out_width(m: ModelSpec, name: str) -> int:
     mla_q = m.num_heads * (m.rotated_dims + m.mla_nope_dim)  # (latent attention's q products: decoder._mla_qkv)
     widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * inner,
               "fc": inner, "lm_head": m.vocab_size, "o": m.hidden_size, "q": mla_q, "q_b": mla_q,
-              "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim}
+              "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim,
+              "conv_in": 3 * m.hidden_size}
     return widths.get(kind, m.hidden_size)  # down, proj
 
 

@@ -13,7 +13,7 @@ Routing (MoESpec.routing), the [N, E] routing weights, one of:
              scores + router.correction_bias; the experts split into num_groups equal groups, each scored by the sum
              of its 2 best choices, and only the topk_groups best groups' experts compete: the top k of the choice
              there. Each picked expert's weight is its score (not its choice), divided by the k scores' sum
-             (+ 1e-20) when `norm_topk_prob`, times routed_scaling.
+             (+ norm_eps, 1e-20 but LFM2-MoE's 1e-6) when `norm_topk_prob`, times routed_scaling.
   "sigmoid_logits"  (Kolibri-1's) in fp32: the experts are chosen by the top k of the logits + router.correction_bias,
              each picked expert's weight is sigmoid(its logit), divided by the k weights' sum when `norm_topk_prob`
   "sparsemixer"  (PhiMoE's, as transformers evaluates it) always 2 experts, in fp32: the first is the largest logit m1,
@@ -135,6 +135,7 @@ class MoESpec:
     jitter_eps: float = 0.0  # "sparsemixer": the masks' threshold (PhiMoE: config.router_jitter_noise)
     scale_inputs: bool = False  # each expert runs on its tokens times their routing weights, its output added as it
     # is (Llama 4); without biases, so that an unpicked expert (weight 0) adds nothing
+    norm_eps: float = 1e-20  # "sigmoid" with norm_topk_prob: added to the k scores' sum (LFM2-MoE: 1e-6)
 
     def __post_init__(self) -> None:
         if not 0 < self.experts_per_token <= self.num_experts:
@@ -236,6 +237,10 @@ def spec_from_hf_config(config: Any) -> MoESpec:
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        True, config.hidden_act, routing="sigmoid",
                        routed_scaling=float(config.moe_routed_scaling_factor))
+    if config.model_type == "lfm2_moe":  # (one group; use_expert_bias False: arch.py's zero correction bias)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       bool(config.norm_topk_prob), "silu", routing="sigmoid",
+                       routed_scaling=float(config.routed_scaling_factor), norm_eps=1e-6)
     if config.model_type == "flint":  # (sigmoid scores choose with no correction bias: arch.py's zeros)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid")
@@ -286,7 +291,7 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
         return layer in config.moe_layers
     if config.model_type in MLP_LAYER_TYPES:
         return config.mlp_layer_types[layer] == "sparse"
-    if config.model_type == "afmoe":
+    if config.model_type in ("afmoe", "lfm2_moe"):
         return layer >= int(config.num_dense_layers)
     if config.model_type in FIRST_DENSE:  # the first first_k_dense_replace layers are dense
         return layer >= int(getattr(config, "first_k_dense_replace", 0) or 0)  # (Solar Open: none)
@@ -505,7 +510,7 @@ def _routing_matrix(b: GraphBuilder, logits: str, prefix: str, spec: MoESpec) ->
     if spec.norm_topk_prob:
         total = b.op("ReduceSum", top, b.ints(-1), keepdims=1)
         if spec.routing == "sigmoid":  # (transformers' guard against a zero sum: softmax's cannot be)
-            total = b.op("Add", total, _f32(b, 1e-20))
+            total = b.op("Add", total, _f32(b, spec.norm_eps))
         top = b.op("Div", top, total)
     if spec.routed_scaling != 1.0:
         top = b.op("Mul", top, _f32(b, spec.routed_scaling))
@@ -675,7 +680,7 @@ def _loop(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> st
 def moe_spec(m: ModelSpec) -> MoESpec:
     return MoESpec(m.num_experts, m.experts_per_token, m.moe_intermediate_size, m.norm_topk_prob, m.moe_activation,
                    m.swiglu_alpha, m.swiglu_limit, m.moe_bias, m.moe_routing, m.moe_groups, m.moe_topk_groups,
-                   m.routed_scaling, m.moe_router_fp32, m.moe_jitter_eps, m.moe_scale_inputs)
+                   m.routed_scaling, m.moe_router_fp32, m.moe_jitter_eps, m.moe_scale_inputs, m.moe_norm_eps)
 
 
 def moe_mlp(c: Ctx, layer: int, h: str) -> str:

@@ -98,7 +98,8 @@ class EngineLoop:
         rope_long = engine.manifest.model.rope_long_after  # longrope: a prompt runs whole, never after a prefix
         sched = SchedulerConfig(cfg.max_running, max_len, cfg.max_step_tokens, cfg.min_chunk,
                                 whole_prompts_over=rope_long, num_blocks=int(num_blocks), block_size=bs,
-                                prefix_caching=cfg.prefix_caching and not rope_long)
+                                # (a layer's state, LFM2's convolutions, is not in the blocks: a prefix is computed again)
+                                prefix_caching=cfg.prefix_caching and not rope_long and not engine.manifest.kv.states)
         kv = (engine.new_paged_kv_cache(cfg.max_running, max_len, int(num_blocks)) if num_blocks
               else engine.new_kv_cache(cfg.max_running, max_len))
         if cfg.kv_prefault:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -124,6 +125,14 @@ def test_chunked_attention_is_refused_naming_the_backends_that_build_it(tiny_lla
     model = replace(export.model, attention_chunk=8, layer_types=("chunked_attention",) * export.model.num_layers)
     with pytest.raises(InputError, match=r"no chunked attention .*blocks of 8 positions.*--backend ort"):
         write_cuda_engine(tmp_path, tiny_llama.export_dir, replace(export, model=model), "1.0")
+
+
+def test_convolution_layers_are_refused_naming_the_backend_that_builds_them(tiny_factory: Callable[[str], Built],
+                                                                          tmp_path: Path) -> None:
+    """LFM2's conv layers keep a state per sequence, which the ort-cuda engine does not hold."""
+    lfm2 = tiny_factory("lfm2")
+    with pytest.raises(InputError, match=r"no per-sequence state .*LFM2.*--backend ort"):
+        write_cuda_engine(tmp_path, lfm2.export_dir, load_export(lfm2.export_dir), "1.0")
 
 
 def test_the_written_engine_is_fp16_gqa_for_cuda(tiny_llama: Built, tmp_path: Path) -> None:

@@ -262,7 +262,8 @@ OTHER_IMAGE_TEXT: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "smolvlm": ("SmolVLM", "llama", "", {"image_token_id": 300}),
     "idefics3": ("Idefics3", "llama", "", {"image_token_id": 300}),
     "internvl": ("InternVL", "qwen2", "", {"image_token_id": 300}),
-    "aya_vision": ("AyaVision", "cohere2", "siglip_vision_model", {"image_token_index": 300})}
+    "aya_vision": ("AyaVision", "cohere2", "siglip_vision_model", {"image_token_index": 300}),
+    "lfm2_vl": ("Lfm2Vl", "lfm2", "siglip2_vision_model", {"image_token_id": 300, "projector_hidden_size": 64})}
 
 
 def _tiny_image_text(out: Path, kind: str) -> Any:
@@ -304,8 +305,9 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
         wrapper, text_type, vision_type, more = OTHER_IMAGE_TEXT[kind]
         vision = {**vision, **({"model_type": vision_type} if vision_type else {}),
                   **({"image_size": [32, 32], "patch_size": [8, 8]} if kind == "internvl" else {})}
-        config = getattr(tf, wrapper + "Config")(text_config={**text, "model_type": text_type}, vision_config=vision,
-                                                 **more)
+        conv = {"layer_types": ["conv", "full_attention"]} if text_type == "lfm2" else {}  # (LFM2-VL's convolutions)
+        config = getattr(tf, wrapper + "Config")(text_config={**text, "model_type": text_type, **conv},
+                                                 vision_config=vision, **more)
         model = getattr(tf, wrapper + "ForConditionalGeneration")(config)
     elif kind == "llama4":  # Llama 4's language model: a whole causal LM inside (NoPE layer, experts on scaled inputs)
         config = tf.Llama4Config(
@@ -364,7 +366,8 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
                                               "llava_onevision": "Qwen2ForCausalLM", "smolvlm": "LlamaForCausalLM",
                                               "idefics3": "LlamaForCausalLM", "internvl": "Qwen2ForCausalLM",
                                               "aya_vision": "Cohere2ForCausalLM", "glm4v": "Glm4ForCausalLM",
-                                              "glm4v_moe": "Glm4MoeForCausalLM", "llama4": "Llama4ForCausalLM"}[kind]
+                                              "glm4v_moe": "Glm4MoeForCausalLM", "llama4": "Llama4ForCausalLM",
+                                              "lfm2_vl": "Lfm2ForCausalLM"}[kind]
     if kind == "llama4":
         language, head = vlm.language_model.model, vlm.language_model.lm_head
     else:

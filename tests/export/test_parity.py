@@ -228,7 +228,9 @@ def _sessions(export_dir: Path) -> tuple[ort.InferenceSession, ort.InferenceSess
 def _past(kv_spec: Any, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     shape = (batch, kv_spec.num_kv_heads, length, kv_spec.head_dim)
-    return {n: rng.standard_normal(shape).astype(np.float32) for n in kv_spec.names("past")}
+    states = {n: rng.standard_normal((batch, *s.shape)).astype(np.float32) for s in kv_spec.states
+              for n in s.names("past")}  # (LFM2's convolutions' last inputs)
+    return {**{n: rng.standard_normal(shape).astype(np.float32) for n in kv_spec.names("past")}, **states}
 
 
 def test_graph_axes_are_symbolic(tiny: Built) -> None:
@@ -253,20 +255,22 @@ def test_graphs_run_at_many_shapes(tiny: Built, batch: int) -> None:
         logits, *present = prefill.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
                                               "position_ids": pos})
         assert logits.shape == (batch, 1, vocab) and logits.dtype == np.float32
-        assert len(present) == 2 * kv.num_layers
+        present, states = present[:2 * kv.num_layers], present[2 * kv.num_layers:]
         assert all(p.shape == (batch, kv.num_kv_heads, s, kv.head_dim) for p in present)
+        assert [t.shape for t in states] == [(batch, *st.shape) for st in kv.states for _ in range(st.count)]
         for past in (1, 9, 40):
             feeds = {"input_ids": ids, "attention_mask": np.ones((batch, past + s), np.int64),
                      "position_ids": pos + past, **_past(kv, batch, past, seed=past)}
             logits, *present = decode.run(None, feeds)
             assert logits.shape == (batch, s, vocab)
-            assert all(p.shape == (batch, kv.num_kv_heads, past + s, kv.head_dim) for p in present)
+            assert all(p.shape == (batch, kv.num_kv_heads, past + s, kv.head_dim) for p in present[:2 * kv.num_layers])
             assert np.isfinite(logits).all()
 
 
 def test_right_padded_batch_rows_equal_single_rows(tiny: Built) -> None:
-    """Graph level: a right-padded row gives the logits and cache it gives alone."""
+    """Graph level: a right-padded row gives the logits and cache (and states: its own last inputs) it gives alone."""
     prefill, decode = _sessions(tiny.export_dir)
+    kv_tensors = 2 * load_export(tiny.export_dir).kv.num_layers
     rows = [_ids(10, 7), _ids(11, 3), _ids(12, 5)]
     width = max(map(len, rows))
     ids = np.zeros((3, width), np.int64)
@@ -280,8 +284,10 @@ def test_right_padded_batch_rows_equal_single_rows(tiny: Built) -> None:
         ref_logits, *ref_present = prefill.run(None, {"input_ids": one, "attention_mask": np.ones_like(one),
                                                       "position_ids": np.arange(len(r))[None]})
         assert _max_diff(logits[b], ref_logits[0]) <= TOL
-        for p, q in zip(present, ref_present):
+        for p, q in zip(present[:kv_tensors], ref_present):
             assert _max_diff(p[b, :, :len(r)], q[0]) <= TOL
+        for p, q in zip(present[kv_tensors:], ref_present[kv_tensors:]):
+            assert _max_diff(p[b], q[0]) <= TOL
 
 
 def test_decode_graph_chunk_logits_match_transformers(tiny: Built, hf: Any) -> None:
@@ -294,7 +300,8 @@ def test_decode_graph_chunk_logits_match_transformers(tiny: Built, hf: Any) -> N
                                      "position_ids": np.arange(n)[None]})
     tail = np.array([seq[n:]], np.int64)
     feeds = {"input_ids": tail, "attention_mask": np.ones((1, len(seq)), np.int64),
-             "position_ids": np.arange(n, len(seq))[None], **dict(zip(manifest.kv.names("past"), present))}
+             "position_ids": np.arange(n, len(seq))[None],
+             **dict(zip(manifest.kv.names("past") + manifest.kv.state_names("past"), present))}
     logits, *_ = decode.run(None, feeds)
     assert _max_diff(logits[0], _hf_logits(hf, seq)[n:]) <= TOL
 
@@ -324,7 +331,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
                                       "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq", "jais2",
-                                      "phimoe"))
+                                      "phimoe", "lfm3"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
                                 "cohere2_moe": "shared",
                                 "gpt_neox": "two", "falcon": "two", "falcon_mqa": "shared",
@@ -332,14 +339,14 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
                            "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3", "cwm": "llama3",
-                           "phimoe": "longrope"}.get(
+                           "phimoe": "longrope", "lfm3": "proportional"}.get(
         tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
                 "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
-                "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8, "laguna": 8}
+                "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8, "laguna": 8, "lfm3": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -349,13 +356,14 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
-                         "hy_v3": "head", "kolibri1": "head", "llama4_text": "head", "laguna": "head"}.get(tiny.name,
+                         "hy_v3": "head", "kolibri1": "head", "llama4_text": "head", "laguna": "head",
+                         "lfm2": "head", "lfm2_moe": "head", "lfm3": "head"}.get(tiny.name,
                                                                                                            "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == {"ministral3": (0.4, 16), "llama4_text": (0.5, 512)}.get(
         tiny.name, (0.0, 0))
     assert (m.activation == "xielu") is (tiny.name == "apertus")
-    assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe", "laguna"))
+    assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe", "laguna", "lfm3"))
     assert m.attn_gate_activation == ("softplus" if tiny.name == "laguna" else "sigmoid")
     if tiny.name in ("granite_swa", "flint", "kolibri1"):  # (a layer without rotary: Granite SWA's theta 0, the
         # full layers of Flint and Kolibri-1)
@@ -380,6 +388,17 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert (m.head_dim, m.rotary_dim) == (16, 8)
     if tiny.name == "jais2":
         assert (m.norm, m.plain_mlp, m.activation) == ("layer", True, "relu2")
+    if tiny.name in ("lfm2", "lfm2_moe"):  # (conv layers: no KV, a state of the last 2 inputs; LFM2's MLP sized
+        # as it sizes itself, LFM2-MoE's dense one intermediate_size wide)
+        assert (m.layer_types, m.conv_kernel, m.kv_layers, m.intermediate_size) == (
+            ("conv", "full_attention", "conv"), 3, (1,), 64 if tiny.name == "lfm2" else 96)
+        kv = load_export(tiny.export_dir).kv
+        assert (kv.num_layers, kv.state_names("past"), kv.states[0].shape) == (1, ["past_conv.0", "past_conv.1"],
+                                                                               (2, 64))
+    elif tiny.name == "lfm3":  # (4 taps; sliding / full attention layers, their rotary tables per type)
+        assert (m.conv_kernel, m.kv_layers, m.rope_type, m.head_dim, m.rotary_dim) == (4, (1, 3), "proportional", 16, 0)
+    else:
+        assert m.conv_kernel == 0 and "conv" not in m.layer_types
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
            "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text")
@@ -388,8 +407,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                                             "solar_open", "flex_olmo",
                                                                             "exaone_moe", "minicpm5_moe", "mellum",
                                                                             "flint", "hy_v3", "kolibri1",
-                                                                            "mimo_v2_flash", "laguna") or mla_moe
-                                                    else
+                                                                            "mimo_v2_flash", "laguna", "lfm2_moe")
+                                                    or mla_moe else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
         "glm4_moe": ("sigmoid", 4, 2, 2.5), "dots1": ("sigmoid", 2, 1, 1.5), "deepseek_v3": ("sigmoid", 4, 2, 2.5),
@@ -399,7 +418,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
         "llama4_text": ("sigmoid_logits", 1, 1, 1.0), "mimo_v2_flash": ("sigmoid", 2, 1, 1.5),
-        "laguna": ("sigmoid", 1, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
+        "laguna": ("sigmoid", 1, 1, 1.5), "lfm2_moe": ("sigmoid", 1, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
@@ -411,7 +430,9 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                            "minicpm5_moe", "mellum", "flint", "hy_v3",
                                                            "mimo_v2_flash", "laguna") or mla_moe
                             else
-                            (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text") else ())
+                            (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text", "lfm2_moe")
+                            else ())
+    assert m.moe_norm_eps == (1e-6 if tiny.name == "lfm2_moe" else 1e-20)
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
@@ -426,7 +447,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich",
-                             "flex_olmo": "post", "hyperclovax": "sandwich", "kolibri1": "sandwich"}.get(tiny.name,
+                             "flex_olmo": "post", "hyperclovax": "sandwich", "kolibri1": "sandwich",
+                             "lfm3": "sandwich"}.get(tiny.name,
                                                                                                            "pre")
 
 

@@ -84,6 +84,12 @@ def test_chunked_attention_is_refused_by_the_plugin_and_built_natively() -> None
     check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), chunked)
 
 
+def test_convolution_layers_are_refused_naming_the_other_backend() -> None:
+    conv = replace(MODEL, conv_kernel=3, layer_types=("conv",) + ("full_attention",) * (MODEL.num_layers - 1))
+    with pytest.raises(InputError, match=r"convolution layers \(LFM2\) keep a state.*build it with --backend ort"):
+        check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), conv)
+
+
 def test_kv_rows_must_be_binding_aligned() -> None:
     check_alignment(MODEL, 2048)
     with pytest.raises(InputError, match=r"--max-seq-len 1001 makes each KV slot 384384 bytes.*multiple of 128"):

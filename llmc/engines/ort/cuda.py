@@ -95,7 +95,7 @@ class DeviceKVCache(HostKVCache):
         self.device_buffers = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, device_id)
                                for _ in spec.names("past")]
         self.bases = [int(v.data_ptr()) for v in self.device_buffers]
-        self.keys, self.values = [], []  # no host copies
+        self.keys, self.values, self.states = [], [], []  # no host copies (and no states: write_cuda_engine)
         for base in self.bases:  # finite contents from the start (ONNX Runtime does not clear what it allocates)
             self._zero(base, num_slots * self.row_bytes)
 
@@ -196,6 +196,9 @@ def write_cuda_engine(work: Path, export_dir: Path, export: ExportManifest, onnx
         raise InputError(f"--backend ort-cuda builds GroupQueryAttention, which has no chunked attention (this "
                          f"model's layers see blocks of {export.model.attention_chunk} positions): use --backend ort "
                          "or trt --attention native")
+    if export.model.conv_kernel:
+        raise InputError("--backend ort-cuda keeps KV memory on the GPU and no per-sequence state beside it (this "
+                         "model's convolution layers, LFM2's, need one): use --backend ort")
     ckpt = fp16_checkpoint(load_checkpoint(export_dir, export))
     kv, prefill, decode = write_inplace_graphs(ckpt, work, "float16", export.opset, None, "gqa", one_graph=True,
                                                moe="standard")

@@ -33,7 +33,10 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
 
         self._ort = ort
         self._present_names = manifest.kv.names("present")
-        self._input_names = [n for n in manifest.decode.input_names() if n not in self._past_names]
+        self._input_names = [n for n in manifest.decode.input_names()
+                             if n not in self._past_names and n not in self._state_names]
+        self._state_present = manifest.kv.state_names("present")
+        self._state_shapes = [s.shape for s in manifest.kv.states for _ in range(s.count)]
         self._block_size = options.kv_block_size if manifest.kv.paged else 0
         if manifest.kv.key_tiles and self._block_size % KEY_TILE:
             raise InputError(f"--kv-block-size {self._block_size}: this engine holds its keys in groups of {KEY_TILE} "
@@ -127,11 +130,16 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         session = self._decode if graph == "decode" else self._prefill
         paged = isinstance(kv, HostPagedKVCache)
         batch = len(rows.slots)
+        states: list[np.ndarray] = []
         if graph == "decode" and rows.ids.shape[1] == 1:
             binding, step = self._decode_binding(kv, rows.first, rows.first + batch, paged)
             for name, array in self._feeds(kv, rows, step.get(io_names.BLOCK_TABLE)).items():
                 step[name][...] = array
             logits = step[io_names.LOGITS]
+            if self._state_names:
+                for name, array in zip(self._state_names, kv.state_rows(rows.slots)):
+                    step[name][...] = array
+                states = [step[name] for name in self._state_present]
         else:
             binding = self._binding(session, kv, *((0, 0) if paged else (rows.first, rows.first + batch)))
             for name, array in self._feeds(kv, rows).items():
@@ -139,11 +147,27 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
             logits = self._logits_buffer(batch, rows.logits_rows)
             binding.bind_output(io_names.LOGITS, "cpu", 0, np.float32,  # type: ignore[attr-defined]
                                 list(logits.shape), logits.ctypes.data)
+            states = self._bind_states(binding, kv, rows, fresh=graph == "prefill")
         try:
             session.run_with_iobinding(binding)  # type: ignore[attr-defined]
         except Exception as e:
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
+        if self._state_names:
+            kv.store_states(rows.slots, states, rows.live)
         return logits
+
+    def _bind_states(self, binding: object, kv: HostKVCache | HostPagedKVCache, rows: StepRows,
+                     fresh: bool) -> list[np.ndarray]:
+        """Bind the rows' states as inputs (zeros before a prompt) and fresh arrays as their outputs; returns those
+        (the run writes each row's state after it there)."""
+        out = []
+        for past, present, array, shape in zip(self._state_names, self._state_present, kv.state_rows(rows.slots, fresh),
+                                               self._state_shapes):
+            binding.bind_cpu_input(past, np.ascontiguousarray(array))  # type: ignore[attr-defined]
+            after = np.empty((len(rows.slots), *shape), np.float32)
+            binding.bind_output(present, "cpu", 0, np.float32, list(after.shape), after.ctypes.data)  # type: ignore[attr-defined]
+            out.append(after)
+        return out
 
     def _decode_binding(self, kv: HostKVCache | HostPagedKVCache, first: int, stop: int,
                         paged: bool) -> tuple[object, dict[str, np.ndarray]]:
@@ -161,14 +185,18 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
                 io_names.POSITION_IDS: np.zeros((batch, 1), np.int64),
                 io_names.SEQLENS_K: np.zeros(batch, np.int32), io_names.TOTAL_SEQ_LEN: np.zeros((), np.int32),
                 io_names.NEW_TOKENS: np.ones(batch, np.int32),
-                io_names.LOGITS: np.zeros((batch, 1, self.vocab_size), np.float32)}
+                io_names.LOGITS: np.zeros((batch, 1, self.vocab_size), np.float32),
+                **{name: np.zeros((batch, *shape), np.float32)
+                   for name, shape in zip([*self._state_names, *self._state_present], self._state_shapes * 2)}}
             if paged:  # as wide as any row's table can be: the operator reads only the blocks a row has
                 assert isinstance(kv, HostPagedKVCache)
                 arrays[io_names.BLOCK_TABLE] = np.zeros((batch, -(-kv.max_len // kv.block_size)), np.int32)
-            arrays = {name: a for name, a in arrays.items() if name in self._input_names or name == io_names.LOGITS}
+            outputs = {io_names.LOGITS, *self._state_present}
+            arrays = {name: a for name, a in arrays.items()
+                      if name in self._input_names or name in self._state_names or name in outputs}
             values = {name: self._ort.OrtValue.ortvalue_from_numpy(a) for name, a in arrays.items()}
             for name, value in values.items():
-                if name == io_names.LOGITS:
+                if name in outputs:
                     binding.bind_ortvalue_output(name, value)  # type: ignore[attr-defined]
                 else:
                     binding.bind_ortvalue_input(name, value)  # type: ignore[attr-defined]

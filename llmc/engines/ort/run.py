@@ -118,6 +118,7 @@ class OrtEngineBase(Engine):
             self.directory / manifest.decode.file, manifest.decode, self.threads, library, self.providers,
             self._weights)
         self._past_names = manifest.kv.names("past")
+        self._state_names = manifest.kv.state_names("past")  # (per-sequence states beside the KV cache: LFM2's)
 
 
 class OrtEngine(StepCore, OrtEngineBase):
@@ -141,11 +142,14 @@ class OrtEngine(StepCore, OrtEngineBase):
         feeds = {io_names.INPUT_IDS: rows.ids, io_names.ATTENTION_MASK: mask, io_names.POSITION_IDS: rows.positions}
         if graph == "decode":
             feeds.update(zip(self._past_names, kv.gather(rows.slots, past_len)))
+            feeds.update(zip(self._state_names, kv.state_rows(rows.slots)))
         session = self._decode if graph == "decode" else self._prefill
         try:
             logits, *present = session.run(None, feeds)  # type: ignore[attr-defined]
         except Exception as e:  # onnxruntime raises its own exception types; surface one line
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
+        if self._state_names:
+            kv.store_states(rows.slots, present[len(self._past_names):], rows.live)
         for b, (slot, n) in enumerate(zip(rows.slots, rows.counts)):
             kv.write(slot, int(rows.start[b]), present, b, slice(past_len, past_len + int(n)))
         return logits  # type: ignore[no-any-return]
