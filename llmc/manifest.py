@@ -74,8 +74,8 @@ class ModelSpec:
     qkv_bias: bool = False
     tie_embeddings: bool = False
     # attention, per layer
-    layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" | "chunked_attention" | "conv" per
-    # layer; empty: all full
+    layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" | "chunked_attention" | "conv" |
+    # "linear_attention" per layer; empty: all full
     sliding_window: int = 0  # W: a sliding layer's query sees its last W positions (itself included)
     attention_chunk: int = 0  # C: a chunked layer's query at p sees the keys of its block, floor(p / C) * C .. p (Llama 4)
     rope_layers: tuple[bool, ...] = ()  # False: a layer without rotary (SmolLM3's NoPE layers); empty: all rotary
@@ -155,6 +155,15 @@ class ModelSpec:
     # [taps, hidden], tap taps - 1 on the newest input); each sequence keeps its last conv_kernel - 1 inputs B * x
     # as a state beside the KV cache (KVSpec.states)
     conv_kernel: int = 0
+    # a "linear_attention" layer is a gated delta rule (Qwen3.5's Gated DeltaNet) in the attention's place: q, k, v
+    # (linear_k_heads / linear_v_heads heads of linear_k_dim / linear_v_dim) through a causal depthwise convolution of
+    # linear_conv_kernel taps and SiLU, a recurrent state [v heads, k dim, v dim] per sequence decayed by
+    # exp(-exp(A_log) softplus(h @ a + dt_bias)) and written by sigmoid(h @ b) each token (llmc/graph/linear_attention.py)
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv_kernel: int = 0
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""
@@ -175,14 +184,22 @@ class ModelSpec:
     def is_conv(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "conv"
 
+    def is_linear(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
+
     @property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers with a KV cache (every layer but a "conv" one), in order: KV layer j is layer kv_layers[j]."""
-        return tuple(i for i in range(self.num_layers) if not self.is_conv(i))
+        """The layers with a KV cache (every layer but a "conv" or "linear_attention" one), in order: KV layer j is
+        layer kv_layers[j]."""
+        return tuple(i for i in range(self.num_layers) if not (self.is_conv(i) or self.is_linear(i)))
 
     def kv_index(self, layer: int) -> int:
         """Layer `layer`'s place among the KV layers (its cache's name index)."""
-        return layer if "conv" not in self.layer_types else self.kv_layers.index(layer)
+        return layer if len(self.kv_layers) == self.num_layers else self.kv_layers.index(layer)
+
+    def state_index(self, layer: int) -> int:
+        """A conv or linear-attention layer's place among the layers of its kind (its states' name index)."""
+        return sum(1 for i in range(layer) if self.layer_types[i] == self.layer_types[layer])
 
     def is_moe(self, layer: int) -> bool:
         return self.num_experts > 0 and (not self.moe_layers or self.moe_layers[layer])

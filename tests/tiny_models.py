@@ -635,18 +635,26 @@ def _laguna(tf: Any, common: dict[str, Any]) -> Any:  # softplus gate per head, 
     return model
 
 
-def _lfm2(tf: Any, common: dict[str, Any]) -> Any:  # conv layers around an attention layer, biased convolutions
+def _nudged(model: Any, biases: float = 0.0, dt_bias: float = 0.0) -> Any:
+    """The model with every norm's weight moved by 0.3 N(0, 1) off its start (ones, or zeros where it multiplies by
+    1 + w) and, where asked, its biases and Gated DeltaNet's dt_bias drawn from N(0, s): so that each one shows."""
     import torch
 
-    model = _auto(tf, "lfm2", **{**common, "num_hidden_layers": 3}, layer_types=["conv", "full_attention", "conv"],
-                  conv_bias=True, block_multiple_of=32)
-    with torch.no_grad():  # (norms off 1, so that each one shows)
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("norm.weight", "layernorm.weight")):
                 p.add_(0.3 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.normal_(0.0, 0.2)
+            elif biases and name.endswith(".bias"):
+                p.normal_(0.0, biases)
+            elif dt_bias and name.endswith("dt_bias"):
+                p.normal_(0.0, dt_bias)
     return model
+
+
+def _lfm2(tf: Any, common: dict[str, Any]) -> Any:  # conv layers around an attention layer, biased convolutions
+    model = _auto(tf, "lfm2", **{**common, "num_hidden_layers": 3}, layer_types=["conv", "full_attention", "conv"],
+                  conv_bias=True, block_multiple_of=32)
+    return _nudged(model, biases=0.2)
 
 
 def _lfm2_moe(tf: Any, common: dict[str, Any]) -> Any:  # LFM2's layers, a dense MLP first, then experts
@@ -663,20 +671,40 @@ def _lfm2_moe(tf: Any, common: dict[str, Any]) -> Any:  # LFM2's layers, a dense
 
 
 def _lfm3(tf: Any, common: dict[str, Any]) -> Any:  # conv layers (4 taps), sliding and full layers, gates per head
-    import torch
 
     rope = {"full_attention": {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
     model = _auto(tf, "lfm3", **{**common, "num_hidden_layers": 4}, head_dim=16, conv_L_cache=4, sliding_window=8,
                   layer_types=["conv", "sliding_attention", "conv", "full_attention"], rope_parameters=rope,
                   use_attention_gate=True, use_sandwich_norm=True, attention_bias=True)
-    with torch.no_grad():  # (norms off 1 and biases off 0, so that each one shows)
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.3 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.normal_(0.0, 0.2)
-    return model
+    return _nudged(model, biases=0.2)
+
+
+def _qwen3_5_text(tf: Any, common: dict[str, Any]) -> Any:  # Gated DeltaNet layers around a gated attention layer
+    model = _auto(tf, "qwen3_5_text", **{**common, "num_hidden_layers": 3}, head_dim=16,
+                  layer_types=["linear_attention", "full_attention", "linear_attention"],
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+                  linear_conv_kernel_dim=4)
+    return _nudged(model, dt_bias=0.5)  # (zero-centred norms and the gated norm off their start, dt_bias off 1)
+
+
+def _qwen3_5_moe_text(tf: Any, common: dict[str, Any]) -> Any:  # Qwen3.5's layers, Qwen2-MoE's mixture
+    return _auto(tf, "qwen3_5_moe_text", **common, head_dim=16, layer_types=["linear_attention", "full_attention"],
+                 rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25},
+                 linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                 linear_conv_kernel_dim=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                 shared_expert_intermediate_size=32)
+
+
+def _qwen3_next(tf: Any, common: dict[str, Any]) -> Any:  # fused GDN products, 2 value heads a key head, MoE
+    model = _auto(tf, "qwen3_next", **{**common, "num_hidden_layers": 3}, head_dim=16,
+                  layer_types=["linear_attention", "full_attention", "linear_attention"],
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+                  linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=32, mlp_only_layers=[0], norm_topk_prob=True)
+    return _nudged(model)  # (zero-centred norms and the gated norm off their start)
 
 
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
@@ -686,7 +714,9 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "phimoe": _phimoe, "llama4_text": _llama4_text,
                       **{mt: _sparse_indexed(mt) for mt in ("deepseek_v32", "glm_moe_dsa")}, "axk1": _axk1,
                       "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "lfm2": _lfm2,
-                      "lfm2_moe": _lfm2_moe, "lfm3": _lfm3})
+                      "lfm2_moe": _lfm2_moe, "lfm3": _lfm3,
+                      "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text,
+                      "qwen3_next": _qwen3_next})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

@@ -128,6 +128,11 @@ class Engine(ABC):
         kv = self.manifest.kv
         return 2 * kv.num_layers * kv.num_kv_heads * kv.row_width * kv.itemsize
 
+    def state_bytes_per_sequence(self) -> int:
+        """The states a sequence keeps beside its KV cache (KVSpec.states: convolutions' last inputs, Gated
+        DeltaNet's recurrent state), fp32."""
+        return sum(4 * s.count * int(np.prod(s.shape)) for s in self.manifest.kv.states)
+
     @abstractmethod
     def prefill(self, slots: list[int], prompts: list[list[int]], kv: KVCache, *, keep: bool = True) -> np.ndarray:
         """Run whole prompts into empty slots; returns next-token logits [B, V] (float32). keep=False: they may be

@@ -42,11 +42,13 @@ SUPPORTED = {
     "llama4_text": "Llama 4 (text)",
     "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "laguna": "Laguna (poolside)",
     "lfm2": "LFM2 (Liquid: gated short convolutions and attention)", "lfm2_moe": "LFM2-MoE (LFM2-8B-A1B)",
-    "lfm3": "LFM3",
+    "lfm3": "LFM3", "qwen3_5_text": "Qwen3.5 (text; Gated DeltaNet and gated attention)",
+    "qwen3_5_moe_text": "Qwen3.5-MoE (text)", "qwen3_next": "Qwen3-Next",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
+GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")
+ZERO_CENTRED_NORMS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")  # their RMSNorms multiply by 1 + w too (not the Gated DeltaNet's own)  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
 # latent attention (ModelSpec.mla_kv_rank), and of those the dense decoders (no mixture)
 MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "sarvam_mla", "youtu", "deepseek_v32",
        "glm_moe_dsa", "axk1")
@@ -67,7 +69,8 @@ VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwe
                 "qwen2_5_vl": "qwen2_5_vl_text", "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text",
                 "llava": "llama", "llava_next": "llama", "llava_onevision": "qwen2", "smolvlm": "llama",
                 "idefics3": "llama", "internvl": "qwen2", "aya_vision": "cohere2", "glm4v": "glm4v_text",
-                "glm4v_moe": "glm4v_moe_text", "llama4": "llama4_text", "lfm2_vl": "lfm2"}
+                "glm4v_moe": "glm4v_moe_text", "llama4": "llama4_text", "lfm2_vl": "lfm2",
+                "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
@@ -138,7 +141,7 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     if mt in MLA:
         fields.update(_mla(model, config))
     spec = ModelSpec(**fields)
-    w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron"))
+    w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron", *ZERO_CENTRED_NORMS))
     w.update(rope_weights)
     return Checkpoint(spec, w)
 
@@ -777,6 +780,59 @@ def _lfm3_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 
+def _qwen3_5(config: Any) -> dict[str, Any]:
+    """Qwen3.5: Gated DeltaNet layers ("linear_attention") among gated attention layers (the output times
+    sigmoid of q_proj's second half per head), a qk-norm per head, zero-centred norms (1 + w: folded at export)."""
+    if str(_get(config, "hidden_act", "silu")) != "silu":
+        _refuse("hidden_act", config.hidden_act, "the Gated DeltaNet's convolution is built with SiLU")
+    return {"layer_types": tuple(config.layer_types), "qk_norm": "head", "attn_output_gate": True,
+            "linear_k_heads": int(config.linear_num_key_heads), "linear_v_heads": int(config.linear_num_value_heads),
+            "linear_k_dim": int(config.linear_key_head_dim), "linear_v_dim": int(config.linear_value_head_dim),
+            "linear_conv_kernel": int(config.linear_conv_kernel_dim)}
+
+
+def _qwen3_5_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each attention layer's q_proj ([H, 2, D] rows: the head's queries, then its gate) split into q_proj and the
+    per-element gate_proj."""
+    out = dict(sd)
+    heads, head_dim = int(config.num_attention_heads), int(config.head_dim)
+    for name in [k for k in sd if k.endswith("self_attn.q_proj.weight")]:
+        both = out.pop(name).reshape(heads, 2, head_dim, -1)
+        out[name] = np.ascontiguousarray(both[:, 0].reshape(heads * head_dim, -1))
+        out[name.replace("q_proj", "gate_proj")] = np.ascontiguousarray(both[:, 1].reshape(heads * head_dim, -1))
+    return out
+
+
+def _qwen3_next_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Qwen3-Next's fused Gated DeltaNet products as Qwen3.5's: in_proj_qkvz's rows per key head [q, k, v (its
+    value heads'), z] and in_proj_ba's [b, a] regrouped as in_proj_qkv (every head's q, then k, then v), in_proj_z,
+    in_proj_b and in_proj_a."""
+    hk, hv = int(config.linear_num_key_heads), int(config.linear_num_value_heads)
+    dk, dv, r = int(config.linear_key_head_dim), int(config.linear_value_head_dim), hv // hk
+    out = dict(sd)
+    for name in [k for k in sd if k.endswith("linear_attn.in_proj_qkvz.weight")]:
+        p = name.removesuffix("in_proj_qkvz.weight")
+        qkvz = out.pop(name).reshape(hk, 2 * dk + 2 * r * dv, -1)
+        q, k, v, z = np.split(qkvz, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
+        out[p + "in_proj_qkv.weight"] = np.concatenate([x.reshape(-1, x.shape[-1]) for x in (q, k, v)], axis=0)
+        out[p + "in_proj_z.weight"] = np.ascontiguousarray(z.reshape(hv * dv, -1))
+        ba = out.pop(p + "in_proj_ba.weight").reshape(hk, 2 * r, -1)
+        out[p + "in_proj_b.weight"] = np.ascontiguousarray(ba[:, :r].reshape(hv, -1))
+        out[p + "in_proj_a.weight"] = np.ascontiguousarray(ba[:, r:].reshape(hv, -1))
+    return out
+
+
+def _gdn_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A Gated DeltaNet layer's canonical weights: lin_in [Hd, 2 K + V | V | H | H] (q, k, v; z; b; a), the
+    convolution's taps [taps, 2 K + V], A = -exp(A_log) and dt_bias [H], the gated norm's weight, o."""
+    p, q = f"model.layers.{i}.linear_attn.", f"layers.{i}."
+    proj = np.concatenate([sd[p + f"in_proj_{n}.weight"] for n in ("qkv", "z", "b", "a")], axis=0)
+    return {q + "lin_in.weight": proj.T.copy(), q + "o.weight": sd[p + "out_proj.weight"].T.copy(),
+            q + "lin_conv.weight": np.ascontiguousarray(sd[p + "conv1d.weight"][:, 0, :].T),
+            q + "lin_A": -np.exp(sd[p + "A_log"].astype(np.float32)), q + "lin_dt_bias": sd[p + "dt_bias"],
+            q + "lin_norm.weight": sd[p + "norm.weight"]}
+
+
 def _conv_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     """A "conv" layer's canonical weights: conv_in [Hd, 3 Hd] (B, C, x), the taps [taps, Hd], o [Hd, Hd]."""
     p, q = f"model.layers.{i}.conv.", f"layers.{i}."
@@ -961,7 +1017,7 @@ def _shared_experts(config: Any) -> dict[str, Any]:
     """The experts every token runs beside its routed ones, as one MLP: Qwen2-MoE's (gated by a sigmoid), or
     GLM-4.5's / dots1's / ERNIE 4.5's (n experts of the routed ones' width) and Hunyuan's (of the dense width), added
     as they are."""
-    if config.model_type == "qwen2_moe":
+    if config.model_type in ("qwen2_moe", "qwen3_5_moe_text", "qwen3_next"):
         return {"shared_expert_size": int(config.shared_expert_intermediate_size)}
     if config.model_type in ("granitemoeshared", "granitemoe_swa"):
         width = int(_get(config, "shared_intermediate_size", 0))
@@ -1032,6 +1088,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
     "llama4_text": _llama4_names, "lfm2": lambda c, sd: _renamed(sd, _LFM2_NAMES),
     "lfm2_moe": lambda c, sd: _renamed(sd, _LFM2_NAMES), "lfm3": _lfm3_names,
+    "qwen3_5_text": _qwen3_5_names, "qwen3_5_moe_text": _qwen3_5_names,
+    "qwen3_next": lambda c, sd: _qwen3_5_names(c, _qwen3_next_names(c, sd)),
     "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
@@ -1077,6 +1135,8 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "phimoe": lambda c: {"norm": "layer", "norm_eps": float(c.rms_norm_eps), **_moe(c)},
     "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "llama4_text": _llama4, "lfm2": _lfm2,
     "lfm2_moe": lambda c: {**_lfm2(c), **_moe(c)}, "lfm3": _lfm2,
+    "qwen3_5_text": _qwen3_5, "qwen3_5_moe_text": lambda c: {**_qwen3_5(c), **_moe(c)},
+    "qwen3_next": lambda c: {**_qwen3_5(c), **_moe(c)},
     "axk1": lambda c: {**_moe(c), "moe_post_norm": True},  # (DeepSeek-V3, the mixture normed)
     **{mt: lambda c: {**_moe(c), "max_positions": min(int(c.max_position_embeddings), int(c.index_topk))}
        for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
@@ -1118,8 +1178,9 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + ours + ".weight"] = norm(p + theirs + ".weight")
             bias(p + theirs, q + ours)
         attn = p + "self_attn."
-        if spec.is_conv(i):  # (LFM2) its convolution in the attention's place
-            w.update(_conv_weights(sd, i))
+        if spec.is_conv(i) or spec.is_linear(i):  # (LFM2, Qwen3.5) a convolution or a Gated DeltaNet in the
+            # attention's place
+            w.update(_conv_weights(sd, i) if spec.is_conv(i) else _gdn_weights(sd, i))
             w.update(_mlp_weights(spec, sd, i))
             continue
         if spec.mla_kv_rank:

@@ -36,6 +36,7 @@ from llmc.graph.layers import (
     skip_norm,
     softcap,
 )
+from llmc.graph.linear_attention import gated_delta_net, short_conv
 from llmc.graph.moe import moe_mlp
 from llmc.graph.quant import BF16TILES, EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q8TILES, QWEIGHT
 from llmc.manifest import GraphSpec
@@ -81,7 +82,12 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     query_scale = _query_scale(c) if m.query_scale_beta else None
     for i in range(m.num_layers):
         p = f"layers.{i}"
-        heads = _short_conv(c, i, h) if m.is_conv(i) else _attention(c, i, h, attend, rotary, query_scale)
+        if m.is_conv(i):  # (LFM2) a gated short convolution in the attention's place
+            heads = short_conv(c, i, h)
+        elif m.is_linear(i):  # (Qwen3.5) a Gated DeltaNet
+            heads = gated_delta_net(c, i, h)
+        else:
+            heads = _attention(c, i, h, attend, rotary, query_scale)
         delta = _block_output(c, linear(c, heads, f"{p}.o"), f"{p}.post_attn_norm")
         if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
             mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")
@@ -113,47 +119,6 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
         gate = {"sigmoid": "Sigmoid", "softplus": "Softplus"}[m.attn_gate_activation]
         heads = c.b.op("Mul", heads, c.b.op(gate, linear(c, h, f"{p}.attn_gate")))
     return heads
-
-
-def _short_conv(c: Ctx, i: int, h: str) -> str:
-    """LFM2's gated short convolution before its output product: B, C, x = h @ conv_in; C * conv(B * x), the conv
-    causal and depthwise over this run's inputs after the row's last conv_kernel - 1 (its state: zeros before a
-    prompt). The state after the run is each row's last conv_kernel - 1 valid inputs (new_tokens, or the new part of
-    the attention mask, says where a right-padded row ends)."""
-    b, m = c.b, c.m
-    hidden, taps = m.hidden_size, m.conv_kernel
-    gate_b, gate_c, xs = b.split(linear(c, h, f"layers.{i}.conv_in"), [hidden] * 3)
-    bx = b.op("Mul", gate_b, xs)  # [B, S, Hd]
-    j = i - sum(1 for layer in m.kv_layers if layer < i)  # (its place among the conv layers)
-    past, present = io.PAST_CONV.format(i=j), io.PRESENT_CONV.format(i=j)
-    if past in c.inputs:
-        full = b.op("Concat", b.to_compute(past), bx, axis=1)  # [B, taps - 1 + S, Hd]
-    else:  # a prompt's first run: zeros before it
-        full = b.op("Pad", bx, b.ints(0, taps - 1, 0, 0, 0, 0))
-    weight = b.weight(f"layers.{i}.conv.weight")  # [taps, Hd]
-    y = None
-    for k in range(taps):  # tap k meets the input k - (taps - 1) positions from each output's own
-        ends = b.ints(k - (taps - 1) if k < taps - 1 else 2**62)
-        tap = b.op("Mul", b.op("Slice", full, b.ints(k), ends, b.ints(1)), b.op("Gather", weight, b.ints(k)))
-        y = tap if y is None else b.op("Add", y, tap)
-    assert y is not None
-    if c.has(f"layers.{i}.conv.bias"):
-        y = b.op("Add", y, b.weight(f"layers.{i}.conv.bias"))
-    if io.NEW_TOKENS in c.inputs:
-        counts = b.cast(io.NEW_TOKENS, "int64")  # [B]
-    else:  # the concat graphs: the mask's last S columns are this run's
-        width = b.dim(io.INPUT_IDS, 1)
-        new = b.op("Slice", io.ATTENTION_MASK, b.op("Neg", width), b.ints(2**62), b.ints(1))
-        counts = b.op("ReduceSum", new, b.ints(1), keepdims=0)
-    # the row's last taps - 1 valid inputs: full's columns counts .. counts + taps - 2
-    cols = b.op("Add", b.unsqueeze(counts, 1), b.const(np.arange(taps - 1, dtype=np.int64)[None, :]))  # [B, taps-1]
-    shape = b.op("Concat", b.dim(cols, 0), b.ints(taps - 1, hidden), axis=0)
-    index = b.op("Expand", b.unsqueeze(cols, 2), shape)
-    if b.dtype == "float32":
-        b.output("GatherElements", [full, index], present, axis=1)
-    else:
-        b.output("Cast", [b.op("GatherElements", full, index, axis=1)], present, to=DTYPES["float32"])
-    return b.op("Mul", gate_c, y)
 
 
 def _residual(c: Ctx, x: str, delta: str, next_norm: str, fuse: bool,

@@ -23,6 +23,10 @@ NEW_TOKENS = "new_tokens"  # [B] int32 (paged graphs, graphs with states): row b
 # right-padded to the width
 PAST_CONV = "past_conv.{i}"  # [B, conv_kernel - 1, hidden]: a conv layer's last inputs before this run (LFM2)
 PRESENT_CONV = "present_conv.{i}"  # the same after it (each row's last valid ones)
+# a linear-attention layer's (Gated DeltaNet): its convolution's last inputs [B, taps - 1, 2 K + V] and its recurrent
+# state [B, v heads, k dim, v dim], before and after the run
+PAST_LINEAR_CONV, PRESENT_LINEAR_CONV = "past_linear_conv.{i}", "present_linear_conv.{i}"
+PAST_RECURRENT, PRESENT_RECURRENT = "past_recurrent.{i}", "present_recurrent.{i}"
 
 STANDARD_INPLACE = ("onnx", "onnx-static")  # in-place lowerings of standard ops: Attention + TensorScatter
 
@@ -31,8 +35,15 @@ NUM_BLOCKS, BLOCK, MAX_BLOCKS = "num_blocks", "block_size", "max_blocks"
 
 
 def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
-    convs = model.num_layers - len(model.kv_layers)
-    states = (StateSpec(PAST_CONV, PRESENT_CONV, convs, (model.conv_kernel - 1, model.hidden_size)),) if convs else ()
+    convs = sum(1 for i in range(model.num_layers) if model.is_conv(i))
+    linear = sum(1 for i in range(model.num_layers) if model.is_linear(i))
+    states: tuple[StateSpec, ...] = ((StateSpec(PAST_CONV, PRESENT_CONV, convs, (model.conv_kernel - 1,
+                                                                             model.hidden_size)),) if convs else ())
+    if linear:
+        channels = 2 * model.linear_k_heads * model.linear_k_dim + model.linear_v_heads * model.linear_v_dim
+        states += (StateSpec(PAST_LINEAR_CONV, PRESENT_LINEAR_CONV, linear, (model.linear_conv_kernel - 1, channels)),
+                   StateSpec(PAST_RECURRENT, PRESENT_RECURRENT, linear,
+                             (model.linear_v_heads, model.linear_k_dim, model.linear_v_dim)))
     return KVSpec(
         layout=layout,
         dtype=dtype,

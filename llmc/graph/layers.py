@@ -52,6 +52,7 @@ class GraphOptions:
     moe: str = "loop"  # mixture-of-experts lowering (llmc/graph/moe.py): "loop" (standard ops, the picked experts
     # only: the export), "ort" (com.microsoft.MoE: ONNX Runtime engines), "dense" (no control flow: TensorRT)
     llmc_norms: bool = False  # fuse_norms' RMSNorms as llmc's SkipRMSNorm (fp32 graphs with llmc's operators)
+    llmc_recurrence: bool = False  # Gated DeltaNet's recurrence as llmc's GatedDeltaRule (graphs with llmc's operators)
 
 
 @dataclass
@@ -113,7 +114,8 @@ def _out_width(m: ModelSpec, name: str) -> int:
     widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * inner,
               "fc": inner, "lm_head": m.vocab_size, "o": m.hidden_size, "q": mla_q, "q_b": mla_q,
               "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim,
-              "conv_in": 3 * m.hidden_size}
+              "conv_in": 3 * m.hidden_size,
+              "lin_in": 2 * (m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * (m.linear_v_dim + 1))}
     return widths.get(kind, m.hidden_size)  # down, proj
 
 

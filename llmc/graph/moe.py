@@ -216,7 +216,10 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type in ("olmoe", "flex_olmo"):  # (its experts are intermediate_size wide)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
-    if config.model_type in ("qwen3_moe", "qwen2_moe", "mellum"):
+    if config.model_type == "qwen3_5_moe_text":  # (Qwen2-MoE's block, always renormalized)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       True, config.hidden_act)
+    if config.model_type in ("qwen3_moe", "qwen2_moe", "mellum", "qwen3_next"):
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
     if config.model_type == "gpt_oss":  # (its softmax over the top k logits: the renormalized weights)
@@ -285,7 +288,8 @@ def spec_from_hf_config(config: Any) -> MoESpec:
 def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
-                             "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe"):
+                             "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe",
+                             "qwen3_5_moe_text"):
         return True
     if config.model_type == "llama4_text":
         return layer in config.moe_layers

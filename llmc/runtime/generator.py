@@ -85,6 +85,13 @@ class EngineLoop:
         """KV memory sized from the budget: paged blocks where the engine pages, else max_running slots."""
         cfg, bs = self.config, engine.kv_block_size or 16
         budget, per_token = cfg.kv_budget_mb * 2**20, engine.kv_bytes_per_token()
+        states = engine.state_bytes_per_sequence() * cfg.max_running  # (a recurrent model's rows, out of the budget)
+        if states and states >= budget // 2:
+            raise InputError(f"--kv-budget-mb {cfg.kv_budget_mb}: {cfg.max_running} sequences' states take "
+                             f"{states / 2**20:,.0f} MiB of it (the model's recurrent layers keep "
+                             f"{engine.state_bytes_per_sequence() / 2**20:,.1f} MiB a sequence); raise the budget to "
+                             f"at least {2 * states / 2**20:,.0f} or lower --max-running", "kv_budget_mb")
+        budget -= states
         if engine.kv_block_size:
             num_blocks = budget // (per_token * bs)
             max_len = int(min(engine.max_positions, num_blocks * bs))

@@ -1,4 +1,5 @@
-"""Per-sequence states beside the KV cache (LFM2's convolution layers keep their last inputs): each engine layout
+"""Per-sequence states beside the KV cache (LFM2's convolution layers keep their last inputs, Qwen3.5's Gated
+DeltaNet layers those of their convolution and a recurrent state): each engine layout
 carries a row's state from run to run exactly, leaves a row that did not run alone (a slot window's dummy rows),
 moves it with its slot, starts a prompt from zeros, and the runtime never reuses a cached prefix for such a model
 (the state of the prefix is not in its KV blocks)."""
@@ -13,7 +14,8 @@ import pytest
 from conftest import Built
 
 from llmc.engines.registry import load_engine_dir
-from llmc.runtime.llm import LLM
+from llmc.errors import InputError
+from llmc.runtime.llm import LLM, LLMConfig
 from llmc.runtime.request import SamplingParams
 
 LAYOUTS = ("gqa", "concat", "onnx", "llmc", "onnx-static", "default")
@@ -31,16 +33,17 @@ def _hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
         return hf(torch.tensor([ids])).logits[0].numpy()  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module")
-def lfm2(tiny_factory: Callable[[str], Built]) -> Built:
-    return tiny_factory("lfm2")
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text"])
+def stateful(request: pytest.FixtureRequest, tiny_factory: Callable[[str], Built]) -> Built:
+    """A model with states: LFM2's convolutions, or Qwen3.5's Gated DeltaNet."""
+    return tiny_factory(request.param)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_row_that_waits_keeps_its_state(layout: str, lfm2: Built, hf_factory: Callable[[Built], Any]) -> None:
+def test_a_row_that_waits_keeps_its_state(layout: str, stateful: Built, hf_factory: Callable[[Built], Any]) -> None:
     """Rows 0 and 2 decode while row 1 waits (a slot window runs it with a dummy token); then row 1 goes on as if
     alone, to transformers' logits."""
-    engine = load_engine_dir(lfm2.engine(layout))
+    engine = load_engine_dir(stateful.engine(layout))
     kv = engine.new_kv_cache(3, 64)
     prompts = [_ids(1, 5), _ids(2, 9), _ids(3, 4)]
     engine.prefill([0, 1, 2], prompts, kv)
@@ -48,15 +51,15 @@ def test_a_row_that_waits_keeps_its_state(layout: str, lfm2: Built, hf_factory: 
         engine.decode([0, 2], [[10 + t], [20 + t]], kv)
     seq = [*prompts[1], 7, 8, 9]
     got = [engine.decode([1], [[tok]], kv)[0] for tok in seq[len(prompts[1]):]]
-    want = _hf_logits(hf_factory(lfm2), seq)[len(prompts[1]):]
+    want = _hf_logits(hf_factory(stateful), seq)[len(prompts[1]):]
     assert max(float(np.abs(g - w).max()) for g, w in zip(got, want)) <= TOL.get(layout, 1e-4)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_moved_slot_takes_its_state_and_a_new_prompt_starts_from_zeros(layout: str, lfm2: Built,
+def test_a_moved_slot_takes_its_state_and_a_new_prompt_starts_from_zeros(layout: str, stateful: Built,
                                                                         hf_factory: Callable[[Built], Any]) -> None:
-    engine = load_engine_dir(lfm2.engine(layout))
-    hf = hf_factory(lfm2)
+    engine = load_engine_dir(stateful.engine(layout))
+    hf = hf_factory(stateful)
     kv = engine.new_kv_cache(2, 64)
     first, second = _ids(4, 11), _ids(5, 6)
     engine.prefill([0], [first], kv)
@@ -71,10 +74,10 @@ def test_a_moved_slot_takes_its_state_and_a_new_prompt_starts_from_zeros(layout:
     assert float(np.abs(got - _hf_logits(hf, [*first, 9])[-1]).max()) <= TOL.get(layout, 1e-4)
 
 
-def test_the_state_changes_what_the_model_computes(lfm2: Built) -> None:
+def test_the_state_changes_what_the_model_computes(stateful: Built) -> None:
     """The tests above would pass with a lost state only if it changed nothing: decoding after zeroed states
     gives other logits."""
-    engine = load_engine_dir(lfm2.engine("llmc"))
+    engine = load_engine_dir(stateful.engine("llmc"))
     kv = engine.new_kv_cache(1, 64)
     engine.prefill([0], [_ids(6, 8)], kv)
     state = [s.copy() for s in kv.states]
@@ -86,13 +89,22 @@ def test_the_state_changes_what_the_model_computes(lfm2: Built) -> None:
     assert any(np.abs(s).max() > 0 for s in state) and float(np.abs(kept - lost).max()) > 1e-2
 
 
-def test_no_prefix_is_reused_for_a_model_with_states(lfm2: Built) -> None:
+def test_no_prefix_is_reused_for_a_model_with_states(stateful: Built) -> None:
     """The second prompt shares two KV blocks with the first; with states they are computed again, and its logits
     follow transformers' (a reused prefix would have left the row's state as another sequence's)."""
-    llm = LLM(lfm2.engine("default"))
+    llm = LLM(stateful.engine("default"))
     prefix = _ids(7, 140)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     llm.generate([[*prefix, 5]], params)
     llm.generate([[*prefix, 6, 7]], params)
     stats = llm.loop.stats()
     assert stats.prefix_queried_tokens > 0 and stats.prefix_hit_tokens == 0
+
+
+def test_a_budget_the_rows_states_fill_is_refused_naming_it(tiny_factory: Callable[[str], Built]) -> None:
+    """Every running row keeps its states (Qwen3.5's: ~6 KB a row here); a budget they would take half of is
+    refused, naming what they take."""
+    engine = tiny_factory("qwen3_5_text").engine("default")
+    with pytest.raises(InputError, match=r"--kv-budget-mb 1: 100 sequences' states take .*lower --max-running"):
+        LLM(engine, LLMConfig(kv_budget_mb=1, max_running=100))
+    assert LLM(engine, LLMConfig(kv_budget_mb=1, max_running=8)).loop.max_len >= 16

@@ -283,6 +283,16 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
                                       vision_config=vision, mm_tokens_per_image=4, image_token_index=300,
                                       boi_token_index=301, eoi_token_index=302)
         model: Any = tf.Gemma3ForConditionalGeneration(config)
+    elif kind == "qwen3_5":  # Qwen3.5's language model (Gated DeltaNet layers, gated attention) in its image-text model
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+                "partial_rotary_factor": 0.5}
+        config = tf.Qwen3_5Config(
+            text_config={**text, "head_dim": 16, "rope_parameters": rope,
+                         "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+                         "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16},
+            vision_config={**vision, "depth": 1, "num_heads": 2, "out_hidden_size": 64, "num_position_embeddings": 16},
+            image_token_id=300, video_token_id=301, vision_start_token_id=302)
+        model = tf.Qwen3_5ForConditionalGeneration(config)
     elif kind.startswith("qwen"):  # multimodal rotary sections (the same position in each on text)
         qwen3 = kind.startswith("qwen3")
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
@@ -350,7 +360,7 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
-                                  "glm4v_moe", "llama4", *OTHER_IMAGE_TEXT])
+                                  "glm4v_moe", "llama4", "qwen3_5", *OTHER_IMAGE_TEXT])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
     exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
@@ -367,7 +377,7 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
                                               "idefics3": "LlamaForCausalLM", "internvl": "Qwen2ForCausalLM",
                                               "aya_vision": "Cohere2ForCausalLM", "glm4v": "Glm4ForCausalLM",
                                               "glm4v_moe": "Glm4MoeForCausalLM", "llama4": "Llama4ForCausalLM",
-                                              "lfm2_vl": "Lfm2ForCausalLM"}[kind]
+                                              "lfm2_vl": "Lfm2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}[kind]
     if kind == "llama4":
         language, head = vlm.language_model.model, vlm.language_model.lm_head
     else:

@@ -357,13 +357,15 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
                          "hy_v3": "head", "kolibri1": "head", "llama4_text": "head", "laguna": "head",
-                         "lfm2": "head", "lfm2_moe": "head", "lfm3": "head"}.get(tiny.name,
+                         "lfm2": "head", "lfm2_moe": "head", "lfm3": "head",
+                         "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head"}.get(tiny.name,
                                                                                                            "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == {"ministral3": (0.4, 16), "llama4_text": (0.5, 512)}.get(
         tiny.name, (0.0, 0))
     assert (m.activation == "xielu") is (tiny.name == "apertus")
-    assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe", "laguna", "lfm3"))
+    assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe", "laguna", "lfm3", "qwen3_5_text",
+                                                "qwen3_5_moe_text", "qwen3_next"))
     assert m.attn_gate_activation == ("softplus" if tiny.name == "laguna" else "sigmoid")
     if tiny.name in ("granite_swa", "flint", "kolibri1"):  # (a layer without rotary: Granite SWA's theta 0, the
         # full layers of Flint and Kolibri-1)
@@ -395,13 +397,26 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         kv = load_export(tiny.export_dir).kv
         assert (kv.num_layers, kv.state_names("past"), kv.states[0].shape) == (1, ["past_conv.0", "past_conv.1"],
                                                                                (2, 64))
+    elif tiny.name in ("qwen3_5_text", "qwen3_next"):  # (Gated DeltaNet layers: their conv and recurrent states,
+        # no KV)
+        assert (m.kv_layers, m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_v_dim,
+                m.linear_conv_kernel, m.rotary_dim) == ((1,), 2, 4, 16, 8, 4, 8)
+        kv = load_export(tiny.export_dir).kv
+        assert [(s.past, s.count, s.shape) for s in kv.states] == [("past_linear_conv.{i}", 2, (3, 96)),
+                                                                   ("past_recurrent.{i}", 2, (4, 16, 8))]
+    elif tiny.name == "qwen3_5_moe_text":
+        assert (m.kv_layers, m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_v_dim,
+                m.linear_conv_kernel, m.rotary_dim) == ((1,), 2, 2, 16, 16, 3, 4)
     elif tiny.name == "lfm3":  # (4 taps; sliding / full attention layers, their rotary tables per type)
         assert (m.conv_kernel, m.kv_layers, m.rope_type, m.head_dim, m.rotary_dim) == (4, (1, 3), "proportional", 16, 0)
     else:
         assert m.conv_kernel == 0 and "conv" not in m.layer_types
+    if not tiny.name.startswith(("qwen3_5", "qwen3_next")):
+        assert m.linear_conv_kernel == 0 and "linear_attention" not in m.layer_types
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
-           "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text")
+           "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text", "qwen3_5_moe_text",
+           "qwen3_next")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -426,6 +441,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              "mimo_v2_flash")
                                                             else (False, False, "silu"))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
+                            (False, True, True) if tiny.name == "qwen3_next" else
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
                                                            "minicpm5_moe", "mellum", "flint", "hy_v3",
                                                            "mimo_v2_flash", "laguna") or mla_moe
@@ -434,6 +450,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                             else ())
     assert m.moe_norm_eps == (1e-6 if tiny.name == "lfm2_moe" else 1e-20)
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
+                                                             "qwen3_5_moe_text": (32, True), "qwen3_next": (32, True),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
                                                              "granitemoeshared": (64, False),

@@ -37,6 +37,10 @@
  * (optional output) [..., D] fp32. Attribute: epsilon (default 1e-5). ONNX Runtime's SkipSimplifiedLayerNormalization
  * without its unused outputs.
  *
+ * GatedDeltaRule (delta_rule.h): q, k [B, S, Hk, K], v [B, S, H, V], g, beta [B, S, H], state [B, H, K, V], all fp32
+ * -> output [B, S, H, V] and the state after the run [B, H, K, V]: Qwen3.5's Gated DeltaNet recurrence, value head h
+ * on key head h / (H / Hk). No attributes.
+ *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
  * version 17 (ONNX Runtime 1.17, the first with KernelContext_ParallelFor), which any later runtime also serves.
@@ -51,6 +55,7 @@
 
 #include "ahead.h"
 #include "attention_kernel.h"
+#include "delta_rule.h"
 #include "matmul_bf16.h"
 #include "matmul_q4.h"
 #include "ops_version.h"
@@ -601,6 +606,58 @@ static OrtStatus* rn_compute(void* kernel, OrtKernelContext* ctx) {
   return outcome(&pool, "SkipRMSNorm", llmc_skip_rms_norm(&a, run_parallel, &pool));
 }
 
+/* ---------------------------------------------------------------- GatedDeltaRule */
+
+enum { DR_Q, DR_K, DR_V, DR_G, DR_BETA, DR_STATE, DR_INPUTS };
+
+static size_t dr_input_count(const OrtCustomOp* op) { (void)op; return DR_INPUTS; }
+static size_t dr_output_count(const OrtCustomOp* op) { (void)op; return 2; }
+static int dr_required(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
+
+static OrtStatus* dr_create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
+  (void)info;
+  NormKernel* k = (NormKernel*)calloc(1, sizeof(NormKernel)); /* (its api and pool are all this op keeps) */
+  if (!k) return fail(api, ERR_FAIL, "GatedDeltaRule: out of memory");
+  k->api = api;
+  k->pool_threads = pool_threads_of(op);
+  *out = k;
+  return NULL;
+}
+
+static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
+  const NormKernel* k = (const NormKernel*)kernel;
+  const OrtApi* api = k->api;
+  void* data[DR_INPUTS] = {0};
+  int64_t dims[DR_INPUTS][4];
+  int rank[DR_INPUTS];
+  CHECK(inputs(api, ctx, DR_INPUTS, data, dims, rank));
+  int64_t B = dims[DR_V][0], S = dims[DR_V][1], H = dims[DR_V][2], V = dims[DR_V][3];
+  int64_t Hk = dims[DR_Q][2], K = dims[DR_Q][3];
+  int ok = rank[DR_Q] == 4 && rank[DR_K] == 4 && rank[DR_V] == 4 && rank[DR_G] == 3 && rank[DR_BETA] == 3 &&
+           rank[DR_STATE] == 4;
+  for (int d = 0; ok && d < 4; d++) ok = dims[DR_K][d] == dims[DR_Q][d];
+  ok = ok && dims[DR_Q][0] == B && dims[DR_Q][1] == S;
+  for (int i = DR_G; ok && i <= DR_BETA; i++) ok = dims[i][0] == B && dims[i][1] == S && dims[i][2] == H;
+  ok = ok && dims[DR_STATE][0] == B && dims[DR_STATE][1] == H && dims[DR_STATE][2] == K && dims[DR_STATE][3] == V;
+  if (!ok) {
+    return fail(api, ERR_INVALID_ARGUMENT, "GatedDeltaRule: expected q, k [B, S, Hk, K], v [B, S, H, V], g, beta "
+                                           "[B, S, H] and state [B, H, K, V]");
+  }
+  void* out[2] = {NULL, NULL};
+  for (size_t o = 0; o < 2; o++) {
+    OrtValue* v = NULL;
+    const int64_t* shape = o == 0 ? dims[DR_V] : dims[DR_STATE];
+    CHECK(((GetOutput_t)SLOT(api, KernelContext_GetOutput))(ctx, o, shape, 4, &v));
+    CHECK(((GetTensorMutableData_t)SLOT(api, GetTensorMutableData))(v, &out[o]));
+  }
+  llmc_delta_rule_args a = {.B = B, .S = S, .Hk = Hk, .H = H, .K = K, .V = V, .q = (const float*)data[DR_Q],
+                            .k = (const float*)data[DR_K], .v = (const float*)data[DR_V],
+                            .g = (const float*)data[DR_G], .beta = (const float*)data[DR_BETA],
+                            .state = (const float*)data[DR_STATE], .out = (float*)out[0], .state_out = (float*)out[1]};
+  Pool pool = {api, ctx, NULL, k->pool_threads};
+  return outcome(&pool, "GatedDeltaRule", llmc_delta_rule(&a, run_parallel, &pool));
+}
+
 static LlmcOp make_op(const char* name, int kv_type) {
   LlmcOp op;
   memset(&op, 0, sizeof op);
@@ -650,7 +707,20 @@ static LlmcOp make_norm_op(void) {
   return op;
 }
 
-#define N_OPS 7
+static LlmcOp make_delta_rule_op(void) {
+  LlmcOp op = make_op("GatedDeltaRule", T_FLOAT);
+  op.base.GetInputType = rn_type;
+  op.base.GetInputTypeCount = dr_input_count;
+  op.base.GetOutputType = rn_type;
+  op.base.GetOutputTypeCount = dr_output_count;
+  op.base.GetInputCharacteristic = dr_required;
+  op.base.GetOutputCharacteristic = dr_required;
+  op.base.CreateKernelV2 = dr_create_kernel;
+  op.base.KernelComputeV2 = dr_compute;
+  return op;
+}
+
+#define N_OPS 8
 #define MAX_THREADS 256
 /* one set per thread count and pool (ONNX Runtime's, llmc's): ONNX Runtime keeps pointers to them */
 static LlmcOp op_sets[2][MAX_THREADS + 1][N_OPS];
@@ -774,6 +844,7 @@ EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase
     ops[4] = make_matmul_op("MatMulBF16", T_BFLOAT16, 0);
     ops[5] = make_matmul_op("MatMulQ8", T_UINT8, 8);
     ops[6] = make_norm_op();
+    ops[7] = make_delta_rule_op();
     for (int i = 0; i < N_OPS; i++) ops[i].threads = threads, ops[i].own_pool = own;
   }
   /* One domain object per registration: ONNX Runtime keeps a pointer to it in the session options. */

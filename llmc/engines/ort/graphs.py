@@ -29,7 +29,8 @@ from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_m
 
 LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight",
                    ".q.weight", ".q_a.weight", ".q_b.weight", ".kv_a.weight",  # (these four: latent attention's)
-                   ".attn_gate.weight", ".conv_in.weight")  # (LFM2's convolutions' input product)
+                   ".attn_gate.weight", ".conv_in.weight",  # (LFM2's convolutions' input product)
+                   ".lin_in.weight")  # (a Gated DeltaNet's)
 
 
 def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
@@ -152,7 +153,7 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
         opset = max(opset, ONNX_ATTENTION_OPSET)
     llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
     opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe=moe, paged=paged, key_tiles=kv.key_tiles,
-                        llmc_norms=fuse_norms and llmc_ops and dtype == "float32")
+                        llmc_norms=fuse_norms and llmc_ops and dtype == "float32", llmc_recurrence=llmc_ops)
     graphs = {spec.file: (spec, *build_graph(ckpt, spec, dtype, opset, opts)) for spec in (prefill, decode)}
     domains = {MS: 1, LLMC_DOMAIN: 1} if llmc_ops else {MS: 1}
     weights = WeightFile(out / "weights.bin")

@@ -1,0 +1,180 @@
+/* The gated delta rule over a run of tokens (see delta_rule.h). */
+#include "delta_rule.h"
+
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
+#define LLMC_X86 1
+#include <immintrin.h>
+#endif
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_V 1024 /* a value head's dims: the per-token vectors live on the stack */
+
+typedef struct {
+  const llmc_delta_rule_args* a;
+  int path;
+} rule_job;
+
+/* One (row, value head): its inputs' strides and the token's vectors. */
+typedef struct {
+  const float *q, *k, *v, *g, *beta;
+  float *m, *out;
+  int64_t qk_stride, v_stride, gb_stride, K, V, S;
+} unit;
+
+static void unit_generic(const unit* u) {
+  float kv[MAX_V], o[MAX_V];
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    float decay = expf(u->g[t * u->gb_stride]), beta = u->beta[t * u->gb_stride];
+    for (int64_t j = 0; j < u->V; j++) kv[j] = 0.f;
+    for (int64_t i = 0; i < u->K; i++) {
+      float* row = u->m + i * u->V;
+      for (int64_t j = 0; j < u->V; j++) {
+        row[j] *= decay;
+        kv[j] += k[i] * row[j];
+      }
+    }
+    for (int64_t j = 0; j < u->V; j++) {
+      kv[j] = beta * (v[j] - kv[j]);
+      o[j] = 0.f;
+    }
+    for (int64_t i = 0; i < u->K; i++) {
+      float* row = u->m + i * u->V;
+      for (int64_t j = 0; j < u->V; j++) {
+        row[j] += k[i] * kv[j];
+        o[j] += q[i] * row[j];
+      }
+    }
+    memcpy(u->out + t * u->v_stride, o, (size_t)u->V * sizeof(float));
+  }
+}
+
+#ifdef LLMC_X86
+__attribute__((target("avx512f"))) static void unit_avx512(const unit* u) {
+  float kv[MAX_V], o[MAX_V];
+  const int64_t V = u->V;
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    __m512 decay = _mm512_set1_ps(expf(u->g[t * u->gb_stride])), beta = _mm512_set1_ps(u->beta[t * u->gb_stride]);
+    for (int64_t j = 0; j < V; j += 16) _mm512_storeu_ps(kv + j, _mm512_setzero_ps());
+    for (int64_t i = 0; i < u->K; i++) { /* the decay, and k M */
+      float* row = u->m + i * V;
+      __m512 ki = _mm512_set1_ps(k[i]);
+      for (int64_t j = 0; j < V; j += 16) {
+        __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + j), decay);
+        _mm512_storeu_ps(row + j, r);
+        _mm512_storeu_ps(kv + j, _mm512_fmadd_ps(ki, r, _mm512_loadu_ps(kv + j)));
+      }
+    }
+    for (int64_t j = 0; j < V; j += 16) {
+      _mm512_storeu_ps(kv + j, _mm512_mul_ps(beta, _mm512_sub_ps(_mm512_loadu_ps(v + j), _mm512_loadu_ps(kv + j))));
+      _mm512_storeu_ps(o + j, _mm512_setzero_ps());
+    }
+    for (int64_t i = 0; i < u->K; i++) { /* M + k^T u, and q M */
+      float* row = u->m + i * V;
+      __m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]);
+      for (int64_t j = 0; j < V; j += 16) {
+        __m512 r = _mm512_fmadd_ps(ki, _mm512_loadu_ps(kv + j), _mm512_loadu_ps(row + j));
+        _mm512_storeu_ps(row + j, r);
+        _mm512_storeu_ps(o + j, _mm512_fmadd_ps(qi, r, _mm512_loadu_ps(o + j)));
+      }
+    }
+    memcpy(u->out + t * u->v_stride, o, (size_t)V * sizeof(float));
+  }
+}
+
+__attribute__((target("avx2,fma"))) static void unit_avx2(const unit* u) {
+  float kv[MAX_V], o[MAX_V];
+  const int64_t V = u->V;
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    __m256 decay = _mm256_set1_ps(expf(u->g[t * u->gb_stride])), beta = _mm256_set1_ps(u->beta[t * u->gb_stride]);
+    for (int64_t j = 0; j < V; j += 8) _mm256_storeu_ps(kv + j, _mm256_setzero_ps());
+    for (int64_t i = 0; i < u->K; i++) {
+      float* row = u->m + i * V;
+      __m256 ki = _mm256_set1_ps(k[i]);
+      for (int64_t j = 0; j < V; j += 8) {
+        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + j), decay);
+        _mm256_storeu_ps(row + j, r);
+        _mm256_storeu_ps(kv + j, _mm256_fmadd_ps(ki, r, _mm256_loadu_ps(kv + j)));
+      }
+    }
+    for (int64_t j = 0; j < V; j += 8) {
+      _mm256_storeu_ps(kv + j, _mm256_mul_ps(beta, _mm256_sub_ps(_mm256_loadu_ps(v + j), _mm256_loadu_ps(kv + j))));
+      _mm256_storeu_ps(o + j, _mm256_setzero_ps());
+    }
+    for (int64_t i = 0; i < u->K; i++) {
+      float* row = u->m + i * V;
+      __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+      for (int64_t j = 0; j < V; j += 8) {
+        __m256 r = _mm256_fmadd_ps(ki, _mm256_loadu_ps(kv + j), _mm256_loadu_ps(row + j));
+        _mm256_storeu_ps(row + j, r);
+        _mm256_storeu_ps(o + j, _mm256_fmadd_ps(qi, r, _mm256_loadu_ps(o + j)));
+      }
+    }
+    memcpy(u->out + t * u->v_stride, o, (size_t)V * sizeof(float));
+  }
+}
+#endif
+
+static int env_on(const char* name) {
+  const char* v = getenv(name);
+  return v && *v && *v != '0';
+}
+
+int llmc_delta_rule_path(int64_t V) {
+#ifdef LLMC_X86
+  if (env_on("LLMC_KERNELS_GENERIC")) return 0;
+  __builtin_cpu_init();
+  int avx2 = V % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (env_on("LLMC_KERNELS_AVX2")) return avx2 ? 1 : 0;
+  if (V % 16 == 0 && __builtin_cpu_supports("avx512f")) return 2;
+  return avx2 ? 1 : 0;
+#else
+  (void)V;
+  return 0;
+#endif
+}
+
+static void unit_task(void* data, size_t task) {
+  const rule_job* j = (const rule_job*)data;
+  const llmc_delta_rule_args* a = j->a;
+  int64_t b = (int64_t)task / a->H, h = (int64_t)task % a->H, kh = h / (a->H / a->Hk);
+  float* m = a->state_out + (b * a->H + h) * a->K * a->V;
+  const float* before = a->state + (b * a->H + h) * a->K * a->V;
+  if (m != before) memcpy(m, before, (size_t)(a->K * a->V) * sizeof(float));
+  unit u = {.q = a->q + (b * a->S * a->Hk + kh) * a->K, .k = a->k + (b * a->S * a->Hk + kh) * a->K,
+            .v = a->v + (b * a->S * a->H + h) * a->V, .g = a->g + b * a->S * a->H + h,
+            .beta = a->beta + b * a->S * a->H + h, .m = m, .out = a->out + (b * a->S * a->H + h) * a->V,
+            .qk_stride = a->Hk * a->K, .v_stride = a->H * a->V, .gb_stride = a->H, .K = a->K, .V = a->V, .S = a->S};
+#ifdef LLMC_X86
+  if (j->path == 2) {
+    unit_avx512(&u);
+    return;
+  }
+  if (j->path == 1) {
+    unit_avx2(&u);
+    return;
+  }
+#endif
+  unit_generic(&u);
+}
+
+const char* llmc_delta_rule(const llmc_delta_rule_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
+  static _Thread_local char msg[160];
+  if (a->B < 0 || a->S < 0 || a->Hk <= 0 || a->H <= 0 || a->H % a->Hk || a->K <= 0 || a->V <= 0 || a->V > MAX_V) {
+    snprintf(msg, sizeof msg, "value heads %lld must be a multiple of key heads %lld, dims K %lld and V %lld "
+             "positive, V at most %d", (long long)a->H, (long long)a->Hk, (long long)a->K, (long long)a->V, MAX_V);
+    return msg;
+  }
+  rule_job j = {a, llmc_delta_rule_path(a->V)};
+  size_t tasks = (size_t)(a->B * a->H);
+  if (parallel && tasks >= 2)
+    parallel(parallel_ctx, unit_task, tasks, &j);
+  else
+    for (size_t t = 0; t < tasks; t++) unit_task(&j, t);
+  return NULL;
+}

@@ -1,0 +1,36 @@
+/* The gated delta rule over a run of tokens (Qwen3.5's Gated DeltaNet), fp32, the recurrent form.
+ *
+ * ai.llmc.GatedDeltaRule's kernel. For each row b and value head h, on its state M [K, V] (key head h / (H / Hk)
+ * gives its q and k), token by token:
+ *   M <- M exp(g_t);  u = beta_t (v_t - k_t M);  M <- M + k_t^T u;  o_t = q_t M
+ * (q and k as the graph gives them: L2-normed, q times K^-0.5). A padded token has g = beta = 0: M unchanged.
+ * Each (b, h) is one pool task: its M (64 KiB at K = V = 128) stays in the core's L2 over the run, two passes of it a
+ * token. What ONNX Runtime ran before it: a Loop of ~12 nodes a token (llmc/graph/linear_attention.py).
+ */
+#ifndef LLMC_DELTA_RULE_H
+#define LLMC_DELTA_RULE_H
+
+#include <stdint.h>
+
+#include "parallel.h"
+
+typedef struct {
+  int64_t B, S, Hk, H, K, V; /* rows, tokens, key heads, value heads, key dim, value dim */
+  const float* q;            /* [B, S, Hk, K] */
+  const float* k;            /* [B, S, Hk, K] */
+  const float* v;            /* [B, S, H, V] */
+  const float* g;            /* [B, S, H]: the log of each token's decay */
+  const float* beta;         /* [B, S, H] */
+  const float* state;        /* [B, H, K, V]: before the run */
+  float* out;                /* [B, S, H, V] */
+  float* state_out;          /* [B, H, K, V]: after it (may be `state` itself) */
+} llmc_delta_rule_args;
+
+/* Returns NULL on success, else a message naming the value and its limit. */
+const char* llmc_delta_rule(const llmc_delta_rule_args* a, llmc_parallel_fn parallel, void* parallel_ctx);
+
+/* The path llmc_delta_rule takes for V: 2 AVX-512, 1 AVX2, 0 portable (LLMC_KERNELS_GENERIC / LLMC_KERNELS_AVX2
+ * force the others). */
+int llmc_delta_rule_path(int64_t V);
+
+#endif

@@ -1,0 +1,163 @@
+"""Layers that keep a fixed-size state per sequence instead of a KV cache (KVSpec.states): LFM2's gated short
+convolution and Qwen3.5's Gated DeltaNet (a linear attention over a recurrent state).
+
+A run's new tokens are right-padded: row b has n_b of them (the in-place graphs' new_tokens, or the new part of the
+export graphs' attention mask). Each state after the run is the row's own: a convolution's last inputs are its last
+taps - 1 *valid* ones, and a padded token neither decays nor writes the recurrent state.
+Shapes: B batch, S new tokens, C channels, H value heads, K / V key / value head dims.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from llmc.graph import io_names as io
+from llmc.graph.builder import DTYPES, GraphBuilder
+from llmc.graph.layers import LLMC_DOMAIN, Ctx, linear, norm
+
+FAR = 2**62  # a Slice end past any axis
+
+
+def new_counts(c: Ctx) -> str:
+    """[B] int64: each row's new tokens in this run."""
+    b = c.b
+    if io.NEW_TOKENS in c.inputs:
+        return b.cast(io.NEW_TOKENS, "int64")
+    width = b.dim(io.INPUT_IDS, 1)  # (the export's graphs: the mask's last S columns are this run's)
+    new = b.op("Slice", io.ATTENTION_MASK, b.op("Neg", width), b.ints(FAR), b.ints(1))
+    return b.op("ReduceSum", new, b.ints(1), keepdims=0)
+
+
+def _state_out(c: Ctx, x: str, name: str) -> None:
+    """Graph output `name` (fp32, as every state is held) from x."""
+    b = c.b
+    if b.dtype == "float32":
+        b.output("Identity", [x], name)
+    else:
+        b.output("Cast", [x], name, to=DTYPES["float32"])
+
+
+def causal_conv(c: Ctx, x: str, weight: str, taps: int, channels: int, past: str, present: str,
+                bias: str | None = None) -> str:
+    """Depthwise causal convolution of x [B, S, C] after the row's last taps - 1 inputs (input `past`
+    [B, taps - 1, C]; zeros before a prompt, in a graph without it); weight [taps, C], tap taps - 1 on the newest
+    input. Writes `present`: each row's last taps - 1 valid inputs."""
+    b = c.b
+    if past in c.inputs:
+        full = b.op("Concat", b.to_compute(past), x, axis=1)  # [B, taps - 1 + S, C]
+    else:  # a prompt's first run
+        full = b.op("Pad", x, b.ints(0, taps - 1, 0, 0, 0, 0))
+    y = None
+    for k in range(taps):  # tap k meets the input taps - 1 - k positions before each output's own
+        ends = b.ints(k - (taps - 1) if k < taps - 1 else FAR)
+        tap = b.op("Mul", b.op("Slice", full, b.ints(k), ends, b.ints(1)), b.op("Gather", weight, b.ints(k)))
+        y = tap if y is None else b.op("Add", y, tap)
+    assert y is not None
+    if bias is not None:
+        y = b.op("Add", y, bias)
+    # the row's last taps - 1 valid inputs: full's columns n_b .. n_b + taps - 2
+    cols = b.op("Add", b.unsqueeze(new_counts(c), 1), b.const(np.arange(taps - 1, dtype=np.int64)[None, :]))
+    index = b.op("Expand", b.unsqueeze(cols, 2), b.op("Concat", b.dim(cols, 0), b.ints(taps - 1, channels), axis=0))
+    _state_out(c, b.op("GatherElements", full, index, axis=1), present)
+    return y
+
+
+def short_conv(c: Ctx, i: int, h: str) -> str:
+    """LFM2's gated short convolution before its output product: B, C, x = h @ conv_in; C * conv(B * x)."""
+    b, m = c.b, c.m
+    gate_b, gate_c, xs = b.split(linear(c, h, f"layers.{i}.conv_in"), [m.hidden_size] * 3)
+    j = m.state_index(i)
+    bias = b.weight(f"layers.{i}.conv.bias") if c.has(f"layers.{i}.conv.bias") else None
+    y = causal_conv(c, b.op("Mul", gate_b, xs), b.weight(f"layers.{i}.conv.weight"), m.conv_kernel, m.hidden_size,
+                    io.PAST_CONV.format(i=j), io.PRESENT_CONV.format(i=j), bias)
+    return b.op("Mul", gate_c, y)
+
+
+def gated_delta_net(c: Ctx, i: int, h: str) -> str:
+    """Qwen3.5's Gated DeltaNet before its output product, [B, S, H * V]: q, k, v, z, b, a from one product
+    (lin_in); q, k, v through the causal convolution and SiLU; q and k L2-normed (q times K^-0.5), each key head
+    serving H / its count value heads; then per token, on the state M [B, H, K, V]:
+    M <- M exp(g), g = A softplus(a + dt_bias) (A = -exp(A_log)); M <- M + k (beta (v - k M)), beta = sigmoid(b);
+    o = q M; o RMS-normed over V times silu(z)."""
+    b, m = c.b, c.m
+    p, j = f"layers.{i}", m.state_index(i)
+    hk, hv, dk, dv = m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_v_dim
+    key, value = hk * dk, hv * dv
+    qkv, z, beta_in, a = b.split(linear(c, h, f"{p}.lin_in"), [2 * key + value, value, hv, hv])
+    conv = causal_conv(c, qkv, b.weight(f"{p}.lin_conv.weight"), m.linear_conv_kernel, 2 * key + value,
+                       io.PAST_LINEAR_CONV.format(i=j), io.PRESENT_LINEAR_CONV.format(i=j))
+    conv = b.to_float32(b.op("Mul", conv, b.op("Sigmoid", conv)))  # SiLU
+    q, k, v = b.split(conv, [key, key, value])
+
+    def heads(x: str, n: int, d: int) -> str:  # [B, S, n * d] -> [B, S, n, d]
+        return b.op("Reshape", x, b.ints(0, 0, n, d))
+
+    def l2(x: str) -> str:
+        ss = b.op("ReduceSum", b.op("Mul", x, x), b.ints(-1), keepdims=1)
+        return b.op("Mul", x, b.op("Reciprocal", b.op("Sqrt", b.op("Add", ss, b.const(np.array(1e-6, np.float32))))))
+
+    q, k = l2(heads(q, hk, dk)), l2(heads(k, hk, dk))
+    q = b.op("Mul", q, b.const(np.array(dk ** -0.5, np.float32)))
+    beta = b.op("Sigmoid", b.to_float32(beta_in))  # [B, S, H]
+    g = b.op("Mul", b.to_float32(b.weight(f"{p}.lin_A")),
+             b.op("Softplus", b.op("Add", b.to_float32(a), b.to_float32(b.weight(f"{p}.lin_dt_bias")))))
+    # a padded token neither decays nor writes the state
+    width = b.dim(io.INPUT_IDS, 1)
+    steps = b.op("Range", b.const(np.array(0, np.int64)), b.op("Squeeze", width, b.ints(0)),
+                 b.const(np.array(1, np.int64)))
+    valid = b.cast(b.op("Less", b.unsqueeze(steps, 0), b.unsqueeze(new_counts(c), 1)), "float32")  # [B, S]
+    valid = b.unsqueeze(valid, 2)
+    g, beta = b.op("Mul", g, valid), b.op("Mul", beta, valid)
+    v = heads(b.to_float32(v), hv, dv)
+    past, present = io.PAST_RECURRENT.format(i=j), io.PRESENT_RECURRENT.format(i=j)
+    if past in c.inputs:
+        state = past
+    else:  # zeros [B, H, K, V] before a prompt
+        shape = b.op("Concat", b.dim(io.INPUT_IDS, 0), b.ints(hv, dk, dv), axis=0)
+        state = b.op("ConstantOfShape", shape, value=helper.make_tensor("zero", DTYPES["float32"], [1], [0.0]))
+    if c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
+        out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, outputs=2, domain=LLMC_DOMAIN)
+    else:
+        if hv != hk:  # each key head serves hv / hk consecutive value heads
+            q, k = (b.op("Reshape", b.op("Expand", b.unsqueeze(x, 3), b.ints(1, 1, 1, hv // hk, 1)),
+                         b.ints(0, 0, hv, dk)) for x in (q, k))
+        time_major = [b.op("Transpose", x, perm=[1, 0, 2, 3]) for x in (q, k, v)]
+        time_major += [b.op("Transpose", x, perm=[1, 0, 2]) for x in (g, beta)]
+        final, out = _delta_rule_loop(b, width, state, time_major)
+        out = b.op("Transpose", out, perm=[1, 0, 2, 3])  # [B, S, H, V]
+    _state_out(c, final, present)
+    gate = heads(b.to_float32(z), hv, dv)
+    normed = norm(c, b.to_compute(out), f"{p}.lin_norm")
+    y = b.op("Mul", b.to_float32(normed), b.op("Mul", gate, b.op("Sigmoid", gate)))
+    return b.to_compute(b.op("Reshape", y, b.ints(0, 0, value)))
+
+
+def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[str]) -> tuple[str, str]:
+    """An ONNX Loop over the run's tokens: (the state after them [B, H, K, V], the outputs [S, B, H, V]).
+    time_major: q, k [S, B, H, K], v [S, B, H, V], g, beta [S, B, H], read by the body from the outer scope."""
+    body = GraphBuilder(b.opset, "float32")
+    body._count = b._count + 1000000  # (node names apart from the outer graph's)
+    t = "delta_t"
+    q_t, k_t, v_t, g_t, beta_t = (body.op("Gather", x, t, axis=0) for x in time_major)  # [B, H, ...]
+    decayed = body.op("Mul", "delta_state_in", body.unsqueeze(body.op("Exp", g_t), 2, 3))
+    remembered = body.op("MatMul", body.unsqueeze(k_t, 2), decayed)  # [B, H, 1, V]
+    delta = body.op("Mul", body.op("Sub", body.unsqueeze(v_t, 2), remembered), body.unsqueeze(beta_t, 2, 3))
+    written = body.op("Add", decayed, body.op("Mul", body.unsqueeze(k_t, 3), delta))  # [B, H, K, V]
+    out_t = body.op("Squeeze", body.op("MatMul", body.unsqueeze(q_t, 2), written), body.ints(2))  # [B, H, V]
+    body.output("Identity", ["delta_cond_in"], "delta_cond_out")
+    body.output("Identity", [written], "delta_state_out")
+    body.output("Identity", [out_t], "delta_out_t")
+    f32 = DTYPES["float32"]
+    graph = helper.make_graph(
+        body.nodes, "delta_rule",
+        [helper.make_tensor_value_info(t, DTYPES["int64"], []),
+         helper.make_tensor_value_info("delta_cond_in", DTYPES["bool"], []),
+         helper.make_tensor_value_info("delta_state_in", f32, None)],
+        [helper.make_tensor_value_info("delta_cond_out", DTYPES["bool"], []),
+         helper.make_tensor_value_info("delta_state_out", f32, None),
+         helper.make_tensor_value_info("delta_out_t", f32, None)],
+        initializer=list(body.constants.values()))
+    trips = b.op("Squeeze", width, b.ints(0))
+    final, outs = b.op_n("Loop", trips, "", state, outputs=2, body=graph)
+    return final, outs

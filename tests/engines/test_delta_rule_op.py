@@ -1,0 +1,92 @@
+"""llmc's gated delta rule (ai.llmc.GatedDeltaRule, Qwen3.5's Gated DeltaNet recurrence) against a float64 numpy
+reference of transformers' recurrent form, on its AVX-512, AVX2 and portable paths, one and two threads, value heads
+sharing key heads, one-token decode steps and a prompt's run; a padded token (g = beta = 0) leaves the state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+RNG = np.random.default_rng(5)
+PATHS = {"native": {}, "avx2": {"LLMC_KERNELS_AVX2": "1"}, "portable": {"LLMC_KERNELS_GENERIC": "1"}}
+NAMES = ("q", "k", "v", "g", "beta", "state")
+
+
+def _session(library: Path, threads: int) -> object:
+    import onnxruntime as ort
+
+    node = helper.make_node("GatedDeltaRule", list(NAMES), ["out", "state_out"], domain="ai.llmc")
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in NAMES]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "state_out")]
+    model = helper.make_model(helper.make_graph([node], "delta_rule", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+               state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' torch_recurrent_gated_delta_rule after its norms, in float64."""
+    b, s, hk, _ = q.shape
+    h = v.shape[2]
+    m = state.astype(np.float64).copy()
+    out = np.zeros(v.shape, np.float64)
+    for t in range(s):
+        for head in range(h):
+            kh = head // (h // hk)
+            qt, kt, vt = q[:, t, kh].astype(np.float64), k[:, t, kh].astype(np.float64), v[:, t, head]
+            m[:, head] *= np.exp(g[:, t, head])[:, None, None]
+            mem = np.einsum("bkv,bk->bv", m[:, head], kt)
+            delta = (vt - mem) * beta[:, t, head][:, None]
+            m[:, head] += kt[:, :, None] * delta[:, None, :]
+            out[:, t, head] = np.einsum("bkv,bk->bv", m[:, head], qt)
+    return out, m
+
+
+def _inputs(b: int, s: int, hk: int, h: int, kd: int, vd: int) -> dict[str, np.ndarray]:
+    def unit(x: np.ndarray) -> np.ndarray:
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    return {"q": unit(RNG.standard_normal((b, s, hk, kd))) * np.float32(kd ** -0.5),
+            "k": unit(RNG.standard_normal((b, s, hk, kd))),
+            "v": RNG.standard_normal((b, s, h, vd)).astype(np.float32),
+            "g": -np.abs(RNG.standard_normal((b, s, h))).astype(np.float32),
+            "beta": RNG.uniform(0, 1, (b, s, h)).astype(np.float32),
+            "state": RNG.standard_normal((b, h, kd, vd)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 1, 2, 4, 16, 8), (1, 37, 1, 2, 32, 32), (3, 5, 4, 4, 128, 128),
+                                   (2, 3, 2, 2, 8, 12), (1, 2, 1, 1, 16, 48)])
+def test_the_rule_matches_its_reference(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, threads: int,
+                                        shape: tuple[int, ...]) -> None:
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    feeds = _inputs(*shape)
+    out, state = _session(llmc_ops, threads).run(None, feeds)
+    ref_out, ref_state = _reference(*(feeds[n] for n in NAMES))
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-4 * np.abs(ref_out).max())
+    np.testing.assert_allclose(state, ref_state, rtol=1e-4, atol=1e-4 * np.abs(ref_state).max())
+
+
+def test_a_padded_token_leaves_the_state(llmc_ops: Path) -> None:
+    feeds = _inputs(2, 4, 2, 4, 16, 16)
+    feeds["g"][1, 2:], feeds["beta"][1, 2:] = 0, 0  # row 1 has 2 tokens, right-padded to 4
+    _, state = _session(llmc_ops, 2).run(None, feeds)
+    _, alone = _session(llmc_ops, 1).run(None, {n: a[1:2, :2] if a.ndim > 2 and n != "state" else a[1:2]
+                                                for n, a in feeds.items()})
+    np.testing.assert_allclose(state[1], alone[0], rtol=1e-6, atol=1e-6)
+
+
+def test_mismatched_shapes_are_named(llmc_ops: Path) -> None:
+    feeds = _inputs(1, 2, 2, 4, 16, 16)
+    feeds["state"] = feeds["state"][:, :2]
+    with pytest.raises(Exception, match=r"GatedDeltaRule: expected q, k \[B, S, Hk, K\]"):
+        _session(llmc_ops, 1).run(None, feeds)
