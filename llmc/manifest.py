@@ -225,6 +225,9 @@ class StateSpec:
     count: int
     shape: tuple[int, ...]
     dtype: str = "float32"
+    # in place (llmc's GatedDeltaRule): past and present are one pool [num_slots, *shape] bound as both, row b's
+    # state the pool's state_rows[b]-th; not copied in and out each run
+    pooled: bool = False
 
     def names(self, kind: str) -> list[str]:
         return [(self.past if kind == "past" else self.present).format(i=i) for i in range(self.count)]

@@ -707,6 +707,15 @@ def _qwen3_next(tf: Any, common: dict[str, Any]) -> Any:  # fused GDN products, 
     return _nudged(model)  # (zero-centred norms and the gated norm off their start)
 
 
+def _lara_mini(tf: Any, common: dict[str, Any]) -> Any:  # Gated DeltaNet, sliding and full layers, fp32 router
+    model = _auto(tf, "lara_mini", **{**common, "num_hidden_layers": 3}, head_dim=16, sliding_window=8,
+                  layer_types=["linear_attention", "sliding_attention", "full_attention"],
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+                  linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=32)
+    return _nudged(model, dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -716,7 +725,7 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "lfm2": _lfm2,
                       "lfm2_moe": _lfm2_moe, "lfm3": _lfm3,
                       "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text,
-                      "qwen3_next": _qwen3_next})
+                      "qwen3_next": _qwen3_next, "lara_mini": _lara_mini})
 PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
 
 

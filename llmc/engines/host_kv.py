@@ -46,6 +46,7 @@ class _HostBuffers:
             self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
             self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
             self.states = [np.zeros((self.num_slots, *s.shape), np.float32) for s in spec.states for _ in range(s.count)]
+            self.pooled = [s.pooled for s in spec.states for _ in range(s.count)]
         except MemoryError:
             raise InputError(f"--kv-budget-mb: {need / 2**20:,.0f} MiB of KV memory could not be allocated "
                              f"(this machine has {limit / 2**20:,.0f} MiB): lower it", "kv_budget_mb") from None
@@ -56,20 +57,32 @@ class _HostBuffers:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (*self.keys, *self.values, *self.states))
 
+    def copied_states(self) -> list[np.ndarray]:
+        """The states a run takes in and gives out by rows (not pooled: StateSpec.pooled), in KVSpec order."""
+        return [s for s, pooled in zip(self.states, self.pooled) if not pooled]
+
+    def pooled_states(self) -> list[np.ndarray]:
+        """The states a graph reads and writes in place, whole pools [num_slots, *shape], in KVSpec order."""
+        return [s for s, pooled in zip(self.states, self.pooled) if pooled]
+
     def state_rows(self, slots: list[int], fresh: bool = False) -> list[np.ndarray]:
-        """Each state's rows for `slots` [B, *shape], in KVSpec.state_names order; `fresh`: zeros (a prompt's
-        first run)."""
+        """Each copied state's rows for `slots` [B, *shape]; `fresh`: zeros (a prompt's first run)."""
         if fresh:
-            return [np.zeros((len(slots), *s.shape[1:]), s.dtype) for s in self.states]
-        return [s[slots] for s in self.states]
+            return [np.zeros((len(slots), *s.shape[1:]), s.dtype) for s in self.copied_states()]
+        return [s[slots] for s in self.copied_states()]
 
     def store_states(self, slots: list[int], present: list[np.ndarray], live: list[int] | None = None) -> None:
-        """Write each state's rows after a run back to `slots`: only batch rows `live` (None: all; a slot window's
-        other rows ran a dummy token)."""
+        """Write each copied state's rows after a run back to `slots`: only batch rows `live` (None: all; a slot
+        window's other rows ran a dummy token)."""
         rows = np.arange(len(slots)) if live is None else np.asarray(live, np.int64)
         at = np.asarray(slots, np.int64)[rows]
-        for buf, new in zip(self.states, present):
+        for buf, new in zip(self.copied_states(), present):
             buf[at] = new[rows]
+
+    def reset_states(self, slots: list[int]) -> None:
+        """Zero the pooled states of `slots` (prompts about to start there)."""
+        for buf in self.pooled_states():
+            buf[slots] = 0
 
     def _move_states(self, src: int, dst: int) -> None:
         for buf in self.states:

@@ -27,11 +27,12 @@ PRESENT_CONV = "present_conv.{i}"  # the same after it (each row's last valid on
 # state [B, v heads, k dim, v dim], before and after the run
 PAST_LINEAR_CONV, PRESENT_LINEAR_CONV = "past_linear_conv.{i}", "present_linear_conv.{i}"
 PAST_RECURRENT, PRESENT_RECURRENT = "past_recurrent.{i}", "present_recurrent.{i}"
+STATE_ROWS = "state_rows"  # [B] int32 (graphs with pooled states): row b's state in the pools [num_slots, ...]
 
 STANDARD_INPLACE = ("onnx", "onnx-static")  # in-place lowerings of standard ops: Attention + TensorScatter
 
 BATCH, SEQ, PAST, TOTAL, MAX_SEQ = "batch", "sequence", "past_sequence", "total_sequence", "max_sequence"
-NUM_BLOCKS, BLOCK, MAX_BLOCKS = "num_blocks", "block_size", "max_blocks"
+NUM_BLOCKS, BLOCK, MAX_BLOCKS, NUM_SLOTS = "num_blocks", "block_size", "max_blocks", "num_slots"
 
 
 def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
@@ -81,7 +82,8 @@ def _kv(kv: KVSpec, kind: str, length: str) -> list[TensorSpec]:
 
 
 def _states(kv: KVSpec, kind: str) -> list[TensorSpec]:
-    return [TensorSpec(n, s.dtype, (BATCH, *s.shape)) for s in kv.states for n in s.names(kind)]
+    return [TensorSpec(n, s.dtype, (NUM_SLOTS if s.pooled else BATCH, *s.shape)) for s in kv.states
+            for n in s.names(kind)]
 
 
 def prefill_spec(model: ModelSpec, kv: KVSpec, file: str = "prefill.onnx") -> GraphSpec:
@@ -129,6 +131,8 @@ def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[Tensor
         inputs.append(TensorSpec(BLOCK_TABLE, "int32", (BATCH, MAX_BLOCKS)))
     if kv.paged or kv.states:  # (a state keeps each row's last valid inputs: where they end)
         inputs.append(TensorSpec(NEW_TOKENS, "int32", (BATCH,)))
+    if any(s.pooled for s in kv.states):
+        inputs.append(TensorSpec(STATE_ROWS, "int32", (BATCH,)))
     return inputs + _kv(kv, "past", MAX_SEQ) + _states(kv, "past")
 
 

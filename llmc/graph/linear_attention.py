@@ -116,8 +116,14 @@ def gated_delta_net(c: Ctx, i: int, h: str) -> str:
     else:  # zeros [B, H, K, V] before a prompt
         shape = b.op("Concat", b.dim(io.INPUT_IDS, 0), b.ints(hv, dk, dv), axis=0)
         state = b.op("ConstantOfShape", shape, value=helper.make_tensor("zero", DTYPES["float32"], [1], [0.0]))
-    if c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
+    if io.STATE_ROWS in c.inputs:  # the pool, in place: the engine zeroes a prompt's row first
+        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, state, io.STATE_ROWS],
+                                        [b._name("GatedDeltaRule_out"), present], domain=LLMC_DOMAIN,
+                                        name=b._name("GatedDeltaRule")))
+        out = b.nodes[-1].output[0]
+    elif c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
         out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, outputs=2, domain=LLMC_DOMAIN)
+        _state_out(c, final, present)
     else:
         if hv != hk:  # each key head serves hv / hk consecutive value heads
             q, k = (b.op("Reshape", b.op("Expand", b.unsqueeze(x, 3), b.ints(1, 1, 1, hv // hk, 1)),
@@ -126,7 +132,7 @@ def gated_delta_net(c: Ctx, i: int, h: str) -> str:
         time_major += [b.op("Transpose", x, perm=[1, 0, 2]) for x in (g, beta)]
         final, out = _delta_rule_loop(b, width, state, time_major)
         out = b.op("Transpose", out, perm=[1, 0, 2, 3])  # [B, S, H, V]
-    _state_out(c, final, present)
+        _state_out(c, final, present)
     gate = heads(b.to_float32(z), hv, dv)
     normed = norm(c, b.to_compute(out), f"{p}.lin_norm")
     y = b.op("Mul", b.to_float32(normed), b.op("Mul", gate, b.op("Sigmoid", gate)))

@@ -216,6 +216,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type in ("olmoe", "flex_olmo"):  # (its experts are intermediate_size wide)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act)
+    if config.model_type == "lara_mini":  # (its router in fp32; its shared expert ungated: arch.py)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
+                       bool(config.norm_topk_prob), config.hidden_act, router_fp32=True)
     if config.model_type == "qwen3_5_moe_text":  # (Qwen2-MoE's block, always renormalized)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        True, config.hidden_act)
@@ -289,7 +292,7 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
                              "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe",
-                             "qwen3_5_moe_text"):
+                             "qwen3_5_moe_text", "lara_mini"):
         return True
     if config.model_type == "llama4_text":
         return layer in config.moe_layers

@@ -15,11 +15,13 @@ PATHS = {"native": {}, "avx2": {"LLMC_KERNELS_AVX2": "1"}, "portable": {"LLMC_KE
 NAMES = ("q", "k", "v", "g", "beta", "state")
 
 
-def _session(library: Path, threads: int) -> object:
+def _session(library: Path, threads: int, pooled: bool = False) -> object:
     import onnxruntime as ort
 
-    node = helper.make_node("GatedDeltaRule", list(NAMES), ["out", "state_out"], domain="ai.llmc")
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in NAMES]
+    names = [*NAMES, "state_rows"] if pooled else list(NAMES)
+    node = helper.make_node("GatedDeltaRule", names, ["out", "state_out"], domain="ai.llmc")
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT32 if n == "state_rows" else TensorProto.FLOAT, None)
+              for n in names]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "state_out")]
     model = helper.make_model(helper.make_graph([node], "delta_rule", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
@@ -83,6 +85,22 @@ def test_a_padded_token_leaves_the_state(llmc_ops: Path) -> None:
     _, alone = _session(llmc_ops, 1).run(None, {n: a[1:2, :2] if a.ndim > 2 and n != "state" else a[1:2]
                                                 for n, a in feeds.items()})
     np.testing.assert_allclose(state[1], alone[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_pool_of_states_is_read_and_written_by_row(llmc_ops: Path, threads: int) -> None:
+    """With state_rows, the state is a pool [N, H, K, V]: row b's is its state_rows[b]-th; the others stay."""
+    feeds = _inputs(2, 3, 2, 4, 16, 16)
+    pool = RNG.standard_normal((5, 4, 16, 16)).astype(np.float32)
+    rows = np.array([3, 1], np.int32)
+    out, after = _session(llmc_ops, threads, pooled=True).run(None, {**feeds, "state": pool, "state_rows": rows})
+    ref_out, ref_state = _reference(*(feeds[n] for n in NAMES[:-1]), pool[rows])
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-4 * np.abs(ref_out).max())
+    np.testing.assert_allclose(after[rows], ref_state, rtol=1e-4, atol=1e-4 * np.abs(ref_state).max())
+    untouched = [0, 2, 4]
+    np.testing.assert_array_equal(after[untouched], pool[untouched])
+    with pytest.raises(Exception, match=r"state_rows\[1\] = 5 is outside the pool's 5 states"):
+        _session(llmc_ops, 1, pooled=True).run(None, {**feeds, "state": pool, "state_rows": np.array([0, 5], np.int32)})
 
 
 def test_mismatched_shapes_are_named(llmc_ops: Path) -> None:

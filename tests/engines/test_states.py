@@ -101,6 +101,30 @@ def test_no_prefix_is_reused_for_a_model_with_states(stateful: Built) -> None:
     assert stats.prefix_queried_tokens > 0 and stats.prefix_hit_tokens == 0
 
 
+def test_pooled_states_in_a_slot_window_leave_its_dummy_rows_alone(tiny_factory: Callable[[str], Built],
+                                                                    tmp_path: Any) -> None:
+    """GroupQueryAttention over slot windows with llmc's 4-bit operator: the recurrent states are pooled (in place,
+    by state_rows) and a window's dummy rows run with no new tokens, so a row that waited decodes as it does alone."""
+    from llmc.engines.ort.build import BuildConfig, build_ort
+    from llmc.manifest import load_engine
+
+    tiny = tiny_factory("qwen3_5_text")
+    build_ort(BuildConfig(tiny.export_dir, tmp_path / "e", attention="gqa", quant="int4", quality_target=0.0,
+                          allow_divergence=True))
+    assert any(s.pooled for s in load_engine(tmp_path / "e").kv.states)
+    engine = load_engine_dir(tmp_path / "e")
+    prompts = [_ids(1, 5), _ids(2, 9), _ids(3, 4)]
+    kv = engine.new_kv_cache(3, 64)
+    engine.prefill([0, 1, 2], prompts, kv)
+    for t in range(3):
+        engine.decode([0, 2], [[10 + t], [20 + t]], kv)
+    waited = [engine.decode([1], [[tok]], kv)[0] for tok in (7, 8, 9)]
+    kv = engine.new_kv_cache(3, 64)
+    engine.prefill([1], [prompts[1]], kv)
+    alone = [engine.decode([1], [[tok]], kv)[0] for tok in (7, 8, 9)]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(waited, alone)) <= 1e-4
+
+
 def test_a_budget_the_rows_states_fill_is_refused_naming_it(tiny_factory: Callable[[str], Built]) -> None:
     """Every running row keeps its states (Qwen3.5's: ~6 KB a row here); a budget they would take half of is
     refused, naming what they take."""

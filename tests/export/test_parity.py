@@ -346,7 +346,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     windowed = {"mistral": 16, "qwen3": 8, "gemma2": 8, "gemma3_text": 8, "starcoder2": 16, "ministral": 8,
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
                 "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
-                "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8, "laguna": 8, "lfm3": 8}
+                "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8, "laguna": 8, "lfm3": 8,
+                "lara_mini": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -358,7 +359,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
                          "hy_v3": "head", "kolibri1": "head", "llama4_text": "head", "laguna": "head",
                          "lfm2": "head", "lfm2_moe": "head", "lfm3": "head",
-                         "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head"}.get(tiny.name,
+                         "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head",
+                         "lara_mini": "head"}.get(tiny.name,
                                                                                                            "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == {"ministral3": (0.4, 16), "llama4_text": (0.5, 512)}.get(
@@ -397,6 +399,9 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         kv = load_export(tiny.export_dir).kv
         assert (kv.num_layers, kv.state_names("past"), kv.states[0].shape) == (1, ["past_conv.0", "past_conv.1"],
                                                                                (2, 64))
+    elif tiny.name == "lara_mini":  # (RoPE on its sliding layer only, a router in fp32)
+        assert (m.kv_layers, m.rope_layers, m.moe_router_fp32, m.linear_v_heads) == ((1, 2), (False, True, False),
+                                                                                    True, 4)
     elif tiny.name in ("qwen3_5_text", "qwen3_next"):  # (Gated DeltaNet layers: their conv and recurrent states,
         # no KV)
         assert (m.kv_layers, m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_v_dim,
@@ -411,12 +416,12 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert (m.conv_kernel, m.kv_layers, m.rope_type, m.head_dim, m.rotary_dim) == (4, (1, 3), "proportional", 16, 0)
     else:
         assert m.conv_kernel == 0 and "conv" not in m.layer_types
-    if not tiny.name.startswith(("qwen3_5", "qwen3_next")):
+    if not tiny.name.startswith(("qwen3_5", "qwen3_next", "lara_mini")):
         assert m.linear_conv_kernel == 0 and "linear_attention" not in m.layer_types
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
            "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text", "qwen3_5_moe_text",
-           "qwen3_next")
+           "qwen3_next", "lara_mini")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -451,6 +456,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.moe_norm_eps == (1e-6 if tiny.name == "lfm2_moe" else 1e-20)
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
                                                              "qwen3_5_moe_text": (32, True), "qwen3_next": (32, True),
+                                                             "lara_mini": (32, False),
                                                              "dots1": (64, False), "ernie4_5_moe": (32, False),
                                                              "hunyuan_v1_moe": (96, False),
                                                              "granitemoeshared": (64, False),

@@ -143,8 +143,9 @@ static void unit_task(void* data, size_t task) {
   const rule_job* j = (const rule_job*)data;
   const llmc_delta_rule_args* a = j->a;
   int64_t b = (int64_t)task / a->H, h = (int64_t)task % a->H, kh = h / (a->H / a->Hk);
-  float* m = a->state_out + (b * a->H + h) * a->K * a->V;
-  const float* before = a->state + (b * a->H + h) * a->K * a->V;
+  int64_t at = a->rows ? a->rows[b] : b; /* (its state's place: its slot in a pool) */
+  float* m = a->state_out + (at * a->H + h) * a->K * a->V;
+  const float* before = a->state + (at * a->H + h) * a->K * a->V;
   if (m != before) memcpy(m, before, (size_t)(a->K * a->V) * sizeof(float));
   unit u = {.q = a->q + (b * a->S * a->Hk + kh) * a->K, .k = a->k + (b * a->S * a->Hk + kh) * a->K,
             .v = a->v + (b * a->S * a->H + h) * a->V, .g = a->g + b * a->S * a->H + h,
@@ -169,6 +170,17 @@ const char* llmc_delta_rule(const llmc_delta_rule_args* a, llmc_parallel_fn para
     snprintf(msg, sizeof msg, "value heads %lld must be a multiple of key heads %lld, dims K %lld and V %lld "
              "positive, V at most %d", (long long)a->H, (long long)a->Hk, (long long)a->K, (long long)a->V, MAX_V);
     return msg;
+  }
+  if (a->rows) {
+    for (int64_t b = 0; b < a->B; b++) {
+      if (a->rows[b] < 0 || a->rows[b] >= a->N) {
+        snprintf(msg, sizeof msg, "state_rows[%lld] = %d is outside the pool's %lld states", (long long)b,
+                 a->rows[b], (long long)a->N);
+        return msg;
+      }
+    }
+    if (a->state_out != a->state) /* (a pool not bound in place: the rows this run leaves are the input's) */
+      memcpy(a->state_out, a->state, (size_t)(a->N * a->H * a->K * a->V) * sizeof(float));
   }
   rule_job j = {a, llmc_delta_rule_path(a->V)};
   size_t tasks = (size_t)(a->B * a->H);

@@ -21,9 +21,11 @@ typedef struct {
   const float* v;            /* [B, S, H, V] */
   const float* g;            /* [B, S, H]: the log of each token's decay */
   const float* beta;         /* [B, S, H] */
-  const float* state;        /* [B, H, K, V]: before the run */
+  const float* state;        /* [B, H, K, V]: before the run; with `rows`, a pool [N, H, K, V] */
   float* out;                /* [B, S, H, V] */
-  float* state_out;          /* [B, H, K, V]: after it (may be `state` itself) */
+  float* state_out;          /* as `state`: after the run (may be `state` itself: then nothing is copied) */
+  const int32_t* rows;       /* [B] or NULL: row b's state is the pool's rows[b] (the engines' slots, in place) */
+  int64_t N;                 /* the pool's states (with `rows`) */
 } llmc_delta_rule_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */

@@ -39,7 +39,8 @@
  *
  * GatedDeltaRule (delta_rule.h): q, k [B, S, Hk, K], v [B, S, H, V], g, beta [B, S, H], state [B, H, K, V], all fp32
  * -> output [B, S, H, V] and the state after the run [B, H, K, V]: Qwen3.5's Gated DeltaNet recurrence, value head h
- * on key head h / (H / Hk). No attributes.
+ * on key head h / (H / Hk). Optional state_rows [B] int32: the state is a pool [N, H, K, V] and row b's is its
+ * state_rows[b]-th (bind the output to the pool's memory and nothing is copied). No attributes.
  *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
@@ -608,10 +609,15 @@ static OrtStatus* rn_compute(void* kernel, OrtKernelContext* ctx) {
 
 /* ---------------------------------------------------------------- GatedDeltaRule */
 
-enum { DR_Q, DR_K, DR_V, DR_G, DR_BETA, DR_STATE, DR_INPUTS };
+enum { DR_Q, DR_K, DR_V, DR_G, DR_BETA, DR_STATE, DR_ROWS, DR_INPUTS };
 
 static size_t dr_input_count(const OrtCustomOp* op) { (void)op; return DR_INPUTS; }
 static size_t dr_output_count(const OrtCustomOp* op) { (void)op; return 2; }
+static int dr_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i == DR_ROWS ? T_INT32 : T_FLOAT; }
+static int dr_input_characteristic(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == DR_ROWS ? IO_OPTIONAL : IO_REQUIRED;
+}
 static int dr_required(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
 
 static OrtStatus* dr_create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
@@ -631,6 +637,7 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
   int64_t dims[DR_INPUTS][4];
   int rank[DR_INPUTS];
   CHECK(inputs(api, ctx, DR_INPUTS, data, dims, rank));
+  int pooled = rank[DR_ROWS] >= 0;
   int64_t B = dims[DR_V][0], S = dims[DR_V][1], H = dims[DR_V][2], V = dims[DR_V][3];
   int64_t Hk = dims[DR_Q][2], K = dims[DR_Q][3];
   int ok = rank[DR_Q] == 4 && rank[DR_K] == 4 && rank[DR_V] == 4 && rank[DR_G] == 3 && rank[DR_BETA] == 3 &&
@@ -638,10 +645,12 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
   for (int d = 0; ok && d < 4; d++) ok = dims[DR_K][d] == dims[DR_Q][d];
   ok = ok && dims[DR_Q][0] == B && dims[DR_Q][1] == S;
   for (int i = DR_G; ok && i <= DR_BETA; i++) ok = dims[i][0] == B && dims[i][1] == S && dims[i][2] == H;
-  ok = ok && dims[DR_STATE][0] == B && dims[DR_STATE][1] == H && dims[DR_STATE][2] == K && dims[DR_STATE][3] == V;
+  ok = ok && (pooled ? rank[DR_ROWS] == 1 && dims[DR_ROWS][0] == B : dims[DR_STATE][0] == B) &&
+       dims[DR_STATE][1] == H && dims[DR_STATE][2] == K && dims[DR_STATE][3] == V;
   if (!ok) {
     return fail(api, ERR_INVALID_ARGUMENT, "GatedDeltaRule: expected q, k [B, S, Hk, K], v [B, S, H, V], g, beta "
-                                           "[B, S, H] and state [B, H, K, V]");
+                                           "[B, S, H] and state [B, H, K, V] (a pool [N, H, K, V] with state_rows "
+                                           "[B])");
   }
   void* out[2] = {NULL, NULL};
   for (size_t o = 0; o < 2; o++) {
@@ -653,7 +662,8 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
   llmc_delta_rule_args a = {.B = B, .S = S, .Hk = Hk, .H = H, .K = K, .V = V, .q = (const float*)data[DR_Q],
                             .k = (const float*)data[DR_K], .v = (const float*)data[DR_V],
                             .g = (const float*)data[DR_G], .beta = (const float*)data[DR_BETA],
-                            .state = (const float*)data[DR_STATE], .out = (float*)out[0], .state_out = (float*)out[1]};
+                            .state = (const float*)data[DR_STATE], .out = (float*)out[0], .state_out = (float*)out[1],
+                            .rows = pooled ? (const int32_t*)data[DR_ROWS] : NULL, .N = dims[DR_STATE][0]};
   Pool pool = {api, ctx, NULL, k->pool_threads};
   return outcome(&pool, "GatedDeltaRule", llmc_delta_rule(&a, run_parallel, &pool));
 }
@@ -709,11 +719,11 @@ static LlmcOp make_norm_op(void) {
 
 static LlmcOp make_delta_rule_op(void) {
   LlmcOp op = make_op("GatedDeltaRule", T_FLOAT);
-  op.base.GetInputType = rn_type;
+  op.base.GetInputType = dr_input_type;
   op.base.GetInputTypeCount = dr_input_count;
   op.base.GetOutputType = rn_type;
   op.base.GetOutputTypeCount = dr_output_count;
-  op.base.GetInputCharacteristic = dr_required;
+  op.base.GetInputCharacteristic = dr_input_characteristic;
   op.base.GetOutputCharacteristic = dr_required;
   op.base.CreateKernelV2 = dr_create_kernel;
   op.base.KernelComputeV2 = dr_compute;

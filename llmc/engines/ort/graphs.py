@@ -148,10 +148,12 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
     # a paged fp32 / fp16 cache holds its keys 16 positions at a time (a decode row's scores then take 16 keys a
     # product with nothing to reduce across lanes: docs/kv_cache.md); int8 rows keep their per-row scales
     kv = replace(kv, key_tiles=paged and kv.dtype != "int8")
+    llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
+    if llmc_ops:  # (llmc's GatedDeltaRule keeps the recurrent states in their pools, in place)
+        kv = replace(kv, states=tuple(replace(s, pooled=s.past == io_names.PAST_RECURRENT) for s in kv.states))
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
     if attention in io_names.STANDARD_INPLACE:
         opset = max(opset, ONNX_ATTENTION_OPSET)
-    llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
     opts = GraphOptions(attention, quant, fuse_norms, kv.dtype, moe=moe, paged=paged, key_tiles=kv.key_tiles,
                         llmc_norms=fuse_norms and llmc_ops and dtype == "float32", llmc_recurrence=llmc_ops)
     graphs = {spec.file: (spec, *build_graph(ckpt, spec, dtype, opset, opts)) for spec in (prefill, decode)}

@@ -23,7 +23,8 @@ from llmc.errors import EngineError, InputError
 from llmc.graph import io_names
 from llmc.manifest import KEY_TILE, EngineManifest
 
-_INT32 = frozenset({io_names.SEQLENS_K, io_names.TOTAL_SEQ_LEN, io_names.BLOCK_TABLE, io_names.NEW_TOKENS})
+_INT32 = frozenset({io_names.SEQLENS_K, io_names.TOTAL_SEQ_LEN, io_names.BLOCK_TABLE, io_names.NEW_TOKENS,
+                    io_names.STATE_ROWS})
 
 
 class OrtInplaceEngine(StepCore, OrtEngineBase):
@@ -35,8 +36,13 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         self._present_names = manifest.kv.names("present")
         self._input_names = [n for n in manifest.decode.input_names()
                              if n not in self._past_names and n not in self._state_names]
-        self._state_present = manifest.kv.state_names("present")
-        self._state_shapes = [s.shape for s in manifest.kv.states for _ in range(s.count)]
+        # states copied in and out by rows each run, and states the graph reads and writes in place (pooled)
+        copied = [s for s in manifest.kv.states if not s.pooled]
+        self._copy_past = [n for st in copied for n in st.names("past")]
+        self._copy_present = [n for st in copied for n in st.names("present")]
+        self._copy_shapes = [st.shape for st in copied for _ in range(st.count)]
+        pooled = [s for s in manifest.kv.states if s.pooled]
+        self._pool_names = [(p, q) for st in pooled for p, q in zip(st.names("past"), st.names("present"))]
         self._block_size = options.kv_block_size if manifest.kv.paged else 0
         if manifest.kv.key_tiles and self._block_size % KEY_TILE:
             raise InputError(f"--kv-block-size {self._block_size}: this engine holds its keys in groups of {KEY_TILE} "
@@ -89,7 +95,8 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         binding = session.io_binding()  # type: ignore[attr-defined]
         rows = slice(first, stop) if stop else slice(None)
         values = [self._ort.OrtValue.ortvalue_from_numpy(buf[rows]) for buf in kv.buffers()]
-        for past, present, value in zip(self._past_names, self._present_names, values):
+        values += [self._ort.OrtValue.ortvalue_from_numpy(pool) for pool in kv.pooled_states()]  # (whole: by slot)
+        for (past, present), value in zip([*zip(self._past_names, self._present_names), *self._pool_names], values):
             binding.bind_ortvalue_input(past, value)
             binding.bind_ortvalue_output(present, value)
         return binding, values  # the values stay referenced as long as the binding
@@ -112,7 +119,14 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
             else:
                 kv.block_table(rows.slots, table)
         if io_names.NEW_TOKENS in need and table is None:
-            feeds[io_names.NEW_TOKENS] = rows.counts
+            counts = rows.counts
+            if rows.live is not None and (self._copy_past or self._pool_names):  # (a window's dummy rows: none, so
+                # that their states stay as they are)
+                counts = np.zeros_like(counts)
+                counts[rows.live] = rows.counts[rows.live]
+            feeds[io_names.NEW_TOKENS] = counts
+        if io_names.STATE_ROWS in need:
+            feeds[io_names.STATE_ROWS] = np.asarray(rows.slots, np.int32)
         return feeds
 
     def _logits_buffer(self, batch: int, rows: int) -> np.ndarray:
@@ -136,10 +150,10 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
             for name, array in self._feeds(kv, rows, step.get(io_names.BLOCK_TABLE)).items():
                 step[name][...] = array
             logits = step[io_names.LOGITS]
-            if self._state_names:
-                for name, array in zip(self._state_names, kv.state_rows(rows.slots)):
+            if self._copy_past:
+                for name, array in zip(self._copy_past, kv.state_rows(rows.slots)):
                     step[name][...] = array
-                states = [step[name] for name in self._state_present]
+                states = [step[name] for name in self._copy_present]
         else:
             binding = self._binding(session, kv, *((0, 0) if paged else (rows.first, rows.first + batch)))
             for name, array in self._feeds(kv, rows).items():
@@ -147,12 +161,14 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
             logits = self._logits_buffer(batch, rows.logits_rows)
             binding.bind_output(io_names.LOGITS, "cpu", 0, np.float32,  # type: ignore[attr-defined]
                                 list(logits.shape), logits.ctypes.data)
+            if graph == "prefill" and self._pool_names:
+                kv.reset_states(rows.slots)  # (a prompt's pooled states start from zeros, in place)
             states = self._bind_states(binding, kv, rows, fresh=graph == "prefill")
         try:
             session.run_with_iobinding(binding)  # type: ignore[attr-defined]
         except Exception as e:
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
-        if self._state_names:
+        if self._copy_past:
             kv.store_states(rows.slots, states, rows.live)
         return logits
 
@@ -161,8 +177,8 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         """Bind the rows' states as inputs (zeros before a prompt) and fresh arrays as their outputs; returns those
         (the run writes each row's state after it there)."""
         out = []
-        for past, present, array, shape in zip(self._state_names, self._state_present, kv.state_rows(rows.slots, fresh),
-                                               self._state_shapes):
+        for past, present, array, shape in zip(self._copy_past, self._copy_present, kv.state_rows(rows.slots, fresh),
+                                               self._copy_shapes):
             binding.bind_cpu_input(past, np.ascontiguousarray(array))  # type: ignore[attr-defined]
             after = np.empty((len(rows.slots), *shape), np.float32)
             binding.bind_output(present, "cpu", 0, np.float32, list(after.shape), after.ctypes.data)  # type: ignore[attr-defined]
@@ -187,13 +203,14 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
                 io_names.NEW_TOKENS: np.ones(batch, np.int32),
                 io_names.LOGITS: np.zeros((batch, 1, self.vocab_size), np.float32),
                 **{name: np.zeros((batch, *shape), np.float32)
-                   for name, shape in zip([*self._state_names, *self._state_present], self._state_shapes * 2)}}
+                   for name, shape in zip([*self._copy_past, *self._copy_present], self._copy_shapes * 2)},
+                io_names.STATE_ROWS: np.zeros(batch, np.int32)}
             if paged:  # as wide as any row's table can be: the operator reads only the blocks a row has
                 assert isinstance(kv, HostPagedKVCache)
                 arrays[io_names.BLOCK_TABLE] = np.zeros((batch, -(-kv.max_len // kv.block_size)), np.int32)
-            outputs = {io_names.LOGITS, *self._state_present}
+            outputs = {io_names.LOGITS, *self._copy_present}
             arrays = {name: a for name, a in arrays.items()
-                      if name in self._input_names or name in self._state_names or name in outputs}
+                      if name in self._input_names or name in self._copy_past or name in outputs}
             values = {name: self._ort.OrtValue.ortvalue_from_numpy(a) for name, a in arrays.items()}
             for name, value in values.items():
                 if name in outputs:
