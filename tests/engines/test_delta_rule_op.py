@@ -66,7 +66,7 @@ def _inputs(b: int, s: int, hk: int, h: int, kd: int, vd: int) -> dict[str, np.n
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape", [(2, 1, 2, 4, 16, 8), (1, 37, 1, 2, 32, 32), (3, 5, 4, 4, 128, 128),
-                                   (2, 3, 2, 2, 8, 12), (1, 2, 1, 1, 16, 48)])
+                                   (2, 3, 2, 2, 8, 12), (1, 2, 1, 1, 16, 48), (2, 1, 2, 4, 64, 128)])
 def test_the_rule_matches_its_reference(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, threads: int,
                                         shape: tuple[int, ...]) -> None:
     for name, value in PATHS[path].items():

@@ -84,10 +84,13 @@ def test_chunked_attention_is_refused_by_the_plugin_and_built_natively() -> None
     check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), chunked)
 
 
-def test_convolution_layers_are_refused_naming_the_other_backend() -> None:
-    conv = replace(MODEL, conv_kernel=3, layer_types=("conv",) + ("full_attention",) * (MODEL.num_layers - 1))
-    with pytest.raises(InputError, match=r"convolution layers \(LFM2\) keep a state.*build it with --backend ort"):
-        check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), conv)
+@pytest.mark.parametrize("kind", ["conv", "linear_attention"])
+def test_layers_with_states_are_refused_naming_the_other_backend(kind: str) -> None:
+    states = replace(MODEL, conv_kernel=3, linear_conv_kernel=4,
+                     layer_types=(kind,) + ("full_attention",) * (MODEL.num_layers - 1))
+    with pytest.raises(InputError, match=r"convolution or linear-attention layers \(LFM2, Qwen3.5\) keep a state.*"
+                                         r"build it with --backend ort"):
+        check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), states)
 
 
 def test_kv_rows_must_be_binding_aligned() -> None:

@@ -86,6 +86,61 @@ __attribute__((target("avx512f"))) static void unit_avx512(const unit* u) {
   }
 }
 
+/* V = 128 (the published models' value heads): one pass of M a token, its three 128-wide vectors in registers.
+ * Token t's update M + k_t^T u_t and its output q_t M are fused with token t + 1's decay and k_{t+1} M, row by row
+ * (each row's part of those depends on that row only), so each row is loaded and stored once a token. */
+#define V128 8
+__attribute__((target("avx512f"))) static void unit_avx512_v128(const unit* u) {
+  const int64_t K = u->K;
+  __m512 uu[V128], acc[V128], mem[V128];
+  const float *k = u->k, *v = u->v;
+  __m512 decay = _mm512_set1_ps(expf(u->g[0]));
+#pragma GCC unroll 8
+  for (int j = 0; j < V128; j++) mem[j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < K; i++) { /* token 0's decay and k M */
+    float* row = u->m + i * 128;
+    __m512 ki = _mm512_set1_ps(k[i]);
+#pragma GCC unroll 8
+    for (int j = 0; j < V128; j++) {
+      __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * j), decay);
+      _mm512_storeu_ps(row + 16 * j, r);
+      mem[j] = _mm512_fmadd_ps(ki, r, mem[j]);
+    }
+  }
+  __m512 beta = _mm512_set1_ps(u->beta[0]);
+#pragma GCC unroll 8
+  for (int j = 0; j < V128; j++) uu[j] = _mm512_mul_ps(beta, _mm512_sub_ps(_mm512_loadu_ps(v + 16 * j), mem[j]));
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *kt = u->k + t * u->qk_stride;
+    int next = t + 1 < u->S;
+    const float* kn = next ? kt + u->qk_stride : kt;
+    decay = _mm512_set1_ps(next ? expf(u->g[(t + 1) * u->gb_stride]) : 1.f);
+#pragma GCC unroll 8
+    for (int j = 0; j < V128; j++) acc[j] = mem[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < K; i++) {
+      float* row = u->m + i * 128;
+      __m512 ki = _mm512_set1_ps(kt[i]), qi = _mm512_set1_ps(q[i]), kni = _mm512_set1_ps(kn[i]);
+#pragma GCC unroll 8
+      for (int j = 0; j < V128; j++) {
+        __m512 r = _mm512_fmadd_ps(ki, uu[j], _mm512_loadu_ps(row + 16 * j));
+        acc[j] = _mm512_fmadd_ps(qi, r, acc[j]);
+        r = _mm512_mul_ps(r, decay); /* (1 after the run's last token: the state stays as updated) */
+        _mm512_storeu_ps(row + 16 * j, r);
+        mem[j] = _mm512_fmadd_ps(kni, r, mem[j]);
+      }
+    }
+    float* out = u->out + t * u->v_stride;
+#pragma GCC unroll 8
+    for (int j = 0; j < V128; j++) _mm512_storeu_ps(out + 16 * j, acc[j]);
+    if (next) {
+      const float* vn = u->v + (t + 1) * u->v_stride;
+      beta = _mm512_set1_ps(u->beta[(t + 1) * u->gb_stride]);
+#pragma GCC unroll 8
+      for (int j = 0; j < V128; j++) uu[j] = _mm512_mul_ps(beta, _mm512_sub_ps(_mm512_loadu_ps(vn + 16 * j), mem[j]));
+    }
+  }
+}
+
 __attribute__((target("avx2,fma"))) static void unit_avx2(const unit* u) {
   float kv[MAX_V], o[MAX_V];
   const int64_t V = u->V;
@@ -153,7 +208,10 @@ static void unit_task(void* data, size_t task) {
             .qk_stride = a->Hk * a->K, .v_stride = a->H * a->V, .gb_stride = a->H, .K = a->K, .V = a->V, .S = a->S};
 #ifdef LLMC_X86
   if (j->path == 2) {
-    unit_avx512(&u);
+    if (a->V == 128 && a->S > 0)
+      unit_avx512_v128(&u);
+    else
+      unit_avx512(&u);
     return;
   }
   if (j->path == 1) {

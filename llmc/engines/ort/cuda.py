@@ -197,9 +197,10 @@ def write_cuda_engine(work: Path, export_dir: Path, export: ExportManifest, onnx
         raise InputError(f"--backend ort-cuda builds GroupQueryAttention, which has no chunked attention (this "
                          f"model's layers see blocks of {export.model.attention_chunk} positions): use --backend ort "
                          "or trt --attention native")
-    if export.model.conv_kernel:
+    if len(export.model.kv_layers) < export.model.num_layers:
         raise InputError("--backend ort-cuda keeps KV memory on the GPU and no per-sequence state beside it (this "
-                         "model's convolution layers, LFM2's, need one): use --backend ort")
+                         "model's convolution or linear-attention layers, LFM2's or Qwen3.5's, need one): use "
+                         "--backend ort")
     ckpt = fp16_checkpoint(load_checkpoint(export_dir, export))
     kv, prefill, decode = write_inplace_graphs(ckpt, work, "float16", export.opset, None, "gqa", one_graph=True,
                                                moe="standard")
