@@ -47,8 +47,9 @@ SUPPORTED = {
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")
-ZERO_CENTRED_NORMS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")  # their RMSNorms multiply by 1 + w too (not the Gated DeltaNet's own)  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
+GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
+# their RMSNorms multiply by 1 + w too (not the Gated DeltaNet's own)
+ZERO_CENTRED_NORMS = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 # latent attention (ModelSpec.mla_kv_rank), and of those the dense decoders (no mixture)
 MLA = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "minicpm3", "sarvam_mla", "youtu", "deepseek_v32",
        "glm_moe_dsa", "axk1")
@@ -273,9 +274,9 @@ def _phimoe_rope(rotary: Any, params: dict[str, Any], head_dim: int) -> tuple[di
              "rope_attention_scaling": scaling}, {INV_FREQ: inv_freq})
 
 
-PER_LAYER_TYPE_ROPE = ("default", "linear", "llama3", "yarn", "proportional")  # (proportional: the first
-# partial_rotary_factor of each head's pairs (i, i + D / 2) rotated at base^(-2i / D), the rest at frequency 0, as its
-# table holds them)  # (longrope's second table has no place here)
+# (longrope's second table has no place here; proportional: the first partial_rotary_factor of each head's pairs
+# (i, i + D / 2) rotated at base^(-2i / D), the rest at frequency 0, as its table holds them)
+PER_LAYER_TYPE_ROPE = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
@@ -777,7 +778,6 @@ def _lfm3_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     """LFM2's names (its four norms where use_sandwich_norm places them), the per-head gate as Laguna's."""
     sd = _renamed(sd, _LFM3_SANDWICH) if config.use_sandwich_norm else sd
     return _laguna_names(config, _renamed(sd, _LFM2_NAMES))
-
 
 
 def _qwen3_5(config: Any) -> dict[str, Any]:

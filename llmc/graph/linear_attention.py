@@ -116,11 +116,12 @@ def gated_delta_net(c: Ctx, i: int, h: str) -> str:
     else:  # zeros [B, H, K, V] before a prompt
         shape = b.op("Concat", b.dim(io.INPUT_IDS, 0), b.ints(hv, dk, dv), axis=0)
         state = b.op("ConstantOfShape", shape, value=helper.make_tensor("zero", DTYPES["float32"], [1], [0.0]))
-    if io.STATE_ROWS in c.inputs:  # the pool, in place: the engine zeroes a prompt's row first
-        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, state, io.STATE_ROWS],
-                                        [b._name("GatedDeltaRule_out"), present], domain=LLMC_DOMAIN,
-                                        name=b._name("GatedDeltaRule")))
-        out = b.nodes[-1].output[0]
+    if io.STATE_ROWS in c.inputs:  # the pool, in place: the engine zeroes a prompt's row first; the node writes
+        # the graph's output itself (one between them would copy the whole pool)
+        name = b._name("GatedDeltaRule")
+        out = f"{name}_out0"
+        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, state, io.STATE_ROWS], [out, present],
+                                        name=name, domain=LLMC_DOMAIN))
     elif c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
         out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, outputs=2, domain=LLMC_DOMAIN)
         _state_out(c, final, present)
