@@ -225,7 +225,7 @@ class StateSpec:
     count: int
     shape: tuple[int, ...]
     dtype: str = "float32"
-    # in place (llmc's GatedDeltaRule): past and present are one pool [num_slots, *shape] bound as both, row b's
+    # in place (every in-place graph's): past and present are one pool [num_slots, *shape] bound as both, row b's
     # state the pool's state_rows[b]-th; not copied in and out each run
     pooled: bool = False
 

@@ -28,7 +28,9 @@ def memory_limit() -> int:
 
 class _HostBuffers:
     """One K and one V numpy buffer per layer (slots or block pools) in host RAM, and each slot's states
-    (KVSpec.states: a conv layer's last inputs) [num_slots, *shape] per state tensor."""
+    (KVSpec.states: a conv layer's last inputs, a Gated DeltaNet's recurrent state) [num_slots, *shape] per state
+    tensor: pooled ones are bound whole and written in place by the graph (the in-place engines), the others taken in
+    and given back by rows (the concat engine)."""
 
     keys: list[np.ndarray]
     values: list[np.ndarray]
@@ -46,7 +48,9 @@ class _HostBuffers:
             self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
             self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
             self.states = [np.zeros((self.num_slots, *s.shape), np.float32) for s in spec.states for _ in range(s.count)]
-            self.pooled = [s.pooled for s in spec.states for _ in range(s.count)]
+            pooled = [s.pooled for s in spec.states for _ in range(s.count)]
+            self._copied = [s for s, p in zip(self.states, pooled) if not p]  # (made once: a step reads them)
+            self._pooled = [s for s, p in zip(self.states, pooled) if p]
         except MemoryError:
             raise InputError(f"--kv-budget-mb: {need / 2**20:,.0f} MiB of KV memory could not be allocated "
                              f"(this machine has {limit / 2**20:,.0f} MiB): lower it", "kv_budget_mb") from None
@@ -59,29 +63,24 @@ class _HostBuffers:
 
     def copied_states(self) -> list[np.ndarray]:
         """The states a run takes in and gives out by rows (not pooled: StateSpec.pooled), in KVSpec order."""
-        return [s for s, pooled in zip(self.states, self.pooled) if not pooled]
+        return self._copied
 
     def pooled_states(self) -> list[np.ndarray]:
         """The states a graph reads and writes in place, whole pools [num_slots, *shape], in KVSpec order."""
-        return [s for s, pooled in zip(self.states, self.pooled) if pooled]
+        return self._pooled
 
-    def state_rows(self, slots: list[int], fresh: bool = False) -> list[np.ndarray]:
-        """Each copied state's rows for `slots` [B, *shape]; `fresh`: zeros (a prompt's first run)."""
-        if fresh:
-            return [np.zeros((len(slots), *s.shape[1:]), s.dtype) for s in self.copied_states()]
-        return [s[slots] for s in self.copied_states()]
+    def state_rows(self, slots: list[int]) -> list[np.ndarray]:
+        """Each copied state's rows for `slots` [B, *shape]."""
+        return [s[slots] for s in self._copied]
 
-    def store_states(self, slots: list[int], present: list[np.ndarray], live: list[int] | None = None) -> None:
-        """Write each copied state's rows after a run back to `slots`: only batch rows `live` (None: all; a slot
-        window's other rows ran a dummy token)."""
-        rows = np.arange(len(slots)) if live is None else np.asarray(live, np.int64)
-        at = np.asarray(slots, np.int64)[rows]
-        for buf, new in zip(self.copied_states(), present):
-            buf[at] = new[rows]
+    def store_states(self, slots: list[int], present: list[np.ndarray]) -> None:
+        """Write each copied state's rows after a run back to `slots`."""
+        for buf, new in zip(self._copied, present):
+            buf[slots] = new
 
     def reset_states(self, slots: list[int]) -> None:
         """Zero the pooled states of `slots` (prompts about to start there)."""
-        for buf in self.pooled_states():
+        for buf in self._pooled:
             buf[slots] = 0
 
     def _move_states(self, src: int, dst: int) -> None:

@@ -49,7 +49,7 @@ class StepRows:
     start: np.ndarray
     counts: np.ndarray
     logits_rows: int
-    live: list[int] | None = None  # the rows whose tokens are real (None: all; a slot window's others: a dummy)
+    live: np.ndarray | None = None  # the rows whose tokens are real (None: all; a slot window's others: a dummy)
 
     @property
     def first(self) -> int:
@@ -215,7 +215,7 @@ class StepCore(Engine):
         ids = np.zeros((stop - first, 1), np.int64)
         at = np.array(slots) - first
         ids[at, 0] = tokens
-        rows = StepRows(list(range(first, stop)), ids, start, np.ones(stop - first, np.int64), 1, at.tolist())
+        rows = StepRows(list(range(first, stop)), ids, start, np.ones(stop - first, np.int64), 1, at)
         logits = self._run("decode", kv, rows)
         kv.lengths[slots] += 1
         return logits[at, 0]  # type: ignore[no-any-return]

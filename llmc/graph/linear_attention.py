@@ -29,13 +29,23 @@ def new_counts(c: Ctx) -> str:
     return b.op("ReduceSum", new, b.ints(1), keepdims=0)
 
 
-def _state_out(c: Ctx, x: str, name: str) -> None:
-    """Graph output `name` (fp32, as every state is held) from x."""
+def _state_in(c: Ctx, past: str) -> str:
+    """The run's rows of a state input: the input itself [B, ...], or, where the graph keeps the state pooled (the
+    in-place graphs: [num_slots, ...] bound as both input and output), the rows state_rows names."""
     b = c.b
-    if b.dtype == "float32":
-        b.output("Identity", [x], name)
+    return b.op("Gather", past, io.STATE_ROWS, axis=0) if io.STATE_ROWS in c.inputs else past
+
+
+def _state_out(c: Ctx, x: str, name: str, past: str) -> None:
+    """Graph output `name` (fp32, as every state is held) from the rows' states after the run x [B, ...]: x itself,
+    or, pooled, x scattered into the pool at the rows' slots (in place: ONNX Runtime's ScatterND writes only those
+    rows where its output is its input's memory)."""
+    b = c.b
+    x = b.to_float32(x)
+    if io.STATE_ROWS in c.inputs:
+        b.output("ScatterND", [past, b.unsqueeze(b.cast(io.STATE_ROWS, "int64"), 1), x], name)
     else:
-        b.output("Cast", [x], name, to=DTYPES["float32"])
+        b.output("Identity", [x], name)
 
 
 def causal_conv(c: Ctx, x: str, weight: str, taps: int, channels: int, past: str, present: str,
@@ -45,7 +55,7 @@ def causal_conv(c: Ctx, x: str, weight: str, taps: int, channels: int, past: str
     input. Writes `present`: each row's last taps - 1 valid inputs."""
     b = c.b
     if past in c.inputs:
-        full = b.op("Concat", b.to_compute(past), x, axis=1)  # [B, taps - 1 + S, C]
+        full = b.op("Concat", b.to_compute(_state_in(c, past)), x, axis=1)  # [B, taps - 1 + S, C]
     else:  # a prompt's first run
         full = b.op("Pad", x, b.ints(0, taps - 1, 0, 0, 0, 0))
     y = None
@@ -59,7 +69,7 @@ def causal_conv(c: Ctx, x: str, weight: str, taps: int, channels: int, past: str
     # the row's last taps - 1 valid inputs: full's columns n_b .. n_b + taps - 2
     cols = b.op("Add", b.unsqueeze(new_counts(c), 1), b.const(np.arange(taps - 1, dtype=np.int64)[None, :]))
     index = b.op("Expand", b.unsqueeze(cols, 2), b.op("Concat", b.dim(cols, 0), b.ints(taps - 1, channels), axis=0))
-    _state_out(c, b.op("GatherElements", full, index, axis=1), present)
+    _state_out(c, b.op("GatherElements", full, index, axis=1), present, past)
     return y
 
 
@@ -111,29 +121,29 @@ def gated_delta_net(c: Ctx, i: int, h: str) -> str:
     g, beta = b.op("Mul", g, valid), b.op("Mul", beta, valid)
     v = heads(b.to_float32(v), hv, dv)
     past, present = io.PAST_RECURRENT.format(i=j), io.PRESENT_RECURRENT.format(i=j)
-    if past in c.inputs:
-        state = past
-    else:  # zeros [B, H, K, V] before a prompt
-        shape = b.op("Concat", b.dim(io.INPUT_IDS, 0), b.ints(hv, dk, dv), axis=0)
-        state = b.op("ConstantOfShape", shape, value=helper.make_tensor("zero", DTYPES["float32"], [1], [0.0]))
-    if io.STATE_ROWS in c.inputs:  # the pool, in place: the engine zeroes a prompt's row first; the node writes
-        # the graph's output itself (one between them would copy the whole pool)
+    if io.STATE_ROWS in c.inputs and c.opts.llmc_recurrence:  # the pool, in place: the engine zeroes a prompt's
+        # row first; the node writes the graph's output itself (one between them would copy the whole pool)
         name = b._name("GatedDeltaRule")
         out = f"{name}_out0"
-        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, state, io.STATE_ROWS], [out, present],
+        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, past, io.STATE_ROWS], [out, present],
                                         name=name, domain=LLMC_DOMAIN))
-    elif c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
-        out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, outputs=2, domain=LLMC_DOMAIN)
-        _state_out(c, final, present)
     else:
-        if hv != hk:  # each key head serves hv / hk consecutive value heads
-            q, k = (b.op("Reshape", b.op("Expand", b.unsqueeze(x, 3), b.ints(1, 1, 1, hv // hk, 1)),
-                         b.ints(0, 0, hv, dk)) for x in (q, k))
-        time_major = [b.op("Transpose", x, perm=[1, 0, 2, 3]) for x in (q, k, v)]
-        time_major += [b.op("Transpose", x, perm=[1, 0, 2]) for x in (g, beta)]
-        final, out = _delta_rule_loop(b, width, state, time_major)
-        out = b.op("Transpose", out, perm=[1, 0, 2, 3])  # [B, S, H, V]
-        _state_out(c, final, present)
+        if past in c.inputs:
+            state = _state_in(c, past)
+        else:  # zeros [B, H, K, V] before a prompt
+            shape = b.op("Concat", b.dim(io.INPUT_IDS, 0), b.ints(hv, dk, dv), axis=0)
+            state = b.op("ConstantOfShape", shape, value=helper.make_tensor("zero", DTYPES["float32"], [1], [0.0]))
+        if c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
+            out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, outputs=2, domain=LLMC_DOMAIN)
+        else:
+            if hv != hk:  # each key head serves hv / hk consecutive value heads
+                q, k = (b.op("Reshape", b.op("Expand", b.unsqueeze(x, 3), b.ints(1, 1, 1, hv // hk, 1)),
+                             b.ints(0, 0, hv, dk)) for x in (q, k))
+            time_major = [b.op("Transpose", x, perm=[1, 0, 2, 3]) for x in (q, k, v)]
+            time_major += [b.op("Transpose", x, perm=[1, 0, 2]) for x in (g, beta)]
+            final, out = _delta_rule_loop(b, width, state, time_major)
+            out = b.op("Transpose", out, perm=[1, 0, 2, 3])  # [B, S, H, V]
+        _state_out(c, final, present, past)
     gate = heads(b.to_float32(z), hv, dv)
     normed = norm(c, b.to_compute(out), f"{p}.lin_norm")
     y = b.op("Mul", b.to_float32(normed), b.op("Mul", gate, b.op("Sigmoid", gate)))

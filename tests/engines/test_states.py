@@ -103,8 +103,9 @@ def test_no_prefix_is_reused_for_a_model_with_states(stateful: Built) -> None:
 
 def test_pooled_states_in_a_slot_window_leave_its_dummy_rows_alone(tiny_factory: Callable[[str], Built],
                                                                     tmp_path: Any) -> None:
-    """GroupQueryAttention over slot windows with llmc's 4-bit operator: the recurrent states are pooled (in place,
-    by state_rows) and a window's dummy rows run with no new tokens, so a row that waited decodes as it does alone."""
+    """GroupQueryAttention over slot windows with llmc's 4-bit operator (and so its GatedDeltaRule): the states are
+    pooled (in place, by state_rows) and a window's dummy rows run with no new tokens, so a row that waited decodes
+    as it does alone."""
     from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.manifest import load_engine
 

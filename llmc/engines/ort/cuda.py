@@ -95,8 +95,8 @@ class DeviceKVCache(HostKVCache):
         self.device_buffers = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, device_id)
                                for _ in spec.names("past")]
         self.bases = [int(v.data_ptr()) for v in self.device_buffers]
-        self.keys, self.values, self.states, self.pooled = [], [], [], []  # no host copies (nor states: see
-        # write_cuda_engine)
+        self.keys, self.values, self.states = [], [], []  # no host copies (nor states: see write_cuda_engine)
+        self._copied, self._pooled = [], []
         for base in self.bases:  # finite contents from the start (ONNX Runtime does not clear what it allocates)
             self._zero(base, num_slots * self.row_bytes)
 

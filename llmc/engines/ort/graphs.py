@@ -149,8 +149,9 @@ def write_inplace_graphs(ckpt: Checkpoint, out: Path, dtype: str, opset: int, qu
     # product with nothing to reduce across lanes: docs/kv_cache.md); int8 rows keep their per-row scales
     kv = replace(kv, key_tiles=paged and kv.dtype != "int8")
     llmc_ops = attention == "llmc" or (quant is not None and quant.q4_tiles(quant.bits))
-    if llmc_ops:  # (llmc's GatedDeltaRule keeps the recurrent states in their pools, in place)
-        kv = replace(kv, states=tuple(replace(s, pooled=s.past == io_names.PAST_RECURRENT) for s in kv.states))
+    # every state in its pool [num_slots, ...], read and written in place (llmc's GatedDeltaRule, or Gather and
+    # ScatterND): a step copies none of them
+    kv = replace(kv, states=tuple(replace(s, pooled=True) for s in kv.states))
     prefill, decode = io_names.inplace_specs(ckpt.spec, kv, attention, one_graph)
     if attention in io_names.STANDARD_INPLACE:
         opset = max(opset, ONNX_ATTENTION_OPSET)

@@ -19,7 +19,7 @@ from llmc.engines.base import EngineOptions, KVCache, PagedKVCache
 from llmc.engines.host_kv import HostKVCache, HostPagedKVCache
 from llmc.engines.ort.run import OrtEngineBase
 from llmc.engines.steps import StepCore, StepLayout, StepRows
-from llmc.errors import EngineError, InputError
+from llmc.errors import EngineError, InputError, ManifestError
 from llmc.graph import io_names
 from llmc.manifest import KEY_TILE, EngineManifest
 
@@ -36,13 +36,11 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         self._present_names = manifest.kv.names("present")
         self._input_names = [n for n in manifest.decode.input_names()
                              if n not in self._past_names and n not in self._state_names]
-        # states copied in and out by rows each run, and states the graph reads and writes in place (pooled)
-        copied = [s for s in manifest.kv.states if not s.pooled]
-        self._copy_past = [n for st in copied for n in st.names("past")]
-        self._copy_present = [n for st in copied for n in st.names("present")]
-        self._copy_shapes = [st.shape for st in copied for _ in range(st.count)]
-        pooled = [s for s in manifest.kv.states if s.pooled]
-        self._pool_names = [(p, q) for st in pooled for p, q in zip(st.names("past"), st.names("present"))]
+        # the states (LFM2's, Qwen3.5's), each a pool [num_slots, ...] the graph reads and writes in place
+        if any(not st.pooled for st in manifest.kv.states):
+            raise ManifestError("engine.json: an in-place engine's states are pooled (StateSpec.pooled); build the "
+                                "engine again with this llmc")
+        self._pool_names = list(zip(manifest.kv.state_names("past"), manifest.kv.state_names("present")))
         self._block_size = options.kv_block_size if manifest.kv.paged else 0
         if manifest.kv.key_tiles and self._block_size % KEY_TILE:
             raise InputError(f"--kv-block-size {self._block_size}: this engine holds its keys in groups of {KEY_TILE} "
@@ -120,8 +118,8 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
                 kv.block_table(rows.slots, table)
         if io_names.NEW_TOKENS in need and table is None:
             counts = rows.counts
-            if rows.live is not None and (self._copy_past or self._pool_names):  # (a window's dummy rows: none, so
-                # that their states stay as they are)
+            if rows.live is not None and self._pool_names:  # (a window's dummy rows: none, so that their states
+                # stay as they are)
                 counts = np.zeros_like(counts)
                 counts[rows.live] = rows.counts[rows.live]
             feeds[io_names.NEW_TOKENS] = counts
@@ -144,16 +142,11 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         session = self._decode if graph == "decode" else self._prefill
         paged = isinstance(kv, HostPagedKVCache)
         batch = len(rows.slots)
-        states: list[np.ndarray] = []
         if graph == "decode" and rows.ids.shape[1] == 1:
             binding, step = self._decode_binding(kv, rows.first, rows.first + batch, paged)
             for name, array in self._feeds(kv, rows, step.get(io_names.BLOCK_TABLE)).items():
                 step[name][...] = array
             logits = step[io_names.LOGITS]
-            if self._copy_past:
-                for name, array in zip(self._copy_past, kv.state_rows(rows.slots)):
-                    step[name][...] = array
-                states = [step[name] for name in self._copy_present]
         else:
             binding = self._binding(session, kv, *((0, 0) if paged else (rows.first, rows.first + batch)))
             for name, array in self._feeds(kv, rows).items():
@@ -162,28 +155,12 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
             binding.bind_output(io_names.LOGITS, "cpu", 0, np.float32,  # type: ignore[attr-defined]
                                 list(logits.shape), logits.ctypes.data)
             if graph == "prefill" and self._pool_names:
-                kv.reset_states(rows.slots)  # (a prompt's pooled states start from zeros, in place)
-            states = self._bind_states(binding, kv, rows, fresh=graph == "prefill")
+                kv.reset_states(rows.slots)  # (a prompt's states start from zeros, in place)
         try:
             session.run_with_iobinding(binding)  # type: ignore[attr-defined]
         except Exception as e:
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
-        if self._copy_past:
-            kv.store_states(rows.slots, states, rows.live)
         return logits
-
-    def _bind_states(self, binding: object, kv: HostKVCache | HostPagedKVCache, rows: StepRows,
-                     fresh: bool) -> list[np.ndarray]:
-        """Bind the rows' states as inputs (zeros before a prompt) and fresh arrays as their outputs; returns those
-        (the run writes each row's state after it there)."""
-        out = []
-        for past, present, array, shape in zip(self._copy_past, self._copy_present, kv.state_rows(rows.slots, fresh),
-                                               self._copy_shapes):
-            binding.bind_cpu_input(past, np.ascontiguousarray(array))  # type: ignore[attr-defined]
-            after = np.empty((len(rows.slots), *shape), np.float32)
-            binding.bind_output(present, "cpu", 0, np.float32, list(after.shape), after.ctypes.data)  # type: ignore[attr-defined]
-            out.append(after)
-        return out
 
     def _decode_binding(self, kv: HostKVCache | HostPagedKVCache, first: int, stop: int,
                         paged: bool) -> tuple[object, dict[str, np.ndarray]]:
@@ -202,18 +179,14 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
                 io_names.SEQLENS_K: np.zeros(batch, np.int32), io_names.TOTAL_SEQ_LEN: np.zeros((), np.int32),
                 io_names.NEW_TOKENS: np.ones(batch, np.int32),
                 io_names.LOGITS: np.zeros((batch, 1, self.vocab_size), np.float32),
-                **{name: np.zeros((batch, *shape), np.float32)
-                   for name, shape in zip([*self._copy_past, *self._copy_present], self._copy_shapes * 2)},
                 io_names.STATE_ROWS: np.zeros(batch, np.int32)}
             if paged:  # as wide as any row's table can be: the operator reads only the blocks a row has
                 assert isinstance(kv, HostPagedKVCache)
                 arrays[io_names.BLOCK_TABLE] = np.zeros((batch, -(-kv.max_len // kv.block_size)), np.int32)
-            outputs = {io_names.LOGITS, *self._copy_present}
-            arrays = {name: a for name, a in arrays.items()
-                      if name in self._input_names or name in self._copy_past or name in outputs}
+            arrays = {name: a for name, a in arrays.items() if name in self._input_names or name == io_names.LOGITS}
             values = {name: self._ort.OrtValue.ortvalue_from_numpy(a) for name, a in arrays.items()}
             for name, value in values.items():
-                if name in outputs:
+                if name == io_names.LOGITS:
                     binding.bind_ortvalue_output(name, value)  # type: ignore[attr-defined]
                 else:
                     binding.bind_ortvalue_input(name, value)  # type: ignore[attr-defined]

@@ -149,7 +149,7 @@ class OrtEngine(StepCore, OrtEngineBase):
         except Exception as e:  # onnxruntime raises its own exception types; surface one line
             raise EngineError(f"onnxruntime failed: {str(e).splitlines()[0]}") from e
         if self._state_names:
-            kv.store_states(rows.slots, present[len(self._past_names):], rows.live)
+            kv.store_states(rows.slots, present[len(self._past_names):])
         for b, (slot, n) in enumerate(zip(rows.slots, rows.counts)):
             kv.write(slot, int(rows.start[b]), present, b, slice(past_len, past_len + int(n)))
         return logits  # type: ignore[no-any-return]
