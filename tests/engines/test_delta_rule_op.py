@@ -1,6 +1,7 @@
 """llmc's gated delta rule (ai.llmc.GatedDeltaRule, Qwen3.5's Gated DeltaNet recurrence) against a float64 numpy
 reference of transformers' recurrent form, on its AVX-512, AVX2 and portable paths, one and two threads, value heads
-sharing key heads, one-token decode steps and a prompt's run; a padded token (g = beta = 0) leaves the state."""
+sharing key heads, one-token decode steps and a prompt's run; a padded token (g = beta = 0) leaves the state. Its
+`delta` 0 (Mamba-2's state-space recurrence, no delta correction) against the same reference without it."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ PATHS = {"native": {}, "avx2": {"LLMC_KERNELS_AVX2": "1"}, "portable": {"LLMC_KE
 NAMES = ("q", "k", "v", "g", "beta", "state")
 
 
-def _session(library: Path, threads: int, pooled: bool = False) -> object:
+def _session(library: Path, threads: int, pooled: bool = False, delta: int | None = None) -> object:
     import onnxruntime as ort
 
     names = [*NAMES, "state_rows"] if pooled else list(NAMES)
-    node = helper.make_node("GatedDeltaRule", names, ["out", "state_out"], domain="ai.llmc")
+    node = helper.make_node("GatedDeltaRule", names, ["out", "state_out"], domain="ai.llmc",
+                            **({} if delta is None else {"delta": delta}))
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT32 if n == "state_rows" else TensorProto.FLOAT, None)
               for n in names]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "state_out")]
@@ -33,8 +35,9 @@ def _session(library: Path, threads: int, pooled: bool = False) -> object:
 
 
 def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
-               state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """transformers' torch_recurrent_gated_delta_rule after its norms, in float64."""
+               state: np.ndarray, delta: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' torch_recurrent_gated_delta_rule after its norms, in float64; without the delta,
+    mamba2_selective_state_update's (the state transposed: [K = d_state, V = head_dim])."""
     b, s, hk, _ = q.shape
     h = v.shape[2]
     m = state.astype(np.float64).copy()
@@ -44,9 +47,9 @@ def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta:
             kh = head // (h // hk)
             qt, kt, vt = q[:, t, kh].astype(np.float64), k[:, t, kh].astype(np.float64), v[:, t, head]
             m[:, head] *= np.exp(g[:, t, head])[:, None, None]
-            mem = np.einsum("bkv,bk->bv", m[:, head], kt)
-            delta = (vt - mem) * beta[:, t, head][:, None]
-            m[:, head] += kt[:, :, None] * delta[:, None, :]
+            mem = np.einsum("bkv,bk->bv", m[:, head], kt) if delta else 0.0
+            u = (vt - mem) * beta[:, t, head][:, None]
+            m[:, head] += kt[:, :, None] * u[:, None, :]
             out[:, t, head] = np.einsum("bkv,bk->bv", m[:, head], qt)
     return out, m
 
@@ -76,6 +79,25 @@ def test_the_rule_matches_its_reference(llmc_ops: Path, monkeypatch: pytest.Monk
     ref_out, ref_state = _reference(*(feeds[n] for n in NAMES))
     np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-4 * np.abs(ref_out).max())
     np.testing.assert_allclose(state, ref_state, rtol=1e-4, atol=1e-4 * np.abs(ref_state).max())
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 1, 1, 4, 16, 8), (1, 37, 2, 4, 128, 64), (3, 5, 1, 2, 32, 144),
+                                   (2, 3, 2, 2, 8, 12)])
+def test_without_the_delta_the_state_space_recurrence(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str,
+                                                      threads: int, shape: tuple[int, ...]) -> None:
+    """delta 0: M <- M exp(g) + k^T (beta v) (Mamba-2: k = B, q = C, v = x, beta = dt; B and C unnormed, wide)."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    feeds = _inputs(*shape)
+    feeds["q"], feeds["k"] = (RNG.standard_normal(feeds[n].shape).astype(np.float32) for n in ("q", "k"))
+    out, state = _session(llmc_ops, threads, delta=0).run(None, feeds)
+    ref_out, ref_state = _reference(*(feeds[n] for n in NAMES), delta=False)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-4 * np.abs(ref_out).max())
+    np.testing.assert_allclose(state, ref_state, rtol=1e-4, atol=1e-4 * np.abs(ref_state).max())
+    with_delta, _ = _reference(*(feeds[n] for n in NAMES))
+    assert np.abs(with_delta - ref_out).max() > 0.01 * np.abs(ref_out).max()  # (the two rules part here)
 
 
 def test_a_padded_token_leaves_the_state(llmc_ops: Path) -> None:

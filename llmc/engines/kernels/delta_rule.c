@@ -52,6 +52,28 @@ static void unit_generic(const unit* u) {
   }
 }
 
+
+/* Without the delta (Mamba-2): M <- M exp(g) + k^T (beta v), o = q M: one pass of M a token. */
+static void decay_generic(const unit* u) {
+  float bv[MAX_V], o[MAX_V];
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    float decay = expf(u->g[t * u->gb_stride]), beta = u->beta[t * u->gb_stride];
+    for (int64_t j = 0; j < u->V; j++) {
+      bv[j] = beta * v[j];
+      o[j] = 0.f;
+    }
+    for (int64_t i = 0; i < u->K; i++) {
+      float* row = u->m + i * u->V;
+      for (int64_t j = 0; j < u->V; j++) {
+        row[j] = row[j] * decay + k[i] * bv[j];
+        o[j] += q[i] * row[j];
+      }
+    }
+    memcpy(u->out + t * u->v_stride, o, (size_t)u->V * sizeof(float));
+  }
+}
+
 #ifdef LLMC_X86
 __attribute__((target("avx512f"))) static void unit_avx512(const unit* u) {
   float kv[MAX_V], o[MAX_V];
@@ -173,6 +195,59 @@ __attribute__((target("avx2,fma"))) static void unit_avx2(const unit* u) {
     memcpy(u->out + t * u->v_stride, o, (size_t)V * sizeof(float));
   }
 }
+
+/* decay_generic's loop, a block of up to 8 vectors of V at a time (beta v and q M in registers). */
+__attribute__((target("avx512f"))) static void decay_avx512(const unit* u) {
+  const int64_t V = u->V;
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    __m512 decay = _mm512_set1_ps(expf(u->g[t * u->gb_stride])), beta = _mm512_set1_ps(u->beta[t * u->gb_stride]);
+    for (int64_t j0 = 0; j0 < V; j0 += 128) {
+      int n = (int)((V - j0 < 128 ? V - j0 : 128) / 16);
+      __m512 bv[8], acc[8];
+      for (int j = 0; j < n; j++) {
+        bv[j] = _mm512_mul_ps(beta, _mm512_loadu_ps(v + j0 + 16 * j));
+        acc[j] = _mm512_setzero_ps();
+      }
+      for (int64_t i = 0; i < u->K; i++) {
+        float* row = u->m + i * V + j0;
+        __m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]);
+        for (int j = 0; j < n; j++) {
+          __m512 r = _mm512_fmadd_ps(ki, bv[j], _mm512_mul_ps(_mm512_loadu_ps(row + 16 * j), decay));
+          _mm512_storeu_ps(row + 16 * j, r);
+          acc[j] = _mm512_fmadd_ps(qi, r, acc[j]);
+        }
+      }
+      for (int j = 0; j < n; j++) _mm512_storeu_ps(u->out + t * u->v_stride + j0 + 16 * j, acc[j]);
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) static void decay_avx2(const unit* u) {
+  const int64_t V = u->V;
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    __m256 decay = _mm256_set1_ps(expf(u->g[t * u->gb_stride])), beta = _mm256_set1_ps(u->beta[t * u->gb_stride]);
+    for (int64_t j0 = 0; j0 < V; j0 += 64) {
+      int n = (int)((V - j0 < 64 ? V - j0 : 64) / 8);
+      __m256 bv[8], acc[8];
+      for (int j = 0; j < n; j++) {
+        bv[j] = _mm256_mul_ps(beta, _mm256_loadu_ps(v + j0 + 8 * j));
+        acc[j] = _mm256_setzero_ps();
+      }
+      for (int64_t i = 0; i < u->K; i++) {
+        float* row = u->m + i * V + j0;
+        __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+        for (int j = 0; j < n; j++) {
+          __m256 r = _mm256_fmadd_ps(ki, bv[j], _mm256_mul_ps(_mm256_loadu_ps(row + 8 * j), decay));
+          _mm256_storeu_ps(row + 8 * j, r);
+          acc[j] = _mm256_fmadd_ps(qi, r, acc[j]);
+        }
+      }
+      for (int j = 0; j < n; j++) _mm256_storeu_ps(u->out + t * u->v_stride + j0 + 8 * j, acc[j]);
+    }
+  }
+}
 #endif
 
 static int env_on(const char* name) {
@@ -207,6 +282,15 @@ static void unit_task(void* data, size_t task) {
             .beta = a->beta + b * a->S * a->H + h, .m = m, .out = a->out + (b * a->S * a->H + h) * a->V,
             .qk_stride = a->Hk * a->K, .v_stride = a->H * a->V, .gb_stride = a->H, .K = a->K, .V = a->V, .S = a->S};
 #ifdef LLMC_X86
+  if (!a->delta) {
+    if (j->path == 2)
+      decay_avx512(&u);
+    else if (j->path == 1)
+      decay_avx2(&u);
+    else
+      decay_generic(&u);
+    return;
+  }
   if (j->path == 2) {
     if (a->V == 128 && a->S > 0)
       unit_avx512_v128(&u);
@@ -219,6 +303,10 @@ static void unit_task(void* data, size_t task) {
     return;
   }
 #endif
+  if (!a->delta) {
+    decay_generic(&u);
+    return;
+  }
   unit_generic(&u);
 }
 

@@ -4,6 +4,8 @@
  * gives its q and k), token by token:
  *   M <- M exp(g_t);  u = beta_t (v_t - k_t M);  M <- M + k_t^T u;  o_t = q_t M
  * (q and k as the graph gives them: L2-normed, q times K^-0.5). A padded token has g = beta = 0: M unchanged.
+ * Without the delta (`delta` 0: Mamba-2's state-space recurrence, k = B, q = C, v = x, beta = dt, g = dt A):
+ *   M <- M exp(g_t) + k_t^T (beta_t v_t);  o_t = q_t M
  * Each (b, h) is one pool task: its M (64 KiB at K = V = 128) stays in the core's L2 over the run, two passes of it a
  * token. What ONNX Runtime ran before it: a Loop of ~12 nodes a token (llmc/graph/linear_attention.py).
  */
@@ -26,6 +28,7 @@ typedef struct {
   float* state_out;          /* as `state`: after the run (may be `state` itself: then nothing is copied) */
   const int32_t* rows;       /* [B] or NULL: row b's state is the pool's rows[b] (the engines' slots, in place) */
   int64_t N;                 /* the pool's states (with `rows`) */
+  int delta;                 /* 1: the delta rule; 0: without the delta (u = beta v: Mamba-2) */
 } llmc_delta_rule_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */

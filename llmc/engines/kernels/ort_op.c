@@ -40,7 +40,8 @@
  * GatedDeltaRule (delta_rule.h): q, k [B, S, Hk, K], v [B, S, H, V], g, beta [B, S, H], state [B, H, K, V], all fp32
  * -> output [B, S, H, V] and the state after the run [B, H, K, V]: Qwen3.5's Gated DeltaNet recurrence, value head h
  * on key head h / (H / Hk). Optional state_rows [B] int32: the state is a pool [N, H, K, V] and row b's is its
- * state_rows[b]-th (bind the output to the pool's memory and nothing is copied). No attributes.
+ * state_rows[b]-th (bind the output to the pool's memory and nothing is copied). Attribute: delta (default 1; 0:
+ * M <- M exp(g) + k^T (beta v) without the delta, Mamba-2's state-space recurrence).
  *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
@@ -550,6 +551,7 @@ typedef struct {
   const OrtApi* api;
   float eps;
   int pool_threads; /* as Kernel's */
+  int delta;        /* (GatedDeltaRule's attribute) */
 } NormKernel;
 
 enum { RN_X, RN_SKIP, RN_GAMMA, RN_INPUTS };
@@ -621,10 +623,12 @@ static int dr_input_characteristic(const OrtCustomOp* op, size_t i) {
 static int dr_required(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
 
 static OrtStatus* dr_create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info, void** out) {
-  (void)info;
-  NormKernel* k = (NormKernel*)calloc(1, sizeof(NormKernel)); /* (its api and pool are all this op keeps) */
+  int64_t delta = optional_int(api, info, "delta", 1);
+  if (delta != 0 && delta != 1) return fail(api, ERR_INVALID_ARGUMENT, "GatedDeltaRule: delta must be 0 or 1");
+  NormKernel* k = (NormKernel*)calloc(1, sizeof(NormKernel)); /* (its api, pool and delta are all this op keeps) */
   if (!k) return fail(api, ERR_FAIL, "GatedDeltaRule: out of memory");
   k->api = api;
+  k->delta = (int)delta;
   k->pool_threads = pool_threads_of(op);
   *out = k;
   return NULL;
@@ -663,7 +667,8 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
                             .k = (const float*)data[DR_K], .v = (const float*)data[DR_V],
                             .g = (const float*)data[DR_G], .beta = (const float*)data[DR_BETA],
                             .state = (const float*)data[DR_STATE], .out = (float*)out[0], .state_out = (float*)out[1],
-                            .rows = pooled ? (const int32_t*)data[DR_ROWS] : NULL, .N = dims[DR_STATE][0]};
+                            .rows = pooled ? (const int32_t*)data[DR_ROWS] : NULL, .N = dims[DR_STATE][0],
+                            .delta = k->delta};
   Pool pool = {api, ctx, NULL, k->pool_threads};
   return outcome(&pool, "GatedDeltaRule", llmc_delta_rule(&a, run_parallel, &pool));
 }
