@@ -20,6 +20,7 @@ EXPORT_MANIFEST = "llmc.json"
 ENGINE_MANIFEST = "engine.json"
 EXPORT_FORMAT_VERSION = 1
 ENGINE_FORMAT_VERSION = 1
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # the layer types with a KV cache
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     # attention, per layer
     layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" | "chunked_attention" | "conv" |
-    # "linear_attention" per layer; empty: all full
+    # "linear_attention" | "mamba" | "mlp" (no mixer: the MLP alone, on the layer's norm1) per layer; empty: all full
     sliding_window: int = 0  # W: a sliding layer's query sees its last W positions (itself included)
     attention_chunk: int = 0  # C: a chunked layer's query at p sees the keys of its block, floor(p / C) * C .. p (Llama 4)
     rope_layers: tuple[bool, ...] = ()  # False: a layer without rotary (SmolLM3's NoPE layers); empty: all rotary
@@ -164,6 +165,18 @@ class ModelSpec:
     linear_k_dim: int = 0
     linear_v_dim: int = 0
     linear_conv_kernel: int = 0
+    # a "mamba" layer is a Mamba-2 mixer in the attention's place: z, xBC, dt = h @ mamba_in; xBC through a causal
+    # depthwise convolution of mamba_conv_kernel taps (and bias) and SiLU, split into x (mamba_heads heads of
+    # mamba_head_dim), B and C (mamba_groups groups of mamba_state; head h reads group h // (heads / groups)); per
+    # token, on a state M [heads, state, head_dim] per sequence: M <- M exp(dt A) + B^T (dt x), A = -exp(A_log),
+    # dt = softplus(dt + dt_bias); y = C M + D x; then y silu(z) RMS-normed in mamba_groups groups
+    # (llmc/graph/linear_attention.py)
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state: int = 0
+    mamba_groups: int = 1
+    mamba_conv_kernel: int = 0
+    mlp_layers: tuple[bool, ...] = ()  # which layers have an MLP after the mixer (Nemotron-H's have none); empty: all
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""
@@ -187,18 +200,30 @@ class ModelSpec:
     def is_linear(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
+    def is_mamba(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "mamba"
+
+    def has_mixer(self, layer: int) -> bool:
+        return not self.layer_types or self.layer_types[layer] != "mlp"
+
+    def has_mlp(self, layer: int) -> bool:
+        return not self.mlp_layers or self.mlp_layers[layer]
+
+    def attends(self, layer: int) -> bool:
+        """The layer is an attention layer (with a KV cache): not a "conv", "linear_attention", "mamba" or "mlp"."""
+        return not self.layer_types or self.layer_types[layer] in ATTENTION_TYPES
+
     @property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers with a KV cache (every layer but a "conv" or "linear_attention" one), in order: KV layer j is
-        layer kv_layers[j]."""
-        return tuple(i for i in range(self.num_layers) if not (self.is_conv(i) or self.is_linear(i)))
+        """The layers with a KV cache (the attention layers), in order: KV layer j is layer kv_layers[j]."""
+        return tuple(i for i in range(self.num_layers) if self.attends(i))
 
     def kv_index(self, layer: int) -> int:
         """Layer `layer`'s place among the KV layers (its cache's name index)."""
         return layer if len(self.kv_layers) == self.num_layers else self.kv_layers.index(layer)
 
     def state_index(self, layer: int) -> int:
-        """A conv or linear-attention layer's place among the layers of its kind (its states' name index)."""
+        """A conv, linear-attention or mamba layer's place among the layers of its kind (its states' name index)."""
         return sum(1 for i in range(layer) if self.layer_types[i] == self.layer_types[layer])
 
     def is_moe(self, layer: int) -> bool:

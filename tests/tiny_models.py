@@ -341,6 +341,20 @@ def _exaone(tf: Any, common: dict[str, Any]) -> Any:  # Llama's layer (make_mode
     return tf.LlamaForCausalLM(tf.ExaoneConfig(**common))
 
 
+def _as_published_nemotron_h(out: Path) -> None:
+    """The saved Nemotron-H model as NVIDIA publishes it: weights under backbone.*, its blocks as
+    hybrid_override_pattern (M: Mamba-2, *: attention, -: MLP) with num_hidden_layers (transformers maps both)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = {k.replace("model.", "backbone.", 1): v for k, v in load_file(str(out / "model.safetensors")).items()}
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+    blocks = config.pop("layers_block_type")
+    config.update(hybrid_override_pattern="".join(letters[t] for t in blocks), num_hidden_layers=len(blocks))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
 def _as_published_exaone(out: Path) -> None:
     """The saved EXAONE 3.x model under the names its checkpoints use (transformers renames them as it loads)."""
     from safetensors.torch import load_file, save_file
@@ -716,6 +730,40 @@ def _lara_mini(tf: Any, common: dict[str, Any]) -> Any:  # Gated DeltaNet, slidi
     return _nudged(model, dt_bias=0.5)
 
 
+def _granitemoehybrid(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-2 layers (2 groups of B and C) around an
+    # attention layer without positions, experts beside the shared MLP, Granite's multipliers
+    model = _auto(tf, "granitemoehybrid", **{**common, "num_hidden_layers": 3, "intermediate_size": 32},
+                  layer_types=["mamba", "attention", "mamba"], position_embedding_type="nope", mamba_n_heads=8,
+                  mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                  num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=64,
+                  embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0)
+    return _nudged(model, biases=0.2, dt_bias=0.5)
+
+
+def _granitemoehybrid_dense(tf: Any, common: dict[str, Any]) -> Any:  # no experts: the shared MLP is the layer's;
+    # rotary on its attention layer
+    model = _auto(tf, "granitemoehybrid", **{**common, "num_hidden_layers": 2},
+                  layer_types=["mamba", "attention"], position_embedding_type="rope", mamba_n_heads=4,
+                  mamba_d_head=32, mamba_n_groups=1, mamba_d_state=32, mamba_d_conv=4, mamba_expand=2,
+                  num_local_experts=0, shared_intermediate_size=96, embedding_multiplier=2.0)
+    return _nudged(model, biases=0.2, dt_bias=0.5)
+
+
+def _bamba(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-2 layers with biased products around an attention
+    # layer (half its head rotated), a SwiGLU MLP in every layer
+    model = _auto(tf, "bamba", **{**common, "num_hidden_layers": 3}, attn_layer_indices=[1], mamba_n_heads=8,
+                  mamba_d_head=16, mamba_n_groups=1, mamba_d_state=32, mamba_d_conv=3, mamba_proj_bias=True)
+    return _nudged(model, biases=0.2, dt_bias=0.5)
+
+
+def _nemotron_h(tf: Any, common: dict[str, Any]) -> Any:  # one mixer or MLP a block: Mamba-2 (2 groups), a
+    # squared-ReLU MLP, attention without positions, Mamba-2, MLP
+    model = _auto(tf, "nemotron_h", **{**common, "num_hidden_layers": 5},
+                  layers_block_type=["mamba", "mlp", "attention", "mamba", "mlp"], head_dim=16, mamba_num_heads=8,
+                  mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, layer_norm_epsilon=1e-5)
+    return _nudged(model, biases=0.2, dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -725,8 +773,10 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "mimo_v2_flash": _mimo_v2_flash, "laguna": _laguna, "lfm2": _lfm2,
                       "lfm2_moe": _lfm2_moe, "lfm3": _lfm3,
                       "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text,
-                      "qwen3_next": _qwen3_next, "lara_mini": _lara_mini})
-PUBLISHED_AS = {"exaone": _as_published_exaone}  # arch -> how its saved folder is rewritten as checkpoints ship
+                      "qwen3_next": _qwen3_next, "lara_mini": _lara_mini, "granitemoehybrid": _granitemoehybrid,
+                      "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h})
+# arch -> how its saved folder is rewritten as checkpoints ship
+PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

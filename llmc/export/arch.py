@@ -44,6 +44,8 @@ SUPPORTED = {
     "lfm2": "LFM2 (Liquid: gated short convolutions and attention)", "lfm2_moe": "LFM2-MoE (LFM2-8B-A1B)",
     "lfm3": "LFM3", "qwen3_5_text": "Qwen3.5 (text; Gated DeltaNet and gated attention)",
     "qwen3_5_moe_text": "Qwen3.5-MoE (text)", "qwen3_next": "Qwen3-Next", "lara_mini": "Lara Mini",
+    "granitemoehybrid": "Granite 4.0-H (Mamba-2 and attention; dense or MoE)", "bamba": "Bamba (Mamba-2 and attention)",
+    "nemotron_h": "Nemotron-H, Nemotron Nano 2 (Mamba-2, attention and MLP blocks; dense)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -128,8 +130,11 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
     head_dim = int(_get(config, "head_dim", config.hidden_size // heads))
     tied = bool(_get(config, "tie_word_embeddings", False))
-    rope, rope_weights = _rope(model, config, head_dim)
-    sd = _partial_rotary_halves(model, config, sd, head_dim)
+    if _rotary(model) is None:  # (no layer rotates)
+        rope, rope_weights = {"rope_layers": (False,) * layers}, dict[str, np.ndarray]()
+    else:
+        rope, rope_weights = _rope(model, config, head_dim)
+        sd = _partial_rotary_halves(model, config, sd, head_dim)
     fields: dict[str, Any] = dict(
         family="llama", hf_architecture=type(model).__name__, hidden_size=int(config.hidden_size), num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -159,6 +164,8 @@ def _inner_size(config: Any) -> int:
         return int(config.ffn_config.ffn_hidden_size)
     if config.model_type == "llama4_text":  # (its dense layers'; the experts' is intermediate_size)
         return int(config.intermediate_size_mlp)
+    if config.model_type == "granitemoehybrid" and not int(config.num_local_experts):  # (its shared MLP alone)
+        return int(config.shared_intermediate_size)
     if config.model_type == "lfm2" and config.block_auto_adjust_ff_dim:  # (as Lfm2MLP sizes itself)
         size = int(2 * int(config.intermediate_size) / 3)
         if config.block_ffn_dim_multiplier is not None:
@@ -181,9 +188,10 @@ def _base(model: Any) -> Any:
 
 
 def _rotary(model: Any) -> Any:
-    """transformers' rotary module of the decoder stack (rotary_emb; LFM2-MoE's pos_emb)."""
+    """transformers' rotary module of the decoder stack (rotary_emb; LFM2-MoE's pos_emb), or None for a model
+    without positions (Nemotron-H, Granite 4.0-H without rotary: its Mamba-2 layers order the tokens)."""
     base = _base(model)
-    return base.rotary_emb if hasattr(base, "rotary_emb") else base.pos_emb
+    return next((getattr(base, n) for n in ("rotary_emb", "pos_emb") if getattr(base, n, None) is not None), None)
 
 
 def _windows(model: Any, config: Any) -> dict[str, Any]:
@@ -844,6 +852,105 @@ def _conv_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     return out
 
 
+def _mamba(config: Any, kinds: list[str], heads: int, head_dim: int, state: int, groups: int, taps: int,
+           activation: str) -> dict[str, Any]:
+    """A Mamba-2 mixer's spec fields (manifest.ModelSpec.mamba_*) and the layers' types: `kinds` per layer, "mamba"
+    for a mixer's. Its convolution's activation must be SiLU, and time_step_limit (0, inf): transformers clamps dt
+    to it in a prompt's chunked scan but not in a decode step, so a finite limit has no one answer to be faithful
+    to."""
+    if str(_get(config, activation, "silu")) != "silu":  # (activation: the config's name for it)
+        _refuse(activation, _get(config, activation), "the Mamba-2 convolution is built with SiLU")
+    low, high = (float(x) for x in (_get(config, "time_step_limit", None) or (0.0, float("inf"))))
+    if low != 0.0 or high != float("inf"):
+        _refuse("time_step_limit", (low, high), "transformers clamps dt in a prompt's scan but not in a decode step, "
+                "so the two disagree; llmc builds (0, inf)")
+    if heads % groups:
+        _refuse("n_groups", groups, f"the Mamba-2 heads ({heads}) must be a multiple of the groups")
+    return {"layer_types": tuple(kinds), "mamba_heads": heads, "mamba_head_dim": head_dim, "mamba_state": state,
+            "mamba_groups": groups, "mamba_conv_kernel": taps}
+
+
+def _granite_hybrid(config: Any) -> dict[str, Any]:
+    """Granite 4.0-H: Mamba-2 layers ("mamba" in its layer_types, or "linear_attention" as transformers renames it)
+    among attention layers, Granite's multipliers, rotary only where position_embedding_type is "rope", a mixture
+    beside the shared MLP where num_local_experts > 0 (else the shared MLP is the layer's dense one)."""
+    kinds = ["mamba" if t in ("mamba", "linear_attention") else "full_attention" for t in config.layer_types]
+    fields = {**_granite(config), **_mamba(config, kinds, int(config.mamba_n_heads), int(config.mamba_d_head),
+                                             int(config.mamba_d_state), int(config.mamba_n_groups),
+                                             int(config.mamba_d_conv), "hidden_act")}
+    return {**fields, **_moe(config)} if int(config.num_local_experts) else fields
+
+
+def _granite_hybrid_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Granite 4.0-H's mixture under Mixtral's names and its shared MLP as the shared experts, or, without experts,
+    as the layer's dense MLP."""
+    sd = _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES))
+    return sd if int(config.num_local_experts) else _renamed(sd, ((".mlp.shared_experts.", ".mlp."),))
+
+
+def _bamba(config: Any) -> dict[str, Any]:
+    """Bamba: Mamba-2 layers, attention at attn_layer_indices (half its head rotated), a SwiGLU MLP in every layer."""
+    kinds = ["full_attention" if t == "full_attention" else "mamba" for t in config.layers_block_type]
+    return _mamba(config, kinds, int(config.mamba_n_heads), int(config.mamba_d_head), int(config.mamba_d_state),
+                  int(config.mamba_n_groups), int(config.mamba_d_conv), "hidden_act")
+
+
+_BAMBA_NAMES = ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_attention_layernorm."),
+                ("model.final_layernorm.", "model.norm."))
+
+
+def _nemotron_h(config: Any) -> dict[str, Any]:
+    """Nemotron-H: one mixer or MLP a block, each after its own RMSNorm: Mamba-2 ("linear_attention"), attention
+    without positions ("full_attention") or a plain squared-ReLU MLP ("mlp"): llmc layers of those types, the
+    mixers' without an MLP (ModelSpec.mlp_layers). Its mixture blocks ("moe": experts without a gate) are refused."""
+    types = list(config.layers_block_type)
+    if "moe" in types:
+        _refuse("layers_block_type", "moe", "Nemotron-H's mixtures (ungated squared-ReLU experts) are not built; its "
+                "dense models are")
+    kinds = {"linear_attention": "mamba", "full_attention": "full_attention", "mlp": "mlp"}
+    if unknown := sorted(set(types) - set(kinds)):
+        _refuse("layers_block_type", unknown, f"llmc builds {', '.join(kinds)} blocks")
+    fields = _mamba(config, [kinds[t] for t in types], int(config.mamba_num_heads), int(config.mamba_head_dim),
+                    int(config.ssm_state_size), int(config.n_groups), int(config.conv_kernel),
+                    "mamba_hidden_act")
+    return {**fields, "mlp_layers": tuple(t == "mlp" for t in types), "plain_mlp": True,
+            "activation": _activation(str(config.mlp_hidden_act)), "norm_eps": float(config.layer_norm_epsilon),
+            "intermediate_size": int(config.intermediate_size)}
+
+
+def _nemotron_h_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Nemotron-H's blocks under the layer names the others use: each block's norm as input_layernorm, its mixer as
+    mamba, self_attn or the plain MLP (up_proj, down_proj as c_fc, c_proj)."""
+    out = _renamed(sd, (("model.embeddings.", "model.embed_tokens."), ("model.norm_f.", "model.norm."),
+                        ("backbone.", "model.")))
+    parts = {"linear_attention": ".mamba.", "full_attention": ".self_attn.", "mlp": ".mlp."}
+    renamed: dict[str, np.ndarray] = {}
+    for k, v in out.items():
+        if k.startswith("model.layers."):
+            i = int(k.split(".")[2])
+            k = k.replace(f"model.layers.{i}.norm.", f"model.layers.{i}.input_layernorm.")
+            part = parts.get(config.layers_block_type[i], ".mixer.")  # (a block llmc refuses: as it is)
+            k = k.replace(f"model.layers.{i}.mixer.", f"model.layers.{i}{part}")
+            k = k.replace(".mlp.up_proj.", ".mlp.c_fc.").replace(".mlp.down_proj.", ".mlp.c_proj.")
+        renamed[k] = v
+    return renamed
+
+
+def _mamba_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A Mamba-2 mixer's canonical weights: mamba_in [Hd, inner | x, B, C | heads] (z; the convolved channels; dt),
+    the convolution's taps [taps, channels] and bias, A = -exp(A_log), dt_bias and D [heads], the gated norm's
+    weight, o."""
+    p, q = f"model.layers.{i}.mamba.", f"layers.{i}."
+    out = {q + "mamba_in.weight": sd[p + "in_proj.weight"].T.copy(), q + "o.weight": sd[p + "out_proj.weight"].T.copy(),
+           q + "mamba_conv.weight": np.ascontiguousarray(sd[p + "conv1d.weight"][:, 0, :].T),
+           q + "mamba_A": -np.exp(sd[p + "A_log"].astype(np.float32)), q + "mamba_dt_bias": sd[p + "dt_bias"],
+           q + "mamba_D": sd[p + "D"], q + "mamba_norm.weight": sd[p + "norm.weight"]}
+    for theirs, ours in (("in_proj", "mamba_in"), ("out_proj", "o"), ("conv1d", "mamba_conv")):
+        if p + theirs + ".bias" in sd:
+            out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
+    return out
+
+
 def _llama4(config: Any) -> dict[str, Any]:
     """Llama 4 (text): interleaved rotary (reordered at export) on the layers no_rope_layers marks, a weightless
     qk-norm on those only, mixtures on config.moe_layers (the top k logits' sigmoids scale the experts' inputs, a
@@ -1019,7 +1126,7 @@ def _shared_experts(config: Any) -> dict[str, Any]:
     as they are."""
     if config.model_type in ("qwen2_moe", "qwen3_5_moe_text", "qwen3_next"):
         return {"shared_expert_size": int(config.shared_expert_intermediate_size)}
-    if config.model_type in ("granitemoeshared", "granitemoe_swa"):
+    if config.model_type in ("granitemoeshared", "granitemoe_swa", "granitemoehybrid"):
         width = int(_get(config, "shared_intermediate_size", 0))
         return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
     if config.model_type == "hunyuan_v1_moe":
@@ -1091,6 +1198,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "lfm2_moe": lambda c, sd: _renamed(sd, _LFM2_NAMES), "lfm3": _lfm3_names,
     "qwen3_5_text": _qwen3_5_names, "qwen3_5_moe_text": _qwen3_5_names,
     "qwen3_next": lambda c, sd: _qwen3_5_names(c, _qwen3_next_names(c, sd)),
+    "granitemoehybrid": _granite_hybrid_names, "bamba": lambda c, sd: _renamed(sd, _BAMBA_NAMES),
+    "nemotron_h": _nemotron_h_names,
     "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
@@ -1138,6 +1247,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "lfm2_moe": lambda c: {**_lfm2(c), **_moe(c)}, "lfm3": _lfm2,
     "qwen3_5_text": _qwen3_5, "qwen3_5_moe_text": lambda c: {**_qwen3_5(c), **_moe(c)},
     "qwen3_next": lambda c: {**_qwen3_5(c), **_moe(c)},
+    "granitemoehybrid": _granite_hybrid, "bamba": _bamba, "nemotron_h": _nemotron_h,
     "lara_mini": lambda c: {**_qwen3_5(c), **_moe(c), "attn_output_gate": False,  # (its attention ungated,
                             "rope_layers": tuple(t == "sliding_attention" for t in c.layer_types)},  # RoPE on sliding
     # layers only)
@@ -1176,16 +1286,22 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
               "post": {"post_attention_layernorm": "post_attn_norm", "post_feedforward_layernorm": "post_mlp_norm"}}
     for i in range(spec.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
+        one_block = not (spec.has_mixer(i) and spec.has_mlp(i))  # (Nemotron-H's) a mixer or an MLP, on norm1
         for theirs, ours in places[spec.norm_layout].items():
-            if spec.parallel_block == "shared" and ours == "norm2":
+            if (spec.parallel_block == "shared" or one_block) and ours == "norm2":
                 continue  # the block's one norm serves both
             w[q + ours + ".weight"] = norm(p + theirs + ".weight")
             bias(p + theirs, q + ours)
-        attn = p + "self_attn."
-        if spec.is_conv(i) or spec.is_linear(i):  # (LFM2, Qwen3.5) a convolution or a Gated DeltaNet in the
-            # attention's place
-            w.update(_conv_weights(sd, i) if spec.is_conv(i) else _gdn_weights(sd, i))
+        if not spec.has_mixer(i):
             w.update(_mlp_weights(spec, sd, i))
+            continue
+        attn = p + "self_attn."
+        if spec.is_conv(i) or spec.is_linear(i) or spec.is_mamba(i):  # (LFM2, Qwen3.5, Mamba-2 hybrids) a
+            # convolution, a Gated DeltaNet or a Mamba-2 mixer in the attention's place
+            w.update(_conv_weights(sd, i) if spec.is_conv(i) else _gdn_weights(sd, i) if spec.is_linear(i)
+                     else _mamba_weights(sd, i))
+            if spec.has_mlp(i):
+                w.update(_mlp_weights(spec, sd, i))
             continue
         if spec.mla_kv_rank:
             w.update(_mla_weights(spec, sd, i))
@@ -1204,7 +1320,8 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + "attn_gate.weight"] = sd[attn + "gate_proj.weight"].T.copy()
         if spec.attn_sinks:  # GPT-OSS
             w[q + "attn.sinks"] = sd[attn + "sinks"]
-        w.update(_mlp_weights(spec, sd, i))
+        if spec.has_mlp(i):
+            w.update(_mlp_weights(spec, sd, i))
     return w
 
 

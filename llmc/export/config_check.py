@@ -30,6 +30,12 @@ def check_config(config: dict[str, Any], where: str) -> None:
                   **{ours: ffn[theirs] for theirs, ours in (("ffn_hidden_size", "intermediate_size"),
                                                             ("moe_num_experts", "num_local_experts"),
                                                             ("moe_top_k", "num_experts_per_tok")) if theirs in ffn}}
+    if config.get("model_type") == "nemotron_h" and config.get("num_hidden_layers") is None:  # (its blocks' count:
+        # layers_block_type's, or hybrid_override_pattern's as published)
+        blocks = config.get("layers_block_type") or config.get("hybrid_override_pattern")
+        if not isinstance(blocks, list | str) or not blocks:
+            raise InputError(f"{where}: layers_block_type (or hybrid_override_pattern) is missing")
+        config = {**config, "num_hidden_layers": len(blocks)}
     dims = {k: _positive(config, name, where) for k, name in names.items()}
     vocab = _positive(config, "vocab_size", where)
     heads, hidden = dims["heads"], dims["hidden"]

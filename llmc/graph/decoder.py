@@ -36,7 +36,7 @@ from llmc.graph.layers import (
     skip_norm,
     softcap,
 )
-from llmc.graph.linear_attention import gated_delta_net, short_conv
+from llmc.graph.linear_attention import gated_delta_net, mamba2, short_conv
 from llmc.graph.moe import moe_mlp
 from llmc.graph.quant import BF16TILES, EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q8TILES, QWEIGHT
 from llmc.manifest import GraphSpec
@@ -82,19 +82,25 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     query_scale = _query_scale(c) if m.query_scale_beta else None
     for i in range(m.num_layers):
         p = f"layers.{i}"
-        if m.is_conv(i):  # (LFM2) a gated short convolution in the attention's place
-            heads = short_conv(c, i, h)
-        elif m.is_linear(i):  # (Qwen3.5) a Gated DeltaNet
-            heads = gated_delta_net(c, i, h)
-        else:
-            heads = _attention(c, i, h, attend, rotary, query_scale)
-        delta = _block_output(c, linear(c, heads, f"{p}.o"), f"{p}.post_attn_norm")
-        if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
-            mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")
-            delta = c.b.op("Add", delta, _block_output(c, _mlp(c, i, mlp_in), f"{p}.post_mlp_norm"))
-        else:
-            h, x = _residual(c, x, delta, f"{p}.norm2", fuse)
+        if not m.has_mixer(i):  # (Nemotron-H's MLP blocks) the MLP alone, on the layer's norm1
             delta = _block_output(c, _mlp(c, i, h), f"{p}.post_mlp_norm")
+        else:
+            if m.is_conv(i):  # (LFM2) a gated short convolution in the attention's place
+                heads = short_conv(c, i, h)
+            elif m.is_linear(i):  # (Qwen3.5) a Gated DeltaNet
+                heads = gated_delta_net(c, i, h)
+            elif m.is_mamba(i):  # (Granite 4.0-H, Nemotron-H, Bamba, Mamba-2) a Mamba-2 mixer
+                heads = mamba2(c, i, h)
+            else:
+                heads = _attention(c, i, h, attend, rotary, query_scale)
+            delta = _block_output(c, linear(c, heads, f"{p}.o"), f"{p}.post_attn_norm")
+        if m.has_mixer(i) and m.has_mlp(i):  # (else one block, whose output joins the residual stream below)
+            if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
+                mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")
+                delta = c.b.op("Add", delta, _block_output(c, _mlp(c, i, mlp_in), f"{p}.post_mlp_norm"))
+            else:
+                h, x = _residual(c, x, delta, f"{p}.norm2", fuse)
+                delta = _block_output(c, _mlp(c, i, h), f"{p}.post_mlp_norm")
         last = i + 1 == m.num_layers
         h, x = _residual(c, x, delta, "norm" if last else f"layers.{i + 1}.norm1", fuse,
                          last_token if last else None)

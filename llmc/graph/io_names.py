@@ -27,6 +27,10 @@ PRESENT_CONV = "present_conv.{i}"  # the same after it (each row's last valid on
 # state [B, v heads, k dim, v dim], before and after the run
 PAST_LINEAR_CONV, PRESENT_LINEAR_CONV = "past_linear_conv.{i}", "present_linear_conv.{i}"
 PAST_RECURRENT, PRESENT_RECURRENT = "past_recurrent.{i}", "present_recurrent.{i}"
+# a mamba layer's (Mamba-2): its convolution's last inputs [B, taps - 1, x + B + C channels] and its state-space
+# state [B, heads, state, head dim]
+PAST_MAMBA_CONV, PRESENT_MAMBA_CONV = "past_mamba_conv.{i}", "present_mamba_conv.{i}"
+PAST_SSM, PRESENT_SSM = "past_ssm.{i}", "present_ssm.{i}"
 STATE_ROWS = "state_rows"  # [B] int32 (graphs with pooled states): row b's state in the pools [num_slots, ...]
 
 STANDARD_INPLACE = ("onnx", "onnx-static")  # in-place lowerings of standard ops: Attention + TensorScatter
@@ -45,6 +49,10 @@ def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
         states += (StateSpec(PAST_LINEAR_CONV, PRESENT_LINEAR_CONV, linear, (model.linear_conv_kernel - 1, channels)),
                    StateSpec(PAST_RECURRENT, PRESENT_RECURRENT, linear,
                              (model.linear_v_heads, model.linear_k_dim, model.linear_v_dim)))
+    if mamba := sum(1 for i in range(model.num_layers) if model.is_mamba(i)):
+        states += (StateSpec(PAST_MAMBA_CONV, PRESENT_MAMBA_CONV, mamba, (model.mamba_conv_kernel - 1,
+                                                                           mamba_channels(model))),
+                   StateSpec(PAST_SSM, PRESENT_SSM, mamba, (model.mamba_heads, model.mamba_state, model.mamba_head_dim)))
     return KVSpec(
         layout=layout,
         dtype=dtype,
@@ -57,6 +65,11 @@ def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
         present_value=PRESENT_VALUE,
         states=states,
     )
+
+
+def mamba_channels(model: ModelSpec) -> int:
+    """A mamba layer's convolved channels: x (heads x head dim), then B and C (groups x state each)."""
+    return model.mamba_heads * model.mamba_head_dim + 2 * model.mamba_groups * model.mamba_state
 
 
 def layer_kv(model: ModelSpec, layer: int, kind: str) -> tuple[str, str]:

@@ -115,7 +115,8 @@ def _out_width(m: ModelSpec, name: str) -> int:
               "fc": inner, "lm_head": m.vocab_size, "o": m.hidden_size, "q": mla_q, "q_b": mla_q,
               "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim,
               "conv_in": 3 * m.hidden_size,
-              "lin_in": 2 * (m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * (m.linear_v_dim + 1))}
+              "lin_in": 2 * (m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * (m.linear_v_dim + 1)),
+              "mamba_in": m.mamba_heads * (2 * m.mamba_head_dim + 1) + 2 * m.mamba_groups * m.mamba_state}
     return widths.get(kind, m.hidden_size)  # down, proj
 
 

@@ -1,5 +1,6 @@
 """Layers that keep a fixed-size state per sequence instead of a KV cache (KVSpec.states): LFM2's gated short
-convolution and Qwen3.5's Gated DeltaNet (a linear attention over a recurrent state).
+convolution, Qwen3.5's Gated DeltaNet (a linear attention over a recurrent state) and Mamba-2's mixer (a state-space
+recurrence: the same operator without the delta).
 
 A run's new tokens are right-padded: row b has n_b of them (the in-place graphs' new_tokens, or the new part of the
 export graphs' attention mask). Each state after the run is the row's own: a convolution's last inputs are its last
@@ -8,6 +9,8 @@ Shapes: B batch, S new tokens, C channels, H value heads, K / V key / value head
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from onnx import helper
@@ -112,45 +115,94 @@ def gated_delta_net(c: Ctx, i: int, h: str) -> str:
     beta = b.op("Sigmoid", b.to_float32(beta_in))  # [B, S, H]
     g = b.op("Mul", b.to_float32(b.weight(f"{p}.lin_A")),
              b.op("Softplus", b.op("Add", b.to_float32(a), b.to_float32(b.weight(f"{p}.lin_dt_bias")))))
-    # a padded token neither decays nor writes the state
-    width = b.dim(io.INPUT_IDS, 1)
-    steps = b.op("Range", b.const(np.array(0, np.int64)), b.op("Squeeze", width, b.ints(0)),
-                 b.const(np.array(1, np.int64)))
-    valid = b.cast(b.op("Less", b.unsqueeze(steps, 0), b.unsqueeze(new_counts(c), 1)), "float32")  # [B, S]
-    valid = b.unsqueeze(valid, 2)
+    valid = _valid(c)  # a padded token neither decays nor writes the state
     g, beta = b.op("Mul", g, valid), b.op("Mul", beta, valid)
-    v = heads(b.to_float32(v), hv, dv)
-    past, present = io.PAST_RECURRENT.format(i=j), io.PRESENT_RECURRENT.format(i=j)
-    if io.STATE_ROWS in c.inputs and c.opts.llmc_recurrence:  # the pool, in place: the engine zeroes a prompt's
-        # row first; the node writes the graph's output itself (one between them would copy the whole pool)
-        name = b._name("GatedDeltaRule")
-        out = f"{name}_out0"
-        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, past, io.STATE_ROWS], [out, present],
-                                        name=name, domain=LLMC_DOMAIN))
-    else:
-        if past in c.inputs:
-            state = _state_in(c, past)
-        else:  # zeros [B, H, K, V] before a prompt
-            shape = b.op("Concat", b.dim(io.INPUT_IDS, 0), b.ints(hv, dk, dv), axis=0)
-            state = b.op("ConstantOfShape", shape, value=helper.make_tensor("zero", DTYPES["float32"], [1], [0.0]))
-        if c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
-            out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, outputs=2, domain=LLMC_DOMAIN)
-        else:
-            if hv != hk:  # each key head serves hv / hk consecutive value heads
-                q, k = (b.op("Reshape", b.op("Expand", b.unsqueeze(x, 3), b.ints(1, 1, 1, hv // hk, 1)),
-                             b.ints(0, 0, hv, dk)) for x in (q, k))
-            time_major = [b.op("Transpose", x, perm=[1, 0, 2, 3]) for x in (q, k, v)]
-            time_major += [b.op("Transpose", x, perm=[1, 0, 2]) for x in (g, beta)]
-            final, out = _delta_rule_loop(b, width, state, time_major)
-            out = b.op("Transpose", out, perm=[1, 0, 2, 3])  # [B, S, H, V]
-        _state_out(c, final, present, past)
+    out = _recurrence(c, q, k, heads(b.to_float32(v), hv, dv), g, beta, io.PAST_RECURRENT.format(i=j),
+                      io.PRESENT_RECURRENT.format(i=j), (hk, hv, dk, dv), delta=True)
     gate = heads(b.to_float32(z), hv, dv)
     normed = norm(c, b.to_compute(out), f"{p}.lin_norm")
     y = b.op("Mul", b.to_float32(normed), b.op("Mul", gate, b.op("Sigmoid", gate)))
     return b.to_compute(b.op("Reshape", y, b.ints(0, 0, value)))
 
 
-def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[str]) -> tuple[str, str]:
+def _valid(c: Ctx) -> str:
+    """[B, S, 1] fp32: 1 on each row's new tokens, 0 on its right padding."""
+    b = c.b
+    steps = b.op("Range", b.const(np.array(0, np.int64)), b.op("Squeeze", b.dim(io.INPUT_IDS, 1), b.ints(0)),
+                 b.const(np.array(1, np.int64)))
+    valid = b.cast(b.op("Less", b.unsqueeze(steps, 0), b.unsqueeze(new_counts(c), 1)), "float32")  # [B, S]
+    return b.unsqueeze(valid, 2)
+
+
+def _recurrence(c: Ctx, q: str, k: str, v: str, g: str, beta: str, past: str, present: str,
+                dims: tuple[int, int, int, int], delta: bool) -> str:
+    """The gated recurrence over the run's tokens (delta_rule.h; without the delta, Mamba-2's), its state read from
+    `past` (zeros before a prompt) and written as `present`: the outputs [B, S, H, V]. q, k [B, S, Hk, K],
+    v [B, S, H, V], g, beta [B, S, H] fp32; dims (Hk, H, K, V)."""
+    b = c.b
+    hk, hv, dk, dv = dims
+    attrs: dict[str, Any] = {} if delta else {"delta": 0}
+    if io.STATE_ROWS in c.inputs and c.opts.llmc_recurrence:  # the pool, in place: the engine zeroes a prompt's
+        # row first; the node writes the graph's output itself (one between them would copy the whole pool)
+        name = b._name("GatedDeltaRule")
+        out = f"{name}_out0"
+        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, past, io.STATE_ROWS], [out, present],
+                                        name=name, domain=LLMC_DOMAIN, **attrs))
+        return out
+    if past in c.inputs:
+        state = _state_in(c, past)
+    else:  # zeros [B, H, K, V] before a prompt
+        shape = b.op("Concat", b.dim(io.INPUT_IDS, 0), b.ints(hv, dk, dv), axis=0)
+        state = b.op("ConstantOfShape", shape, value=helper.make_tensor("zero", DTYPES["float32"], [1], [0.0]))
+    if c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
+        out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, outputs=2, domain=LLMC_DOMAIN, **attrs)
+    else:
+        if hv != hk:  # each key head serves hv / hk consecutive value heads
+            q, k = (b.op("Reshape", b.op("Expand", b.unsqueeze(x, 3), b.ints(1, 1, 1, hv // hk, 1)),
+                         b.ints(0, 0, hv, dk)) for x in (q, k))
+        time_major = [b.op("Transpose", x, perm=[1, 0, 2, 3]) for x in (q, k, v)]
+        time_major += [b.op("Transpose", x, perm=[1, 0, 2]) for x in (g, beta)]
+        final, out = _delta_rule_loop(b, b.dim(io.INPUT_IDS, 1), state, time_major, delta)
+        out = b.op("Transpose", out, perm=[1, 0, 2, 3])  # [B, S, H, V]
+    _state_out(c, final, present, past)
+    return out
+
+
+def mamba2(c: Ctx, i: int, h: str) -> str:
+    """A Mamba-2 mixer before its output product, [B, S, H * P] (ModelSpec.mamba_*): z, xBC, dt from one product
+    (mamba_in); xBC through the causal convolution and SiLU; the state-space recurrence on M [B, H, N, P] (the
+    operator's rule without the delta: k = B, q = C, v = x, beta = dt, g = dt A); y = C M + D x; y silu(z) RMS-normed
+    in groups."""
+    b, m = c.b, c.m
+    p, j = f"layers.{i}", m.state_index(i)
+    hv, dv, dk, groups = m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups
+    inner = hv * dv
+    z, xbc, dt = b.split(linear(c, h, f"{p}.mamba_in"), [inner, io.mamba_channels(m), hv])
+    bias = b.weight(f"{p}.mamba_conv.bias") if c.has(f"{p}.mamba_conv.bias") else None
+    conv = causal_conv(c, xbc, b.weight(f"{p}.mamba_conv.weight"), m.mamba_conv_kernel, io.mamba_channels(m),
+                       io.PAST_MAMBA_CONV.format(i=j), io.PRESENT_MAMBA_CONV.format(i=j), bias)
+    conv = b.to_float32(b.op("Mul", conv, b.op("Sigmoid", conv)))  # SiLU
+    x, keys, queries = b.split(conv, [inner, groups * dk, groups * dk])
+    x = b.op("Reshape", x, b.ints(0, 0, hv, dv))
+    keys, queries = (b.op("Reshape", t, b.ints(0, 0, groups, dk)) for t in (keys, queries))
+    dt = b.op("Softplus", b.op("Add", b.to_float32(dt), b.to_float32(b.weight(f"{p}.mamba_dt_bias"))))
+    dt = b.op("Mul", dt, _valid(c))  # a padded token: dt 0, so the state neither decays nor is written
+    g = b.op("Mul", dt, b.to_float32(b.weight(f"{p}.mamba_A")))
+    y = _recurrence(c, queries, keys, x, g, dt, io.PAST_SSM.format(i=j), io.PRESENT_SSM.format(i=j),
+                    (groups, hv, dk, dv), delta=False)
+    y = b.op("Add", y, b.op("Mul", x, b.unsqueeze(b.to_float32(b.weight(f"{p}.mamba_D")), 1)))  # [B, S, H, P]
+    y = b.op("Reshape", y, b.ints(0, 0, inner))
+    gate = b.to_float32(z)
+    y = b.op("Mul", y, b.op("Mul", gate, b.op("Sigmoid", gate)))
+    grouped = b.op("Reshape", y, b.ints(0, 0, groups, inner // groups))  # RMS over each group
+    ms = b.reduce_mean(b.op("Mul", grouped, grouped), -1)
+    grouped = b.op("Mul", grouped, b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(np.array(m.norm_eps, np.float32))))))
+    y = b.op("Mul", b.op("Reshape", grouped, b.ints(0, 0, inner)), b.to_float32(b.weight(f"{p}.mamba_norm.weight")))
+    return b.to_compute(y)
+
+
+def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[str],
+                     delta: bool) -> tuple[str, str]:
     """An ONNX Loop over the run's tokens: (the state after them [B, H, K, V], the outputs [S, B, H, V]).
     time_major: q, k [S, B, H, K], v [S, B, H, V], g, beta [S, B, H], read by the body from the outer scope."""
     body = GraphBuilder(b.opset, "float32")
@@ -158,9 +210,11 @@ def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[s
     t = "delta_t"
     q_t, k_t, v_t, g_t, beta_t = (body.op("Gather", x, t, axis=0) for x in time_major)  # [B, H, ...]
     decayed = body.op("Mul", "delta_state_in", body.unsqueeze(body.op("Exp", g_t), 2, 3))
-    remembered = body.op("MatMul", body.unsqueeze(k_t, 2), decayed)  # [B, H, 1, V]
-    delta = body.op("Mul", body.op("Sub", body.unsqueeze(v_t, 2), remembered), body.unsqueeze(beta_t, 2, 3))
-    written = body.op("Add", decayed, body.op("Mul", body.unsqueeze(k_t, 3), delta))  # [B, H, K, V]
+    new = body.unsqueeze(v_t, 2)  # [B, H, 1, V]
+    if delta:  # less what the state already gives for k
+        new = body.op("Sub", new, body.op("MatMul", body.unsqueeze(k_t, 2), decayed))
+    written = body.op("Add", decayed, body.op("Mul", body.unsqueeze(k_t, 3),
+                                              body.op("Mul", new, body.unsqueeze(beta_t, 2, 3))))  # [B, H, K, V]
     out_t = body.op("Squeeze", body.op("MatMul", body.unsqueeze(q_t, 2), written), body.ints(2))  # [B, H, V]
     body.output("Identity", ["delta_cond_in"], "delta_cond_out")
     body.output("Identity", [written], "delta_state_out")

@@ -204,7 +204,7 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     Glm4MoeConfig, Dots1Config or OlmoeConfig (Qwen2-MoE's, GLM-4.5's and dots1's shared experts are the decoder's:
     ModelSpec.shared_expert_size)."""
     # (Granite's softmax over the top k logits: the same weights)
-    if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa"):
+    if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "granitemoe_swa", "granitemoehybrid"):
         return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        True, config.hidden_act)
     if config.model_type == "ernie4_5_moe":
@@ -294,6 +294,8 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
                              "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe",
                              "qwen3_5_moe_text", "lara_mini"):
         return True
+    if config.model_type == "granitemoehybrid":  # (0 experts: its shared MLP alone, the dense one)
+        return int(config.num_local_experts) > 0
     if config.model_type == "llama4_text":
         return layer in config.moe_layers
     if config.model_type in MLP_LAYER_TYPES:

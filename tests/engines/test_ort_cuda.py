@@ -127,13 +127,14 @@ def test_chunked_attention_is_refused_naming_the_backends_that_build_it(tiny_lla
         write_cuda_engine(tmp_path, tiny_llama.export_dir, replace(export, model=model), "1.0")
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "qwen3_5_text"])
+@pytest.mark.parametrize("arch", ["lfm2", "qwen3_5_text", "nemotron_h"])
 def test_layers_with_states_are_refused_naming_the_backend_that_builds_them(arch: str,
                                                                            tiny_factory: Callable[[str], Built],
                                                                            tmp_path: Path) -> None:
-    """LFM2's conv layers and Qwen3.5's Gated DeltaNet keep a state per sequence, which ort-cuda does not hold."""
+    """LFM2's conv layers, Qwen3.5's Gated DeltaNet and Mamba-2 mixers keep a state per sequence, which ort-cuda
+    does not hold."""
     tiny = tiny_factory(arch)
-    with pytest.raises(InputError, match=r"no per-sequence state .*LFM2's or Qwen3.5's.*--backend ort"):
+    with pytest.raises(InputError, match=r"no per-sequence state .*LFM2's, Qwen3.5's or Granite 4.0-H's.*--backend ort"):
         write_cuda_engine(tmp_path, tiny.export_dir, load_export(tiny.export_dir), "1.0")
 
 

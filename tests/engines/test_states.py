@@ -1,5 +1,5 @@
 """Per-sequence states beside the KV cache (LFM2's convolution layers keep their last inputs, Qwen3.5's Gated
-DeltaNet layers those of their convolution and a recurrent state): each engine layout
+DeltaNet layers and Nemotron-H's Mamba-2 mixers those of their convolution and a recurrent state): each engine layout
 carries a row's state from run to run exactly, leaves a row that did not run alone (a slot window's dummy rows),
 moves it with its slot, starts a prompt from zeros, and the runtime never reuses a cached prefix for such a model
 (the state of the prefix is not in its KV blocks)."""
@@ -33,9 +33,9 @@ def _hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
         return hf(torch.tensor([ids])).logits[0].numpy()  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text"])
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "nemotron_h"])
 def stateful(request: pytest.FixtureRequest, tiny_factory: Callable[[str], Built]) -> Built:
-    """A model with states: LFM2's convolutions, or Qwen3.5's Gated DeltaNet."""
+    """A model with states: LFM2's convolutions, Qwen3.5's Gated DeltaNet, or Nemotron-H's Mamba-2 mixers."""
     return tiny_factory(request.param)
 
 

@@ -329,6 +329,9 @@ def tiny_family(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
     ("deepseek_v3", {"qk_rope_head_dim": 7}, ["qk_rope_head_dim must be even (rotated in pairs), got 7"]),
     ("deepseek_v3", {"q_lora_rank": -32}, ["q_lora_rank must be a positive integer, got -32"]),
     ("deepseek_v3", {"v_head_dim": "16"}, ["v_head_dim must be a positive integer, got '16'"]),
+    # Nemotron-H's blocks, counted by its pattern where num_hidden_layers is not given
+    ("nemotron_h", {"hybrid_override_pattern": "", "num_hidden_layers": None},
+     ["layers_block_type (or hybrid_override_pattern) is missing"]),
 ])
 def test_impossible_family_values_are_named_before_loading(tmp_path: Path, tiny_family: Callable[[str], Path],
                                                            arch: str, changes: dict[str, Any],
@@ -341,6 +344,10 @@ def test_impossible_family_values_are_named_before_loading(tmp_path: Path, tiny_
 
 @pytest.mark.parametrize(("arch", "changes", "words"), [
     ("falcon_mqa", {"alibi": True}, ["config option alibi = True is not supported", "ALiBi"]),
+    ("bamba", {"time_step_limit": [0.0, 0.1]}, ["config option time_step_limit = (0.0, 0.1) is not supported",
+                                                "not in a decode step"]),
+    ("granitemoehybrid", {"hidden_act": "gelu"}, ["config option hidden_act = 'gelu' is not supported",
+                                                  "Mamba-2 convolution is built with SiLU"]),
 ])
 def test_family_options_llmc_does_not_build_are_named(tmp_path: Path, tiny_family: Callable[[str], Path], arch: str,
                                                       changes: dict[str, Any], words: list[str]) -> None:
@@ -348,6 +355,19 @@ def test_family_options_llmc_does_not_build_are_named(tmp_path: Path, tiny_famil
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **changes}))
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), *words)
+
+
+def test_nemotron_h_mixtures_are_refused_by_name() -> None:
+    """Nemotron-H's "moe" blocks (ungated squared-ReLU experts) are not built: the export says so, naming them."""
+    import transformers
+
+    from llmc.errors import UnsupportedModelError
+    from llmc.export.arch import _QUIRKS
+
+    config = transformers.AutoConfig.for_model("nemotron_h", hidden_size=64, num_attention_heads=4, head_dim=16,
+                                               layers_block_type=["linear_attention", "moe", "full_attention"])
+    with pytest.raises(UnsupportedModelError, match=r"layers_block_type = 'moe' is not supported: .*dense models are"):
+        _QUIRKS["nemotron_h"](config)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "short", "offsets"])

@@ -111,14 +111,17 @@ def test_prefill_then_decode_equals_full_prefill(engine: Engine, hf: Any) -> Non
 
 def _hf_incremental(model: Any, prompt: list[int], steps: list[int]) -> list[np.ndarray]:
     """transformers' next-token logits after the prompt and after each teacher-forced step, decoding with its own
-    cache as `generate` does (for longrope the table is chosen per call, as it is there)."""
+    cache as `generate` does (for longrope the table is chosen per call, as it is there), the positions given as
+    `generate` gives them (Bamba's forward would number each call's tokens from 0)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    out, logits = None, []
+    out, logits, done = None, [], 0
     with torch.no_grad():
         for ids in [prompt, *[[t] for t in steps]]:
-            out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+            positions = torch.arange(done, done + len(ids))[None]
+            done += len(ids)
+            out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True, position_ids=positions)
             cache = out.past_key_values
             logits.append(out.logits[0, -1].float().numpy())
     return logits
@@ -416,12 +419,31 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert (m.conv_kernel, m.kv_layers, m.rope_type, m.head_dim, m.rotary_dim) == (4, (1, 3), "proportional", 16, 0)
     else:
         assert m.conv_kernel == 0 and "conv" not in m.layer_types
+    mamba = {"granitemoehybrid": (("mamba", "full_attention", "mamba"), (1,), (8, 16, 16, 2, 4), ()),
+             "granitemoehybrid_dense": (("mamba", "full_attention"), (1,), (4, 32, 32, 1, 4), ()),
+             "bamba": (("mamba", "full_attention", "mamba"), (1,), (8, 16, 32, 1, 3), ()),
+             "nemotron_h": (("mamba", "mlp", "full_attention", "mamba", "mlp"), (2,), (8, 8, 16, 2, 4),
+                            (False, True, False, False, True))}
+    if tiny.name in mamba:  # (Mamba-2 layers: their conv and state-space states, no KV; Nemotron-H's blocks one
+        # mixer or one MLP each)
+        types, kv_layers, dims, mlp_layers = mamba[tiny.name]
+        assert (m.layer_types, m.kv_layers, m.mlp_layers) == (types, kv_layers, mlp_layers)
+        assert (m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups, m.mamba_conv_kernel) == dims
+        heads, head_dim, state, groups, taps = dims
+        kv = load_export(tiny.export_dir).kv
+        assert [(s.past, s.count, s.shape) for s in kv.states] == [
+            ("past_mamba_conv.{i}", types.count("mamba"), (taps - 1, heads * head_dim + 2 * groups * state)),
+            ("past_ssm.{i}", types.count("mamba"), (heads, state, head_dim))]
+        rotated = tiny.name in ("bamba", "granitemoehybrid_dense")  # (Granite 4.0-H "nope", Nemotron-H: no layer)
+        assert m.rope_layers == (() if rotated else (False,) * m.num_layers)
+    else:
+        assert m.mamba_heads == 0 and "mamba" not in m.layer_types and not m.mlp_layers
     if not tiny.name.startswith(("qwen3_5", "qwen3_next", "lara_mini")):
         assert m.linear_conv_kernel == 0 and "linear_attention" not in m.layer_types
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
            "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text", "qwen3_5_moe_text",
-           "qwen3_next", "lara_mini")
+           "qwen3_next", "lara_mini", "granitemoehybrid")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -461,6 +483,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              "hunyuan_v1_moe": (96, False),
                                                              "granitemoeshared": (64, False),
                                                              "granitemoe_swa": (32, False),
+                                                             "granitemoehybrid": (64, False),
                                                              "cohere2_moe": (96, False), "llama4_text": (32, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",

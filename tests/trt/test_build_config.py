@@ -84,11 +84,12 @@ def test_chunked_attention_is_refused_by_the_plugin_and_built_natively() -> None
     check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), chunked)
 
 
-@pytest.mark.parametrize("kind", ["conv", "linear_attention"])
+@pytest.mark.parametrize("kind", ["conv", "linear_attention", "mamba"])
 def test_layers_with_states_are_refused_naming_the_other_backend(kind: str) -> None:
-    states = replace(MODEL, conv_kernel=3, linear_conv_kernel=4,
+    states = replace(MODEL, conv_kernel=3, linear_conv_kernel=4, mamba_conv_kernel=4,
                      layer_types=(kind,) + ("full_attention",) * (MODEL.num_layers - 1))
-    with pytest.raises(InputError, match=r"convolution or linear-attention layers \(LFM2, Qwen3.5\) keep a state.*"
+    with pytest.raises(InputError, match=r"convolution, linear-attention or Mamba-2 layers \(LFM2, Qwen3.5, "
+                                         r"Granite 4.0-H, Nemotron-H\) keep a state.*"
                                          r"build it with --backend ort"):
         check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), states)
 

@@ -199,8 +199,8 @@ def write_cuda_engine(work: Path, export_dir: Path, export: ExportManifest, onnx
                          "or trt --attention native")
     if len(export.model.kv_layers) < export.model.num_layers:
         raise InputError("--backend ort-cuda keeps KV memory on the GPU and no per-sequence state beside it (this "
-                         "model's convolution or linear-attention layers, LFM2's or Qwen3.5's, need one): use "
-                         "--backend ort")
+                         "model's convolution, linear-attention or Mamba-2 layers, LFM2's, Qwen3.5's or Granite "
+                         "4.0-H's, need one): use --backend ort")
     ckpt = fp16_checkpoint(load_checkpoint(export_dir, export))
     kv, prefill, decode = write_inplace_graphs(ckpt, work, "float16", export.opset, None, "gqa", one_graph=True,
                                                moe="standard")

@@ -128,8 +128,9 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
         raise InputError(f"the model's chunked attention (blocks of {model.attention_chunk} positions: Llama 4) is not "
                          "in llmc's attention plugin: build with --attention native (its mask holds the chunks)")
     if len(model.kv_layers) < model.num_layers:
-        raise InputError("the model's convolution or linear-attention layers (LFM2, Qwen3.5) keep a state per "
-                         "sequence, which the TensorRT engines do not hold: build it with --backend ort")
+        raise InputError("the model's convolution, linear-attention or Mamba-2 layers (LFM2, Qwen3.5, Granite 4.0-H, "
+                         "Nemotron-H) keep a state per sequence, which the TensorRT engines do not hold: build it with "
+                         "--backend ort")
     if model.mla_kv_rank:
         raise InputError(f"the model's latent attention ({model.num_heads} query heads on one KV head of "
                          f"{model.head_dim} dims) has not run in a TensorRT engine here: build it with --backend ort")
