@@ -20,7 +20,8 @@ EXPORT_MANIFEST = "llmc.json"
 ENGINE_MANIFEST = "engine.json"
 EXPORT_FORMAT_VERSION = 1
 ENGINE_FORMAT_VERSION = 1
-ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # the layer types with a KV cache
+# the layer types with a KV cache ("hybrid": attention and a Mamba-2 mixer side by side, Falcon-H1's)
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ class ModelSpec:
     tie_embeddings: bool = False
     # attention, per layer
     layer_types: tuple[str, ...] = ()  # "full_attention" | "sliding_attention" | "chunked_attention" | "conv" |
-    # "linear_attention" | "mamba" | "mlp" (no mixer: the MLP alone, on the layer's norm1) per layer; empty: all full
+    # "linear_attention" | "mamba" | "hybrid" (full attention and a Mamba-2 mixer on the same input, their outputs
+    # added: Falcon-H1) | "mlp" (no mixer: the MLP alone, on the layer's norm1) per layer; empty: all full
     sliding_window: int = 0  # W: a sliding layer's query sees its last W positions (itself included)
     attention_chunk: int = 0  # C: a chunked layer's query at p sees the keys of its block, floor(p / C) * C .. p (Llama 4)
     rope_layers: tuple[bool, ...] = ()  # False: a layer without rotary (SmolLM3's NoPE layers); empty: all rotary
@@ -169,13 +171,15 @@ class ModelSpec:
     # depthwise convolution of mamba_conv_kernel taps (and bias) and SiLU, split into x (mamba_heads heads of
     # mamba_head_dim), B and C (mamba_groups groups of mamba_state; head h reads group h // (heads / groups)); per
     # token, on a state M [heads, state, head_dim] per sequence: M <- M exp(dt A) + B^T (dt x), A = -exp(A_log),
-    # dt = softplus(dt + dt_bias); y = C M + D x; then y silu(z) RMS-normed in mamba_groups groups
-    # (llmc/graph/linear_attention.py)
+    # dt = softplus(dt + dt_bias); y = C M + D x; then y silu(z) RMS-normed in mamba_groups groups (mamba_norm
+    # "after_gate"; "before_gate": y normed, then times silu(z); "none": y silu(z) alone), then its output product
+    # mamba_out (llmc/graph/linear_attention.py)
     mamba_heads: int = 0
     mamba_head_dim: int = 0
     mamba_state: int = 0
     mamba_groups: int = 1
     mamba_conv_kernel: int = 0
+    mamba_norm: str = "after_gate"
     mlp_layers: tuple[bool, ...] = ()  # which layers have an MLP after the mixer (Nemotron-H's have none); empty: all
 
     def window(self, layer: int) -> int:
@@ -201,7 +205,8 @@ class ModelSpec:
         return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
     def is_mamba(self, layer: int) -> bool:
-        return bool(self.layer_types) and self.layer_types[layer] == "mamba"
+        """The layer has a Mamba-2 mixer ("mamba", or "hybrid" beside its attention)."""
+        return bool(self.layer_types) and self.layer_types[layer] in ("mamba", "hybrid")
 
     def has_mixer(self, layer: int) -> bool:
         return not self.layer_types or self.layer_types[layer] != "mlp"
@@ -210,7 +215,7 @@ class ModelSpec:
         return not self.mlp_layers or self.mlp_layers[layer]
 
     def attends(self, layer: int) -> bool:
-        """The layer is an attention layer (with a KV cache): not a "conv", "linear_attention", "mamba" or "mlp"."""
+        """The layer attends (with a KV cache): not a "conv", "linear_attention", "mamba" or "mlp" one."""
         return not self.layer_types or self.layer_types[layer] in ATTENTION_TYPES
 
     @property
@@ -223,8 +228,11 @@ class ModelSpec:
         return layer if len(self.kv_layers) == self.num_layers else self.kv_layers.index(layer)
 
     def state_index(self, layer: int) -> int:
-        """A conv, linear-attention or mamba layer's place among the layers of its kind (its states' name index)."""
-        return sum(1 for i in range(layer) if self.layer_types[i] == self.layer_types[layer])
+        """A conv, linear-attention or Mamba-2 layer's place among the layers of its kind (its states' name index)."""
+        def kind(i: int) -> str:
+            return "mamba" if self.is_mamba(i) else self.layer_types[i]
+
+        return sum(1 for i in range(layer) if kind(i) == kind(layer))
 
     def is_moe(self, layer: int) -> bool:
         return self.num_experts > 0 and (not self.moe_layers or self.moe_layers[layer])

@@ -764,6 +764,23 @@ def _nemotron_h(tf: Any, common: dict[str, Any]) -> Any:  # one mixer or MLP a b
     return _nudged(model, biases=0.2, dt_bias=0.5)
 
 
+def _falcon_h1(tf: Any, common: dict[str, Any]) -> Any:  # attention and Mamba-2 side by side in each layer, every
+    # muP multiplier off 1, the mixer without its norm (the published default), biased products
+    model = _auto(tf, "falcon_h1", **common, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+                  mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_proj_bias=True, projectors_bias=True,
+                  attention_bias=True, embedding_multiplier=2.0, lm_head_multiplier=0.5, mlp_multipliers=[0.7, 1.3],
+                  key_multiplier=0.8, attention_in_multiplier=1.2, attention_out_multiplier=0.9,
+                  ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3], ssm_in_multiplier=1.1, ssm_out_multiplier=0.7)
+    return _nudged(model, biases=0.2, dt_bias=0.5)
+
+
+def _falcon_h1_normed(tf: Any, common: dict[str, Any]) -> Any:  # the mixer's gated RMSNorm, normed before the gate
+    model = _auto(tf, "falcon_h1", **common, head_dim=16, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16,
+                  mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=3, mamba_rms_norm=True,
+                  mamba_norm_before_gate=True, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.3], ssm_out_multiplier=0.7)
+    return _nudged(model, dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -774,7 +791,8 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "lfm2_moe": _lfm2_moe, "lfm3": _lfm3,
                       "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text,
                       "qwen3_next": _qwen3_next, "lara_mini": _lara_mini, "granitemoehybrid": _granitemoehybrid,
-                      "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h})
+                      "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h,
+                      "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h}
 

@@ -46,6 +46,7 @@ SUPPORTED = {
     "qwen3_5_moe_text": "Qwen3.5-MoE (text)", "qwen3_next": "Qwen3-Next", "lara_mini": "Lara Mini",
     "granitemoehybrid": "Granite 4.0-H (Mamba-2 and attention; dense or MoE)", "bamba": "Bamba (Mamba-2 and attention)",
     "nemotron_h": "Nemotron-H, Nemotron Nano 2 (Mamba-2, attention and MLP blocks; dense)",
+    "falcon_h1": "Falcon-H1 (attention and Mamba-2 side by side)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -899,6 +900,50 @@ _BAMBA_NAMES = ((".feed_forward.", ".mlp."), (".pre_ff_layernorm.", ".post_atten
                 ("model.final_layernorm.", "model.norm."))
 
 
+def _falcon_h1(config: Any) -> dict[str, Any]:
+    """Falcon-H1: in every layer attention and a Mamba-2 mixer read the same normed input and their outputs are added
+    ("hybrid" layers), then a SwiGLU MLP; the mixer's gated RMSNorm only where mamba_rms_norm (normed before or after
+    the gate: mamba_norm_before_gate); its muP multipliers folded into the weights (_falcon_h1_names) but the
+    embeddings' and the head's."""
+    heads = int(config.mamba_n_heads)
+    fields = _mamba(config, ["hybrid"] * int(config.num_hidden_layers), heads, int(config.mamba_d_head),
+                    int(config.mamba_d_state), int(config.mamba_n_groups), int(config.mamba_d_conv), "hidden_act")
+    norm = ("none" if not config.mamba_rms_norm else "before_gate" if config.mamba_norm_before_gate
+            else "after_gate")
+    return {**fields, "mamba_norm": norm, "embedding_scale": float(config.embedding_multiplier),
+            "logits_scaling": 1.0 / float(config.lm_head_multiplier)}
+
+
+def _falcon_h1_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Falcon-H1's weights under Bamba's names, its multipliers folded in: the attention's input multiplier into
+    q, k and v, the key multiplier into k (and its bias), the output multiplier into o; the mixer's input multiplier
+    and its muP vector (per section of z, x, B, C, dt) into in_proj's rows (the vector into its bias too), the
+    output multiplier into out_proj; the MLP's gate and down multipliers into gate_proj and down_proj."""
+    from transformers.models.falcon_h1.modeling_falcon_h1 import compute_mup_vector
+
+    out = _renamed(sd, _BAMBA_NAMES)
+    mup = compute_mup_vector(config).reshape(-1).numpy().astype(np.float32)
+    attn_in, key = float(config.attention_in_multiplier), float(config.key_multiplier)
+    gate, down = (float(x) for x in config.mlp_multipliers)
+
+    def scaled(name: str, weight: float | np.ndarray, bias: float | np.ndarray | None) -> None:
+        out[name + ".weight"] = (out[name + ".weight"] * np.reshape(weight, (-1, 1))).astype(np.float32)
+        if bias is not None and name + ".bias" in out:
+            out[name + ".bias"] = (out[name + ".bias"] * bias).astype(np.float32)
+
+    for i in range(int(config.num_hidden_layers)):
+        p = f"model.layers.{i}."
+        scaled(p + "self_attn.q_proj", attn_in, None)
+        scaled(p + "self_attn.k_proj", attn_in * key, key)
+        scaled(p + "self_attn.v_proj", attn_in, None)
+        scaled(p + "self_attn.o_proj", float(config.attention_out_multiplier), float(config.attention_out_multiplier))
+        scaled(p + "mamba.in_proj", mup * float(config.ssm_in_multiplier), mup)
+        scaled(p + "mamba.out_proj", float(config.ssm_out_multiplier), float(config.ssm_out_multiplier))
+        scaled(p + "mlp.gate_proj", gate, gate)
+        scaled(p + "mlp.down_proj", down, down)
+    return out
+
+
 def _nemotron_h(config: Any) -> dict[str, Any]:
     """Nemotron-H: one mixer or MLP a block, each after its own RMSNorm: Mamba-2 ("linear_attention"), attention
     without positions ("full_attention") or a plain squared-ReLU MLP ("mlp"): llmc layers of those types, the
@@ -939,13 +984,16 @@ def _nemotron_h_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.nd
 def _mamba_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     """A Mamba-2 mixer's canonical weights: mamba_in [Hd, inner | x, B, C | heads] (z; the convolved channels; dt),
     the convolution's taps [taps, channels] and bias, A = -exp(A_log), dt_bias and D [heads], the gated norm's
-    weight, o."""
+    weight (where the model has one), mamba_out."""
     p, q = f"model.layers.{i}.mamba.", f"layers.{i}."
-    out = {q + "mamba_in.weight": sd[p + "in_proj.weight"].T.copy(), q + "o.weight": sd[p + "out_proj.weight"].T.copy(),
+    out = {q + "mamba_in.weight": sd[p + "in_proj.weight"].T.copy(),
+           q + "mamba_out.weight": sd[p + "out_proj.weight"].T.copy(),
            q + "mamba_conv.weight": np.ascontiguousarray(sd[p + "conv1d.weight"][:, 0, :].T),
            q + "mamba_A": -np.exp(sd[p + "A_log"].astype(np.float32)), q + "mamba_dt_bias": sd[p + "dt_bias"],
-           q + "mamba_D": sd[p + "D"], q + "mamba_norm.weight": sd[p + "norm.weight"]}
-    for theirs, ours in (("in_proj", "mamba_in"), ("out_proj", "o"), ("conv1d", "mamba_conv")):
+           q + "mamba_D": sd[p + "D"]}
+    if p + "norm.weight" in sd:
+        out[q + "mamba_norm.weight"] = sd[p + "norm.weight"]
+    for theirs, ours in (("in_proj", "mamba_in"), ("out_proj", "mamba_out"), ("conv1d", "mamba_conv")):
         if p + theirs + ".bias" in sd:
             out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
     return out
@@ -1199,7 +1247,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "qwen3_5_text": _qwen3_5_names, "qwen3_5_moe_text": _qwen3_5_names,
     "qwen3_next": lambda c, sd: _qwen3_5_names(c, _qwen3_next_names(c, sd)),
     "granitemoehybrid": _granite_hybrid_names, "bamba": lambda c, sd: _renamed(sd, _BAMBA_NAMES),
-    "nemotron_h": _nemotron_h_names,
+    "nemotron_h": _nemotron_h_names, "falcon_h1": _falcon_h1_names,
     "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
@@ -1247,7 +1295,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "lfm2_moe": lambda c: {**_lfm2(c), **_moe(c)}, "lfm3": _lfm2,
     "qwen3_5_text": _qwen3_5, "qwen3_5_moe_text": lambda c: {**_qwen3_5(c), **_moe(c)},
     "qwen3_next": lambda c: {**_qwen3_5(c), **_moe(c)},
-    "granitemoehybrid": _granite_hybrid, "bamba": _bamba, "nemotron_h": _nemotron_h,
+    "granitemoehybrid": _granite_hybrid, "bamba": _bamba, "nemotron_h": _nemotron_h, "falcon_h1": _falcon_h1,
     "lara_mini": lambda c: {**_qwen3_5(c), **_moe(c), "attn_output_gate": False,  # (its attention ungated,
                             "rope_layers": tuple(t == "sliding_attention" for t in c.layer_types)},  # RoPE on sliding
     # layers only)
@@ -1296,8 +1344,10 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w.update(_mlp_weights(spec, sd, i))
             continue
         attn = p + "self_attn."
-        if spec.is_conv(i) or spec.is_linear(i) or spec.is_mamba(i):  # (LFM2, Qwen3.5, Mamba-2 hybrids) a
-            # convolution, a Gated DeltaNet or a Mamba-2 mixer in the attention's place
+        if spec.is_mamba(i) and spec.attends(i):  # (Falcon-H1) a Mamba-2 mixer beside the attention
+            w.update(_mamba_weights(sd, i))
+        elif not spec.attends(i):  # (LFM2, Qwen3.5, Mamba-2 hybrids) a convolution, a Gated DeltaNet or a Mamba-2
+            # mixer in the attention's place
             w.update(_conv_weights(sd, i) if spec.is_conv(i) else _gdn_weights(sd, i) if spec.is_linear(i)
                      else _mamba_weights(sd, i))
             if spec.has_mlp(i):

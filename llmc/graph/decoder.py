@@ -86,14 +86,16 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
             delta = _block_output(c, _mlp(c, i, h), f"{p}.post_mlp_norm")
         else:
             if m.is_conv(i):  # (LFM2) a gated short convolution in the attention's place
-                heads = short_conv(c, i, h)
+                mixed = linear(c, short_conv(c, i, h), f"{p}.o")
             elif m.is_linear(i):  # (Qwen3.5) a Gated DeltaNet
-                heads = gated_delta_net(c, i, h)
-            elif m.is_mamba(i):  # (Granite 4.0-H, Nemotron-H, Bamba, Mamba-2) a Mamba-2 mixer
-                heads = mamba2(c, i, h)
-            else:
-                heads = _attention(c, i, h, attend, rotary, query_scale)
-            delta = _block_output(c, linear(c, heads, f"{p}.o"), f"{p}.post_attn_norm")
+                mixed = linear(c, gated_delta_net(c, i, h), f"{p}.o")
+            elif m.attends(i):  # attention, and (Falcon-H1's "hybrid" layers) a Mamba-2 mixer beside it
+                mixed = linear(c, _attention(c, i, h, attend, rotary, query_scale), f"{p}.o")
+                if m.is_mamba(i):
+                    mixed = c.b.op("Add", mixed, mamba2(c, i, h))
+            else:  # (Granite 4.0-H, Bamba, Nemotron-H) a Mamba-2 mixer
+                mixed = mamba2(c, i, h)
+            delta = _block_output(c, mixed, f"{p}.post_attn_norm")
         if m.has_mixer(i) and m.has_mlp(i):  # (else one block, whose output joins the residual stream below)
             if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
                 mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")

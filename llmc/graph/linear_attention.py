@@ -169,10 +169,10 @@ def _recurrence(c: Ctx, q: str, k: str, v: str, g: str, beta: str, past: str, pr
 
 
 def mamba2(c: Ctx, i: int, h: str) -> str:
-    """A Mamba-2 mixer before its output product, [B, S, H * P] (ModelSpec.mamba_*): z, xBC, dt from one product
+    """A Mamba-2 mixer, its output product included, [B, S, Hd] (ModelSpec.mamba_*): z, xBC, dt from one product
     (mamba_in); xBC through the causal convolution and SiLU; the state-space recurrence on M [B, H, N, P] (the
-    operator's rule without the delta: k = B, q = C, v = x, beta = dt, g = dt A); y = C M + D x; y silu(z) RMS-normed
-    in groups."""
+    operator's rule without the delta: k = B, q = C, v = x, beta = dt, g = dt A); y = C M + D x; y and silu(z)
+    through the gated RMSNorm in groups (ModelSpec.mamba_norm); mamba_out."""
     b, m = c.b, c.m
     p, j = f"layers.{i}", m.state_index(i)
     hv, dv, dk, groups = m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups
@@ -193,12 +193,24 @@ def mamba2(c: Ctx, i: int, h: str) -> str:
     y = b.op("Add", y, b.op("Mul", x, b.unsqueeze(b.to_float32(b.weight(f"{p}.mamba_D")), 1)))  # [B, S, H, P]
     y = b.op("Reshape", y, b.ints(0, 0, inner))
     gate = b.to_float32(z)
-    y = b.op("Mul", y, b.op("Mul", gate, b.op("Sigmoid", gate)))
-    grouped = b.op("Reshape", y, b.ints(0, 0, groups, inner // groups))  # RMS over each group
+    gate = b.op("Mul", gate, b.op("Sigmoid", gate))  # silu(z)
+    if m.mamba_norm == "after_gate":
+        y = _group_rms(c, b.op("Mul", y, gate), f"{p}.mamba_norm.weight", groups)
+    elif m.mamba_norm == "before_gate":  # (Falcon-H1's option)
+        y = b.op("Mul", _group_rms(c, y, f"{p}.mamba_norm.weight", groups), gate)
+    else:  # "none" (Falcon-H1's default)
+        y = b.op("Mul", y, gate)
+    return linear(c, b.to_compute(y), f"{p}.mamba_out")
+
+
+def _group_rms(c: Ctx, y: str, weight: str, groups: int) -> str:
+    """y [B, S, C] fp32 RMS-normed over each of `groups` equal groups of its channels, times the weight [C]."""
+    b = c.b
+    grouped = b.op("Reshape", y, b.ints(0, 0, groups, -1))
     ms = b.reduce_mean(b.op("Mul", grouped, grouped), -1)
-    grouped = b.op("Mul", grouped, b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, b.const(np.array(m.norm_eps, np.float32))))))
-    y = b.op("Mul", b.op("Reshape", grouped, b.ints(0, 0, inner)), b.to_float32(b.weight(f"{p}.mamba_norm.weight")))
-    return b.to_compute(y)
+    eps = b.const(np.array(c.m.norm_eps, np.float32))
+    grouped = b.op("Mul", grouped, b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, eps))))
+    return b.op("Mul", b.op("Reshape", grouped, b.op("Shape", y)), b.to_float32(b.weight(weight)))
 
 
 def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[str],

@@ -334,7 +334,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
                                       "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq", "jais2",
-                                      "phimoe", "lfm3"))
+                                      "phimoe", "lfm3", "falcon_h1"))
     assert m.parallel_block == {"stablelm": "shared", "phi": "shared", "cohere": "shared", "cohere2": "shared",
                                 "cohere2_moe": "shared",
                                 "gpt_neox": "two", "falcon": "two", "falcon_mqa": "shared",
@@ -423,19 +423,26 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
              "granitemoehybrid_dense": (("mamba", "full_attention"), (1,), (4, 32, 32, 1, 4), ()),
              "bamba": (("mamba", "full_attention", "mamba"), (1,), (8, 16, 32, 1, 3), ()),
              "nemotron_h": (("mamba", "mlp", "full_attention", "mamba", "mlp"), (2,), (8, 8, 16, 2, 4),
-                            (False, True, False, False, True))}
+                            (False, True, False, False, True)),
+             "falcon_h1": (("hybrid", "hybrid"), (0, 1), (4, 16, 16, 2, 4), ()),
+             "falcon_h1_normed": (("hybrid", "hybrid"), (0, 1), (8, 16, 16, 2, 3), ())}
     if tiny.name in mamba:  # (Mamba-2 layers: their conv and state-space states, no KV; Nemotron-H's blocks one
         # mixer or one MLP each)
         types, kv_layers, dims, mlp_layers = mamba[tiny.name]
+        layers = sum(t in ("mamba", "hybrid") for t in types)
         assert (m.layer_types, m.kv_layers, m.mlp_layers) == (types, kv_layers, mlp_layers)
         assert (m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups, m.mamba_conv_kernel) == dims
         heads, head_dim, state, groups, taps = dims
         kv = load_export(tiny.export_dir).kv
         assert [(s.past, s.count, s.shape) for s in kv.states] == [
-            ("past_mamba_conv.{i}", types.count("mamba"), (taps - 1, heads * head_dim + 2 * groups * state)),
-            ("past_ssm.{i}", types.count("mamba"), (heads, state, head_dim))]
-        rotated = tiny.name in ("bamba", "granitemoehybrid_dense")  # (Granite 4.0-H "nope", Nemotron-H: no layer)
+            ("past_mamba_conv.{i}", layers, (taps - 1, heads * head_dim + 2 * groups * state)),
+            ("past_ssm.{i}", layers, (heads, state, head_dim))]
+        rotated = tiny.name.startswith(("bamba", "granitemoehybrid_dense", "falcon_h1"))  # (Granite 4.0-H "nope",
+        # Nemotron-H: no layer)
         assert m.rope_layers == (() if rotated else (False,) * m.num_layers)
+        assert m.mamba_norm == {"falcon_h1": "none", "falcon_h1_normed": "before_gate"}.get(tiny.name, "after_gate")
+        if tiny.name == "falcon_h1":  # (the muP multipliers of the embeddings and the head; the others folded)
+            assert (m.embedding_scale, m.logits_scaling) == (2.0, 2.0)
     else:
         assert m.mamba_heads == 0 and "mamba" not in m.layer_types and not m.mlp_layers
     if not tiny.name.startswith(("qwen3_5", "qwen3_next", "lara_mini")):
