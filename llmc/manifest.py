@@ -167,6 +167,9 @@ class ModelSpec:
     linear_k_dim: int = 0
     linear_v_dim: int = 0
     linear_conv_kernel: int = 0
+    # "kda": Kimi Delta Attention's form of it: a decay per key dim, g = -exp(A_log) softplus(h @ f_a @ f_b + dt_bias),
+    # q, k, v, f_a, b and g_a from one product (kda_in), the output RMS-normed times sigmoid(h @ g_a @ g_b)
+    linear_kind: str = "gated_delta"
     # a "mamba" layer is a Mamba-2 mixer in the attention's place: z, xBC, dt = h @ mamba_in; xBC through a causal
     # depthwise convolution of mamba_conv_kernel taps (and bias) and SiLU, split into x (mamba_heads heads of
     # mamba_head_dim), B and C (mamba_groups groups of mamba_state; head h reads group h // (heads / groups)); per

@@ -781,6 +781,17 @@ def _falcon_h1_normed(tf: Any, common: dict[str, Any]) -> Any:  # the mixer's ga
     return _nudged(model, dt_bias=0.5)
 
 
+def _kimi_linear(tf: Any, common: dict[str, Any]) -> Any:  # Kimi Delta Attention layers (a decay per key dim)
+    # around a latent-attention layer without positions; a dense MLP first, then DeepSeek-V3's mixture (2 groups)
+    model = _auto(tf, "kimi_linear", **{**common, "num_hidden_layers": 3, "num_key_value_heads": 4},
+                  layer_types=["linear_attention", "full_attention", "linear_attention"],
+                  mlp_layer_types=["dense", "sparse", "sparse"], kv_lora_rank=32, q_lora_rank=None,
+                  qk_rope_head_dim=8, qk_nope_head_dim=24, v_head_dim=16, linear_head_dim=32, linear_num_heads=4,
+                  linear_conv_kernel_dim=4, num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                  n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=1.5)
+    return _nudged(model, dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -792,7 +803,7 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text,
                       "qwen3_next": _qwen3_next, "lara_mini": _lara_mini, "granitemoehybrid": _granitemoehybrid,
                       "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h,
-                      "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed})
+                      "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h}
 

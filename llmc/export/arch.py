@@ -47,6 +47,7 @@ SUPPORTED = {
     "granitemoehybrid": "Granite 4.0-H (Mamba-2 and attention; dense or MoE)", "bamba": "Bamba (Mamba-2 and attention)",
     "nemotron_h": "Nemotron-H, Nemotron Nano 2 (Mamba-2, attention and MLP blocks; dense)",
     "falcon_h1": "Falcon-H1 (attention and Mamba-2 side by side)",
+    "kimi_linear": "Kimi Linear (Kimi Delta Attention and latent attention without positions)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -145,7 +146,7 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         activation=_activation(_get(config, "hidden_activation", None) or _get(config, "hidden_act", "silu")),
         positions="rope", qkv_bias=_qkv_bias(sd), tie_embeddings=tied, **rope, **_windows(model, config))
     fields.update(_QUIRKS.get(mt, lambda c: {})(config))
-    if mt in MLA:
+    if mt in (*MLA, "kimi_linear"):
         fields.update(_mla(model, config))
     spec = ModelSpec(**fields)
     w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron", *ZERO_CENTRED_NORMS))
@@ -944,6 +945,30 @@ def _falcon_h1_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.nda
     return out
 
 
+def _kimi_linear(config: Any) -> dict[str, Any]:
+    """Kimi Linear: Kimi Delta Attention layers ("linear_attention": the Gated DeltaNet's rule with a decay per key
+    dim, linear_kind "kda") among latent-attention layers without positions (its model has no rotary: the rotated
+    part of each key is not rotated), DeepSeek-V3's mixture where mlp_layer_types says sparse."""
+    heads, dim = int(config.linear_num_heads), int(config.linear_head_dim)
+    return {**_moe(config), "layer_types": tuple(config.layer_types), "linear_kind": "kda", "linear_k_heads": heads,
+            "linear_v_heads": heads, "linear_k_dim": dim, "linear_v_dim": dim,
+            "linear_conv_kernel": int(config.linear_conv_kernel_dim)}
+
+
+def _kda_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A Kimi Delta Attention layer's canonical weights: kda_in [Hd, 3 D | K | H | K] (q, k, v; the forget gate's
+    f_a; b; the output gate's g_a), kda_f (f_b) and kda_g (g_b) [K, D], the convolution's taps [taps, 3 D],
+    A = -exp(A_log) [H], dt_bias [D], the output norm's weight [K], o."""
+    p, q = f"model.layers.{i}.self_attn.", f"layers.{i}."
+    proj = np.concatenate([sd[p + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj", "forget_gate.f_a_proj",
+                                                            "b_proj", "g_a_proj")], axis=0)
+    return {q + "kda_in.weight": proj.T.copy(), q + "kda_f.weight": sd[p + "forget_gate.f_b_proj.weight"].T.copy(),
+            q + "kda_g.weight": sd[p + "g_b_proj.weight"].T.copy(), q + "o.weight": sd[p + "o_proj.weight"].T.copy(),
+            q + "lin_conv.weight": np.ascontiguousarray(sd[p + "conv1d.weight"][:, 0, :].T),
+            q + "lin_A": -np.exp(sd[p + "forget_gate.A_log"].astype(np.float32).reshape(-1)),
+            q + "lin_dt_bias": sd[p + "forget_gate.dt_bias"], q + "lin_norm.weight": sd[p + "o_norm.weight"]}
+
+
 def _nemotron_h(config: Any) -> dict[str, Any]:
     """Nemotron-H: one mixer or MLP a block, each after its own RMSNorm: Mamba-2 ("linear_attention"), attention
     without positions ("full_attention") or a plain squared-ReLU MLP ("mlp"): llmc layers of those types, the
@@ -1296,6 +1321,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_5_text": _qwen3_5, "qwen3_5_moe_text": lambda c: {**_qwen3_5(c), **_moe(c)},
     "qwen3_next": lambda c: {**_qwen3_5(c), **_moe(c)},
     "granitemoehybrid": _granite_hybrid, "bamba": _bamba, "nemotron_h": _nemotron_h, "falcon_h1": _falcon_h1,
+    "kimi_linear": _kimi_linear,
     "lara_mini": lambda c: {**_qwen3_5(c), **_moe(c), "attn_output_gate": False,  # (its attention ungated,
                             "rope_layers": tuple(t == "sliding_attention" for t in c.layer_types)},  # RoPE on sliding
     # layers only)
@@ -1348,7 +1374,8 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w.update(_mamba_weights(sd, i))
         elif not spec.attends(i):  # (LFM2, Qwen3.5, Mamba-2 hybrids) a convolution, a Gated DeltaNet or a Mamba-2
             # mixer in the attention's place
-            w.update(_conv_weights(sd, i) if spec.is_conv(i) else _gdn_weights(sd, i) if spec.is_linear(i)
+            w.update(_conv_weights(sd, i) if spec.is_conv(i)
+                     else (_kda_weights if spec.linear_kind == "kda" else _gdn_weights)(sd, i) if spec.is_linear(i)
                      else _mamba_weights(sd, i))
             if spec.has_mlp(i):
                 w.update(_mlp_weights(spec, sd, i))
@@ -1384,7 +1411,8 @@ def _mla(model: Any, config: Any) -> dict[str, Any]:
     return {"num_kv_heads": 1, "head_dim": kv_rank + rope, "rotary_dim": rope, "mla_kv_rank": kv_rank,
             "mla_q_rank": int(_get(config, "q_lora_rank", 0) or 0), "mla_nope_dim": int(config.qk_nope_head_dim),
             "mla_v_dim": int(config.v_head_dim), "qkv_bias": False,
-            "attention_scale": float(_base(model).layers[0].self_attn.scaling)}
+            "attention_scale": float(next(layer.self_attn.scaling for layer in _base(model).layers  # (the first
+                                          if hasattr(getattr(layer, "self_attn", None), "scaling")))}  # that attends)
 
 
 def _mla_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:

@@ -15,6 +15,8 @@ OTHER_ROPE_TYPES = ("dynamic", "proportional")
 _GPT2_NAMES = {"layers": "n_layer", "heads": "n_head", "hidden": "n_embd", "positions": "n_positions"}
 _NAMES = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "hidden": "hidden_size",
           "positions": "max_position_embeddings"}
+_KIMI_NAMES = (("max_position_embeddings", "model_max_length"), ("num_local_experts", "num_experts"),
+               ("num_experts_per_tok", "num_experts_per_token"))  # (Kimi Linear's attribute_map)
 
 
 def check_config(config: dict[str, Any], where: str) -> None:
@@ -30,6 +32,8 @@ def check_config(config: dict[str, Any], where: str) -> None:
                   **{ours: ffn[theirs] for theirs, ours in (("ffn_hidden_size", "intermediate_size"),
                                                             ("moe_num_experts", "num_local_experts"),
                                                             ("moe_top_k", "num_experts_per_tok")) if theirs in ffn}}
+    if config.get("model_type") == "kimi_linear":  # (its config.json's names for the usual fields)
+        config = {**{ours: config[theirs] for ours, theirs in _KIMI_NAMES if theirs in config}, **config}
     if config.get("model_type") == "nemotron_h" and config.get("num_hidden_layers") is None:  # (its blocks' count:
         # layers_block_type's, or hybrid_override_pattern's as published)
         blocks = config.get("layers_block_type") or config.get("hybrid_override_pattern")

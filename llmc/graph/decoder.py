@@ -36,7 +36,7 @@ from llmc.graph.layers import (
     skip_norm,
     softcap,
 )
-from llmc.graph.linear_attention import gated_delta_net, mamba2, short_conv
+from llmc.graph.linear_attention import gated_delta_net, kimi_delta_attention, mamba2, short_conv
 from llmc.graph.moe import moe_mlp
 from llmc.graph.quant import BF16TILES, EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q8TILES, QWEIGHT
 from llmc.manifest import GraphSpec
@@ -87,8 +87,9 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
         else:
             if m.is_conv(i):  # (LFM2) a gated short convolution in the attention's place
                 mixed = linear(c, short_conv(c, i, h), f"{p}.o")
-            elif m.is_linear(i):  # (Qwen3.5) a Gated DeltaNet
-                mixed = linear(c, gated_delta_net(c, i, h), f"{p}.o")
+            elif m.is_linear(i):  # (Qwen3.5) a Gated DeltaNet, (Kimi Linear) its per-key-dim decay form
+                mixer = kimi_delta_attention if m.linear_kind == "kda" else gated_delta_net
+                mixed = linear(c, mixer(c, i, h), f"{p}.o")
             elif m.attends(i):  # attention, and (Falcon-H1's "hybrid" layers) a Mamba-2 mixer beside it
                 mixed = linear(c, _attention(c, i, h, attend, rotary, query_scale), f"{p}.o")
                 if m.is_mamba(i):

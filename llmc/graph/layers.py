@@ -116,7 +116,9 @@ def _out_width(m: ModelSpec, name: str) -> int:
               "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim,
               "conv_in": 3 * m.hidden_size,
               "lin_in": 2 * (m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * (m.linear_v_dim + 1)),
-              "mamba_in": m.mamba_heads * (2 * m.mamba_head_dim + 1) + 2 * m.mamba_groups * m.mamba_state}
+              "mamba_in": m.mamba_heads * (2 * m.mamba_head_dim + 1) + 2 * m.mamba_groups * m.mamba_state,
+              "kda_in": m.linear_v_heads * (3 * m.linear_v_dim + 1) + 2 * m.linear_v_dim,
+              "kda_f": m.linear_v_heads * m.linear_v_dim, "kda_g": m.linear_v_heads * m.linear_v_dim}
     return widths.get(kind, m.hidden_size)  # down, proj
 
 

@@ -1,6 +1,7 @@
 """Layers that keep a fixed-size state per sequence instead of a KV cache (KVSpec.states): LFM2's gated short
-convolution, Qwen3.5's Gated DeltaNet (a linear attention over a recurrent state) and Mamba-2's mixer (a state-space
-recurrence: the same operator without the delta).
+convolution, Qwen3.5's Gated DeltaNet (a linear attention over a recurrent state), Kimi Linear's Kimi Delta Attention
+(the same with a decay per key dim) and Mamba-2's mixer (a state-space recurrence: the same operator without the
+delta).
 
 A run's new tokens are right-padded: row b has n_b of them (the in-place graphs' new_tokens, or the new part of the
 export graphs' attention mask). Each state after the run is the row's own: a convolution's last inputs are its last
@@ -94,35 +95,67 @@ def gated_delta_net(c: Ctx, i: int, h: str) -> str:
     M <- M exp(g), g = A softplus(a + dt_bias) (A = -exp(A_log)); M <- M + k (beta (v - k M)), beta = sigmoid(b);
     o = q M; o RMS-normed over V times silu(z)."""
     b, m = c.b, c.m
-    p, j = f"layers.{i}", m.state_index(i)
+    p = f"layers.{i}"
     hk, hv, dk, dv = m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_v_dim
     key, value = hk * dk, hv * dv
     qkv, z, beta_in, a = b.split(linear(c, h, f"{p}.lin_in"), [2 * key + value, value, hv, hv])
-    conv = causal_conv(c, qkv, b.weight(f"{p}.lin_conv.weight"), m.linear_conv_kernel, 2 * key + value,
+    g = b.op("Mul", b.to_float32(b.weight(f"{p}.lin_A")),
+             b.op("Softplus", b.op("Add", b.to_float32(a), b.to_float32(b.weight(f"{p}.lin_dt_bias")))))
+    out = _delta_rule(c, i, qkv, g, beta_in, per_key=False)
+    gate = _heads(b, b.to_float32(z), hv, dv)
+    normed = norm(c, b.to_compute(out), f"{p}.lin_norm")
+    y = b.op("Mul", b.to_float32(normed), b.op("Mul", gate, b.op("Sigmoid", gate)))
+    return b.to_compute(b.op("Reshape", y, b.ints(0, 0, value)))
+
+
+def kimi_delta_attention(c: Ctx, i: int, h: str) -> str:
+    """Kimi Linear's Kimi Delta Attention before its output product, [B, S, H * K]: the Gated DeltaNet's rule (H heads
+    of K = V dims) with a decay per key dim, g = A softplus(h @ f_a @ f_b + dt_bias) [B, S, H, K] (A = -exp(A_log) a
+    head); q, k, v, f_a, b, g_a from one product (kda_in); o RMS-normed over V times sigmoid(h @ g_a @ g_b)."""
+    b, m = c.b, c.m
+    p = f"layers.{i}"
+    heads, dim = m.linear_v_heads, m.linear_v_dim
+    width = heads * dim
+    qkv, f_a, beta_in, g_a = b.split(linear(c, h, f"{p}.kda_in"), [3 * width, dim, heads, dim])
+    g = b.op("Softplus", b.op("Add", b.to_float32(linear(c, f_a, f"{p}.kda_f")),
+                              b.to_float32(b.weight(f"{p}.lin_dt_bias"))))
+    g = b.op("Mul", _heads(b, g, heads, dim), b.unsqueeze(b.to_float32(b.weight(f"{p}.lin_A")), 1))
+    out = _delta_rule(c, i, qkv, g, beta_in, per_key=True)
+    gate = _heads(b, b.to_float32(linear(c, g_a, f"{p}.kda_g")), heads, dim)
+    normed = norm(c, b.to_compute(out), f"{p}.lin_norm")
+    y = b.op("Mul", b.to_float32(normed), b.op("Sigmoid", gate))
+    return b.to_compute(b.op("Reshape", y, b.ints(0, 0, width)))
+
+
+def _heads(b: GraphBuilder, x: str, n: int, d: int) -> str:
+    """[B, S, n * d] -> [B, S, n, d]."""
+    return b.op("Reshape", x, b.ints(0, 0, n, d))
+
+
+def _delta_rule(c: Ctx, i: int, qkv: str, g: str, beta_in: str, per_key: bool) -> str:
+    """The delta rule of a linear-attention layer (its states: past_linear_conv, past_recurrent), [B, S, H, V] fp32:
+    q, k, v (qkv) through the causal convolution and SiLU, q and k L2-normed (q times K^-0.5), beta = sigmoid(beta_in);
+    g and beta zero on a padded token, which then neither decays nor writes the state."""
+    b, m = c.b, c.m
+    j = m.state_index(i)
+    hk, hv, dk, dv = m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_v_dim
+    key, value = hk * dk, hv * dv
+    conv = causal_conv(c, qkv, b.weight(f"layers.{i}.lin_conv.weight"), m.linear_conv_kernel, 2 * key + value,
                        io.PAST_LINEAR_CONV.format(i=j), io.PRESENT_LINEAR_CONV.format(i=j))
     conv = b.to_float32(b.op("Mul", conv, b.op("Sigmoid", conv)))  # SiLU
     q, k, v = b.split(conv, [key, key, value])
-
-    def heads(x: str, n: int, d: int) -> str:  # [B, S, n * d] -> [B, S, n, d]
-        return b.op("Reshape", x, b.ints(0, 0, n, d))
 
     def l2(x: str) -> str:
         ss = b.op("ReduceSum", b.op("Mul", x, x), b.ints(-1), keepdims=1)
         return b.op("Mul", x, b.op("Reciprocal", b.op("Sqrt", b.op("Add", ss, b.const(np.array(1e-6, np.float32))))))
 
-    q, k = l2(heads(q, hk, dk)), l2(heads(k, hk, dk))
+    q, k = l2(_heads(b, q, hk, dk)), l2(_heads(b, k, hk, dk))
     q = b.op("Mul", q, b.const(np.array(dk ** -0.5, np.float32)))
-    beta = b.op("Sigmoid", b.to_float32(beta_in))  # [B, S, H]
-    g = b.op("Mul", b.to_float32(b.weight(f"{p}.lin_A")),
-             b.op("Softplus", b.op("Add", b.to_float32(a), b.to_float32(b.weight(f"{p}.lin_dt_bias")))))
-    valid = _valid(c)  # a padded token neither decays nor writes the state
-    g, beta = b.op("Mul", g, valid), b.op("Mul", beta, valid)
-    out = _recurrence(c, q, k, heads(b.to_float32(v), hv, dv), g, beta, io.PAST_RECURRENT.format(i=j),
-                      io.PRESENT_RECURRENT.format(i=j), (hk, hv, dk, dv), delta=True)
-    gate = heads(b.to_float32(z), hv, dv)
-    normed = norm(c, b.to_compute(out), f"{p}.lin_norm")
-    y = b.op("Mul", b.to_float32(normed), b.op("Mul", gate, b.op("Sigmoid", gate)))
-    return b.to_compute(b.op("Reshape", y, b.ints(0, 0, value)))
+    valid = _valid(c)  # [B, S, 1]
+    beta = b.op("Mul", b.op("Sigmoid", b.to_float32(beta_in)), valid)  # [B, S, H]
+    g = b.op("Mul", g, b.unsqueeze(valid, 3) if per_key else valid)
+    return _recurrence(c, q, k, _heads(b, v, hv, dv), g, beta, io.PAST_RECURRENT.format(i=j),
+                       io.PRESENT_RECURRENT.format(i=j), (hk, hv, dk, dv), delta=True, per_key=per_key)
 
 
 def _valid(c: Ctx) -> str:
@@ -135,10 +168,10 @@ def _valid(c: Ctx) -> str:
 
 
 def _recurrence(c: Ctx, q: str, k: str, v: str, g: str, beta: str, past: str, present: str,
-                dims: tuple[int, int, int, int], delta: bool) -> str:
+                dims: tuple[int, int, int, int], delta: bool, per_key: bool = False) -> str:
     """The gated recurrence over the run's tokens (delta_rule.h; without the delta, Mamba-2's), its state read from
     `past` (zeros before a prompt) and written as `present`: the outputs [B, S, H, V]. q, k [B, S, Hk, K],
-    v [B, S, H, V], g, beta [B, S, H] fp32; dims (Hk, H, K, V)."""
+    v [B, S, H, V], beta [B, S, H], g [B, S, H] (per_key: [B, S, H, K]) fp32; dims (Hk, H, K, V)."""
     b = c.b
     hk, hv, dk, dv = dims
     attrs: dict[str, Any] = {} if delta else {"delta": 0}
@@ -161,8 +194,9 @@ def _recurrence(c: Ctx, q: str, k: str, v: str, g: str, beta: str, past: str, pr
             q, k = (b.op("Reshape", b.op("Expand", b.unsqueeze(x, 3), b.ints(1, 1, 1, hv // hk, 1)),
                          b.ints(0, 0, hv, dk)) for x in (q, k))
         time_major = [b.op("Transpose", x, perm=[1, 0, 2, 3]) for x in (q, k, v)]
-        time_major += [b.op("Transpose", x, perm=[1, 0, 2]) for x in (g, beta)]
-        final, out = _delta_rule_loop(b, b.dim(io.INPUT_IDS, 1), state, time_major, delta)
+        time_major += [b.op("Transpose", g, perm=[1, 0, 2, 3] if per_key else [1, 0, 2]),
+                       b.op("Transpose", beta, perm=[1, 0, 2])]
+        final, out = _delta_rule_loop(b, b.dim(io.INPUT_IDS, 1), state, time_major, delta, per_key)
         out = b.op("Transpose", out, perm=[1, 0, 2, 3])  # [B, S, H, V]
     _state_out(c, final, present, past)
     return out
@@ -213,15 +247,16 @@ def _group_rms(c: Ctx, y: str, weight: str, groups: int) -> str:
     return b.op("Mul", b.op("Reshape", grouped, b.op("Shape", y)), b.to_float32(b.weight(weight)))
 
 
-def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[str],
-                     delta: bool) -> tuple[str, str]:
+def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[str], delta: bool,
+                     per_key: bool) -> tuple[str, str]:
     """An ONNX Loop over the run's tokens: (the state after them [B, H, K, V], the outputs [S, B, H, V]).
-    time_major: q, k [S, B, H, K], v [S, B, H, V], g, beta [S, B, H], read by the body from the outer scope."""
+    time_major: q, k [S, B, H, K], v [S, B, H, V], g [S, B, H] (per_key: [S, B, H, K]), beta [S, B, H], read by the
+    body from the outer scope."""
     body = GraphBuilder(b.opset, "float32")
     body._count = b._count + 1000000  # (node names apart from the outer graph's)
     t = "delta_t"
     q_t, k_t, v_t, g_t, beta_t = (body.op("Gather", x, t, axis=0) for x in time_major)  # [B, H, ...]
-    decayed = body.op("Mul", "delta_state_in", body.unsqueeze(body.op("Exp", g_t), 2, 3))
+    decayed = body.op("Mul", "delta_state_in", body.unsqueeze(body.op("Exp", g_t), *((3,) if per_key else (2, 3))))
     new = body.unsqueeze(v_t, 2)  # [B, H, 1, V]
     if delta:  # less what the state already gives for k
         new = body.op("Sub", new, body.op("MatMul", body.unsqueeze(k_t, 2), decayed))

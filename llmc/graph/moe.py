@@ -196,7 +196,7 @@ SIGMOID_ROUTED = ("glm4_moe", "dots1", "deepseek_v3", "glm4_moe_lite", "solar_op
                   "sarvam_mla", "minicpm5_moe", "deepseek_v32", "glm_moe_dsa", "axk1", "mimo_v2_flash")
 FIRST_DENSE = (*SIGMOID_ROUTED, "deepseek_v2")  # their first config.first_k_dense_replace layers are dense MLPs
 MLP_LAYER_TYPES = ("exaone_moe", "mellum", "minicpm5_moe", "hy_v3", "cohere2_moe", "deepseek_v32", "glm_moe_dsa",
-                   "axk1", "mimo_v2_flash", "laguna")  # config.mlp_layer_types: "dense" / "sparse"
+                   "axk1", "mimo_v2_flash", "laguna", "kimi_linear")  # config.mlp_layer_types: "dense" / "sparse"
 
 
 def spec_from_hf_config(config: Any) -> MoESpec:
@@ -235,6 +235,11 @@ def spec_from_hf_config(config: Any) -> MoESpec:
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid",
                        num_groups=int(config.n_group), topk_groups=int(config.topk_group),
+                       routed_scaling=float(config.routed_scaling_factor))
+    if config.model_type == "kimi_linear":  # (DeepSeek-V3's router, its experts counted as num_local_experts)
+        return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok),
+                       int(config.moe_intermediate_size), bool(config.norm_topk_prob), config.hidden_act,
+                       routing="sigmoid", num_groups=int(config.n_group), topk_groups=int(config.topk_group),
                        routed_scaling=float(config.routed_scaling_factor))
     if config.model_type == "hy_v3":  # (MiniMax-M2's router, renormalized, times router_scaling_factor)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),

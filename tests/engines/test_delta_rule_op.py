@@ -1,7 +1,8 @@
 """llmc's gated delta rule (ai.llmc.GatedDeltaRule, Qwen3.5's Gated DeltaNet recurrence) against a float64 numpy
 reference of transformers' recurrent form, on its AVX-512, AVX2 and portable paths, one and two threads, value heads
 sharing key heads, one-token decode steps and a prompt's run; a padded token (g = beta = 0) leaves the state. Its
-`delta` 0 (Mamba-2's state-space recurrence, no delta correction) against the same reference without it."""
+`delta` 0 (Mamba-2's state-space recurrence, no delta correction) against the same reference without it; a decay
+per key dim (Kimi Delta Attention's g [B, S, H, K]) on both."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta:
         for head in range(h):
             kh = head // (h // hk)
             qt, kt, vt = q[:, t, kh].astype(np.float64), k[:, t, kh].astype(np.float64), v[:, t, head]
-            m[:, head] *= np.exp(g[:, t, head])[:, None, None]
+            decay = np.exp(g[:, t, head])  # [B], or [B, K]: one a row of M (Kimi's)
+            m[:, head] *= decay[:, :, None] if decay.ndim == 2 else decay[:, None, None]
             mem = np.einsum("bkv,bk->bv", m[:, head], kt) if delta else 0.0
             u = (vt - mem) * beta[:, t, head][:, None]
             m[:, head] += kt[:, :, None] * u[:, None, :]
@@ -100,6 +102,27 @@ def test_without_the_delta_the_state_space_recurrence(llmc_ops: Path, monkeypatc
     assert np.abs(with_delta - ref_out).max() > 0.01 * np.abs(ref_out).max()  # (the two rules part here)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("delta", [1, 0])
+@pytest.mark.parametrize("shape", [(2, 1, 2, 2, 16, 16), (1, 9, 2, 2, 128, 128), (2, 4, 1, 3, 32, 24)])
+def test_a_decay_per_key_dim(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, threads: int, delta: int,
+                             shape: tuple[int, ...]) -> None:
+    """g [B, S, H, K] (Kimi Delta Attention): row i of each head's state decays by exp(g[.., i])."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    feeds = _inputs(*shape)
+    b, s, _, h, kd, _ = shape
+    feeds["g"] = -np.abs(RNG.standard_normal((b, s, h, kd))).astype(np.float32)
+    out, state = _session(llmc_ops, threads, delta=delta).run(None, feeds)
+    ref_out, ref_state = _reference(*(feeds[n] for n in NAMES), delta=bool(delta))
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-4 * np.abs(ref_out).max())
+    np.testing.assert_allclose(state, ref_state, rtol=1e-4, atol=1e-4 * np.abs(ref_state).max())
+    per_head = _reference(*(feeds[n] for n in NAMES[:3]), feeds["g"].mean(-1), *(feeds[n] for n in NAMES[4:]),
+                          delta=bool(delta))[1]
+    assert np.abs(per_head - ref_state).max() > 0.01 * np.abs(ref_state).max()  # (the per-row decays matter)
+
+
 def test_a_padded_token_leaves_the_state(llmc_ops: Path) -> None:
     feeds = _inputs(2, 4, 2, 4, 16, 16)
     feeds["g"][1, 2:], feeds["beta"][1, 2:] = 0, 0  # row 1 has 2 tokens, right-padded to 4
@@ -129,4 +152,8 @@ def test_mismatched_shapes_are_named(llmc_ops: Path) -> None:
     feeds = _inputs(1, 2, 2, 4, 16, 16)
     feeds["state"] = feeds["state"][:, :2]
     with pytest.raises(Exception, match=r"GatedDeltaRule: expected q, k \[B, S, Hk, K\]"):
+        _session(llmc_ops, 1).run(None, feeds)
+    feeds = _inputs(1, 2, 2, 4, 16, 16)
+    feeds["g"] = np.zeros((1, 2, 4, 8), np.float32)  # (a decay per key dim, of the wrong count)
+    with pytest.raises(Exception, match=r"g \[B, S, H\] or \[B, S, H, K\]"):
         _session(llmc_ops, 1).run(None, feeds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -316,7 +317,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     layers = getattr(cfg, "num_hidden_layers", getattr(cfg, "n_layer", None))
     assert m.num_layers == layers and m.num_heads == 4 and m.vocab_size == 320
     assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
-    mla = tiny.name in ARCH_MLA  # one KV head: the latent (+ the rotated key)
+    mla = tiny.name in (*ARCH_MLA, "kimi_linear")  # one KV head: the latent (+ the rotated key)
     assert m.num_kv_heads == (1 if mla else {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1,
                                              "mimo_v2_flash": 2,  # (its sliding layers': twice its full ones')
                                              "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4}.get(tiny.name, 2))
@@ -330,7 +331,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                getattr(cfg, "max_position_embeddings", m.max_positions))
     mla_moe = mla and tiny.name not in MLA_DENSE
     if mla:  # the softmax's scale is the model's (V3: YaRN's mscale squared on (nope + rope) ** -0.5)
-        assert m.attention_scale == pytest.approx(hf.model.layers[0].self_attn.scaling)
+        first = 1 if tiny.name == "kimi_linear" else 0  # (its first attention layer)
+        assert m.attention_scale == pytest.approx(hf.model.layers[first].self_attn.scaling)
     assert m.qkv_bias is (tiny.name in ("qwen2", "qwen2_moe", "gpt2", "starcoder2", "stablelm", "phi",
                                       "gpt_neox", "gpt_bigcode", "opt", "glm", "glm4", "helium",
                                       "seed_oss", "gpt_oss", "glm4_moe", "falcon", "falcon_seq", "jais2",
@@ -412,6 +414,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         kv = load_export(tiny.export_dir).kv
         assert [(s.past, s.count, s.shape) for s in kv.states] == [("past_linear_conv.{i}", 2, (3, 96)),
                                                                    ("past_recurrent.{i}", 2, (4, 16, 8))]
+    elif tiny.name == "kimi_linear":  # (Kimi Delta Attention: the same states, a decay per key dim; latent
+        # attention without positions)
+        assert (m.kv_layers, m.linear_kind, m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_conv_kernel,
+                m.rope_layers) == ((1,), "kda", 4, 4, 32, 4, (False, False, False))
+        kv = load_export(tiny.export_dir).kv
+        assert [(s.past, s.count, s.shape) for s in kv.states] == [("past_linear_conv.{i}", 2, (3, 384)),
+                                                                   ("past_recurrent.{i}", 2, (4, 32, 32))]
     elif tiny.name == "qwen3_5_moe_text":
         assert (m.kv_layers, m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_v_dim,
                 m.linear_conv_kernel, m.rotary_dim) == ((1,), 2, 2, 16, 16, 3, 4)
@@ -445,7 +454,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
             assert (m.embedding_scale, m.logits_scaling) == (2.0, 2.0)
     else:
         assert m.mamba_heads == 0 and "mamba" not in m.layer_types and not m.mlp_layers
-    if not tiny.name.startswith(("qwen3_5", "qwen3_next", "lara_mini")):
+    assert m.linear_kind == ("kda" if tiny.name == "kimi_linear" else "gated_delta")
+    if not tiny.name.startswith(("qwen3_5", "qwen3_next", "lara_mini", "kimi_linear")):
         assert m.linear_conv_kernel == 0 and "linear_attention" not in m.layer_types
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
@@ -467,7 +477,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
         "llama4_text": ("sigmoid_logits", 1, 1, 1.0), "mimo_v2_flash": ("sigmoid", 2, 1, 1.5),
-        "laguna": ("sigmoid", 1, 1, 1.5), "lfm2_moe": ("sigmoid", 1, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
+        "laguna": ("sigmoid", 1, 1, 1.5), "lfm2_moe": ("sigmoid", 1, 1, 1.5), "kimi_linear": ("sigmoid", 2, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
@@ -478,9 +488,11 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                             (False, True, True) if tiny.name == "qwen3_next" else
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
                                                            "minicpm5_moe", "mellum", "flint", "hy_v3",
-                                                           "mimo_v2_flash", "laguna") or mla_moe
+                                                           "mimo_v2_flash", "laguna")
+                            or (mla_moe and tiny.name != "kimi_linear")
                             else
-                            (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text", "lfm2_moe")
+                            (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text", "lfm2_moe",
+                                                                 "kimi_linear")
                             else ())
     assert m.moe_norm_eps == (1e-6 if tiny.name == "lfm2_moe" else 1e-20)
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
@@ -491,6 +503,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              "granitemoeshared": (64, False),
                                                              "granitemoe_swa": (32, False),
                                                              "granitemoehybrid": (64, False),
+                                                             "kimi_linear": (32, False),
                                                              "cohere2_moe": (96, False), "llama4_text": (32, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",
@@ -540,8 +553,10 @@ def test_weights_stored_once(tiny: Built, hf: Any, stage: str) -> None:
         assert graph_refs, "graph holds no external weights"
         assert {loc for loc, _, _ in graph_refs.values()} == {"weights.bin"}
         assert all(off % ALIGN == 0 and off + n <= size for _, off, n in graph_refs.values())
-    for name in refs[0].keys() & refs[-1].keys():  # the same tensor, the same bytes on disk
-        assert refs[0][name] == refs[-1][name], name
+    for name in refs[0].keys() & refs[-1].keys():  # the same tensor, the same bytes on disk (not the constants
+        # ONNX Runtime folded, named by the node that made them, whose numbers differ between the two graphs)
+        if not re.search(r"_out\d+$", name):
+            assert refs[0][name] == refs[-1][name], name
     param_bytes = 4 * sum(p.numel() for p in hf.parameters())
     distinct = {(off, n) for r in refs for _, off, n in r.values()}
     assert size <= param_bytes + ALIGN * len(distinct), f"{size} bytes for {param_bytes} bytes of parameters"

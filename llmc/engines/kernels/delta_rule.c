@@ -11,6 +11,7 @@
 #include <string.h>
 
 #define MAX_V 1024 /* a value head's dims: the per-token vectors live on the stack */
+#define MAX_K 1024 /* a key head's dims: the per-token decays live on the stack */
 
 typedef struct {
   const llmc_delta_rule_args* a;
@@ -21,19 +22,32 @@ typedef struct {
 typedef struct {
   const float *q, *k, *v, *g, *beta;
   float *m, *out;
-  int64_t qk_stride, v_stride, gb_stride, K, V, S;
+  int64_t qk_stride, v_stride, gb_stride, g_stride, K, V, S;
+  int g_per_key; /* g [.., K] a token: one decay per row of M (Kimi's), else one for all of M */
 } unit;
 
+/* Token t's decay of each row of M: dec[i] = exp(g_t) (or exp(g_t[i]) where g has one per key dim). */
+static void decays(const unit* u, int64_t t, float* dec) {
+  const float* g = u->g + t * u->g_stride;
+  if (u->g_per_key) {
+    for (int64_t i = 0; i < u->K; i++) dec[i] = expf(g[i]);
+  } else {
+    float d = expf(g[0]);
+    for (int64_t i = 0; i < u->K; i++) dec[i] = d;
+  }
+}
+
 static void unit_generic(const unit* u) {
-  float kv[MAX_V], o[MAX_V];
+  float kv[MAX_V], o[MAX_V], dec[MAX_K];
   for (int64_t t = 0; t < u->S; t++) {
     const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
-    float decay = expf(u->g[t * u->gb_stride]), beta = u->beta[t * u->gb_stride];
+    float beta = u->beta[t * u->gb_stride];
+    decays(u, t, dec);
     for (int64_t j = 0; j < u->V; j++) kv[j] = 0.f;
     for (int64_t i = 0; i < u->K; i++) {
       float* row = u->m + i * u->V;
       for (int64_t j = 0; j < u->V; j++) {
-        row[j] *= decay;
+        row[j] *= dec[i];
         kv[j] += k[i] * row[j];
       }
     }
@@ -55,10 +69,11 @@ static void unit_generic(const unit* u) {
 
 /* Without the delta (Mamba-2): M <- M exp(g) + k^T (beta v), o = q M: one pass of M a token. */
 static void decay_generic(const unit* u) {
-  float bv[MAX_V], o[MAX_V];
+  float bv[MAX_V], o[MAX_V], dec[MAX_K];
   for (int64_t t = 0; t < u->S; t++) {
     const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
-    float decay = expf(u->g[t * u->gb_stride]), beta = u->beta[t * u->gb_stride];
+    float beta = u->beta[t * u->gb_stride];
+    decays(u, t, dec);
     for (int64_t j = 0; j < u->V; j++) {
       bv[j] = beta * v[j];
       o[j] = 0.f;
@@ -66,7 +81,7 @@ static void decay_generic(const unit* u) {
     for (int64_t i = 0; i < u->K; i++) {
       float* row = u->m + i * u->V;
       for (int64_t j = 0; j < u->V; j++) {
-        row[j] = row[j] * decay + k[i] * bv[j];
+        row[j] = row[j] * dec[i] + k[i] * bv[j];
         o[j] += q[i] * row[j];
       }
     }
@@ -76,15 +91,16 @@ static void decay_generic(const unit* u) {
 
 #ifdef LLMC_X86
 __attribute__((target("avx512f"))) static void unit_avx512(const unit* u) {
-  float kv[MAX_V], o[MAX_V];
+  float kv[MAX_V], o[MAX_V], dec[MAX_K];
   const int64_t V = u->V;
   for (int64_t t = 0; t < u->S; t++) {
     const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
-    __m512 decay = _mm512_set1_ps(expf(u->g[t * u->gb_stride])), beta = _mm512_set1_ps(u->beta[t * u->gb_stride]);
+    __m512 beta = _mm512_set1_ps(u->beta[t * u->gb_stride]);
+    decays(u, t, dec);
     for (int64_t j = 0; j < V; j += 16) _mm512_storeu_ps(kv + j, _mm512_setzero_ps());
     for (int64_t i = 0; i < u->K; i++) { /* the decay, and k M */
       float* row = u->m + i * V;
-      __m512 ki = _mm512_set1_ps(k[i]);
+      __m512 ki = _mm512_set1_ps(k[i]), decay = _mm512_set1_ps(dec[i]);
       for (int64_t j = 0; j < V; j += 16) {
         __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + j), decay);
         _mm512_storeu_ps(row + j, r);
@@ -116,12 +132,13 @@ __attribute__((target("avx512f"))) static void unit_avx512_v128(const unit* u) {
   const int64_t K = u->K;
   __m512 uu[V128], acc[V128], mem[V128];
   const float *k = u->k, *v = u->v;
-  __m512 decay = _mm512_set1_ps(expf(u->g[0]));
+  float dec[MAX_K];
+  decays(u, 0, dec);
 #pragma GCC unroll 8
   for (int j = 0; j < V128; j++) mem[j] = _mm512_setzero_ps();
   for (int64_t i = 0; i < K; i++) { /* token 0's decay and k M */
     float* row = u->m + i * 128;
-    __m512 ki = _mm512_set1_ps(k[i]);
+    __m512 ki = _mm512_set1_ps(k[i]), decay = _mm512_set1_ps(dec[i]);
 #pragma GCC unroll 8
     for (int j = 0; j < V128; j++) {
       __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * j), decay);
@@ -136,12 +153,16 @@ __attribute__((target("avx512f"))) static void unit_avx512_v128(const unit* u) {
     const float *q = u->q + t * u->qk_stride, *kt = u->k + t * u->qk_stride;
     int next = t + 1 < u->S;
     const float* kn = next ? kt + u->qk_stride : kt;
-    decay = _mm512_set1_ps(next ? expf(u->g[(t + 1) * u->gb_stride]) : 1.f);
+    if (next)
+      decays(u, t + 1, dec);
+    else
+      for (int64_t i = 0; i < K; i++) dec[i] = 1.f;
 #pragma GCC unroll 8
     for (int j = 0; j < V128; j++) acc[j] = mem[j] = _mm512_setzero_ps();
     for (int64_t i = 0; i < K; i++) {
       float* row = u->m + i * 128;
       __m512 ki = _mm512_set1_ps(kt[i]), qi = _mm512_set1_ps(q[i]), kni = _mm512_set1_ps(kn[i]);
+      __m512 decay = _mm512_set1_ps(dec[i]);
 #pragma GCC unroll 8
       for (int j = 0; j < V128; j++) {
         __m512 r = _mm512_fmadd_ps(ki, uu[j], _mm512_loadu_ps(row + 16 * j));
@@ -164,15 +185,16 @@ __attribute__((target("avx512f"))) static void unit_avx512_v128(const unit* u) {
 }
 
 __attribute__((target("avx2,fma"))) static void unit_avx2(const unit* u) {
-  float kv[MAX_V], o[MAX_V];
+  float kv[MAX_V], o[MAX_V], dec[MAX_K];
   const int64_t V = u->V;
   for (int64_t t = 0; t < u->S; t++) {
     const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
-    __m256 decay = _mm256_set1_ps(expf(u->g[t * u->gb_stride])), beta = _mm256_set1_ps(u->beta[t * u->gb_stride]);
+    __m256 beta = _mm256_set1_ps(u->beta[t * u->gb_stride]);
+    decays(u, t, dec);
     for (int64_t j = 0; j < V; j += 8) _mm256_storeu_ps(kv + j, _mm256_setzero_ps());
     for (int64_t i = 0; i < u->K; i++) {
       float* row = u->m + i * V;
-      __m256 ki = _mm256_set1_ps(k[i]);
+      __m256 ki = _mm256_set1_ps(k[i]), decay = _mm256_set1_ps(dec[i]);
       for (int64_t j = 0; j < V; j += 8) {
         __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + j), decay);
         _mm256_storeu_ps(row + j, r);
@@ -199,9 +221,11 @@ __attribute__((target("avx2,fma"))) static void unit_avx2(const unit* u) {
 /* decay_generic's loop, a block of up to 8 vectors of V at a time (beta v and q M in registers). */
 __attribute__((target("avx512f"))) static void decay_avx512(const unit* u) {
   const int64_t V = u->V;
+  float dec[MAX_K];
   for (int64_t t = 0; t < u->S; t++) {
     const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
-    __m512 decay = _mm512_set1_ps(expf(u->g[t * u->gb_stride])), beta = _mm512_set1_ps(u->beta[t * u->gb_stride]);
+    __m512 beta = _mm512_set1_ps(u->beta[t * u->gb_stride]);
+    decays(u, t, dec);
     for (int64_t j0 = 0; j0 < V; j0 += 128) {
       int n = (int)((V - j0 < 128 ? V - j0 : 128) / 16);
       __m512 bv[8], acc[8];
@@ -211,7 +235,7 @@ __attribute__((target("avx512f"))) static void decay_avx512(const unit* u) {
       }
       for (int64_t i = 0; i < u->K; i++) {
         float* row = u->m + i * V + j0;
-        __m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]);
+        __m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]), decay = _mm512_set1_ps(dec[i]);
         for (int j = 0; j < n; j++) {
           __m512 r = _mm512_fmadd_ps(ki, bv[j], _mm512_mul_ps(_mm512_loadu_ps(row + 16 * j), decay));
           _mm512_storeu_ps(row + 16 * j, r);
@@ -225,9 +249,11 @@ __attribute__((target("avx512f"))) static void decay_avx512(const unit* u) {
 
 __attribute__((target("avx2,fma"))) static void decay_avx2(const unit* u) {
   const int64_t V = u->V;
+  float dec[MAX_K];
   for (int64_t t = 0; t < u->S; t++) {
     const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
-    __m256 decay = _mm256_set1_ps(expf(u->g[t * u->gb_stride])), beta = _mm256_set1_ps(u->beta[t * u->gb_stride]);
+    __m256 beta = _mm256_set1_ps(u->beta[t * u->gb_stride]);
+    decays(u, t, dec);
     for (int64_t j0 = 0; j0 < V; j0 += 64) {
       int n = (int)((V - j0 < 64 ? V - j0 : 64) / 8);
       __m256 bv[8], acc[8];
@@ -237,7 +263,7 @@ __attribute__((target("avx2,fma"))) static void decay_avx2(const unit* u) {
       }
       for (int64_t i = 0; i < u->K; i++) {
         float* row = u->m + i * V + j0;
-        __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+        __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]), decay = _mm256_set1_ps(dec[i]);
         for (int j = 0; j < n; j++) {
           __m256 r = _mm256_fmadd_ps(ki, bv[j], _mm256_mul_ps(_mm256_loadu_ps(row + 8 * j), decay));
           _mm256_storeu_ps(row + 8 * j, r);
@@ -278,9 +304,11 @@ static void unit_task(void* data, size_t task) {
   const float* before = a->state + (at * a->H + h) * a->K * a->V;
   if (m != before) memcpy(m, before, (size_t)(a->K * a->V) * sizeof(float));
   unit u = {.q = a->q + (b * a->S * a->Hk + kh) * a->K, .k = a->k + (b * a->S * a->Hk + kh) * a->K,
-            .v = a->v + (b * a->S * a->H + h) * a->V, .g = a->g + b * a->S * a->H + h,
+            .v = a->v + (b * a->S * a->H + h) * a->V,
+            .g = a->g + (b * a->S * a->H + h) * (a->g_per_key ? a->K : 1),
             .beta = a->beta + b * a->S * a->H + h, .m = m, .out = a->out + (b * a->S * a->H + h) * a->V,
-            .qk_stride = a->Hk * a->K, .v_stride = a->H * a->V, .gb_stride = a->H, .K = a->K, .V = a->V, .S = a->S};
+            .qk_stride = a->Hk * a->K, .v_stride = a->H * a->V, .gb_stride = a->H,
+            .g_stride = a->H * (a->g_per_key ? a->K : 1), .K = a->K, .V = a->V, .S = a->S, .g_per_key = a->g_per_key};
 #ifdef LLMC_X86
   if (!a->delta) {
     if (j->path == 2)
@@ -312,9 +340,10 @@ static void unit_task(void* data, size_t task) {
 
 const char* llmc_delta_rule(const llmc_delta_rule_args* a, llmc_parallel_fn parallel, void* parallel_ctx) {
   static _Thread_local char msg[160];
-  if (a->B < 0 || a->S < 0 || a->Hk <= 0 || a->H <= 0 || a->H % a->Hk || a->K <= 0 || a->V <= 0 || a->V > MAX_V) {
+  if (a->B < 0 || a->S < 0 || a->Hk <= 0 || a->H <= 0 || a->H % a->Hk || a->K <= 0 || a->V <= 0 || a->V > MAX_V ||
+      a->K > MAX_K) {
     snprintf(msg, sizeof msg, "value heads %lld must be a multiple of key heads %lld, dims K %lld and V %lld "
-             "positive, V at most %d", (long long)a->H, (long long)a->Hk, (long long)a->K, (long long)a->V, MAX_V);
+             "positive, each at most %d", (long long)a->H, (long long)a->Hk, (long long)a->K, (long long)a->V, MAX_V);
     return msg;
   }
   if (a->rows) {

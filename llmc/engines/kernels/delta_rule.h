@@ -6,6 +6,7 @@
  * (q and k as the graph gives them: L2-normed, q times K^-0.5). A padded token has g = beta = 0: M unchanged.
  * Without the delta (`delta` 0: Mamba-2's state-space recurrence, k = B, q = C, v = x, beta = dt, g = dt A):
  *   M <- M exp(g_t) + k_t^T (beta_t v_t);  o_t = q_t M
+ * With g of one value per key dim (Kimi Delta Attention), M <- diag(exp(g_t)) M: row i decays by exp(g_t[i]).
  * Each (b, h) is one pool task: its M (64 KiB at K = V = 128) stays in the core's L2 over the run, two passes of it a
  * token. What ONNX Runtime ran before it: a Loop of ~12 nodes a token (llmc/graph/linear_attention.py).
  */
@@ -21,7 +22,7 @@ typedef struct {
   const float* q;            /* [B, S, Hk, K] */
   const float* k;            /* [B, S, Hk, K] */
   const float* v;            /* [B, S, H, V] */
-  const float* g;            /* [B, S, H]: the log of each token's decay */
+  const float* g;            /* [B, S, H]: the log of each token's decay; with g_per_key [B, S, H, K], one per row of M */
   const float* beta;         /* [B, S, H] */
   const float* state;        /* [B, H, K, V]: before the run; with `rows`, a pool [N, H, K, V] */
   float* out;                /* [B, S, H, V] */
@@ -29,6 +30,7 @@ typedef struct {
   const int32_t* rows;       /* [B] or NULL: row b's state is the pool's rows[b] (the engines' slots, in place) */
   int64_t N;                 /* the pool's states (with `rows`) */
   int delta;                 /* 1: the delta rule; 0: without the delta (u = beta v: Mamba-2) */
+  int g_per_key;             /* g has a decay per key dim (Kimi Delta Attention): M's row i decays by exp(g[.., i]) */
 } llmc_delta_rule_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */

@@ -37,7 +37,8 @@
  * (optional output) [..., D] fp32. Attribute: epsilon (default 1e-5). ONNX Runtime's SkipSimplifiedLayerNormalization
  * without its unused outputs.
  *
- * GatedDeltaRule (delta_rule.h): q, k [B, S, Hk, K], v [B, S, H, V], g, beta [B, S, H], state [B, H, K, V], all fp32
+ * GatedDeltaRule (delta_rule.h): q, k [B, S, Hk, K], v [B, S, H, V], g [B, S, H] (or [B, S, H, K]: a decay per key
+ * dim), beta [B, S, H], state [B, H, K, V], all fp32
  * -> output [B, S, H, V] and the state after the run [B, H, K, V]: Qwen3.5's Gated DeltaNet recurrence, value head h
  * on key head h / (H / Hk). Optional state_rows [B] int32: the state is a pool [N, H, K, V] and row b's is its
  * state_rows[b]-th (bind the output to the pool's memory and nothing is copied). Attribute: delta (default 1; 0:
@@ -644,17 +645,18 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
   int pooled = rank[DR_ROWS] >= 0;
   int64_t B = dims[DR_V][0], S = dims[DR_V][1], H = dims[DR_V][2], V = dims[DR_V][3];
   int64_t Hk = dims[DR_Q][2], K = dims[DR_Q][3];
-  int ok = rank[DR_Q] == 4 && rank[DR_K] == 4 && rank[DR_V] == 4 && rank[DR_G] == 3 && rank[DR_BETA] == 3 &&
-           rank[DR_STATE] == 4;
+  int per_key = rank[DR_G] == 4; /* (Kimi Delta Attention: a decay per key dim) */
+  int ok = rank[DR_Q] == 4 && rank[DR_K] == 4 && rank[DR_V] == 4 && (rank[DR_G] == 3 || per_key) &&
+           rank[DR_BETA] == 3 && rank[DR_STATE] == 4 && (!per_key || dims[DR_G][3] == K);
   for (int d = 0; ok && d < 4; d++) ok = dims[DR_K][d] == dims[DR_Q][d];
   ok = ok && dims[DR_Q][0] == B && dims[DR_Q][1] == S;
   for (int i = DR_G; ok && i <= DR_BETA; i++) ok = dims[i][0] == B && dims[i][1] == S && dims[i][2] == H;
   ok = ok && (pooled ? rank[DR_ROWS] == 1 && dims[DR_ROWS][0] == B : dims[DR_STATE][0] == B) &&
        dims[DR_STATE][1] == H && dims[DR_STATE][2] == K && dims[DR_STATE][3] == V;
   if (!ok) {
-    return fail(api, ERR_INVALID_ARGUMENT, "GatedDeltaRule: expected q, k [B, S, Hk, K], v [B, S, H, V], g, beta "
-                                           "[B, S, H] and state [B, H, K, V] (a pool [N, H, K, V] with state_rows "
-                                           "[B])");
+    return fail(api, ERR_INVALID_ARGUMENT, "GatedDeltaRule: expected q, k [B, S, Hk, K], v [B, S, H, V], g [B, S, "
+                                           "H] or [B, S, H, K], beta [B, S, H] and state [B, H, K, V] (a pool [N, "
+                                           "H, K, V] with state_rows [B])");
   }
   void* out[2] = {NULL, NULL};
   for (size_t o = 0; o < 2; o++) {
@@ -668,7 +670,7 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
                             .g = (const float*)data[DR_G], .beta = (const float*)data[DR_BETA],
                             .state = (const float*)data[DR_STATE], .out = (float*)out[0], .state_out = (float*)out[1],
                             .rows = pooled ? (const int32_t*)data[DR_ROWS] : NULL, .N = dims[DR_STATE][0],
-                            .delta = k->delta};
+                            .delta = k->delta, .g_per_key = per_key};
   Pool pool = {api, ctx, NULL, k->pool_threads};
   return outcome(&pool, "GatedDeltaRule", llmc_delta_rule(&a, run_parallel, &pool));
 }

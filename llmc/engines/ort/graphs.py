@@ -30,7 +30,8 @@ from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_m
 LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight",
                    ".q.weight", ".q_a.weight", ".q_b.weight", ".kv_a.weight",  # (these four: latent attention's)
                    ".attn_gate.weight", ".conv_in.weight",  # (LFM2's convolutions' input product)
-                   ".lin_in.weight",  # (a Gated DeltaNet's)
+                   ".lin_in.weight", ".kda_in.weight", ".kda_f.weight", ".kda_g.weight",  # (a Gated DeltaNet's,
+                   # Kimi Delta Attention's)
                    ".mamba_in.weight", ".mamba_out.weight")  # (a Mamba-2 mixer's)
 
 
