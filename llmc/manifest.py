@@ -101,6 +101,7 @@ class ModelSpec:
     attn_gate_activation: str = "sigmoid"  # the gate's function: "sigmoid" (AFMoE, MiniCPM5) | "softplus" (Laguna)
     # the residual stream
     norm_layout: str = "pre"  # "pre" | "sandwich": also after attention and MLP (Gemma) | "post": only after (OLMo 2)
+    norm_layouts: tuple[str, ...] = ()  # per layer, where layers differ (OLMo Hybrid's); empty: norm_layout for all
     embedding_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden); Granite: embedding_multiplier)
     embed_norm: bool = False  # the embeddings RMS-normed (weights embed_norm.weight) before the first block (NanoChat)
     residual_scale: float = 1.0  # each block's output times this before the residual add (Granite)
@@ -170,6 +171,8 @@ class ModelSpec:
     # "kda": Kimi Delta Attention's form of it: a decay per key dim, g = -exp(A_log) softplus(h @ f_a @ f_b + dt_bias),
     # q, k, v, f_a, b and g_a from one product (kda_in), the output RMS-normed times sigmoid(h @ g_a @ g_b)
     linear_kind: str = "gated_delta"
+    linear_beta_scale: float = 1.0  # beta times this (OLMo Hybrid's linear_allow_neg_eigval: 2, beta in [0, 2])
+    linear_norm_eps: float = 0.0  # the output norm's epsilon; 0: norm_eps (OLMo Hybrid's is 1e-5 whatever the model's)
     # a "mamba" layer is a Mamba-2 mixer in the attention's place: z, xBC, dt = h @ mamba_in; xBC through a causal
     # depthwise convolution of mamba_conv_kernel taps (and bias) and SiLU, split into x (mamba_heads heads of
     # mamba_head_dim), B and C (mamba_groups groups of mamba_state; head h reads group h // (heads / groups)); per
@@ -236,6 +239,10 @@ class ModelSpec:
             return "mamba" if self.is_mamba(i) else self.layer_types[i]
 
         return sum(1 for i in range(layer) if kind(i) == kind(layer))
+
+    def layout(self, layer: int) -> str:
+        """Where layer `layer`'s norms sit: "pre", "sandwich" or "post" (norm_layout, or its own of norm_layouts)."""
+        return self.norm_layouts[layer] if self.norm_layouts else self.norm_layout
 
     def is_moe(self, layer: int) -> bool:
         return self.num_experts > 0 and (not self.moe_layers or self.moe_layers[layer])

@@ -792,6 +792,16 @@ def _kimi_linear(tf: Any, common: dict[str, Any]) -> Any:  # Kimi Delta Attentio
     return _nudged(model, dt_bias=0.5)
 
 
+def _olmo_hybrid(tf: Any, common: dict[str, Any]) -> Any:  # Gated DeltaNet layers normed before, an OLMo 3 attention
+    # layer normed after, with rotary; beta doubled
+    model = _auto(tf, "olmo_hybrid", **{**common, "num_hidden_layers": 3},
+                  layer_types=["linear_attention", "full_attention", "linear_attention"],
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e4}, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                  linear_allow_neg_eigval=True)
+    return _nudged(model, dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -803,7 +813,8 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text,
                       "qwen3_next": _qwen3_next, "lara_mini": _lara_mini, "granitemoehybrid": _granitemoehybrid,
                       "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h,
-                      "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear})
+                      "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear,
+                      "olmo_hybrid": _olmo_hybrid})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h}
 

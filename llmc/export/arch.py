@@ -48,6 +48,7 @@ SUPPORTED = {
     "nemotron_h": "Nemotron-H, Nemotron Nano 2 (Mamba-2, attention and MLP blocks; dense)",
     "falcon_h1": "Falcon-H1 (attention and Mamba-2 side by side)",
     "kimi_linear": "Kimi Linear (Kimi Delta Attention and latent attention without positions)",
+    "olmo_hybrid": "OLMo Hybrid (Gated DeltaNet and OLMo 3's attention)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -969,6 +970,32 @@ def _kda_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
             q + "lin_dt_bias": sd[p + "forget_gate.dt_bias"], q + "lin_norm.weight": sd[p + "o_norm.weight"]}
 
 
+def _olmo_hybrid(config: Any) -> dict[str, Any]:
+    """OLMo Hybrid: Gated DeltaNet layers normed before the mixer and the MLP, among OLMo 3's attention layers normed
+    after them (a norm over all of q and of k; rotary only where rope_parameters has a rope_theta: its released
+    models have none); beta doubled where linear_allow_neg_eigval, the output norm's epsilon 1e-5."""
+    fields = _qwen3_5(config)
+    types = tuple(config.layer_types)
+    return {**fields, "attn_output_gate": False, "qk_norm": "full", "linear_norm_eps": 1e-5,
+            "norm_layouts": tuple("pre" if t == "linear_attention" else "post" for t in types),
+            "linear_beta_scale": 2.0 if config.linear_allow_neg_eigval else 1.0}
+
+
+def _olmo_hybrid_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """OLMo Hybrid's Gated DeltaNet under Qwen3.5's names: q, k and v's products as in_proj_qkv, g_proj as in_proj_z,
+    b_proj and a_proj as in_proj_b and in_proj_a, o_proj as out_proj, o_norm as norm."""
+    out = dict(sd)
+    for i, kind in enumerate(config.layer_types):
+        p = f"model.layers.{i}.linear_attn."
+        if kind != "linear_attention":
+            continue
+        out[p + "in_proj_qkv.weight"] = np.concatenate([out.pop(p + f"{n}_proj.weight") for n in "qkv"], axis=0)
+        for theirs, ours in (("g_proj", "in_proj_z"), ("b_proj", "in_proj_b"), ("a_proj", "in_proj_a"),
+                             ("o_proj", "out_proj"), ("o_norm", "norm")):
+            out[p + ours + ".weight"] = out.pop(p + theirs + ".weight")
+    return out
+
+
 def _nemotron_h(config: Any) -> dict[str, Any]:
     """Nemotron-H: one mixer or MLP a block, each after its own RMSNorm: Mamba-2 ("linear_attention"), attention
     without positions ("full_attention") or a plain squared-ReLU MLP ("mlp"): llmc layers of those types, the
@@ -1272,7 +1299,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "qwen3_5_text": _qwen3_5_names, "qwen3_5_moe_text": _qwen3_5_names,
     "qwen3_next": lambda c, sd: _qwen3_5_names(c, _qwen3_next_names(c, sd)),
     "granitemoehybrid": _granite_hybrid_names, "bamba": lambda c, sd: _renamed(sd, _BAMBA_NAMES),
-    "nemotron_h": _nemotron_h_names, "falcon_h1": _falcon_h1_names,
+    "nemotron_h": _nemotron_h_names, "falcon_h1": _falcon_h1_names, "olmo_hybrid": _olmo_hybrid_names,
     "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
@@ -1321,7 +1348,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_5_text": _qwen3_5, "qwen3_5_moe_text": lambda c: {**_qwen3_5(c), **_moe(c)},
     "qwen3_next": lambda c: {**_qwen3_5(c), **_moe(c)},
     "granitemoehybrid": _granite_hybrid, "bamba": _bamba, "nemotron_h": _nemotron_h, "falcon_h1": _falcon_h1,
-    "kimi_linear": _kimi_linear,
+    "kimi_linear": _kimi_linear, "olmo_hybrid": _olmo_hybrid,
     "lara_mini": lambda c: {**_qwen3_5(c), **_moe(c), "attn_output_gate": False,  # (its attention ungated,
                             "rope_layers": tuple(t == "sliding_attention" for t in c.layer_types)},  # RoPE on sliding
     # layers only)
@@ -1361,7 +1388,7 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
     for i in range(spec.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         one_block = not (spec.has_mixer(i) and spec.has_mlp(i))  # (Nemotron-H's) a mixer or an MLP, on norm1
-        for theirs, ours in places[spec.norm_layout].items():
+        for theirs, ours in places[spec.layout(i)].items():
             if (spec.parallel_block == "shared" or one_block) and ours == "norm2":
                 continue  # the block's one norm serves both
             w[q + ours + ".weight"] = norm(p + theirs + ".weight")

@@ -77,13 +77,17 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     """Every block; returns the final norm's output (of each row's last token when `last_token` is given)."""
     m = c.m
     fuse = c.opts.fuse_norms and m.norm_layout != "post"  # (OLMo 2 norms only block outputs: nothing to fuse)
-    h = x if m.norm_layout == "post" else norm(c, x, "layers.0.norm1")
+
+    def pre_norm(layer: int, name: str) -> str | None:  # a block's norm before it, or none (a "post" layer's)
+        return None if m.layout(layer) == "post" else f"layers.{layer}.{name}"
+
+    h = x if m.layout(0) == "post" else norm(c, x, "layers.0.norm1")
     rotary = Rotary(c)  # (the attention rotates q and k, unless their norms follow the rotation)
     query_scale = _query_scale(c) if m.query_scale_beta else None
     for i in range(m.num_layers):
         p = f"layers.{i}"
         if not m.has_mixer(i):  # (Nemotron-H's MLP blocks) the MLP alone, on the layer's norm1
-            delta = _block_output(c, _mlp(c, i, h), f"{p}.post_mlp_norm")
+            delta = _block_output(c, i, _mlp(c, i, h), f"{p}.post_mlp_norm")
         else:
             if m.is_conv(i):  # (LFM2) a gated short convolution in the attention's place
                 mixed = linear(c, short_conv(c, i, h), f"{p}.o")
@@ -96,16 +100,16 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
                     mixed = c.b.op("Add", mixed, mamba2(c, i, h))
             else:  # (Granite 4.0-H, Bamba, Nemotron-H) a Mamba-2 mixer
                 mixed = mamba2(c, i, h)
-            delta = _block_output(c, mixed, f"{p}.post_attn_norm")
+            delta = _block_output(c, i, mixed, f"{p}.post_attn_norm")
         if m.has_mixer(i) and m.has_mlp(i):  # (else one block, whose output joins the residual stream below)
             if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both
                 mlp_in = h if m.parallel_block == "shared" else norm(c, x, f"{p}.norm2")
-                delta = c.b.op("Add", delta, _block_output(c, _mlp(c, i, mlp_in), f"{p}.post_mlp_norm"))
+                delta = c.b.op("Add", delta, _block_output(c, i, _mlp(c, i, mlp_in), f"{p}.post_mlp_norm"))
             else:
-                h, x = _residual(c, x, delta, f"{p}.norm2", fuse)
-                delta = _block_output(c, _mlp(c, i, h), f"{p}.post_mlp_norm")
+                h, x = _residual(c, x, delta, pre_norm(i, "norm2"), fuse)
+                delta = _block_output(c, i, _mlp(c, i, h), f"{p}.post_mlp_norm")
         last = i + 1 == m.num_layers
-        h, x = _residual(c, x, delta, "norm" if last else f"layers.{i + 1}.norm1", fuse,
+        h, x = _residual(c, x, delta, "norm" if last else pre_norm(i + 1, "norm1"), fuse,
                          last_token if last else None)
     return h
 
@@ -130,25 +134,27 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
     return heads
 
 
-def _residual(c: Ctx, x: str, delta: str, next_norm: str, fuse: bool,
+def _residual(c: Ctx, x: str, delta: str, next_norm: str | None, fuse: bool,
               last_token: Callable[[str], str] | None = None) -> tuple[str, str]:
     """(the next block's input, x + delta): norm(x + delta), or x + delta itself where the next block normalizes
-    nothing first (OLMo 2). `last_token`: the final norm, of each row's last token only."""
+    nothing first (next_norm None: OLMo 2's blocks, OLMo Hybrid's attention ones). `last_token`: the final norm, of
+    each row's last token only."""
     b = c.b
-    if fuse:
+    if fuse and next_norm is not None:
         h, x = skip_norm(c, x, delta, next_norm)
         return (last_token(h) if last_token else h), x
     x = b.op("Add", x, delta)
     if last_token is not None:
         x = last_token(x)  # [B, 1, Hd]: the final norm and the head see only what generation needs
-    if c.m.norm_layout == "post" and next_norm != "norm":
+    if next_norm is None:
         return x, x
     return norm(c, x, next_norm), x
 
 
-def _block_output(c: Ctx, y: str, post_norm: str) -> str:
-    """An attention or MLP output as it joins the residual stream: normalized (Gemma, OLMo 2), scaled (Granite)."""
-    if c.m.norm_layout != "pre":
+def _block_output(c: Ctx, i: int, y: str, post_norm: str) -> str:
+    """Layer i's attention or MLP output as it joins the residual stream: normalized (Gemma, OLMo 2), scaled
+    (Granite)."""
+    if c.m.layout(i) != "pre":
         y = norm(c, y, post_norm)
     if c.m.residual_scale != 1.0:
         y = c.b.op("Mul", y, c.b.scalar(c.m.residual_scale))

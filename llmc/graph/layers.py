@@ -203,17 +203,19 @@ def _two_levels(c: Ctx, x: str, blocks: int, block: int) -> str:
     return b.op("Concat", *(b.unsqueeze(b.op("Reshape", v, shape), 0) for v in (first, second)), axis=0)
 
 
-def norm(c: Ctx, x: str, name: str) -> str:
-    """RMSNorm / LayerNorm over the last axis, always accumulated in fp32 (fp16 overflows here)."""
+def norm(c: Ctx, x: str, name: str, eps: float = 0.0) -> str:
+    """RMSNorm / LayerNorm over the last axis, always accumulated in fp32 (fp16 overflows here); eps 0: the
+    model's."""
     b = c.b
+    eps = eps or c.m.norm_eps
     xf = b.to_float32(x)
     w = b.to_float32(b.weight(f"{name}.weight"))
     if c.m.norm == "layer":
         bias = b.to_float32(b.weight(f"{name}.bias"))
-        y = b.op("LayerNormalization", xf, w, bias, axis=-1, epsilon=c.m.norm_eps)
+        y = b.op("LayerNormalization", xf, w, bias, axis=-1, epsilon=eps)
     else:
         var = b.reduce_mean(b.op("Pow", xf, b.const(np.array(2.0, np.float32))), -1)
-        denom = b.op("Sqrt", b.op("Add", var, b.const(np.array(c.m.norm_eps, np.float32))))
+        denom = b.op("Sqrt", b.op("Add", var, b.const(np.array(eps, np.float32))))
         y = b.op("Mul", b.op("Div", xf, denom), w)
     return b.to_compute(y)
 

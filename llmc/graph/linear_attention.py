@@ -103,7 +103,7 @@ def gated_delta_net(c: Ctx, i: int, h: str) -> str:
              b.op("Softplus", b.op("Add", b.to_float32(a), b.to_float32(b.weight(f"{p}.lin_dt_bias")))))
     out = _delta_rule(c, i, qkv, g, beta_in, per_key=False)
     gate = _heads(b, b.to_float32(z), hv, dv)
-    normed = norm(c, b.to_compute(out), f"{p}.lin_norm")
+    normed = norm(c, b.to_compute(out), f"{p}.lin_norm", m.linear_norm_eps)
     y = b.op("Mul", b.to_float32(normed), b.op("Mul", gate, b.op("Sigmoid", gate)))
     return b.to_compute(b.op("Reshape", y, b.ints(0, 0, value)))
 
@@ -153,6 +153,8 @@ def _delta_rule(c: Ctx, i: int, qkv: str, g: str, beta_in: str, per_key: bool) -
     q = b.op("Mul", q, b.const(np.array(dk ** -0.5, np.float32)))
     valid = _valid(c)  # [B, S, 1]
     beta = b.op("Mul", b.op("Sigmoid", b.to_float32(beta_in)), valid)  # [B, S, H]
+    if m.linear_beta_scale != 1.0:  # (OLMo Hybrid's: beta in [0, 2])
+        beta = b.op("Mul", beta, b.const(np.array(m.linear_beta_scale, np.float32)))
     g = b.op("Mul", g, b.unsqueeze(valid, 3) if per_key else valid)
     return _recurrence(c, q, k, _heads(b, v, hv, dv), g, beta, io.PAST_RECURRENT.format(i=j),
                        io.PRESENT_RECURRENT.format(i=j), (hk, hv, dk, dv), delta=True, per_key=per_key)

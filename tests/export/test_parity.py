@@ -358,7 +358,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
-                         "olmo2": "full", "olmo3": "full", "glm4_moe": "head", "dots1": "head",
+                         "olmo2": "full", "olmo3": "full", "olmo_hybrid": "full", "glm4_moe": "head", "dots1": "head",
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
@@ -414,6 +414,10 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         kv = load_export(tiny.export_dir).kv
         assert [(s.past, s.count, s.shape) for s in kv.states] == [("past_linear_conv.{i}", 2, (3, 96)),
                                                                    ("past_recurrent.{i}", 2, (4, 16, 8))]
+    elif tiny.name == "olmo_hybrid":  # (Gated DeltaNet layers normed before, the attention layer after; beta
+        # doubled, the output norm's own epsilon)
+        assert (m.kv_layers, m.norm_layouts, m.linear_beta_scale, m.linear_norm_eps, m.qk_norm) == (
+            (1,), ("pre", "post", "pre"), 2.0, 1e-5, "full")
     elif tiny.name == "kimi_linear":  # (Kimi Delta Attention: the same states, a decay per key dim; latent
         # attention without positions)
         assert (m.kv_layers, m.linear_kind, m.linear_k_heads, m.linear_v_heads, m.linear_k_dim, m.linear_conv_kernel,
@@ -455,7 +459,9 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     else:
         assert m.mamba_heads == 0 and "mamba" not in m.layer_types and not m.mlp_layers
     assert m.linear_kind == ("kda" if tiny.name == "kimi_linear" else "gated_delta")
-    if not tiny.name.startswith(("qwen3_5", "qwen3_next", "lara_mini", "kimi_linear")):
+    if tiny.name != "olmo_hybrid":
+        assert (m.norm_layouts, m.linear_beta_scale, m.linear_norm_eps) == ((), 1.0, 0.0)
+    if not tiny.name.startswith(("qwen3_5", "qwen3_next", "lara_mini", "kimi_linear", "olmo_hybrid")):
         assert m.linear_conv_kernel == 0 and "linear_attention" not in m.layer_types
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
