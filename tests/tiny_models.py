@@ -343,13 +343,14 @@ def _exaone(tf: Any, common: dict[str, Any]) -> Any:  # Llama's layer (make_mode
 
 def _as_published_nemotron_h(out: Path) -> None:
     """The saved Nemotron-H model as NVIDIA publishes it: weights under backbone.*, its blocks as
-    hybrid_override_pattern (M: Mamba-2, *: attention, -: MLP) with num_hidden_layers (transformers maps both)."""
+    hybrid_override_pattern (M: Mamba-2, *: attention, -: MLP, E: mixture) with num_hidden_layers (transformers maps
+    both)."""
     from safetensors.torch import load_file, save_file
 
     weights = {k.replace("model.", "backbone.", 1): v for k, v in load_file(str(out / "model.safetensors")).items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
-    letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+    letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
     blocks = config.pop("layers_block_type")
     config.update(hybrid_override_pattern="".join(letters[t] for t in blocks), num_hidden_layers=len(blocks))
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -802,6 +803,16 @@ def _olmo_hybrid(tf: Any, common: dict[str, Any]) -> Any:  # Gated DeltaNet laye
     return _nudged(model, dt_bias=0.5)
 
 
+def _nemotron_h_moe(tf: Any, common: dict[str, Any]) -> Any:  # Nemotron 3 Nano's blocks: a mixture block (ungated
+    # squared-ReLU experts, DeepSeek-V3's router in 2 groups, a plain shared expert) among Mamba-2, attention, MLP
+    model = _auto(tf, "nemotron_h", **{**common, "num_hidden_layers": 5},
+                  layers_block_type=["mamba", "moe", "attention", "mamba", "mlp"], head_dim=16, mamba_num_heads=8,
+                  mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, n_routed_experts=8,
+                  num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=64, n_group=2,
+                  topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True)
+    return _nudged(model, biases=0.2, dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -814,9 +825,10 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "qwen3_next": _qwen3_next, "lara_mini": _lara_mini, "granitemoehybrid": _granitemoehybrid,
                       "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h,
                       "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear,
-                      "olmo_hybrid": _olmo_hybrid})
+                      "olmo_hybrid": _olmo_hybrid, "nemotron_h_moe": _nemotron_h_moe})
 # arch -> how its saved folder is rewritten as checkpoints ship
-PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h}
+PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
+                "nemotron_h_moe": _as_published_nemotron_h}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

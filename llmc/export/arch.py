@@ -45,7 +45,7 @@ SUPPORTED = {
     "lfm3": "LFM3", "qwen3_5_text": "Qwen3.5 (text; Gated DeltaNet and gated attention)",
     "qwen3_5_moe_text": "Qwen3.5-MoE (text)", "qwen3_next": "Qwen3-Next", "lara_mini": "Lara Mini",
     "granitemoehybrid": "Granite 4.0-H (Mamba-2 and attention; dense or MoE)", "bamba": "Bamba (Mamba-2 and attention)",
-    "nemotron_h": "Nemotron-H, Nemotron Nano 2 (Mamba-2, attention and MLP blocks; dense)",
+    "nemotron_h": "Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano (Mamba-2, attention, MLP and mixture blocks)",
     "falcon_h1": "Falcon-H1 (attention and Mamba-2 side by side)",
     "kimi_linear": "Kimi Linear (Kimi Delta Attention and latent attention without positions)",
     "olmo_hybrid": "OLMo Hybrid (Gated DeltaNet and OLMo 3's attention)",
@@ -999,18 +999,20 @@ def _olmo_hybrid_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.n
 def _nemotron_h(config: Any) -> dict[str, Any]:
     """Nemotron-H: one mixer or MLP a block, each after its own RMSNorm: Mamba-2 ("linear_attention"), attention
     without positions ("full_attention") or a plain squared-ReLU MLP ("mlp"): llmc layers of those types, the
-    mixers' without an MLP (ModelSpec.mlp_layers). Its mixture blocks ("moe": experts without a gate) are refused."""
+    mixers' without an MLP (ModelSpec.mlp_layers); its mixture blocks ("moe") are "mlp" layers whose MLP is a
+    mixture: DeepSeek-V3's router over ungated squared-ReLU experts, a plain shared expert beside them (the experts
+    on a latent projection of the input, moe_latent_size, are refused)."""
     types = list(config.layers_block_type)
-    if "moe" in types:
-        _refuse("layers_block_type", "moe", "Nemotron-H's mixtures (ungated squared-ReLU experts) are not built; its "
-                "dense models are")
-    kinds = {"linear_attention": "mamba", "full_attention": "full_attention", "mlp": "mlp"}
+    if "moe" in types and _get(config, "moe_latent_size", None) is not None:
+        _refuse("moe_latent_size", config.moe_latent_size, "the experts are built on the hidden state itself")
+    kinds = {"linear_attention": "mamba", "full_attention": "full_attention", "mlp": "mlp", "moe": "mlp"}
     if unknown := sorted(set(types) - set(kinds)):
         _refuse("layers_block_type", unknown, f"llmc builds {', '.join(kinds)} blocks")
     fields = _mamba(config, [kinds[t] for t in types], int(config.mamba_num_heads), int(config.mamba_head_dim),
                     int(config.ssm_state_size), int(config.n_groups), int(config.conv_kernel),
                     "mamba_hidden_act")
-    return {**fields, "mlp_layers": tuple(t == "mlp" for t in types), "plain_mlp": True,
+    return {**fields, **(_moe(config) if "moe" in types else {}),
+            "mlp_layers": tuple(t in ("mlp", "moe") for t in types), "plain_mlp": True,
             "activation": _activation(str(config.mlp_hidden_act)), "norm_eps": float(config.layer_norm_epsilon),
             "intermediate_size": int(config.intermediate_size)}
 
@@ -1020,7 +1022,7 @@ def _nemotron_h_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.nd
     mamba, self_attn or the plain MLP (up_proj, down_proj as c_fc, c_proj)."""
     out = _renamed(sd, (("model.embeddings.", "model.embed_tokens."), ("model.norm_f.", "model.norm."),
                         ("backbone.", "model.")))
-    parts = {"linear_attention": ".mamba.", "full_attention": ".self_attn.", "mlp": ".mlp."}
+    parts = {"linear_attention": ".mamba.", "full_attention": ".self_attn.", "mlp": ".mlp.", "moe": ".mlp."}
     renamed: dict[str, np.ndarray] = {}
     for k, v in out.items():
         if k.startswith("model.layers."):
@@ -1226,6 +1228,8 @@ def _shared_experts(config: Any) -> dict[str, Any]:
     as they are."""
     if config.model_type in ("qwen2_moe", "qwen3_5_moe_text", "qwen3_next"):
         return {"shared_expert_size": int(config.shared_expert_intermediate_size)}
+    if config.model_type == "nemotron_h":  # (one plain MLP of its own width, whatever n_shared_experts says)
+        return {"shared_expert_size": int(config.moe_shared_expert_intermediate_size), "shared_expert_gated": False}
     if config.model_type in ("granitemoeshared", "granitemoe_swa", "granitemoehybrid"):
         width = int(_get(config, "shared_intermediate_size", 0))
         return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
@@ -1484,7 +1488,11 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
             out[q + CORRECTION_BIAS] = np.zeros(spec.num_experts, np.float32)
         if spec.moe_post_norm:  # (A.X K1)
             out[q + "moe_norm.weight"] = sd[p + "post_mlp_layernorm.weight"]
-        if spec.shared_expert_size:  # Qwen2-MoE's (gated), GLM-4.5's (its shared experts as one MLP)
+        if spec.shared_expert_size and spec.plain_mlp:  # (Nemotron-H's: a plain MLP, up and down)
+            s = p + "shared_experts."
+            out.update({q + "shared_expert.fc.weight": sd[s + "up_proj.weight"].T.copy(),
+                        q + "shared_expert.proj.weight": sd[s + "down_proj.weight"].T.copy()})
+        elif spec.shared_expert_size:  # Qwen2-MoE's (gated), GLM-4.5's (its shared experts as one MLP)
             s = p + ("shared_expert." if spec.shared_expert_gated else "shared_experts.")
             gate_up = np.concatenate([sd[s + "gate_proj.weight"], sd[s + "up_proj.weight"]], axis=0)
             out.update({q + "shared_expert.gate_up.weight": gate_up.T.copy(),

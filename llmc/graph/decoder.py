@@ -252,19 +252,25 @@ def _xielu(c: Ctx, x: str, params: str) -> str:
 
 def _mlp(c: Ctx, i: int, h: str) -> str:
     p = f"layers.{i}"
-    if c.m.family == "gpt2" or c.m.plain_mlp:
-        inner = linear(c, h, f"{p}.fc")
-        act = _xielu(c, inner, f"{p}.{XIELU}") if c.m.activation == "xielu" else _activation(c, inner)
-        return linear(c, act, f"{p}.proj")
     if not c.m.is_moe(i):
-        return _gated_mlp(c, h, p, c.m.intermediate_size)
+        return _plain_mlp(c, h, p) if c.m.family == "gpt2" or c.m.plain_mlp else _gated_mlp(c, h, p,
+                                                                                            c.m.intermediate_size)
     y = moe_mlp(c, i, h)
-    if c.m.shared_expert_size:  # + shared(h), times sigmoid(h @ gate) where gated (Qwen2-MoE)
-        shared = _gated_mlp(c, h, f"{p}.shared_expert", c.m.shared_expert_size)
+    if c.m.shared_expert_size:  # + shared(h), times sigmoid(h @ gate) where gated (Qwen2-MoE); a plain MLP's form
+        # where the model's MLPs are plain (Nemotron-H)
+        shared = (_plain_mlp(c, h, f"{p}.shared_expert") if c.m.plain_mlp
+                  else _gated_mlp(c, h, f"{p}.shared_expert", c.m.shared_expert_size))
         if c.m.shared_expert_gated:
             shared = c.b.op("Mul", c.b.op("Sigmoid", linear(c, h, f"{p}.shared_expert_gate")), shared)
         y = c.b.op("Add", y, shared)
     return norm(c, y, f"{p}.moe_norm") if c.m.moe_post_norm else y  # (A.X K1)
+
+
+def _plain_mlp(c: Ctx, h: str, p: str) -> str:
+    """proj(act(h @ fc)) of the layer named p."""
+    inner = linear(c, h, f"{p}.fc")
+    act = _xielu(c, inner, f"{p}.{XIELU}") if c.m.activation == "xielu" else _activation(c, inner)
+    return linear(c, act, f"{p}.proj")
 
 
 def _gated_mlp(c: Ctx, h: str, p: str, inner: int) -> str:

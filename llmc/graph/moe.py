@@ -31,6 +31,8 @@ outputs. MoESpec.activation names act:
   "silu"        silu(gate) * up (Mixtral, Qwen), no biases
   "swiglu_oss"  GPT-OSS's, with alpha and limit L:  g = min(gate, L),  (clamp(up, -L, L) + 1) * g * sigmoid(alpha g),
                 and biases (MoESpec.bias) on the router and both expert products
+  "relu2"       an ungated expert (Nemotron-H's): down(relu(h @ up)^2), its up weights [E, hidden, I] (UP) in place of
+                gate_up; every lowering but "ort" (com.microsoft.MoE has no squared ReLU)
 
 Lowerings (all exact: what transformers computes, up to fp32 rounding):
   "standard"  standard ONNX ops, one unrolled branch per expert with its own 2-D weights (from `moe_weights`):
@@ -80,19 +82,21 @@ from llmc.manifest import ModelSpec
 
 MS = "com.microsoft"
 LOWERINGS = ("standard", "loop", "dense", "ort")
-ACTIVATIONS = ("silu", "swiglu_oss")
+ACTIVATIONS = ("silu", "swiglu_oss", "relu2")
 ROUTINGS = ("softmax", "softmax_biased", "sigmoid", "softmax_grouped", "sigmoid_logits", "sparsemixer")
 GROUPED = ("sigmoid", "softmax_grouped")  # the routings with expert groups and a routed scaling
 
 ROUTER = "router.weight"  # [hidden, E]
 GATE_UP = "experts.gate_up.weight"  # [E, hidden, 2I]: columns [0, I) gate, [I, 2I) up
 DOWN = "experts.down.weight"  # [E, I, hidden]
+UP = "experts.up.weight"  # [E, hidden, I]: an ungated expert's (MoESpec.gated False) in place of GATE_UP
 ROUTER_BIAS = "router.bias"  # [E] (MoESpec.bias)
 CORRECTION_BIAS = "router.correction_bias"  # [E] ("sigmoid", "softmax_biased": added to the scores to choose, fp32)
 GATE_UP_BIAS = "experts.gate_up.bias"  # [E, 2I]: [0, I) gate, [I, 2I) up (MoESpec.bias)
 DOWN_BIAS = "experts.down.bias"  # [E, hidden] (MoESpec.bias; "ort"'s fc2 bias as it is)
 EXPERT_GATE_UP = "experts.{j}.gate_up.weight"  # "standard": expert j's [hidden, 2I]
 EXPERT_DOWN = "experts.{j}.down.weight"  # "standard": expert j's [I, hidden]
+EXPERT_UP = "experts.{j}.up.weight"  # "standard": an ungated expert j's [hidden, I]
 EXPERT_GATE_UP_BIAS = "experts.{j}.gate_up.bias"  # "standard": expert j's [2I] (MoESpec.bias)
 EXPERT_DOWN_BIAS = "experts.{j}.down.bias"  # "standard": expert j's [hidden] (MoESpec.bias)
 ORT_FC1 = "experts.fc1.weight"  # "ort": [E, 2I, hidden], rows interleaved gate_0, up_0, gate_1, up_1, ...
@@ -150,6 +154,8 @@ class MoESpec:
                     raise ValueError(f"swiglu_oss experts need a finite positive {name}, got {value!r}")
         if self.routing not in ROUTINGS:
             raise ValueError(f"MoE routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if not self.gated and self.bias:
+            raise ValueError("ungated experts are built without biases")
         if self.scale_inputs and self.bias:
             raise ValueError("experts on scaled inputs have no biases (an unpicked one must add nothing)")
         if self.routing == "sparsemixer" and (self.experts_per_token != 2 or self.norm_topk_prob
@@ -184,6 +190,11 @@ class MoESpec:
             return ()
         correction = (CORRECTION_BIAS,) if self.routing in ("softmax_biased", "sigmoid", "sigmoid_logits") else ()
         return (ROUTER, *correction, *((ROUTER_BIAS,) if self.bias else ()))
+
+    @property
+    def gated(self) -> bool:
+        """The experts are gated MLPs (GATE_UP), not down(act(x @ up)) (UP: "relu2")."""
+        return self.activation != "relu2"
 
     @property
     def fp32_router(self) -> bool:
@@ -234,6 +245,11 @@ def spec_from_hf_config(config: Any) -> MoESpec:
     if config.model_type == "exaone_moe":  # (GLM-4.5's router, its experts counted as num_experts)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid",
+                       num_groups=int(config.n_group), topk_groups=int(config.topk_group),
+                       routed_scaling=float(config.routed_scaling_factor))
+    if config.model_type == "nemotron_h":  # (DeepSeek-V3's router; ungated squared-ReLU experts)
+        return MoESpec(int(config.n_routed_experts), int(config.num_experts_per_tok),
+                       int(config.moe_intermediate_size), bool(config.norm_topk_prob), "relu2", routing="sigmoid",
                        num_groups=int(config.n_group), topk_groups=int(config.topk_group),
                        routed_scaling=float(config.routed_scaling_factor))
     if config.model_type == "kimi_linear":  # (DeepSeek-V3's router, its experts counted as num_local_experts)
@@ -299,6 +315,8 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
                              "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe",
                              "qwen3_5_moe_text", "lara_mini"):
         return True
+    if config.model_type == "nemotron_h":  # (its mixture blocks)
+        return config.layers_block_type[layer] == "moe"
     if config.model_type == "granitemoehybrid":  # (0 experts: its shared MLP alone, the dense one)
         return int(config.num_local_experts) > 0
     if config.model_type == "llama4_text":
@@ -328,6 +346,11 @@ def canonical_from_hf(sd: Mapping[str, np.ndarray], hf_prefix: str, prefix: str)
     [E, hidden].
     """
     p, e = hf_prefix, hf_prefix + "experts."
+    if e + "up_proj" in sd:  # (Nemotron-H's ungated experts: up_proj [E, I, hidden], down_proj [E, hidden, I])
+        return {f"{prefix}.{ROUTER}": np.ascontiguousarray(sd[p + "gate.weight"].T),
+                f"{prefix}.{CORRECTION_BIAS}": np.ascontiguousarray(sd[p + "gate.e_score_correction_bias"].reshape(-1)),
+                f"{prefix}.{UP}": np.ascontiguousarray(sd[e + "up_proj"].transpose(0, 2, 1)),
+                f"{prefix}.{DOWN}": np.ascontiguousarray(sd[e + "down_proj"].transpose(0, 2, 1))}
     if p + "router.weight" not in sd:
         # GLM-4.5's / dots1's [E], ERNIE 4.5's [1, E] (under its moe_statics)
         correction = next((sd[n] for n in (p + "gate.e_score_correction_bias",
@@ -372,13 +395,18 @@ def moe_weights(weights: Mapping[str, np.ndarray], prefix: str, lowering: str) -
     """
     _check_lowering(lowering)
     biased = f"{prefix}.{GATE_UP_BIAS}" in weights
+    ungated = f"{prefix}.{UP}" in weights
     if lowering == "standard":
-        per_expert = {EXPERT_GATE_UP: GATE_UP, EXPERT_DOWN: DOWN,
-                      **({EXPERT_GATE_UP_BIAS: GATE_UP_BIAS, EXPERT_DOWN_BIAS: DOWN_BIAS} if biased else {})}
+        per_expert = {EXPERT_UP: UP} if ungated else {EXPERT_GATE_UP: GATE_UP}
+        per_expert.update({EXPERT_DOWN: DOWN,
+                           **({EXPERT_GATE_UP_BIAS: GATE_UP_BIAS, EXPERT_DOWN_BIAS: DOWN_BIAS} if biased else {})})
         return {f"{prefix}.{ours.format(j=j)}": np.ascontiguousarray(w)
                 for ours, stacked in per_expert.items() for j, w in enumerate(weights[f"{prefix}.{stacked}"])}
     if lowering != "ort":
         return {}
+    if ungated:
+        raise InputError(f"{prefix}: --moe ort builds com.microsoft.MoE, which has no squared ReLU for ungated "
+                         "experts; use --moe standard")
     return {
         f"{prefix}.{ORT_FC1}": np.ascontiguousarray(_interleaved(weights[f"{prefix}.{GATE_UP}"]).transpose(0, 2, 1)),
         f"{prefix}.{ORT_FC2}": np.ascontiguousarray(weights[f"{prefix}.{DOWN}"].transpose(0, 2, 1)),
@@ -403,6 +431,9 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
     (MatMulNBits' meaning: 4 lets the 4-bit experts take int8 activations).
     """
     _check_lowering(lowering)
+    if not spec.gated and lowering == "ort":
+        raise InputError("--moe ort builds com.microsoft.MoE, which has no squared ReLU for ungated experts "
+                         "(Nemotron-H's); use --moe standard")
     if spec.scale_inputs and lowering == "ort":
         raise ValueError("com.microsoft.MoE weights the experts' outputs; experts on scaled inputs (Llama 4) need the "
                          "standard, loop or dense lowering")
@@ -603,6 +634,9 @@ def _expert(b: GraphBuilder, x: str, gate_up: str, down: str, spec: MoESpec, mm:
         y = mm(y, w) if mm is not None else b.op("MatMul", y, w)
         return b.op("Add", y, bias) if bias else y
 
+    if not spec.gated:  # ("relu2": gate_up is the up weight) down(relu(x @ up)^2)
+        inner = b.op("Relu", times(x, gate_up, biases[0]))
+        return times(b.op("Mul", inner, inner), down, biases[1])
     inter = spec.intermediate_size
     gate, up = b.split(times(x, gate_up, biases[0]), [inter, inter])
     return times(_activation(b, gate, up, spec), down, biases[1])
@@ -613,10 +647,11 @@ def _dense(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> s
     biases = ((b.unsqueeze(b.weight(f"{prefix}.{GATE_UP_BIAS}"), 1), b.unsqueeze(b.weight(f"{prefix}.{DOWN_BIAS}"), 1))
               if spec.bias else NO_BIAS)  # [E, 1, 2I], [E, 1, hidden]
     w = b.unsqueeze(b.op("Transpose", dense, perm=[1, 0]), 2)  # [E, N, 1]
+    first = b.weight(f"{prefix}.{GATE_UP if spec.gated else UP}")
     if spec.scale_inputs:  # [E, N, hidden] inputs, the outputs summed as they are
-        y = _expert(b, b.op("Mul", x, w), b.weight(f"{prefix}.{GATE_UP}"), b.weight(f"{prefix}.{DOWN}"), spec)
+        y = _expert(b, b.op("Mul", x, w), first, b.weight(f"{prefix}.{DOWN}"), spec)
         return b.op("ReduceSum", y, b.ints(0), keepdims=0)
-    y = _expert(b, x, b.weight(f"{prefix}.{GATE_UP}"), b.weight(f"{prefix}.{DOWN}"), spec, biases=biases)
+    y = _expert(b, x, first, b.weight(f"{prefix}.{DOWN}"), spec, biases=biases)
     return b.op("ReduceSum", b.op("Mul", y, w), b.ints(0), keepdims=0)
 
 
@@ -649,7 +684,7 @@ def _unrolled(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec, m
     for j, column in enumerate(columns):
         weight = b.op("Squeeze", column, b.ints(0))  # [N]
         rows = b.op("NonZero", weight)  # [1, n]: the tokens that picked expert j (weight > 0)
-        gate_up = f"{prefix}.{EXPERT_GATE_UP.format(j=j)}".removesuffix(".weight")
+        gate_up = f"{prefix}.{(EXPERT_GATE_UP if spec.gated else EXPERT_UP).format(j=j)}".removesuffix(".weight")
         down = f"{prefix}.{EXPERT_DOWN.format(j=j)}".removesuffix(".weight")
         biases = NO_BIAS  # `mm` adds them
         if mm is None:
@@ -678,8 +713,8 @@ def _loop(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> st
 
     weight = b.op("Gather", dense, expert, axis=1)  # [N]
     biases = (picked(GATE_UP_BIAS), picked(DOWN_BIAS)) if spec.bias else NO_BIAS
-    acc_out = _add_expert(b, acc, x, b.op("NonZero", weight), weight, picked(GATE_UP), picked(DOWN), spec,
-                          biases=biases)
+    acc_out = _add_expert(b, acc, x, b.op("NonZero", weight), weight, picked(GATE_UP if spec.gated else UP),
+                          picked(DOWN), spec, biases=biases)
     cond_out = b.op("Identity", cond)
     body_nodes, b.nodes = b.nodes, outer
 

@@ -36,6 +36,7 @@ from llmc.graph.moe import (
     QMOE_PARTS,
     ROUTER,
     ROUTER_BIAS,
+    UP,
     MoESpec,
     canonical_from_hf,
     is_sparse_layer,
@@ -576,11 +577,12 @@ def test_expert_blocks_qmoe_cannot_take_are_refused_naming_the_flag(block: int) 
         quantize_experts({**weights, **moe_weights(weights, PREFIX, "ort")}, PREFIX, 4, block)
 
 
-@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1"])
+@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1", "nemotron_h_moe"])
 def test_each_routing_and_expert_input_runs_on_every_lowering(tmp_path: Path, arch: str) -> None:
-    """Llama 4's experts on inputs scaled by the top k logits' sigmoids, PhiMoE's sparsemixer and Kolibri-1's
-    logit-biased choice: each engine lowering gives transformers' logits (the export's check ran "loop"); the
-    com.microsoft.MoE one, which weights the experts' outputs, is refused for Llama 4's by name."""
+    """Llama 4's experts on inputs scaled by the top k logits' sigmoids, PhiMoE's sparsemixer, Kolibri-1's
+    logit-biased choice and Nemotron-H's ungated experts: each engine lowering gives transformers' logits (the
+    export's check ran "loop"); the com.microsoft.MoE one, which weights the experts' outputs and has no squared
+    ReLU, is refused for Llama 4's and Nemotron-H's by name."""
     import transformers as tf
     from tiny_models import make_model
 
@@ -598,7 +600,7 @@ def test_each_routing_and_expert_input_runs_on_every_lowering(tmp_path: Path, ar
         ref = model(torch.tensor([ids])).logits[0, -1].numpy()
     for lowering in ("standard", "ort"):
         cfg = BuildConfig(tmp_path / "export", tmp_path / lowering, moe=lowering, attention="gqa")
-        if lowering == "ort" and arch == "llama4_text":
+        if lowering == "ort" and arch in ("llama4_text", "nemotron_h_moe"):
             with pytest.raises(InputError, match="--moe ort"):
                 build_ort(cfg)
             continue
@@ -628,3 +630,27 @@ def test_graph_lowerings_agree_on_the_new_routings(routing: str, scale_inputs: b
     assert np.abs(outputs["loop"]).max() > 0.1
     for lowering in ("standard", "dense"):
         assert np.abs(outputs[lowering] - outputs["loop"]).max() <= 1e-5, lowering
+
+
+@pytest.mark.parametrize("lowering", [lowering for lowering in LOWERINGS if lowering != "ort"])
+def test_ungated_experts_on_every_lowering(lowering: str) -> None:
+    """Nemotron-H's experts, down(relu(x @ up)^2), under DeepSeek-V3's router, against the float64 reference on
+    each lowering but "ort" (com.microsoft.MoE has no squared ReLU), which refuses them by name."""
+    from llmc.errors import InputError
+
+    rng = np.random.default_rng(3)
+    spec = MoESpec(8, 2, INTER, True, "relu2", routing="sigmoid", num_groups=2, topk_groups=1, routed_scaling=1.5)
+    arrays = {ROUTER: rng.normal(size=(HIDDEN, 8)), CORRECTION_BIAS: rng.normal(0.0, 0.3, 8),
+              UP: 0.3 * rng.normal(size=(8, HIDDEN, INTER)), DOWN: 0.3 * rng.normal(size=(8, INTER, HIDDEN))}
+    weights = {f"{PREFIX}.{n}": a.astype(np.float32) for n, a in arrays.items()}
+    h = rng.normal(size=(2, 5, HIDDEN)).astype(np.float32)
+    got = moe_session(weights, spec, lowering, HIDDEN).run(None, {"h": h})[0]
+    x = h.reshape(-1, HIDDEN).astype(np.float64)
+    tops, ws = picks(x @ arrays[ROUTER], arrays[CORRECTION_BIAS], spec)
+    ref = np.zeros_like(x)
+    for t in range(len(x)):
+        for e, w in zip(tops[t], ws[t]):
+            ref[t] += w * (np.maximum(x[t] @ arrays[UP][e], 0.0) ** 2) @ arrays[DOWN][e]
+    np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    with pytest.raises(InputError, match="no squared ReLU for ungated experts"):
+        moe_session(weights, spec, "ort", HIDDEN)

@@ -437,6 +437,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
              "bamba": (("mamba", "full_attention", "mamba"), (1,), (8, 16, 32, 1, 3), ()),
              "nemotron_h": (("mamba", "mlp", "full_attention", "mamba", "mlp"), (2,), (8, 8, 16, 2, 4),
                             (False, True, False, False, True)),
+             "nemotron_h_moe": (("mamba", "mlp", "full_attention", "mamba", "mlp"), (2,), (8, 8, 16, 2, 4),
+                                (False, True, False, False, True)),
              "falcon_h1": (("hybrid", "hybrid"), (0, 1), (4, 16, 16, 2, 4), ()),
              "falcon_h1_normed": (("hybrid", "hybrid"), (0, 1), (8, 16, 16, 2, 3), ())}
     if tiny.name in mamba:  # (Mamba-2 layers: their conv and state-space states, no KV; Nemotron-H's blocks one
@@ -472,7 +474,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                                             "solar_open", "flex_olmo",
                                                                             "exaone_moe", "minicpm5_moe", "mellum",
                                                                             "flint", "hy_v3", "kolibri1",
-                                                                            "mimo_v2_flash", "laguna", "lfm2_moe")
+                                                                            "mimo_v2_flash", "laguna", "lfm2_moe",
+                                                                            "nemotron_h_moe")
                                                     or mla_moe else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
@@ -483,12 +486,15 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
         "llama4_text": ("sigmoid_logits", 1, 1, 1.0), "mimo_v2_flash": ("sigmoid", 2, 1, 1.5),
-        "laguna": ("sigmoid", 1, 1, 1.5), "lfm2_moe": ("sigmoid", 1, 1, 1.5), "kimi_linear": ("sigmoid", 2, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
+        "laguna": ("sigmoid", 1, 1, 1.5), "lfm2_moe": ("sigmoid", 1, 1, 1.5), "kimi_linear": ("sigmoid", 2, 1, 1.5),
+        "nemotron_h_moe": ("sigmoid", 2, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
                                                             ("granite_swa", "granitemoe_swa", "flint",
                                                              "mimo_v2_flash")
+                                                            else (False, False, "relu2")
+                                                            if tiny.name == "nemotron_h_moe"
                                                             else (False, False, "silu"))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
                             (False, True, True) if tiny.name == "qwen3_next" else
@@ -499,6 +505,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                             else
                             (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text", "lfm2_moe",
                                                                  "kimi_linear")
+                            else (False, True, False, False, False) if tiny.name == "nemotron_h_moe"
                             else ())
     assert m.moe_norm_eps == (1e-6 if tiny.name == "lfm2_moe" else 1e-20)
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
@@ -510,6 +517,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              "granitemoe_swa": (32, False),
                                                              "granitemoehybrid": (64, False),
                                                              "kimi_linear": (32, False),
+                                                             "nemotron_h_moe": (64, False),
                                                              "cohere2_moe": (96, False), "llama4_text": (32, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",

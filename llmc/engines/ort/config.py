@@ -137,9 +137,13 @@ def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
         matmul = MatMul.llmc if use else MatMul.ort
     moe = cfg.moe
     scaled = export.model.moe_scale_inputs  # (Llama 4: com.microsoft.MoE cannot run experts on scaled inputs)
+    ungated = export.model.moe_activation == "relu2"  # (Nemotron-H's: com.microsoft.MoE has no squared ReLU)
     if moe is MoELowering.auto:
-        moe = (MoELowering.standard if export.model.num_experts <= MOE_UNROLL_MAX or scaled
+        moe = (MoELowering.standard if export.model.num_experts <= MOE_UNROLL_MAX or scaled or ungated
                else MoELowering.ort)
+    if moe is MoELowering.ort and ungated:
+        raise InputError("--moe ort: com.microsoft.MoE has no squared ReLU for this model's ungated experts; use --moe "
+                         "standard")
     if moe is MoELowering.ort and scaled:
         raise InputError("--moe ort: com.microsoft.MoE weights the experts' outputs, and this model's experts run on "
                          "inputs scaled by their routing weights; use --moe standard")
