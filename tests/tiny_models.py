@@ -813,6 +813,13 @@ def _nemotron_h_moe(tf: Any, common: dict[str, Any]) -> Any:  # Nemotron 3 Nano'
     return _nudged(model, biases=0.2, dt_bias=0.5)
 
 
+def _mamba2(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-2 alone: no attention, no MLP, no KV cache
+    config = tf.AutoConfig.for_model("mamba2", vocab_size=common["vocab_size"], hidden_size=64, num_hidden_layers=3,
+                                     num_heads=8, head_dim=16, state_size=16, n_groups=2, expand=2, conv_kernel=4,
+                                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _nudged(tf.AutoModelForCausalLM.from_config(config), dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -825,7 +832,8 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "qwen3_next": _qwen3_next, "lara_mini": _lara_mini, "granitemoehybrid": _granitemoehybrid,
                       "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h,
                       "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear,
-                      "olmo_hybrid": _olmo_hybrid, "nemotron_h_moe": _nemotron_h_moe})
+                      "olmo_hybrid": _olmo_hybrid, "nemotron_h_moe": _nemotron_h_moe,
+                      "mamba2": _mamba2})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
                 "nemotron_h_moe": _as_published_nemotron_h}

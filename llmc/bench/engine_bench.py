@@ -325,7 +325,8 @@ def _report(llm: LLM, cfg: BenchConfig, batch: int, prompt_len: int, new_tokens:
     m = llm.engine.manifest
     per_token = llm.engine.kv_bytes_per_token()
     context = prompt_len + new_tokens // 2  # mean context over the decode steps
-    step_bytes = weights + batch * context * per_token  # weights once per step + every row's KV
+    # weights once per step + every row's KV, and its states (recurrent layers: read and written whole each step)
+    step_bytes = weights + batch * (context * per_token + 2 * llm.engine.state_bytes_per_sequence())
     limit_steps = cfg.bandwidth_gbs * 1e9 / step_bytes
     steps_per_s = 1e3 / t["tpot_ms"]
     return {

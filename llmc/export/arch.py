@@ -8,6 +8,7 @@ can be configured with that llmc does not implement is refused, naming the optio
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ SUPPORTED = {
     "nemotron_h": "Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano (Mamba-2, attention, MLP and mixture blocks)",
     "falcon_h1": "Falcon-H1 (attention and Mamba-2 side by side)",
     "kimi_linear": "Kimi Linear (Kimi Delta Attention and latent attention without positions)",
+    "mamba2": "Mamba-2, Codestral Mamba (Mamba-2 alone)",
     "olmo_hybrid": "OLMo Hybrid (Gated DeltaNet and OLMo 3's attention)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
@@ -130,6 +132,8 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     sd = _WEIGHT_NAMES.get(mt, lambda c, sd: sd)(config, sd)
     _common_checks(config, sd)
     layers = int(config.num_hidden_layers)
+    if mt == "mamba2":  # (no attention: its mixers' heads stand in for the attention's, which no layer has)
+        config = _Mamba2Attention(config)
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
     head_dim = int(_get(config, "head_dim", config.hidden_size // heads))
     tied = bool(_get(config, "tie_word_embeddings", False))
@@ -153,6 +157,24 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron", *ZERO_CENTRED_NORMS))
     w.update(rope_weights)
     return Checkpoint(spec, w)
+
+
+SSM_MAX_POSITIONS = 262144  # the context of a model without positions or attention (Mamba-2 alone): its state is
+# the same size at any length; what an engine is built for (Codestral Mamba's tested length)
+
+
+class _Mamba2Attention:
+    """A Mamba-2 model's config with the attention fields the decoder reads (it has no attention layer): its
+    mixers' heads, no MLP, SSM_MAX_POSITIONS, layer_norm_epsilon as the norms' epsilon."""
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+        self.num_attention_heads = self.num_key_value_heads = int(config.num_heads)
+        self.head_dim, self.intermediate_size = int(config.head_dim), int(config.hidden_size)
+        self.max_position_embeddings, self.rms_norm_eps = SSM_MAX_POSITIONS, float(config.layer_norm_epsilon)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
 
 
 def _inner_size(config: Any) -> int:
@@ -996,6 +1018,22 @@ def _olmo_hybrid_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.n
     return out
 
 
+def _mamba2(config: Any) -> dict[str, Any]:
+    """Mamba-2 alone: every layer a Mamba-2 mixer after its RMSNorm, no MLP, no attention (so no KV cache: the
+    engines hold only its states)."""
+    layers = int(config.num_hidden_layers)
+    fields = _mamba(config, ["mamba"] * layers, int(config.num_heads), int(config.head_dim), int(config.state_size),
+                    int(config.n_groups), int(config.conv_kernel), "hidden_act")
+    return {**fields, "mlp_layers": (False,) * layers, "norm_eps": float(config.layer_norm_epsilon)}
+
+
+def _mamba2_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Mamba-2's weights under the names the others use: each block's norm as input_layernorm, its mixer as mamba."""
+    out = _renamed(sd, (("backbone.embeddings.", "model.embed_tokens."), ("backbone.norm_f.", "model.norm."),
+                        ("backbone.layers.", "model.layers."), (".mixer.", ".mamba.")))
+    return {re.sub(r"^(model\.layers\.\d+)\.norm\.", r"\1.input_layernorm.", k): v for k, v in out.items()}
+
+
 def _nemotron_h(config: Any) -> dict[str, Any]:
     """Nemotron-H: one mixer or MLP a block, each after its own RMSNorm: Mamba-2 ("linear_attention"), attention
     without positions ("full_attention") or a plain squared-ReLU MLP ("mlp"): llmc layers of those types, the
@@ -1304,6 +1342,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "qwen3_next": lambda c, sd: _qwen3_5_names(c, _qwen3_next_names(c, sd)),
     "granitemoehybrid": _granite_hybrid_names, "bamba": lambda c, sd: _renamed(sd, _BAMBA_NAMES),
     "nemotron_h": _nemotron_h_names, "falcon_h1": _falcon_h1_names, "olmo_hybrid": _olmo_hybrid_names,
+    "mamba2": _mamba2_names,
     "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
@@ -1352,7 +1391,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_5_text": _qwen3_5, "qwen3_5_moe_text": lambda c: {**_qwen3_5(c), **_moe(c)},
     "qwen3_next": lambda c: {**_qwen3_5(c), **_moe(c)},
     "granitemoehybrid": _granite_hybrid, "bamba": _bamba, "nemotron_h": _nemotron_h, "falcon_h1": _falcon_h1,
-    "kimi_linear": _kimi_linear, "olmo_hybrid": _olmo_hybrid,
+    "kimi_linear": _kimi_linear, "olmo_hybrid": _olmo_hybrid, "mamba2": _mamba2,
     "lara_mini": lambda c: {**_qwen3_5(c), **_moe(c), "attn_output_gate": False,  # (its attention ungated,
                             "rope_layers": tuple(t == "sliding_attention" for t in c.layer_types)},  # RoPE on sliding
     # layers only)

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from llmc.errors import InputError
-from llmc.export.arch import STATIC_ROPE_TYPES
+from llmc.export.arch import SSM_MAX_POSITIONS, STATIC_ROPE_TYPES
 
 # rope types transformers knows beside llmc's (llmc/export/arch.py refuses them by name once the model is loaded)
 OTHER_ROPE_TYPES = ("dynamic", "proportional")
@@ -32,6 +32,9 @@ def check_config(config: dict[str, Any], where: str) -> None:
                   **{ours: ffn[theirs] for theirs, ours in (("ffn_hidden_size", "intermediate_size"),
                                                             ("moe_num_experts", "num_local_experts"),
                                                             ("moe_top_k", "num_experts_per_tok")) if theirs in ffn}}
+    if config.get("model_type") == "mamba2":  # (no attention: its mixers' heads; any length: SSM_MAX_POSITIONS)
+        config = {**config, "num_attention_heads": config.get("num_heads"),
+                  "max_position_embeddings": SSM_MAX_POSITIONS, "intermediate_size": config.get("hidden_size")}
     if config.get("model_type") == "kimi_linear":  # (its config.json's names for the usual fields)
         config = {**{ours: config[theirs] for ours, theirs in _KIMI_NAMES if theirs in config}, **config}
     if config.get("model_type") == "nemotron_h" and config.get("num_hidden_layers") is None:  # (its blocks' count:

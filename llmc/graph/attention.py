@@ -415,8 +415,9 @@ class OnnxStaticAttention(OnnxAttention):
         b = c.b
         pos = io.POSITION_IDS
         self.write_index = b.op("Squeeze", b.op("Gather", pos, b.ints(0), axis=1), b.ints(1))  # [B]
-        max_seq = b.op("Squeeze", b.op("Shape", io.PAST_KEY.format(i=0), start=2, end=3), b.ints(0))  # []
-        self.keys = b.op("Range", b.const(np.array(0, np.int64)), max_seq, b.const(np.array(1, np.int64)))
+        if io.PAST_KEY.format(i=0) in c.inputs:  # (a model without attention, Mamba-2's, has no buffer to read)
+            max_seq = b.op("Squeeze", b.op("Shape", io.PAST_KEY.format(i=0), start=2, end=3), b.ints(0))  # []
+            self.keys = b.op("Range", b.const(np.array(0, np.int64)), max_seq, b.const(np.array(1, np.int64)))
 
     def attended(self, full: str, zero: str) -> str:
         return full  # [B, Hkv, max_seq, D]

@@ -92,7 +92,10 @@ class EngineLoop:
                              f"{engine.state_bytes_per_sequence() / 2**20:,.1f} MiB a sequence); raise the budget to "
                              f"at least {2 * states / 2**20:,.0f} or lower --max-running", "kv_budget_mb")
         budget -= states
-        if engine.kv_block_size:
+        if not per_token:  # (no layer attends: Mamba-2 alone; the states are all a sequence keeps)
+            max_len = int(engine.max_positions)
+            num_blocks = cfg.max_running * -(-max_len // bs) if engine.kv_block_size else 0
+        elif engine.kv_block_size:
             num_blocks = budget // (per_token * bs)
             max_len = int(min(engine.max_positions, num_blocks * bs))
         else:

@@ -122,7 +122,9 @@ def _hf_incremental(model: Any, prompt: list[int], steps: list[int]) -> list[np.
         for ids in [prompt, *[[t] for t in steps]]:
             positions = torch.arange(done, done + len(ids))[None]
             done += len(ids)
-            out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True, position_ids=positions)
+            cached = {"cache": cache} if model.config.model_type == "mamba2" else {"past_key_values": cache}  # (its
+            # forward takes only the new name)
+            out = model(torch.tensor([ids]), use_cache=True, position_ids=positions, **cached)
             cache = out.past_key_values
             logits.append(out.logits[0, -1].float().numpy())
     return logits
@@ -315,12 +317,14 @@ def test_decode_graph_chunk_logits_match_transformers(tiny: Built, hf: Any) -> N
 def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     m, cfg = load_export(tiny.export_dir).model, hf.config
     layers = getattr(cfg, "num_hidden_layers", getattr(cfg, "n_layer", None))
-    assert m.num_layers == layers and m.num_heads == 4 and m.vocab_size == 320
+    heads = 8 if tiny.name == "mamba2" else 4  # (Mamba-2 alone: its mixers' heads stand in for attention's)
+    assert m.num_layers == layers and m.num_heads == heads and m.vocab_size == 320
     assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
     mla = tiny.name in (*ARCH_MLA, "kimi_linear")  # one KV head: the latent (+ the rotated key)
     assert m.num_kv_heads == (1 if mla else {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1,
                                              "mimo_v2_flash": 2,  # (its sliding layers': twice its full ones')
-                                             "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4}.get(tiny.name, 2))
+                                             "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4, "mamba2": 8}.get(tiny.name,
+                                                                                                         2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
     assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu", "axk1",
@@ -440,6 +444,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
              "nemotron_h_moe": (("mamba", "mlp", "full_attention", "mamba", "mlp"), (2,), (8, 8, 16, 2, 4),
                                 (False, True, False, False, True)),
              "falcon_h1": (("hybrid", "hybrid"), (0, 1), (4, 16, 16, 2, 4), ()),
+             "mamba2": (("mamba",) * 3, (), (8, 16, 16, 2, 4), (False,) * 3),
              "falcon_h1_normed": (("hybrid", "hybrid"), (0, 1), (8, 16, 16, 2, 3), ())}
     if tiny.name in mamba:  # (Mamba-2 layers: their conv and state-space states, no KV; Nemotron-H's blocks one
         # mixer or one MLP each)
