@@ -225,6 +225,12 @@ class ModelSpec:
         return not self.layer_types or self.layer_types[layer] in ATTENTION_TYPES
 
     @property
+    def has_states(self) -> bool:
+        """Some layer keeps a state per sequence beside the KV cache (a convolution, a linear attention, a Mamba-2
+        mixer, Falcon-H1's beside its attention included)."""
+        return any(self.is_conv(i) or self.is_linear(i) or self.is_mamba(i) for i in range(self.num_layers))
+
+    @property
     def kv_layers(self) -> tuple[int, ...]:
         """The layers with a KV cache (the attention layers), in order: KV layer j is layer kv_layers[j]."""
         return tuple(i for i in range(self.num_layers) if self.attends(i))

@@ -84,7 +84,7 @@ def test_chunked_attention_is_refused_by_the_plugin_and_built_natively() -> None
     check_trt_config(TrtBuildConfig(BuildConfig(Path("e"), Path("o")), attention="native"), chunked)
 
 
-@pytest.mark.parametrize("kind", ["conv", "linear_attention", "mamba"])
+@pytest.mark.parametrize("kind", ["conv", "linear_attention", "mamba", "hybrid"])
 def test_layers_with_states_are_refused_naming_the_other_backend(kind: str) -> None:
     states = replace(MODEL, conv_kernel=3, linear_conv_kernel=4, mamba_conv_kernel=4,
                      layer_types=(kind,) + ("full_attention",) * (MODEL.num_layers - 1))

@@ -197,7 +197,7 @@ def write_cuda_engine(work: Path, export_dir: Path, export: ExportManifest, onnx
         raise InputError(f"--backend ort-cuda builds GroupQueryAttention, which has no chunked attention (this "
                          f"model's layers see blocks of {export.model.attention_chunk} positions): use --backend ort "
                          "or trt --attention native")
-    if len(export.model.kv_layers) < export.model.num_layers:
+    if export.model.has_states:
         raise InputError("--backend ort-cuda keeps KV memory on the GPU and no per-sequence state beside it (this "
                          "model's convolution, linear-attention or Mamba-2 layers, LFM2's, Qwen3.5's or Granite "
                          "4.0-H's, need one): use --backend ort")

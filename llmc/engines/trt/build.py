@@ -127,7 +127,7 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
     if model.attention_chunk and cfg.attention == "plugin":
         raise InputError(f"the model's chunked attention (blocks of {model.attention_chunk} positions: Llama 4) is not "
                          "in llmc's attention plugin: build with --attention native (its mask holds the chunks)")
-    if len(model.kv_layers) < model.num_layers:
+    if model.has_states:
         raise InputError("the model's convolution, linear-attention or Mamba-2 layers (LFM2, Qwen3.5, Granite 4.0-H, "
                          "Nemotron-H) keep a state per sequence, which the TensorRT engines do not hold: build it with "
                          "--backend ort")
