@@ -33,12 +33,10 @@ def _hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
         return hf(torch.tensor([ids])).logits[0].numpy()  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "nemotron_h", "kimi_linear", "mamba2",
-                                                        "falcon_h1"])
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "nemotron_h", "kimi_linear", "mamba2", "falcon_h1"])
 def stateful(request: pytest.FixtureRequest, tiny_factory: Callable[[str], Built]) -> Built:
-    """A model with states: LFM2's convolutions, Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba-2 mixers or Kimi
-    Linear's Kimi Delta Attention, Mamba-2 alone (no KV cache at all) or Falcon-H1's (attention and a mixer in
-    every layer)."""
+    """A model with states: LFM2's convolutions, Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba-2 mixers, Kimi Linear's
+    Kimi Delta Attention, Mamba-2 alone (no KV cache at all) or Falcon-H1's mixers beside attention in every layer."""
     return tiny_factory(request.param)
 
 
