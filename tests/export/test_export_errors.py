@@ -357,16 +357,18 @@ def test_family_options_llmc_does_not_build_are_named(tmp_path: Path, tiny_famil
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), *words)
 
 
-def test_nemotron_h_mixtures_are_refused_by_name() -> None:
-    """Nemotron-H's "moe" blocks (ungated squared-ReLU experts) are not built: the export says so, naming them."""
+def test_nemotron_h_latent_experts_are_refused_by_name() -> None:
+    """Nemotron-H's mixtures on a latent projection of the hidden state (moe_latent_size) are not built: the export
+    says so, naming the option (its mixtures on the hidden state are: tests/export/test_parity.py)."""
     import transformers
 
     from llmc.errors import UnsupportedModelError
     from llmc.export.arch import _QUIRKS
 
     config = transformers.AutoConfig.for_model("nemotron_h", hidden_size=64, num_attention_heads=4, head_dim=16,
-                                               layers_block_type=["linear_attention", "moe", "full_attention"])
-    with pytest.raises(UnsupportedModelError, match=r"layers_block_type = 'moe' is not supported: .*dense models are"):
+                                               layers_block_type=["linear_attention", "moe", "full_attention"],
+                                               moe_latent_size=32)
+    with pytest.raises(UnsupportedModelError, match=r"moe_latent_size = 32 is not supported: .*hidden state itself"):
         _QUIRKS["nemotron_h"](config)
 
 
