@@ -356,6 +356,21 @@ def _as_published_nemotron_h(out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
+def _as_published_kimi_linear(out: Path) -> None:
+    """The saved Kimi Linear model's config as Moonshot publishes it: its linear layers in linear_attn_config (1-based
+    layer numbers, head_dim, num_heads, short_conv_kernel_size), its dense layers by first_k_dense_replace."""
+    config = json.loads((out / "config.json").read_text())
+    types = config.pop("layer_types")
+    dense = config.pop("mlp_layer_types").count("dense")
+    config["linear_attn_config"] = {
+        "kda_layers": [i + 1 for i, t in enumerate(types) if t == "linear_attention"],
+        "full_attn_layers": [i + 1 for i, t in enumerate(types) if t == "full_attention"],
+        "head_dim": config.pop("linear_head_dim"), "num_heads": config.pop("linear_num_heads"),
+        "short_conv_kernel_size": config.pop("linear_conv_kernel_dim")}
+    config["first_k_dense_replace"] = dense
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
 def _as_published_exaone(out: Path) -> None:
     """The saved EXAONE 3.x model under the names its checkpoints use (transformers renames them as it loads)."""
     from safetensors.torch import load_file, save_file
@@ -836,7 +851,7 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "mamba2": _mamba2})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
-                "nemotron_h_moe": _as_published_nemotron_h}
+                "nemotron_h_moe": _as_published_nemotron_h, "kimi_linear": _as_published_kimi_linear}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:
