@@ -357,8 +357,31 @@ def _as_published_nemotron_h(out: Path) -> None:
 
 
 def _as_published_kimi_linear(out: Path) -> None:
-    """The saved Kimi Linear model's config as Moonshot publishes it: its linear layers in linear_attn_config (1-based
-    layer numbers, head_dim, num_heads, short_conv_kernel_size), its dense layers by first_k_dense_replace."""
+    """The saved Kimi Linear model as Moonshot publishes it (transformers converts both as it loads): its forget
+    gate's weights on the attention, q / k / v's convolutions apart, the mixtures as block_sparse_moe with each
+    expert's w1 (gate), w3 (up) and w2 (down); its linear layers in linear_attn_config (1-based layer numbers,
+    head_dim, num_heads, short_conv_kernel_size), its dense layers by first_k_dense_replace."""
+    from safetensors.torch import load_file, save_file
+
+    weights = {}
+    for key, value in load_file(str(out / "model.safetensors")).items():
+        key = key.replace(".self_attn.forget_gate.", ".self_attn.")
+        if key.endswith(".self_attn.conv1d.weight"):
+            for name, part in zip("qkv", value.chunk(3, dim=0)):
+                weights[key.replace(".conv1d.", f".{name}_conv1d.")] = part.contiguous()
+        elif ".mlp.experts." in key:
+            moe = key.split(".mlp.experts.")[0] + ".block_sparse_moe.experts."
+            for e, expert in enumerate(value):
+                if key.endswith("gate_up_proj"):
+                    gate, up = expert.chunk(2, dim=0)
+                    weights[f"{moe}{e}.w1.weight"], weights[f"{moe}{e}.w3.weight"] = gate.contiguous(), up.contiguous()
+                else:
+                    weights[f"{moe}{e}.w2.weight"] = expert.contiguous()
+        elif ".mlp.gate." in key or ".mlp.shared_experts." in key:
+            weights[key.replace(".mlp.", ".block_sparse_moe.")] = value
+        else:
+            weights[key] = value
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
     types = config.pop("layer_types")
     dense = config.pop("mlp_layer_types").count("dense")
