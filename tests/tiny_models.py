@@ -342,13 +342,9 @@ def _exaone(tf: Any, common: dict[str, Any]) -> Any:  # Llama's layer (make_mode
 
 
 def _as_published_nemotron_h(out: Path) -> None:
-    """The saved Nemotron-H model as NVIDIA publishes it: weights under backbone.*, its blocks as
-    hybrid_override_pattern (M: Mamba-2, *: attention, -: MLP, E: mixture) with num_hidden_layers (transformers maps
-    both)."""
-    from safetensors.torch import load_file, save_file
-
-    weights = {k.replace("model.", "backbone.", 1): v for k, v in load_file(str(out / "model.safetensors")).items()}
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    """The saved Nemotron-H model's config as NVIDIA publishes it (its weights transformers already saves so, under
+    backbone.*, each expert's up_proj / down_proj apart): its blocks as hybrid_override_pattern (M: Mamba-2, *:
+    attention, -: MLP, E: mixture) with num_hidden_layers (transformers maps both)."""
     config = json.loads((out / "config.json").read_text())
     letters = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
     blocks = config.pop("layers_block_type")
@@ -356,32 +352,20 @@ def _as_published_nemotron_h(out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def _as_published_kimi_linear(out: Path) -> None:
-    """The saved Kimi Linear model as Moonshot publishes it (transformers converts both as it loads): its forget
-    gate's weights on the attention, q / k / v's convolutions apart, the mixtures as block_sparse_moe with each
-    expert's w1 (gate), w3 (up) and w2 (down); its linear layers in linear_attn_config (1-based layer numbers,
-    head_dim, num_heads, short_conv_kernel_size), its dense layers by first_k_dense_replace."""
-    from safetensors.torch import load_file, save_file
+def _as_published_granite_hybrid(out: Path) -> None:
+    """The saved Granite 4.0-H model's config as IBM publishes it: layer_types "mamba" / "attention" (transformers
+    reads them as "linear_attention" / "full_attention"; its weights it already saves as published)."""
+    config = json.loads((out / "config.json").read_text())
+    names = {"linear_attention": "mamba", "full_attention": "attention"}
+    config["layer_types"] = [names[t] for t in config["layer_types"]]
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
-    weights = {}
-    for key, value in load_file(str(out / "model.safetensors")).items():
-        key = key.replace(".self_attn.forget_gate.", ".self_attn.")
-        if key.endswith(".self_attn.conv1d.weight"):
-            for name, part in zip("qkv", value.chunk(3, dim=0)):
-                weights[key.replace(".conv1d.", f".{name}_conv1d.")] = part.contiguous()
-        elif ".mlp.experts." in key:
-            moe = key.split(".mlp.experts.")[0] + ".block_sparse_moe.experts."
-            for e, expert in enumerate(value):
-                if key.endswith("gate_up_proj"):
-                    gate, up = expert.chunk(2, dim=0)
-                    weights[f"{moe}{e}.w1.weight"], weights[f"{moe}{e}.w3.weight"] = gate.contiguous(), up.contiguous()
-                else:
-                    weights[f"{moe}{e}.w2.weight"] = expert.contiguous()
-        elif ".mlp.gate." in key or ".mlp.shared_experts." in key:
-            weights[key.replace(".mlp.", ".block_sparse_moe.")] = value
-        else:
-            weights[key] = value
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+def _as_published_kimi_linear(out: Path) -> None:
+    """The saved Kimi Linear model's config as Moonshot publishes it (its weights transformers already saves so: the
+    forget gate's on the attention, q / k / v's convolutions apart, block_sparse_moe experts' w1 / w2 / w3): its
+    linear layers in linear_attn_config (1-based layer numbers, head_dim, num_heads, short_conv_kernel_size), its
+    dense layers by first_k_dense_replace."""
     config = json.loads((out / "config.json").read_text())
     types = config.pop("layer_types")
     dense = config.pop("mlp_layer_types").count("dense")
@@ -874,7 +858,8 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "mamba2": _mamba2})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
-                "nemotron_h_moe": _as_published_nemotron_h, "kimi_linear": _as_published_kimi_linear}
+                "nemotron_h_moe": _as_published_nemotron_h, "kimi_linear": _as_published_kimi_linear,
+                "granitemoehybrid": _as_published_granite_hybrid, "granitemoehybrid_dense": _as_published_granite_hybrid}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:
