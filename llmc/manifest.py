@@ -136,6 +136,9 @@ class ModelSpec:
     # (Llama 4)
     moe_jitter_eps: float = 0.0  # "sparsemixer" routing's threshold (PhiMoE: config.router_jitter_noise)
     moe_norm_eps: float = 1e-20  # "sigmoid" routing, renormalized: added to the k scores' sum (LFM2-MoE: 1e-6)
+    # the experts run on h @ moe_latent_in [hidden, L] and their weighted sum goes back through moe_latent_out
+    # [L, hidden]; the router reads h (Nemotron-H's latent experts); 0: none
+    moe_latent_size: int = 0
     # GPT-OSS's experts: "swiglu_oss" is (clamp(up, -L, L) + 1) * g * sigmoid(alpha g), g = min(gate, L), with
     # L = swiglu_limit, alpha = swiglu_alpha; moe_bias: the router and every expert's products have biases
     moe_activation: str = "silu"

@@ -842,6 +842,16 @@ def _mamba2(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-2 alone: no attent
     return _nudged(tf.AutoModelForCausalLM.from_config(config), dt_bias=0.5)
 
 
+def _nemotron_h_latent(tf: Any, common: dict[str, Any]) -> Any:  # Nemotron 3 Super's latent experts: the mixture's
+    # experts on a 32-wide projection of the hidden state, projected back
+    model = _auto(tf, "nemotron_h", **{**common, "num_hidden_layers": 3},
+                  layers_block_type=["mamba", "moe", "attention"], head_dim=16, mamba_num_heads=8, mamba_head_dim=8,
+                  ssm_state_size=16, n_groups=2, conv_kernel=4, n_routed_experts=8, num_experts_per_tok=2,
+                  moe_intermediate_size=32, moe_shared_expert_intermediate_size=64, n_group=2, topk_group=1,
+                  routed_scaling_factor=1.5, norm_topk_prob=True, moe_latent_size=32)
+    return _nudged(model, biases=0.2, dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -855,10 +865,11 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h,
                       "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear,
                       "olmo_hybrid": _olmo_hybrid, "nemotron_h_moe": _nemotron_h_moe,
-                      "mamba2": _mamba2})
+                      "mamba2": _mamba2, "nemotron_h_latent": _nemotron_h_latent})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
-                "nemotron_h_moe": _as_published_nemotron_h, "kimi_linear": _as_published_kimi_linear,
+                "nemotron_h_moe": _as_published_nemotron_h, "nemotron_h_latent": _as_published_nemotron_h,
+                "kimi_linear": _as_published_kimi_linear,
                 "granitemoehybrid": _as_published_granite_hybrid, "granitemoehybrid_dense": _as_published_granite_hybrid}
 
 

@@ -46,7 +46,7 @@ SUPPORTED = {
     "lfm3": "LFM3", "qwen3_5_text": "Qwen3.5 (text; Gated DeltaNet and gated attention)",
     "qwen3_5_moe_text": "Qwen3.5-MoE (text)", "qwen3_next": "Qwen3-Next", "lara_mini": "Lara Mini",
     "granitemoehybrid": "Granite 4.0-H (Mamba-2 and attention; dense or MoE)", "bamba": "Bamba (Mamba-2 and attention)",
-    "nemotron_h": "Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano (Mamba-2, attention, MLP and mixture blocks)",
+    "nemotron_h": "Nemotron-H, Nemotron Nano 2, Nemotron 3 (Mamba-2, attention, MLP and mixture blocks)",
     "falcon_h1": "Falcon-H1 (attention and Mamba-2 side by side)",
     "kimi_linear": "Kimi Linear (Kimi Delta Attention and latent attention without positions)",
     "mamba2": "Mamba-2, Codestral Mamba (Mamba-2 alone)",
@@ -1038,18 +1038,17 @@ def _nemotron_h(config: Any) -> dict[str, Any]:
     """Nemotron-H: one mixer or MLP a block, each after its own RMSNorm: Mamba-2 ("linear_attention"), attention
     without positions ("full_attention") or a plain squared-ReLU MLP ("mlp"): llmc layers of those types, the
     mixers' without an MLP (ModelSpec.mlp_layers); its mixture blocks ("moe") are "mlp" layers whose MLP is a
-    mixture: DeepSeek-V3's router over ungated squared-ReLU experts, a plain shared expert beside them (the experts
-    on a latent projection of the input, moe_latent_size, are refused)."""
+    mixture: DeepSeek-V3's router over ungated squared-ReLU experts (on a latent projection of the hidden state where
+    moe_latent_size says: ModelSpec.moe_latent_size), a plain shared expert beside them."""
     types = list(config.layers_block_type)
-    if "moe" in types and _get(config, "moe_latent_size", None) is not None:
-        _refuse("moe_latent_size", config.moe_latent_size, "the experts are built on the hidden state itself")
     kinds = {"linear_attention": "mamba", "full_attention": "full_attention", "mlp": "mlp", "moe": "mlp"}
     if unknown := sorted(set(types) - set(kinds)):
         _refuse("layers_block_type", unknown, f"llmc builds {', '.join(kinds)} blocks")
     fields = _mamba(config, [kinds[t] for t in types], int(config.mamba_num_heads), int(config.mamba_head_dim),
                     int(config.ssm_state_size), int(config.n_groups), int(config.conv_kernel),
                     "mamba_hidden_act")
-    return {**fields, **(_moe(config) if "moe" in types else {}),
+    latent = int(_get(config, "moe_latent_size", 0) or 0) if "moe" in types else 0
+    return {**fields, **(_moe(config) if "moe" in types else {}), **({"moe_latent_size": latent} if latent else {}),
             "mlp_layers": tuple(t in ("mlp", "moe") for t in types), "plain_mlp": True,
             "activation": _activation(str(config.mlp_hidden_act)), "norm_eps": float(config.layer_norm_epsilon),
             "intermediate_size": int(config.intermediate_size)}
@@ -1527,6 +1526,11 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
             out[q + CORRECTION_BIAS] = np.zeros(spec.num_experts, np.float32)
         if spec.moe_post_norm:  # (A.X K1)
             out[q + "moe_norm.weight"] = sd[p + "post_mlp_layernorm.weight"]
+        if spec.moe_latent_size:  # (Nemotron-H's latent experts: the projections around them)
+            for theirs, ours in (("fc1_latent_proj", "moe_latent_in"), ("fc2_latent_proj", "moe_latent_out")):
+                out[q + ours + ".weight"] = sd[p + theirs + ".weight"].T.copy()
+                if p + theirs + ".bias" in sd:
+                    out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
         if spec.shared_expert_size and spec.plain_mlp:  # (Nemotron-H's: a plain MLP, up and down)
             s = p + "shared_experts."
             out.update({q + "shared_expert.fc.weight": sd[s + "up_proj.weight"].T.copy(),

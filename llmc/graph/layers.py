@@ -118,8 +118,11 @@ def _out_width(m: ModelSpec, name: str) -> int:
               "lin_in": 2 * (m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * (m.linear_v_dim + 1)),
               "mamba_in": m.mamba_heads * (2 * m.mamba_head_dim + 1) + 2 * m.mamba_groups * m.mamba_state,
               "kda_in": m.linear_v_heads * (3 * m.linear_v_dim + 1) + 2 * m.linear_v_dim,
-              "kda_f": m.linear_v_heads * m.linear_v_dim, "kda_g": m.linear_v_heads * m.linear_v_dim}
-    return widths.get(kind, m.hidden_size)  # down, proj
+              "kda_f": m.linear_v_heads * m.linear_v_dim, "kda_g": m.linear_v_heads * m.linear_v_dim,
+              "moe_latent_in": m.moe_latent_size}
+    if kind == "down" and ".experts." in name and m.moe_latent_size:  # (latent experts: their outputs are L wide)
+        return m.moe_latent_size
+    return widths.get(kind, m.hidden_size)  # down, proj, moe_latent_out
 
 
 def gated_tiles(c: Ctx, name: str) -> bool:

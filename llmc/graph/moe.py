@@ -422,8 +422,10 @@ def ort_attrs(spec: MoESpec) -> dict[str, Any]:
 
 
 def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.ndarray], spec: MoESpec,
-              lowering: str, mm: MatMul | None = None, accuracy_level: int = 0) -> str:
-    """The MoE MLP of h [B, S, hidden] (the graph's compute dtype); returns its output [B, S, hidden].
+              lowering: str, mm: MatMul | None = None, accuracy_level: int = 0, experts_in: str | None = None) -> str:
+    """The MoE MLP of h [B, S, hidden] (the graph's compute dtype); returns its output [B, S, hidden]. With
+    `experts_in` [B, S, L] the router still reads h, but the experts run on experts_in and the output is theirs,
+    [B, S, L] (Nemotron-H's latent experts; not "ort").
 
     `weights` holds the canonical arrays (only the router's shape is read); "standard" and "ort" reference the
     arrays `moe_weights` makes for them ("ort": QMoE where `quantize_experts` replaced them). `mm` ("standard"): how
@@ -442,6 +444,11 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
         raise ValueError(f"{prefix}.{ROUTER} has {e} experts, the spec {spec.num_experts}")
     x = b.op("Reshape", h, b.ints(-1, hidden))  # [N, hidden]
     logits = _router_logits(b, x, prefix, spec)
+    if experts_in is not None:
+        if lowering == "ort":
+            raise InputError("--moe ort builds com.microsoft.MoE, whose experts read the router's input; use --moe "
+                             "standard")
+        x = b.op("Reshape", experts_in, b.op("Concat", b.ints(-1), b.op("Shape", experts_in, start=-1), axis=0))
     if lowering == "ort":
         softmax = spec.routing == "softmax"
         router, total = ((b.to_compute(logits) if spec.fp32_router else logits, "") if softmax
@@ -460,7 +467,7 @@ def moe_block(b: GraphBuilder, h: str, prefix: str, weights: Mapping[str, np.nda
         dense = b.to_compute(_routing_matrix(b, logits, prefix, spec))  # [N, E]: picked experts' weights, else 0
         y = (_unrolled(b, x, dense, prefix, spec, mm) if lowering == "standard"
              else {"loop": _loop, "dense": _dense}[lowering](b, x, dense, prefix, spec))
-    return b.op("Reshape", y, b.op("Shape", h))
+    return b.op("Reshape", y, b.op("Shape", h if experts_in is None else experts_in))
 
 
 def _qmoe(b: GraphBuilder, x: str, router: str, prefix: str, weights: Mapping[str, np.ndarray], spec: MoESpec,
@@ -734,12 +741,16 @@ def moe_spec(m: ModelSpec) -> MoESpec:
 
 def moe_mlp(c: Ctx, layer: int, h: str) -> str:
     """Layer `layer`'s mixture of experts in the graph's lowering (GraphOptions.moe); each expert's weights are
-    linear layers (quantized ones too) in the "standard" lowering."""
+    linear layers (quantized ones too) in the "standard" lowering. With ModelSpec.moe_latent_size the experts run on
+    h @ moe_latent_in and their sum goes back through moe_latent_out (Nemotron-H's latent experts)."""
     def mm(x: str, name: str) -> str:
         return linear(c, x, name)
 
     accuracy = c.opts.quant.accuracy_level if c.opts.quant is not None else 0
-    return moe_block(c.b, h, f"layers.{layer}", c.ckpt.weights, moe_spec(c.m), c.opts.moe, mm, accuracy)
+    p = f"layers.{layer}"
+    latent = linear(c, h, f"{p}.moe_latent_in") if c.m.moe_latent_size else None
+    y = moe_block(c.b, h, p, c.ckpt.weights, moe_spec(c.m), c.opts.moe, mm, accuracy, latent)
+    return linear(c, y, f"{p}.moe_latent_out") if latent is not None else y
 
 
 def float32_weights(m: ModelSpec) -> frozenset[str]:

@@ -632,25 +632,44 @@ def test_graph_lowerings_agree_on_the_new_routings(routing: str, scale_inputs: b
         assert np.abs(outputs[lowering] - outputs["loop"]).max() <= 1e-5, lowering
 
 
+@pytest.mark.parametrize("latent", [0, 16])
 @pytest.mark.parametrize("lowering", [lowering for lowering in LOWERINGS if lowering != "ort"])
-def test_ungated_experts_on_every_lowering(lowering: str) -> None:
+def test_ungated_experts_on_every_lowering(lowering: str, latent: int) -> None:
     """Nemotron-H's experts, down(relu(x @ up)^2), under DeepSeek-V3's router, against the float64 reference on
-    each lowering but "ort" (com.microsoft.MoE has no squared ReLU), which refuses them by name."""
+    each lowering but "ort" (com.microsoft.MoE has no squared ReLU), which refuses them by name; with `latent`, on a
+    projection of the router's input (experts_in: Nemotron 3 Super's latent experts), their sum as wide."""
     from llmc.errors import InputError
 
     rng = np.random.default_rng(3)
+    width = latent or HIDDEN
     spec = MoESpec(8, 2, INTER, True, "relu2", routing="sigmoid", num_groups=2, topk_groups=1, routed_scaling=1.5)
     arrays = {ROUTER: rng.normal(size=(HIDDEN, 8)), CORRECTION_BIAS: rng.normal(0.0, 0.3, 8),
-              UP: 0.3 * rng.normal(size=(8, HIDDEN, INTER)), DOWN: 0.3 * rng.normal(size=(8, INTER, HIDDEN))}
+              UP: 0.3 * rng.normal(size=(8, width, INTER)), DOWN: 0.3 * rng.normal(size=(8, INTER, width))}
     weights = {f"{PREFIX}.{n}": a.astype(np.float32) for n, a in arrays.items()}
     h = rng.normal(size=(2, 5, HIDDEN)).astype(np.float32)
-    got = moe_session(weights, spec, lowering, HIDDEN).run(None, {"h": h})[0]
+    project = (rng.normal(size=(HIDDEN, width)) / np.sqrt(HIDDEN)).astype(np.float32)
     x = h.reshape(-1, HIDDEN).astype(np.float64)
     tops, ws = picks(x @ arrays[ROUTER], arrays[CORRECTION_BIAS], spec)
-    ref = np.zeros_like(x)
+    xe = x @ project if latent else x
+    ref = np.zeros((len(x), width))
     for t in range(len(x)):
         for e, w in zip(tops[t], ws[t]):
-            ref[t] += w * (np.maximum(x[t] @ arrays[UP][e], 0.0) ** 2) @ arrays[DOWN][e]
+            ref[t] += w * (np.maximum(xe[t] @ arrays[UP][e], 0.0) ** 2) @ arrays[DOWN][e]
+    if latent:
+        b = GraphBuilder(17, "float32")
+        experts_in = b.op("MatMul", "h", b.const(project))
+        b.output("Identity", [moe_block(b, "h", PREFIX, weights, spec, lowering, experts_in=experts_in)], "y")
+        arrays_all = {**weights, **moe_weights(weights, PREFIX, lowering)}
+        inits = [numpy_helper.from_array(arrays_all[n], n) for n in b.weights_used]
+        graph = helper.make_graph(b.nodes, "moe", [helper.make_tensor_value_info("h", DTYPES["float32"], None)],
+                                  [helper.make_tensor_value_info("y", DTYPES["float32"], None)],
+                                  initializer=list(b.constants.values()) + inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 10
+        got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"h": h})[0]
+    else:
+        got = moe_session(weights, spec, lowering, HIDDEN).run(None, {"h": h})[0]
+    assert got.shape == (2, 5, width)
     np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     with pytest.raises(InputError, match="no squared ReLU for ungated experts"):
         moe_session(weights, spec, "ort", HIDDEN)

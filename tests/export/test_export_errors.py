@@ -357,21 +357,6 @@ def test_family_options_llmc_does_not_build_are_named(tmp_path: Path, tiny_famil
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), *words)
 
 
-def test_nemotron_h_latent_experts_are_refused_by_name() -> None:
-    """Nemotron-H's mixtures on a latent projection of the hidden state (moe_latent_size) are not built: the export
-    says so, naming the option (its mixtures on the hidden state are: tests/export/test_parity.py)."""
-    import transformers
-
-    from llmc.errors import UnsupportedModelError
-    from llmc.export.arch import _QUIRKS
-
-    config = transformers.AutoConfig.for_model("nemotron_h", hidden_size=64, num_attention_heads=4, head_dim=16,
-                                               layers_block_type=["linear_attention", "moe", "full_attention"],
-                                               moe_latent_size=32)
-    with pytest.raises(UnsupportedModelError, match=r"moe_latent_size = 32 is not supported: .*hidden state itself"):
-        _QUIRKS["nemotron_h"](config)
-
-
 @pytest.mark.parametrize("damage", ["garbage", "short", "offsets"])
 def test_a_safetensors_file_that_is_not_one_is_named(tmp_path: Path, tiny_hf: Path, damage: str) -> None:
     folder = _copy_model(tiny_hf, tmp_path / "m")

@@ -445,6 +445,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                 (False, True, False, False, True)),
              "falcon_h1": (("hybrid", "hybrid"), (0, 1), (4, 16, 16, 2, 4), ()),
              "mamba2": (("mamba",) * 3, (), (8, 16, 16, 2, 4), (False,) * 3),
+             "nemotron_h_latent": (("mamba", "mlp", "full_attention"), (2,), (8, 8, 16, 2, 4), (False, True, False)),
              "falcon_h1_normed": (("hybrid", "hybrid"), (0, 1), (8, 16, 16, 2, 3), ())}
     if tiny.name in mamba:  # (Mamba-2 layers: their conv and state-space states, no KV; Nemotron-H's blocks one
         # mixer or one MLP each)
@@ -461,6 +462,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         # Nemotron-H: no layer)
         assert m.rope_layers == (() if rotated else (False,) * m.num_layers)
         assert m.mamba_norm == {"falcon_h1": "none", "falcon_h1_normed": "before_gate"}.get(tiny.name, "after_gate")
+        assert m.moe_latent_size == (32 if tiny.name == "nemotron_h_latent" else 0)
         if tiny.name == "falcon_h1":  # (the muP multipliers of the embeddings and the head; the others folded)
             assert (m.embedding_scale, m.logits_scaling) == (2.0, 2.0)
     else:
@@ -480,7 +482,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                                             "exaone_moe", "minicpm5_moe", "mellum",
                                                                             "flint", "hy_v3", "kolibri1",
                                                                             "mimo_v2_flash", "laguna", "lfm2_moe",
-                                                                            "nemotron_h_moe")
+                                                                            "nemotron_h_moe", "nemotron_h_latent")
                                                     or mla_moe else
                                                     (8, 3) if tiny.name == "dots1" else (0, 0))
     assert (m.moe_routing, m.moe_groups, m.moe_topk_groups, m.routed_scaling) == {
@@ -492,14 +494,14 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
         "llama4_text": ("sigmoid_logits", 1, 1, 1.0), "mimo_v2_flash": ("sigmoid", 2, 1, 1.5),
         "laguna": ("sigmoid", 1, 1, 1.5), "lfm2_moe": ("sigmoid", 1, 1, 1.5), "kimi_linear": ("sigmoid", 2, 1, 1.5),
-        "nemotron_h_moe": ("sigmoid", 2, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
+        "nemotron_h_moe": ("sigmoid", 2, 1, 1.5), "nemotron_h_latent": ("sigmoid", 2, 1, 1.5), **{n: ("sigmoid", 2, 1, 2.0) for n in (*SPARSE_INDEXED, "axk1")},
         "ernie4_5_moe": ("softmax_biased", 1, 1, 1.0)}.get(tiny.name, ("softmax", 1, 1, 1.0))
     assert (m.attn_sinks, m.moe_bias, m.moe_activation) == ((True, True, "swiglu_oss") if tiny.name == "gpt_oss"
                                                             else (True, False, "silu") if tiny.name in
                                                             ("granite_swa", "granitemoe_swa", "flint",
                                                              "mimo_v2_flash")
                                                             else (False, False, "relu2")
-                                                            if tiny.name == "nemotron_h_moe"
+                                                            if tiny.name.startswith("nemotron_h_")
                                                             else (False, False, "silu"))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
                             (False, True, True) if tiny.name == "qwen3_next" else
@@ -511,6 +513,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                             (False, True, True) if tiny.name in ("afmoe", "cohere2_moe", "llama4_text", "lfm2_moe",
                                                                  "kimi_linear")
                             else (False, True, False, False, False) if tiny.name == "nemotron_h_moe"
+                            else (False, True, False) if tiny.name == "nemotron_h_latent"
                             else ())
     assert m.moe_norm_eps == (1e-6 if tiny.name == "lfm2_moe" else 1e-20)
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
@@ -523,6 +526,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              "granitemoehybrid": (64, False),
                                                              "kimi_linear": (32, False),
                                                              "nemotron_h_moe": (64, False),
+                                                             "nemotron_h_latent": (64, False),
                                                              "cohere2_moe": (96, False), "llama4_text": (32, False),
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",

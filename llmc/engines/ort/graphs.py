@@ -28,7 +28,8 @@ from llmc.manifest import ExportManifest, GraphSpec, KVSpec
 from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
 
 LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight",
-                   ".up.weight",  # (an ungated expert's: Nemotron-H's)
+                   ".up.weight", ".moe_latent_in.weight", ".moe_latent_out.weight",  # (ungated and latent experts:
+                   # Nemotron-H's)
                    ".q.weight", ".q_a.weight", ".q_b.weight", ".kv_a.weight",  # (these four: latent attention's)
                    ".attn_gate.weight", ".conv_in.weight",  # (LFM2's convolutions' input product)
                    ".lin_in.weight", ".kda_in.weight", ".kda_f.weight", ".kda_g.weight",  # (a Gated DeltaNet's,
