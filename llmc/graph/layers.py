@@ -206,21 +206,32 @@ def _two_levels(c: Ctx, x: str, blocks: int, block: int) -> str:
     return b.op("Concat", *(b.unsqueeze(b.op("Reshape", v, shape), 0) for v in (first, second)), axis=0)
 
 
-def norm(c: Ctx, x: str, name: str, eps: float = 0.0) -> str:
+def norm(c: Ctx, x: str, name: str, eps: float = 0.0, groups: int = 1) -> str:
     """RMSNorm / LayerNorm over the last axis, always accumulated in fp32 (fp16 overflows here); eps 0: the
-    model's."""
+    model's; groups > 1 (RMSNorm of x [B, S, C]): over each of that many equal groups of the channels (a Mamba-2
+    mixer's gated norm)."""
     b = c.b
     eps = eps or c.m.norm_eps
     xf = b.to_float32(x)
     w = b.to_float32(b.weight(f"{name}.weight"))
+    if groups > 1:
+        shape = b.op("Shape", x)
+        xf, w = b.op("Reshape", xf, b.ints(0, 0, groups, -1)), b.op("Reshape", w, b.ints(groups, -1))
+        return b.op("Reshape", _rms(c, xf, w, eps), shape)
     if c.m.norm == "layer":
         bias = b.to_float32(b.weight(f"{name}.bias"))
         y = b.op("LayerNormalization", xf, w, bias, axis=-1, epsilon=eps)
     else:
-        var = b.reduce_mean(b.op("Pow", xf, b.const(np.array(2.0, np.float32))), -1)
-        denom = b.op("Sqrt", b.op("Add", var, b.const(np.array(eps, np.float32))))
-        y = b.op("Mul", b.op("Div", xf, denom), w)
+        y = _rms(c, xf, w, eps)
     return b.to_compute(y)
+
+
+def _rms(c: Ctx, xf: str, w: str, eps: float) -> str:
+    """RMSNorm of fp32 xf over its last axis, times w."""
+    b = c.b
+    var = b.reduce_mean(b.op("Pow", xf, b.const(np.array(2.0, np.float32))), -1)
+    denom = b.op("Sqrt", b.op("Add", var, b.const(np.array(eps, np.float32))))
+    return b.op("Mul", b.op("Div", xf, denom), w)
 
 
 def skip_norm(c: Ctx, x: str, delta: str, name: str) -> tuple[str, str]:

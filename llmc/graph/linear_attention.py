@@ -231,22 +231,12 @@ def mamba2(c: Ctx, i: int, h: str) -> str:
     gate = b.to_float32(z)
     gate = b.op("Mul", gate, b.op("Sigmoid", gate))  # silu(z)
     if m.mamba_norm == "after_gate":
-        y = _group_rms(c, b.op("Mul", y, gate), f"{p}.mamba_norm.weight", groups)
+        y = norm(c, b.op("Mul", y, gate), f"{p}.mamba_norm", groups=groups)
     elif m.mamba_norm == "before_gate":  # (Falcon-H1's option)
-        y = b.op("Mul", _group_rms(c, y, f"{p}.mamba_norm.weight", groups), gate)
+        y = b.op("Mul", b.to_float32(norm(c, y, f"{p}.mamba_norm", groups=groups)), gate)
     else:  # "none" (Falcon-H1's default)
         y = b.op("Mul", y, gate)
     return linear(c, b.to_compute(y), f"{p}.mamba_out")
-
-
-def _group_rms(c: Ctx, y: str, weight: str, groups: int) -> str:
-    """y [B, S, C] fp32 RMS-normed over each of `groups` equal groups of its channels, times the weight [C]."""
-    b = c.b
-    grouped = b.op("Reshape", y, b.ints(0, 0, groups, -1))
-    ms = b.reduce_mean(b.op("Mul", grouped, grouped), -1)
-    eps = b.const(np.array(c.m.norm_eps, np.float32))
-    grouped = b.op("Mul", grouped, b.op("Reciprocal", b.op("Sqrt", b.op("Add", ms, eps))))
-    return b.op("Mul", b.op("Reshape", grouped, b.op("Shape", y)), b.to_float32(b.weight(weight)))
 
 
 def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[str], delta: bool,
