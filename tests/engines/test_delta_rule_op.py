@@ -2,7 +2,8 @@
 reference of transformers' recurrent form, on its AVX-512, AVX2 and portable paths, one and two threads, value heads
 sharing key heads, one-token decode steps and a prompt's run; a padded token (g = beta = 0) leaves the state. Its
 `delta` 0 (Mamba-2's state-space recurrence, no delta correction) against the same reference without it; a decay
-per key dim (Kimi Delta Attention's g [B, S, H, K]) on both."""
+per key dim (Kimi Delta Attention's g [B, S, H, K]) on both; Mamba-1's selective scan (the optional input A: a decay
+per channel and state element, g = beta = dt one a channel) against transformers' mamba_selective_state_update."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ PATHS = {"native": {}, "avx2": {"LLMC_KERNELS_AVX2": "1"}, "portable": {"LLMC_KE
 NAMES = ("q", "k", "v", "g", "beta", "state")
 
 
-def _session(library: Path, threads: int, pooled: bool = False, delta: int | None = None) -> object:
+def _session(library: Path, threads: int, pooled: bool = False, delta: int | None = None,
+             scan: bool = False) -> object:
     import onnxruntime as ort
 
     names = [*NAMES, "state_rows"] if pooled else list(NAMES)
+    if scan:
+        names = [*names, *([] if pooled else [""]), "A"]
     node = helper.make_node("GatedDeltaRule", names, ["out", "state_out"], domain="ai.llmc",
                             **({} if delta is None else {"delta": delta}))
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT32 if n == "state_rows" else TensorProto.FLOAT, None)
-              for n in names]
+              for n in names if n]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "state_out")]
     model = helper.make_model(helper.make_graph([node], "delta_rule", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.llmc", 1)])
@@ -157,3 +161,69 @@ def test_mismatched_shapes_are_named(llmc_ops: Path) -> None:
     feeds["g"] = np.zeros((1, 2, 4, 8), np.float32)  # (a decay per key dim, of the wrong count)
     with pytest.raises(Exception, match=r"g \[B, S, H\] or \[B, S, H, K\]"):
         _session(llmc_ops, 1).run(None, feeds)
+
+
+def _scan_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, dt: np.ndarray, a: np.ndarray,
+                    state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' mamba_selective_state_update token by token in float64, the channels as H heads of V: the state
+    [B, H, K = d_state, V] (theirs [B, channels, d_state] transposed), B and C (k, q) shared by every channel."""
+    m = state.astype(np.float64).copy()
+    out = np.zeros(v.shape, np.float64)
+    for t in range(q.shape[1]):
+        d = dt[:, t].astype(np.float64)  # [B, H, V]
+        m = m * np.exp(d[:, :, None, :] * a[None].astype(np.float64))
+        m += k[:, t, 0][:, None, :, None] * (d * v[:, t])[:, :, None, :]
+        out[:, t] = np.einsum("bhkv,bk->bhv", m, q[:, t, 0].astype(np.float64))
+    return out, m
+
+
+def _scan_inputs(b: int, s: int, h: int, kd: int, vd: int) -> dict[str, np.ndarray]:
+    dt = np.log1p(np.exp(RNG.standard_normal((b, s, h, vd)))).astype(np.float32)  # softplus: dt > 0
+    return {"q": RNG.standard_normal((b, s, 1, kd)).astype(np.float32),
+            "k": RNG.standard_normal((b, s, 1, kd)).astype(np.float32),
+            "v": RNG.standard_normal((b, s, h, vd)).astype(np.float32), "g": dt, "beta": dt,
+            "state": RNG.standard_normal((b, h, kd, vd)).astype(np.float32),
+            "A": -np.exp(RNG.standard_normal((h, kd, vd))).astype(np.float32)}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(2, 1, 3, 16, 64), (1, 23, 2, 16, 128), (3, 4, 5, 8, 24), (2, 2, 1, 4, 144)])
+def test_the_selective_scan(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, threads: int,
+                            shape: tuple[int, ...]) -> None:
+    """A [H, K, V], g = beta = dt [B, S, H, V]: M[i][j] <- M[i][j] exp(dt[j] A[i][j]) + B[i] dt[j] x[j]; o = C M."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    feeds = _scan_inputs(*shape)
+    out, state = _session(llmc_ops, threads, delta=0, scan=True).run(None, feeds)
+    ref_out, ref_state = _scan_reference(*(feeds[n] for n in ("q", "k", "v", "g", "A", "state")))
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-4 * np.abs(ref_out).max())
+    np.testing.assert_allclose(state, ref_state, rtol=1e-4, atol=1e-4 * np.abs(ref_state).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_scan_on_a_pool_and_its_padding(llmc_ops: Path, threads: int) -> None:
+    """The scan reads and writes its rows of a pool; a padded token (dt 0) leaves the state."""
+    feeds = _scan_inputs(2, 3, 2, 16, 32)
+    feeds["g"][1, 1:] = 0  # row 1 has one token, right-padded to 3
+    feeds["beta"] = feeds["g"]
+    pool = RNG.standard_normal((4, 2, 16, 32)).astype(np.float32)
+    rows = np.array([2, 0], np.int32)
+    out, after = _session(llmc_ops, threads, pooled=True, delta=0, scan=True).run(
+        None, {**feeds, "state": pool, "state_rows": rows})
+    ref_out, ref_state = _scan_reference(*(feeds[n] for n in ("q", "k", "v", "g", "A")), pool[rows])
+    np.testing.assert_allclose(out, ref_out, rtol=1e-4, atol=1e-4 * np.abs(ref_out).max())
+    np.testing.assert_allclose(after[rows], ref_state, rtol=1e-4, atol=1e-4 * np.abs(ref_state).max())
+    np.testing.assert_array_equal(after[[1, 3]], pool[[1, 3]])
+    one = _scan_reference(*(feeds[n][1:2, :1] for n in ("q", "k", "v", "g")), feeds["A"], pool[0:1])[1]
+    np.testing.assert_allclose(after[0], one[0], rtol=1e-5, atol=1e-5 * np.abs(one).max())
+
+
+def test_the_scan_s_shapes_are_named(llmc_ops: Path) -> None:
+    feeds = _scan_inputs(1, 2, 2, 16, 32)
+    feeds["A"] = feeds["A"][:, :8]
+    with pytest.raises(Exception, match=r"with A \[H, K, V\] \(delta 0\), g and beta \[B, S, H, V\]"):
+        _session(llmc_ops, 1, delta=0, scan=True).run(None, feeds)
+    feeds = _scan_inputs(1, 2, 2, 16, 32)
+    with pytest.raises(Exception, match=r"with A \[H, K, V\] \(delta 0\)"):
+        _session(llmc_ops, 1, scan=True).run(None, feeds)  # (the delta rule has no scan)

@@ -4,6 +4,8 @@
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(LLMC_PORTABLE_ONLY)
 #define LLMC_X86 1
 #include <immintrin.h>
+
+#include "vec_math.h"
 #endif
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +26,7 @@ typedef struct {
   float *m, *out;
   int64_t qk_stride, v_stride, gb_stride, g_stride, K, V, S;
   int g_per_key; /* g [.., K] a token: one decay per row of M (Kimi's), else one for all of M */
+  const float* A; /* [K, V] or NULL: Mamba-1's selective scan, M[i][j] decays by exp(g[j] A[i][j]), u = beta . v */
 } unit;
 
 /* Token t's decay of each row of M: dec[i] = exp(g_t) (or exp(g_t[i]) where g has one per key dim). */
@@ -82,6 +85,29 @@ static void decay_generic(const unit* u) {
       float* row = u->m + i * u->V;
       for (int64_t j = 0; j < u->V; j++) {
         row[j] = row[j] * dec[i] + k[i] * bv[j];
+        o[j] += q[i] * row[j];
+      }
+    }
+    memcpy(u->out + t * u->v_stride, o, (size_t)u->V * sizeof(float));
+  }
+}
+
+/* Mamba-1's selective scan (a decay per element of M): M[i][j] <- M[i][j] exp(g[j] A[i][j]) + k[i] beta[j] v[j],
+ * o = q M (g = beta = dt, one a value dim). */
+static void scan_generic(const unit* u) {
+  float bv[MAX_V], o[MAX_V];
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    const float *g = u->g + t * u->g_stride, *beta = u->beta + t * u->gb_stride;
+    for (int64_t j = 0; j < u->V; j++) {
+      bv[j] = beta[j] * v[j];
+      o[j] = 0.f;
+    }
+    for (int64_t i = 0; i < u->K; i++) {
+      float* row = u->m + i * u->V;
+      const float* a = u->A + i * u->V;
+      for (int64_t j = 0; j < u->V; j++) {
+        row[j] = row[j] * expf(g[j] * a[j]) + k[i] * bv[j];
         o[j] += q[i] * row[j];
       }
     }
@@ -274,6 +300,65 @@ __attribute__((target("avx2,fma"))) static void decay_avx2(const unit* u) {
     }
   }
 }
+
+/* scan_generic's loop, a block of up to 8 vectors of V at a time (beta v, dt and q M in registers). */
+__attribute__((target("avx512f"))) static void scan_avx512(const unit* u) {
+  const int64_t V = u->V;
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    const float *g = u->g + t * u->g_stride, *beta = u->beta + t * u->gb_stride;
+    for (int64_t j0 = 0; j0 < V; j0 += 128) {
+      int n = (int)((V - j0 < 128 ? V - j0 : 128) / 16);
+      __m512 bv[8], dt[8], acc[8];
+      for (int j = 0; j < n; j++) {
+        bv[j] = _mm512_mul_ps(_mm512_loadu_ps(beta + j0 + 16 * j), _mm512_loadu_ps(v + j0 + 16 * j));
+        dt[j] = _mm512_loadu_ps(g + j0 + 16 * j);
+        acc[j] = _mm512_setzero_ps();
+      }
+      for (int64_t i = 0; i < u->K; i++) {
+        float* row = u->m + i * V + j0;
+        const float* a = u->A + i * V + j0;
+        __m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]);
+        for (int j = 0; j < n; j++) {
+          __m512 decay = llmc_exp512(_mm512_mul_ps(dt[j], _mm512_loadu_ps(a + 16 * j)));
+          __m512 r = _mm512_fmadd_ps(ki, bv[j], _mm512_mul_ps(_mm512_loadu_ps(row + 16 * j), decay));
+          _mm512_storeu_ps(row + 16 * j, r);
+          acc[j] = _mm512_fmadd_ps(qi, r, acc[j]);
+        }
+      }
+      for (int j = 0; j < n; j++) _mm512_storeu_ps(u->out + t * u->v_stride + j0 + 16 * j, acc[j]);
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) static void scan_avx2(const unit* u) {
+  const int64_t V = u->V;
+  for (int64_t t = 0; t < u->S; t++) {
+    const float *q = u->q + t * u->qk_stride, *k = u->k + t * u->qk_stride, *v = u->v + t * u->v_stride;
+    const float *g = u->g + t * u->g_stride, *beta = u->beta + t * u->gb_stride;
+    for (int64_t j0 = 0; j0 < V; j0 += 64) {
+      int n = (int)((V - j0 < 64 ? V - j0 : 64) / 8);
+      __m256 bv[8], dt[8], acc[8];
+      for (int j = 0; j < n; j++) {
+        bv[j] = _mm256_mul_ps(_mm256_loadu_ps(beta + j0 + 8 * j), _mm256_loadu_ps(v + j0 + 8 * j));
+        dt[j] = _mm256_loadu_ps(g + j0 + 8 * j);
+        acc[j] = _mm256_setzero_ps();
+      }
+      for (int64_t i = 0; i < u->K; i++) {
+        float* row = u->m + i * V + j0;
+        const float* a = u->A + i * V + j0;
+        __m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+        for (int j = 0; j < n; j++) {
+          __m256 decay = llmc_exp256(_mm256_mul_ps(dt[j], _mm256_loadu_ps(a + 8 * j)));
+          __m256 r = _mm256_fmadd_ps(ki, bv[j], _mm256_mul_ps(_mm256_loadu_ps(row + 8 * j), decay));
+          _mm256_storeu_ps(row + 8 * j, r);
+          acc[j] = _mm256_fmadd_ps(qi, r, acc[j]);
+        }
+      }
+      for (int j = 0; j < n; j++) _mm256_storeu_ps(u->out + t * u->v_stride + j0 + 8 * j, acc[j]);
+    }
+  }
+}
 #endif
 
 static int env_on(const char* name) {
@@ -303,13 +388,24 @@ static void unit_task(void* data, size_t task) {
   float* m = a->state_out + (at * a->H + h) * a->K * a->V;
   const float* before = a->state + (at * a->H + h) * a->K * a->V;
   if (m != before) memcpy(m, before, (size_t)(a->K * a->V) * sizeof(float));
+  /* a token's g and beta: one value a head, or g one a key dim (Kimi), or both one a value dim (Mamba-1's scan) */
+  int64_t g_width = a->A ? a->V : a->g_per_key ? a->K : 1, beta_width = a->A ? a->V : 1;
   unit u = {.q = a->q + (b * a->S * a->Hk + kh) * a->K, .k = a->k + (b * a->S * a->Hk + kh) * a->K,
             .v = a->v + (b * a->S * a->H + h) * a->V,
-            .g = a->g + (b * a->S * a->H + h) * (a->g_per_key ? a->K : 1),
-            .beta = a->beta + b * a->S * a->H + h, .m = m, .out = a->out + (b * a->S * a->H + h) * a->V,
-            .qk_stride = a->Hk * a->K, .v_stride = a->H * a->V, .gb_stride = a->H,
-            .g_stride = a->H * (a->g_per_key ? a->K : 1), .K = a->K, .V = a->V, .S = a->S, .g_per_key = a->g_per_key};
+            .g = a->g + (b * a->S * a->H + h) * g_width, .beta = a->beta + (b * a->S * a->H + h) * beta_width,
+            .m = m, .out = a->out + (b * a->S * a->H + h) * a->V, .qk_stride = a->Hk * a->K,
+            .v_stride = a->H * a->V, .gb_stride = a->H * beta_width, .g_stride = a->H * g_width, .K = a->K,
+            .V = a->V, .S = a->S, .g_per_key = a->g_per_key, .A = a->A ? a->A + h * a->K * a->V : NULL};
 #ifdef LLMC_X86
+  if (a->A) {
+    if (j->path == 2)
+      scan_avx512(&u);
+    else if (j->path == 1)
+      scan_avx2(&u);
+    else
+      scan_generic(&u);
+    return;
+  }
   if (!a->delta) {
     if (j->path == 2)
       decay_avx512(&u);
@@ -331,6 +427,10 @@ static void unit_task(void* data, size_t task) {
     return;
   }
 #endif
+  if (a->A) {
+    scan_generic(&u);
+    return;
+  }
   if (!a->delta) {
     decay_generic(&u);
     return;
@@ -344,6 +444,10 @@ const char* llmc_delta_rule(const llmc_delta_rule_args* a, llmc_parallel_fn para
       a->K > MAX_K) {
     snprintf(msg, sizeof msg, "value heads %lld must be a multiple of key heads %lld, dims K %lld and V %lld "
              "positive, each at most %d", (long long)a->H, (long long)a->Hk, (long long)a->K, (long long)a->V, MAX_V);
+    return msg;
+  }
+  if (a->A && (a->delta || a->g_per_key)) {
+    snprintf(msg, sizeof msg, "a decay per element (A) runs without the delta (delta 0) and with g one a value dim");
     return msg;
   }
   if (a->rows) {

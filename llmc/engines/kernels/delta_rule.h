@@ -7,6 +7,8 @@
  * Without the delta (`delta` 0: Mamba-2's state-space recurrence, k = B, q = C, v = x, beta = dt, g = dt A):
  *   M <- M exp(g_t) + k_t^T (beta_t v_t);  o_t = q_t M
  * With g of one value per key dim (Kimi Delta Attention), M <- diag(exp(g_t)) M: row i decays by exp(g_t[i]).
+ * With A [H, K, V] (Mamba-1's selective scan: a decay per channel and state element; k = B, q = C, v = x, g = beta =
+ * dt, each [.., V], one a channel): M[i][j] <- M[i][j] exp(g_t[j] A[i][j]) + k_t[i] beta_t[j] v_t[j], o_t = q_t M.
  * Each (b, h) is one pool task: its M (64 KiB at K = V = 128) stays in the core's L2 over the run, two passes of it a
  * token. What ONNX Runtime ran before it: a Loop of ~12 nodes a token (llmc/graph/linear_attention.py).
  */
@@ -31,6 +33,8 @@ typedef struct {
   int64_t N;                 /* the pool's states (with `rows`) */
   int delta;                 /* 1: the delta rule; 0: without the delta (u = beta v: Mamba-2) */
   int g_per_key;             /* g has a decay per key dim (Kimi Delta Attention): M's row i decays by exp(g[.., i]) */
+  const float* A;            /* [H, K, V] or NULL: Mamba-1's selective scan (delta 0), g and beta [B, S, H, V] (both
+                                dt): M[i][j] <- M[i][j] exp(g[j] A[i][j]) + k[i] beta[j] v[j] */
 } llmc_delta_rule_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */

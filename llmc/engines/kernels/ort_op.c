@@ -42,7 +42,9 @@
  * -> output [B, S, H, V] and the state after the run [B, H, K, V]: Qwen3.5's Gated DeltaNet recurrence, value head h
  * on key head h / (H / Hk). Optional state_rows [B] int32: the state is a pool [N, H, K, V] and row b's is its
  * state_rows[b]-th (bind the output to the pool's memory and nothing is copied). Attribute: delta (default 1; 0:
- * M <- M exp(g) + k^T (beta v) without the delta, Mamba-2's state-space recurrence).
+ * M <- M exp(g) + k^T (beta v) without the delta, Mamba-2's state-space recurrence). Optional A [H, K, V] (with
+ * delta 0; g and beta then [B, S, H, V]): Mamba-1's selective scan, M[i][j] <- M[i][j] exp(g[j] A[i][j]) + k[i]
+ * beta[j] v[j].
  *
  * ONNX Runtime's C API is reached only through the function table it hands RegisterCustomOps (its ABI is
  * append-only and versioned): the few entries used here are declared by their position in that table, for API
@@ -612,14 +614,14 @@ static OrtStatus* rn_compute(void* kernel, OrtKernelContext* ctx) {
 
 /* ---------------------------------------------------------------- GatedDeltaRule */
 
-enum { DR_Q, DR_K, DR_V, DR_G, DR_BETA, DR_STATE, DR_ROWS, DR_INPUTS };
+enum { DR_Q, DR_K, DR_V, DR_G, DR_BETA, DR_STATE, DR_ROWS, DR_A, DR_INPUTS };
 
 static size_t dr_input_count(const OrtCustomOp* op) { (void)op; return DR_INPUTS; }
 static size_t dr_output_count(const OrtCustomOp* op) { (void)op; return 2; }
 static int dr_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i == DR_ROWS ? T_INT32 : T_FLOAT; }
 static int dr_input_characteristic(const OrtCustomOp* op, size_t i) {
   (void)op;
-  return i == DR_ROWS ? IO_OPTIONAL : IO_REQUIRED;
+  return i == DR_ROWS || i == DR_A ? IO_OPTIONAL : IO_REQUIRED;
 }
 static int dr_required(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
 
@@ -645,9 +647,14 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
   int pooled = rank[DR_ROWS] >= 0;
   int64_t B = dims[DR_V][0], S = dims[DR_V][1], H = dims[DR_V][2], V = dims[DR_V][3];
   int64_t Hk = dims[DR_Q][2], K = dims[DR_Q][3];
-  int per_key = rank[DR_G] == 4; /* (Kimi Delta Attention: a decay per key dim) */
-  int ok = rank[DR_Q] == 4 && rank[DR_K] == 4 && rank[DR_V] == 4 && (rank[DR_G] == 3 || per_key) &&
-           rank[DR_BETA] == 3 && rank[DR_STATE] == 4 && (!per_key || dims[DR_G][3] == K);
+  int scan = rank[DR_A] >= 0;                /* (Mamba-1's selective scan: g and beta one a value dim, A) */
+  int per_key = !scan && rank[DR_G] == 4; /* (Kimi Delta Attention: a decay per key dim) */
+  int ok = rank[DR_Q] == 4 && rank[DR_K] == 4 && rank[DR_V] == 4 && (rank[DR_G] == 3 || rank[DR_G] == 4) &&
+           rank[DR_BETA] == (scan ? 4 : 3) && rank[DR_STATE] == 4 && (!per_key || dims[DR_G][3] == K);
+  if (ok && scan) {
+    ok = rank[DR_G] == 4 && dims[DR_G][3] == V && dims[DR_BETA][3] == V && rank[DR_A] == 3 && dims[DR_A][0] == H &&
+         dims[DR_A][1] == K && dims[DR_A][2] == V && !k->delta;
+  }
   for (int d = 0; ok && d < 4; d++) ok = dims[DR_K][d] == dims[DR_Q][d];
   ok = ok && dims[DR_Q][0] == B && dims[DR_Q][1] == S;
   for (int i = DR_G; ok && i <= DR_BETA; i++) ok = dims[i][0] == B && dims[i][1] == S && dims[i][2] == H;
@@ -656,7 +663,8 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
   if (!ok) {
     return fail(api, ERR_INVALID_ARGUMENT, "GatedDeltaRule: expected q, k [B, S, Hk, K], v [B, S, H, V], g [B, S, "
                                            "H] or [B, S, H, K], beta [B, S, H] and state [B, H, K, V] (a pool [N, "
-                                           "H, K, V] with state_rows [B])");
+                                           "H, K, V] with state_rows [B]); with A [H, K, V] (delta 0), g and beta "
+                                           "[B, S, H, V]");
   }
   void* out[2] = {NULL, NULL};
   for (size_t o = 0; o < 2; o++) {
@@ -670,7 +678,8 @@ static OrtStatus* dr_compute(void* kernel, OrtKernelContext* ctx) {
                             .g = (const float*)data[DR_G], .beta = (const float*)data[DR_BETA],
                             .state = (const float*)data[DR_STATE], .out = (float*)out[0], .state_out = (float*)out[1],
                             .rows = pooled ? (const int32_t*)data[DR_ROWS] : NULL, .N = dims[DR_STATE][0],
-                            .delta = k->delta, .g_per_key = per_key};
+                            .delta = k->delta, .g_per_key = per_key,
+                            .A = scan ? (const float*)data[DR_A] : NULL};
   Pool pool = {api, ctx, NULL, k->pool_threads};
   return outcome(&pool, "GatedDeltaRule", llmc_delta_rule(&a, run_parallel, &pool));
 }
