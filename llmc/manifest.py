@@ -189,6 +189,15 @@ class ModelSpec:
     mamba_groups: int = 1
     mamba_conv_kernel: int = 0
     mamba_norm: str = "after_gate"
+    # 1: a "mamba" layer is a Mamba-1 mixer instead (Mamba, Falcon Mamba, Jamba): x, z = h @ mamba_in; x through the
+    # convolution and SiLU; dt, B, C = x @ mamba_x (mamba_dt_rank, mamba_state, mamba_state wide; each RMS-normed
+    # where mamba_bcdt_norm, with mamba_norm_eps or else norm_eps); dt = softplus(dt @ mamba_dt + bias); per channel
+    # c and state element n: M[n][c] <- M[n][c] exp(dt[c] A[c][n]) + B[n] dt[c] x[c], A = -exp(A_log); y = C M + D x;
+    # y silu(z) @ mamba_out. Its channels are held as mamba_heads heads of mamba_head_dim (one group of B and C)
+    mamba_version: int = 2
+    mamba_dt_rank: int = 0
+    mamba_bcdt_norm: bool = False
+    mamba_norm_eps: float = 0.0
     mlp_layers: tuple[bool, ...] = ()  # which layers have an MLP after the mixer (Nemotron-H's have none); empty: all
 
     def window(self, layer: int) -> int:
@@ -214,7 +223,7 @@ class ModelSpec:
         return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
     def is_mamba(self, layer: int) -> bool:
-        """The layer has a Mamba-2 mixer ("mamba", or "hybrid" beside its attention)."""
+        """The layer has a Mamba mixer ("mamba", or "hybrid" beside its attention; Mamba-2's, or mamba_version's)."""
         return bool(self.layer_types) and self.layer_types[layer] in ("mamba", "hybrid")
 
     def has_mixer(self, layer: int) -> bool:

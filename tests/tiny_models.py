@@ -852,6 +852,52 @@ def _nemotron_h_latent(tf: Any, common: dict[str, Any]) -> Any:  # Nemotron 3 Su
     return _nudged(model, biases=0.2, dt_bias=0.5)
 
 
+def _scan_nudged(model: Any) -> Any:
+    """A Mamba-1 model with its dt bias drawn from N(0, 0.5) (dt ~ softplus of it: decays that show over a few
+    tokens, where the published initialisation keeps dt in [0.001, 0.1]), D moved off its start, A_log log(1..N)
+    moved by 0.3 N(0, 1); A_log and the selective projections (x_proj, dt_proj) then quartered: make_model widens
+    every matrix 4x, and at 4x they would make dt ~20 and the states ~1e4 (A = -n^4, fp32 keeping ~1e-4 of a
+    logit)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("dt_proj.bias"):
+                p.normal_(0.0, 0.5)
+            elif name.endswith(".D"):
+                p.add_(0.3 * torch.randn_like(p))
+            elif name.endswith("A_log"):
+                n = torch.arange(1, p.shape[1] + 1, dtype=p.dtype).log().expand_as(p)
+                p.copy_((n + 0.3 * torch.randn_like(p)) / 4)
+            elif name.endswith(("x_proj.weight", "dt_proj.weight")):
+                p.div_(4.0)
+    return model
+
+
+def _mamba(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-1 alone: no attention, no MLP, no KV cache; biased
+    # products (its 128 channels as 2 heads of 64)
+    config = tf.AutoConfig.for_model("mamba", vocab_size=common["vocab_size"], hidden_size=64, num_hidden_layers=3,
+                                     state_size=16, expand=2, conv_kernel=4, time_step_rank=8, use_bias=True,
+                                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _scan_nudged(_nudged(tf.AutoModelForCausalLM.from_config(config), biases=0.2))
+
+
+def _falcon_mamba(tf: Any, common: dict[str, Any]) -> Any:  # dt, B and C RMS-normed without weights; 96 channels
+    # (2 heads of 48), a state of 8, 3 taps
+    config = tf.AutoConfig.for_model("falcon_mamba", vocab_size=common["vocab_size"], hidden_size=48,
+                                     num_hidden_layers=2, state_size=8, expand=2, conv_kernel=3, time_step_rank=6,
+                                     mixer_rms_eps=1e-5, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return _scan_nudged(_nudged(tf.AutoModelForCausalLM.from_config(config)))
+
+
+def _jamba(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-1 layers (dt, B and C normed with weights) around
+    # attention without positions; a mixture on every other layer (the Mamba ones), the others a SwiGLU MLP
+    model = _auto(tf, "jamba", **{**common, "num_hidden_layers": 4}, attn_layer_period=2, attn_layer_offset=1,
+                  expert_layer_period=2, expert_layer_offset=0, num_experts=4, num_experts_per_tok=2,
+                  mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, mamba_proj_bias=True)
+    return _scan_nudged(_nudged(model, biases=0.2))
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -865,7 +911,8 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "granitemoehybrid_dense": _granitemoehybrid_dense, "bamba": _bamba, "nemotron_h": _nemotron_h,
                       "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear,
                       "olmo_hybrid": _olmo_hybrid, "nemotron_h_moe": _nemotron_h_moe,
-                      "mamba2": _mamba2, "nemotron_h_latent": _nemotron_h_latent})
+                      "mamba2": _mamba2, "nemotron_h_latent": _nemotron_h_latent, "mamba": _mamba,
+                      "falcon_mamba": _falcon_mamba, "jamba": _jamba})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
                 "nemotron_h_moe": _as_published_nemotron_h, "nemotron_h_latent": _as_published_nemotron_h,

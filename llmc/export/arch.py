@@ -49,7 +49,9 @@ SUPPORTED = {
     "nemotron_h": "Nemotron-H, Nemotron Nano 2, Nemotron 3 (Mamba-2, attention, MLP and mixture blocks)",
     "falcon_h1": "Falcon-H1 (attention and Mamba-2 side by side)",
     "kimi_linear": "Kimi Linear (Kimi Delta Attention and latent attention without positions)",
-    "mamba2": "Mamba-2, Codestral Mamba (Mamba-2 alone)",
+    "mamba2": "Mamba-2, Codestral Mamba (Mamba-2 alone)", "mamba": "Mamba (Mamba-1 alone)",
+    "falcon_mamba": "Falcon Mamba (Mamba-1 with normed dt, B and C)",
+    "jamba": "Jamba (Mamba-1, attention without positions, mixtures)",
     "olmo_hybrid": "OLMo Hybrid (Gated DeltaNet and OLMo 3's attention)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
@@ -132,8 +134,9 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     sd = _WEIGHT_NAMES.get(mt, lambda c, sd: sd)(config, sd)
     _common_checks(config, sd)
     layers = int(config.num_hidden_layers)
-    if mt == "mamba2":  # (no attention: its mixers' heads stand in for the attention's, which no layer has)
-        config = _Mamba2Attention(config)
+    if mt in ("mamba2", *MAMBA1_ALONE):  # (no attention: its mixers' heads stand in for the attention's, which no
+        # layer has)
+        config = _MambaAttention(config)
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
     head_dim = int(_get(config, "head_dim", config.hidden_size // heads))
     tied = bool(_get(config, "tie_word_embeddings", False))
@@ -163,14 +166,17 @@ SSM_MAX_POSITIONS = 262144  # the context of a model without positions or attent
 # the same size at any length; what an engine is built for (Codestral Mamba's tested length)
 
 
-class _Mamba2Attention:
-    """A Mamba-2 model's config with the attention fields the decoder reads (it has no attention layer): its
-    mixers' heads, no MLP, SSM_MAX_POSITIONS, layer_norm_epsilon as the norms' epsilon."""
+class _MambaAttention:
+    """A Mamba model's config with the attention fields the decoder reads (it has no attention layer): its mixers'
+    heads (Mamba-1's channels in scan_heads), no MLP, SSM_MAX_POSITIONS, layer_norm_epsilon as the norms'
+    epsilon."""
 
     def __init__(self, config: Any) -> None:
         self._config = config
-        self.num_attention_heads = self.num_key_value_heads = int(config.num_heads)
-        self.head_dim, self.intermediate_size = int(config.head_dim), int(config.hidden_size)
+        heads, head_dim = ((int(config.num_heads), int(config.head_dim)) if config.model_type == "mamba2"
+                           else scan_heads(int(config.intermediate_size)))
+        self.num_attention_heads = self.num_key_value_heads = heads
+        self.head_dim, self.intermediate_size = head_dim, int(config.hidden_size)
         self.max_position_embeddings, self.rms_norm_eps = SSM_MAX_POSITIONS, float(config.layer_norm_epsilon)
 
     def __getattr__(self, name: str) -> Any:
@@ -1072,6 +1078,84 @@ def _nemotron_h_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.nd
     return renamed
 
 
+MAMBA1_ALONE = ("mamba", "falcon_mamba")  # (Mamba-1 mixers alone: no attention, no MLP)
+
+
+def scan_heads(channels: int) -> tuple[int, int]:
+    """Mamba-1's channels as (heads, head dim) for the operator: heads of up to 64 channels (each head one pool
+    task, its state [N, 64] in the core's cache), every channel its own recurrence either way."""
+    width = next(w for w in range(min(64, channels), 0, -1) if channels % w == 0)
+    return channels // width, width
+
+
+def _mamba1(config: Any, kinds: list[str], channels: int, state: int, taps: int, rank: int,
+            activation: str) -> dict[str, Any]:
+    """A Mamba-1 mixer's spec fields (ModelSpec.mamba_version 1) and the layers' types ("mamba" for a mixer's)."""
+    if str(_get(config, activation, "silu")) != "silu":
+        _refuse(activation, _get(config, activation), "the Mamba-1 convolution is built with SiLU")
+    heads, width = scan_heads(channels)
+    return {"layer_types": tuple(kinds), "mamba_version": 1, "mamba_heads": heads, "mamba_head_dim": width,
+            "mamba_state": state, "mamba_conv_kernel": taps, "mamba_dt_rank": rank}
+
+
+def _mamba_alone(config: Any) -> dict[str, Any]:
+    """Mamba and Falcon Mamba: every layer a Mamba-1 mixer after its RMSNorm, no MLP, no attention (no KV cache);
+    Falcon Mamba's dt, B and C RMS-normed without weights (mixer_rms_eps)."""
+    layers = int(config.num_hidden_layers)
+    fields = _mamba1(config, ["mamba"] * layers, int(config.expand) * int(config.hidden_size), int(config.state_size),
+                     int(config.conv_kernel), int(config.time_step_rank), "hidden_act")
+    if config.model_type == "falcon_mamba":
+        fields.update(mamba_bcdt_norm=True, mamba_norm_eps=float(config.mixer_rms_eps))
+    return {**fields, "mlp_layers": (False,) * layers, "norm_eps": float(config.layer_norm_epsilon)}
+
+
+def _falcon_mamba_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Falcon Mamba's weights as Mamba's, its weightless norms of dt, B and C given weights of ones."""
+    out = _mamba2_names(config, sd)
+    rank, state = int(config.time_step_rank), int(config.state_size)
+    for i in range(int(config.num_hidden_layers)):
+        for name, width in (("dt", rank), ("b", state), ("c", state)):
+            out[f"model.layers.{i}.mamba.{name}_layernorm.weight"] = np.ones(width, np.float32)
+    return out
+
+
+def _jamba(config: Any) -> dict[str, Any]:
+    """Jamba: Mamba-1 layers (dt, B and C RMS-normed) and, every attn_layer_period-th from attn_layer_offset,
+    attention without positions; then a SwiGLU MLP, or on every expert_layer_period-th layer a mixture (a softmax
+    over the experts, the top k's weights as they are)."""
+    kinds = ["full_attention" if t == "attention" else "mamba" for t in config.layers_block_type]
+    fields = _mamba1(config, kinds, int(config.mamba_expand) * int(config.hidden_size), int(config.mamba_d_state),
+                     int(config.mamba_d_conv), int(config.mamba_dt_rank), "hidden_act")
+    fields["mamba_bcdt_norm"] = True
+    return {**fields, **(_moe(config) if int(config.num_experts) > 1 else {})}
+
+
+_JAMBA_NAMES = (*_BAMBA_NAMES, (".mlp.router.", ".mlp.gate."))
+
+
+def _mamba1_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A Mamba-1 mixer's canonical weights: mamba_in [Hd, 2 C] (x; z), the convolution's taps [taps, C] and bias,
+    mamba_x [C, rank + 2 N] (dt; B; C) and dt, B and C's norms (where the model norms them), mamba_dt [rank, C] and
+    its bias, A = -exp(A_log) as [H, N, P] and D as [H, P] (the channels in the spec's heads), mamba_out."""
+    p, q = f"model.layers.{i}.mamba.", f"layers.{i}."
+    heads, width, state = spec.mamba_heads, spec.mamba_head_dim, spec.mamba_state
+    a = -np.exp(sd[p + "A_log"].astype(np.float32))  # [C, N]
+    out = {q + "mamba_in.weight": sd[p + "in_proj.weight"].T.copy(),
+           q + "mamba_out.weight": sd[p + "out_proj.weight"].T.copy(),
+           q + "mamba_conv.weight": np.ascontiguousarray(sd[p + "conv1d.weight"][:, 0, :].T),
+           q + "mamba_x.weight": sd[p + "x_proj.weight"].T.copy(), q + "mamba_dt.weight": sd[p + "dt_proj.weight"].T.copy(),
+           q + "mamba_dt.bias": sd[p + "dt_proj.bias"],
+           q + "mamba_A": np.ascontiguousarray(a.reshape(heads, width, state).transpose(0, 2, 1)),
+           q + "mamba_D": sd[p + "D"].reshape(heads, width)}
+    if spec.mamba_bcdt_norm:
+        for name in ("dt", "b", "c"):
+            out[q + f"mamba_{name}_norm.weight"] = sd[p + f"{name}_layernorm.weight"]
+    for theirs, ours in (("in_proj", "mamba_in"), ("out_proj", "mamba_out"), ("conv1d", "mamba_conv")):
+        if p + theirs + ".bias" in sd:
+            out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
+    return out
+
+
 def _mamba_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     """A Mamba-2 mixer's canonical weights: mamba_in [Hd, inner | x, B, C | heads] (z; the convolved channels; dt),
     the convolution's taps [taps, channels] and bias, A = -exp(A_log), dt_bias and D [heads], the gated norm's
@@ -1341,7 +1425,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "qwen3_next": lambda c, sd: _qwen3_5_names(c, _qwen3_next_names(c, sd)),
     "granitemoehybrid": _granite_hybrid_names, "bamba": lambda c, sd: _renamed(sd, _BAMBA_NAMES),
     "nemotron_h": _nemotron_h_names, "falcon_h1": _falcon_h1_names, "olmo_hybrid": _olmo_hybrid_names,
-    "mamba2": _mamba2_names,
+    "mamba2": _mamba2_names, "mamba": _mamba2_names, "falcon_mamba": _falcon_mamba_names,
+    "jamba": lambda c, sd: _renamed(sd, _JAMBA_NAMES),
     "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
     "vaultgemma": lambda c, sd: _renamed(sd, ((".pre_feedforward_layernorm.", ".post_attention_layernorm."),)),
@@ -1391,6 +1476,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_next": lambda c: {**_qwen3_5(c), **_moe(c)},
     "granitemoehybrid": _granite_hybrid, "bamba": _bamba, "nemotron_h": _nemotron_h, "falcon_h1": _falcon_h1,
     "kimi_linear": _kimi_linear, "olmo_hybrid": _olmo_hybrid, "mamba2": _mamba2,
+    "mamba": _mamba_alone, "falcon_mamba": _mamba_alone, "jamba": _jamba,
     "lara_mini": lambda c: {**_qwen3_5(c), **_moe(c), "attn_output_gate": False,  # (its attention ungated,
                             "rope_layers": tuple(t == "sliding_attention" for t in c.layer_types)},  # RoPE on sliding
     # layers only)
@@ -1439,13 +1525,14 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w.update(_mlp_weights(spec, sd, i))
             continue
         attn = p + "self_attn."
+        mamba_weights = (lambda sd, i: _mamba1_weights(spec, sd, i)) if spec.mamba_version == 1 else _mamba_weights
         if spec.is_mamba(i) and spec.attends(i):  # (Falcon-H1) a Mamba-2 mixer beside the attention
-            w.update(_mamba_weights(sd, i))
+            w.update(mamba_weights(sd, i))
         elif not spec.attends(i):  # (LFM2, Qwen3.5, Mamba-2 hybrids) a convolution, a Gated DeltaNet or a Mamba-2
             # mixer in the attention's place
             w.update(_conv_weights(sd, i) if spec.is_conv(i)
                      else (_kda_weights if spec.linear_kind == "kda" else _gdn_weights)(sd, i) if spec.is_linear(i)
-                     else _mamba_weights(sd, i))
+                     else mamba_weights(sd, i))
             if spec.has_mlp(i):
                 w.update(_mlp_weights(spec, sd, i))
             continue

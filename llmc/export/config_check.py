@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from llmc.errors import InputError
-from llmc.export.arch import SSM_MAX_POSITIONS, STATIC_ROPE_TYPES
+from llmc.export.arch import MAMBA1_ALONE, SSM_MAX_POSITIONS, STATIC_ROPE_TYPES, scan_heads
 
 # rope types transformers knows beside llmc's (llmc/export/arch.py refuses them by name once the model is loaded)
 OTHER_ROPE_TYPES = ("dynamic", "proportional")
@@ -35,6 +35,12 @@ def check_config(config: dict[str, Any], where: str) -> None:
     if config.get("model_type") == "mamba2":  # (no attention: its mixers' heads; any length: SSM_MAX_POSITIONS)
         config = {**config, "num_attention_heads": config.get("num_heads"),
                   "max_position_embeddings": SSM_MAX_POSITIONS, "intermediate_size": config.get("hidden_size")}
+    if config.get("model_type") in MAMBA1_ALONE:  # (Mamba-1 alone: its channels' heads, as arch.scan_heads)
+        hidden = _positive(config, "hidden_size", where)
+        channels = _positive({"expand": 2, **config}, "expand", where) * hidden
+        heads, width = scan_heads(channels)
+        config = {**config, "num_attention_heads": heads, "head_dim": width,
+                  "max_position_embeddings": SSM_MAX_POSITIONS, "intermediate_size": hidden}
     if config.get("model_type") == "kimi_linear":  # (its config.json's names for the usual fields)
         config = {**{ours: config[theirs] for ours, theirs in _KIMI_NAMES if theirs in config}, **config}
     if config.get("model_type") == "nemotron_h" and config.get("num_hidden_layers") is None:  # (its blocks' count:

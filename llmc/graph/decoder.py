@@ -36,7 +36,7 @@ from llmc.graph.layers import (
     skip_norm,
     softcap,
 )
-from llmc.graph.linear_attention import gated_delta_net, kimi_delta_attention, mamba2, short_conv
+from llmc.graph.linear_attention import gated_delta_net, kimi_delta_attention, mamba, short_conv
 from llmc.graph.moe import moe_mlp
 from llmc.graph.quant import BF16TILES, EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q8TILES, QWEIGHT
 from llmc.manifest import GraphSpec
@@ -97,9 +97,9 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
             elif m.attends(i):  # attention, and (Falcon-H1's "hybrid" layers) a Mamba-2 mixer beside it
                 mixed = linear(c, _attention(c, i, h, attend, rotary, query_scale), f"{p}.o")
                 if m.is_mamba(i):
-                    mixed = c.b.op("Add", mixed, mamba2(c, i, h))
-            else:  # (Granite 4.0-H, Bamba, Nemotron-H) a Mamba-2 mixer
-                mixed = mamba2(c, i, h)
+                    mixed = c.b.op("Add", mixed, mamba(c, i, h))
+            else:  # (Granite 4.0-H, Bamba, Nemotron-H) a Mamba-2 mixer, (Mamba, Falcon Mamba, Jamba) a Mamba-1 one
+                mixed = mamba(c, i, h)
             delta = _block_output(c, i, mixed, f"{p}.post_attn_norm")
         if m.has_mixer(i) and m.has_mlp(i):  # (else one block, whose output joins the residual stream below)
             if m.parallel_block:  # x + attn(ln1(x)) + mlp(ln1(x) or ln2(x)): one residual add for both

@@ -27,8 +27,8 @@ PRESENT_CONV = "present_conv.{i}"  # the same after it (each row's last valid on
 # state [B, v heads, k dim, v dim], before and after the run
 PAST_LINEAR_CONV, PRESENT_LINEAR_CONV = "past_linear_conv.{i}", "present_linear_conv.{i}"
 PAST_RECURRENT, PRESENT_RECURRENT = "past_recurrent.{i}", "present_recurrent.{i}"
-# a mamba layer's (Mamba-2): its convolution's last inputs [B, taps - 1, x + B + C channels] and its state-space
-# state [B, heads, state, head dim]
+# a mamba layer's (Mamba-2): its convolution's last inputs [B, taps - 1, x + B + C channels] (Mamba-1's: x) and its
+# state-space state [B, heads, state, head dim]
 PAST_MAMBA_CONV, PRESENT_MAMBA_CONV = "past_mamba_conv.{i}", "present_mamba_conv.{i}"
 PAST_SSM, PRESENT_SSM = "past_ssm.{i}", "present_ssm.{i}"
 STATE_ROWS = "state_rows"  # [B] int32 (graphs with pooled states): row b's state in the pools [num_slots, ...]
@@ -68,8 +68,10 @@ def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
 
 
 def mamba_channels(model: ModelSpec) -> int:
-    """A mamba layer's convolved channels: x (heads x head dim), then B and C (groups x state each)."""
-    return model.mamba_heads * model.mamba_head_dim + 2 * model.mamba_groups * model.mamba_state
+    """A mamba layer's convolved channels: x (heads x head dim), then B and C (groups x state each; Mamba-1's come
+    from x after the convolution)."""
+    inner = model.mamba_heads * model.mamba_head_dim
+    return inner if model.mamba_version == 1 else inner + 2 * model.mamba_groups * model.mamba_state
 
 
 def layer_kv(model: ModelSpec, layer: int, kind: str) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from onnx import helper
 
 from llmc.graph.builder import GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
+from llmc.graph.io_names import mamba_channels
 from llmc.graph.quant import (
     BF16TILES,
     BF16TILES_GATED,
@@ -116,7 +117,8 @@ def _out_width(m: ModelSpec, name: str) -> int:
               "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim,
               "conv_in": 3 * m.hidden_size,
               "lin_in": 2 * (m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * (m.linear_v_dim + 1)),
-              "mamba_in": m.mamba_heads * (2 * m.mamba_head_dim + 1) + 2 * m.mamba_groups * m.mamba_state,
+              "mamba_in": (m.mamba_heads * m.mamba_head_dim + mamba_channels(m)  # (z or x; the convolved
+                           + (m.mamba_heads if m.mamba_version == 2 else 0)),  # channels; Mamba-2's dt)
               "kda_in": m.linear_v_heads * (3 * m.linear_v_dim + 1) + 2 * m.linear_v_dim,
               "kda_f": m.linear_v_heads * m.linear_v_dim, "kda_g": m.linear_v_heads * m.linear_v_dim,
               "moe_latent_in": m.moe_latent_size}

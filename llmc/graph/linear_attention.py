@@ -1,7 +1,7 @@
 """Layers that keep a fixed-size state per sequence instead of a KV cache (KVSpec.states): LFM2's gated short
 convolution, Qwen3.5's Gated DeltaNet (a linear attention over a recurrent state), Kimi Linear's Kimi Delta Attention
-(the same with a decay per key dim) and Mamba-2's mixer (a state-space recurrence: the same operator without the
-delta).
+(the same with a decay per key dim), Mamba-2's mixer (a state-space recurrence: the same operator without the
+delta) and Mamba-1's (its selective scan: a decay per channel and state element, the operator's optional A).
 
 A run's new tokens are right-padded: row b has n_b of them (the in-place graphs' new_tokens, or the new part of the
 export graphs' attention mask). Each state after the run is the row's own: a convolution's last inputs are its last
@@ -170,10 +170,11 @@ def _valid(c: Ctx) -> str:
 
 
 def _recurrence(c: Ctx, q: str, k: str, v: str, g: str, beta: str, past: str, present: str,
-                dims: tuple[int, int, int, int], delta: bool, per_key: bool = False) -> str:
+                dims: tuple[int, int, int, int], delta: bool, per_key: bool = False, scan: str | None = None) -> str:
     """The gated recurrence over the run's tokens (delta_rule.h; without the delta, Mamba-2's), its state read from
     `past` (zeros before a prompt) and written as `present`: the outputs [B, S, H, V]. q, k [B, S, Hk, K],
-    v [B, S, H, V], beta [B, S, H], g [B, S, H] (per_key: [B, S, H, K]) fp32; dims (Hk, H, K, V)."""
+    v [B, S, H, V], beta [B, S, H], g [B, S, H] (per_key: [B, S, H, K]) fp32; dims (Hk, H, K, V). scan: A [H, K, V]
+    (Mamba-1's selective scan, without the delta): g and beta [B, S, H, V], M[i][j] decays by exp(g[j] A[i][j])."""
     b = c.b
     hk, hv, dk, dv = dims
     attrs: dict[str, Any] = {} if delta else {"delta": 0}
@@ -181,7 +182,8 @@ def _recurrence(c: Ctx, q: str, k: str, v: str, g: str, beta: str, past: str, pr
         # row first; the node writes the graph's output itself (one between them would copy the whole pool)
         name = b._name("GatedDeltaRule")
         out = f"{name}_out0"
-        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, past, io.STATE_ROWS], [out, present],
+        b.nodes.append(helper.make_node("GatedDeltaRule", [q, k, v, g, beta, past, io.STATE_ROWS,
+                                                           *([scan] if scan else [])], [out, present],
                                         name=name, domain=LLMC_DOMAIN, **attrs))
         return out
     if past in c.inputs:
@@ -190,15 +192,16 @@ def _recurrence(c: Ctx, q: str, k: str, v: str, g: str, beta: str, past: str, pr
         shape = b.op("Concat", b.dim(io.INPUT_IDS, 0), b.ints(hv, dk, dv), axis=0)
         state = b.op("ConstantOfShape", shape, value=helper.make_tensor("zero", DTYPES["float32"], [1], [0.0]))
     if c.opts.llmc_recurrence:  # llmc's operator (delta_rule.h): every token of every head in one node
-        out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, outputs=2, domain=LLMC_DOMAIN, **attrs)
+        out, final = b.op_n("GatedDeltaRule", q, k, v, g, beta, state, *(["", scan] if scan else []), outputs=2,
+                            domain=LLMC_DOMAIN, **attrs)
     else:
         if hv != hk:  # each key head serves hv / hk consecutive value heads
             q, k = (b.op("Reshape", b.op("Expand", b.unsqueeze(x, 3), b.ints(1, 1, 1, hv // hk, 1)),
                          b.ints(0, 0, hv, dk)) for x in (q, k))
         time_major = [b.op("Transpose", x, perm=[1, 0, 2, 3]) for x in (q, k, v)]
-        time_major += [b.op("Transpose", g, perm=[1, 0, 2, 3] if per_key else [1, 0, 2]),
-                       b.op("Transpose", beta, perm=[1, 0, 2])]
-        final, out = _delta_rule_loop(b, b.dim(io.INPUT_IDS, 1), state, time_major, delta, per_key)
+        time_major += [b.op("Transpose", g, perm=[1, 0, 2, 3] if per_key or scan else [1, 0, 2]),
+                       b.op("Transpose", beta, perm=[1, 0, 2, 3] if scan else [1, 0, 2])]
+        final, out = _delta_rule_loop(b, b.dim(io.INPUT_IDS, 1), state, time_major, delta, per_key, scan)
         out = b.op("Transpose", out, perm=[1, 0, 2, 3])  # [B, S, H, V]
     _state_out(c, final, present, past)
     return out
@@ -239,21 +242,61 @@ def mamba2(c: Ctx, i: int, h: str) -> str:
     return linear(c, b.to_compute(y), f"{p}.mamba_out")
 
 
+def mamba(c: Ctx, i: int, h: str) -> str:
+    """The layer's Mamba mixer, its output product included (ModelSpec.mamba_version's)."""
+    return (mamba1 if c.m.mamba_version == 1 else mamba2)(c, i, h)
+
+
+def mamba1(c: Ctx, i: int, h: str) -> str:
+    """A Mamba-1 mixer (Mamba, Falcon Mamba, Jamba), its output product included, [B, S, Hd]: x, z = h @ mamba_in;
+    x through the causal convolution and SiLU; dt, B, C = x @ mamba_x (each RMS-normed where mamba_bcdt_norm: Falcon
+    Mamba's and Jamba's); dt = softplus(dt @ mamba_dt + bias); the selective scan per channel c and state element n,
+    on M [B, channels, N] held as [B, H, N, P] (the channels in mamba_heads heads of mamba_head_dim, sharing B and
+    C): M[n][c] <- M[n][c] exp(dt[c] A[c][n]) + B[n] dt[c] x[c]; y = C M + D x; y silu(z) @ mamba_out."""
+    b, m = c.b, c.m
+    p, j = f"layers.{i}", m.state_index(i)
+    hv, dv, dk = m.mamba_heads, m.mamba_head_dim, m.mamba_state
+    inner = hv * dv
+    xs, z = b.split(linear(c, h, f"{p}.mamba_in"), [inner, inner])
+    bias = b.weight(f"{p}.mamba_conv.bias") if c.has(f"{p}.mamba_conv.bias") else None
+    conv = causal_conv(c, xs, b.weight(f"{p}.mamba_conv.weight"), m.mamba_conv_kernel, inner,
+                       io.PAST_MAMBA_CONV.format(i=j), io.PRESENT_MAMBA_CONV.format(i=j), bias)
+    x = b.op("Mul", conv, b.op("Sigmoid", conv))  # SiLU
+    dt, keys, queries = b.split(linear(c, x, f"{p}.mamba_x"), [m.mamba_dt_rank, dk, dk])
+    if m.mamba_bcdt_norm:
+        dt, keys, queries = (norm(c, t, f"{p}.mamba_{n}_norm", m.mamba_norm_eps)
+                             for t, n in ((dt, "dt"), (keys, "b"), (queries, "c")))
+    dt = b.op("Softplus", b.to_float32(linear(c, dt, f"{p}.mamba_dt")))
+    dt = _heads(b, b.op("Mul", dt, _valid(c)), hv, dv)  # a padded token: dt 0, so the state neither decays nor is written
+    keys, queries = (b.unsqueeze(b.to_float32(t), 2) for t in (keys, queries))  # [B, S, 1, N]: every channel's
+    x = _heads(b, b.to_float32(x), hv, dv)
+    y = _recurrence(c, queries, keys, x, dt, dt, io.PAST_SSM.format(i=j), io.PRESENT_SSM.format(i=j),
+                    (1, hv, dk, dv), delta=False, scan=b.to_float32(b.weight(f"{p}.mamba_A")))
+    y = b.op("Add", y, b.op("Mul", x, b.to_float32(b.weight(f"{p}.mamba_D"))))  # [B, S, H, P]
+    gate = b.to_float32(z)
+    y = b.op("Mul", b.op("Reshape", y, b.ints(0, 0, inner)), b.op("Mul", gate, b.op("Sigmoid", gate)))
+    return linear(c, b.to_compute(y), f"{p}.mamba_out")
+
+
 def _delta_rule_loop(b: GraphBuilder, width: str, state: str, time_major: list[str], delta: bool,
-                     per_key: bool) -> tuple[str, str]:
+                     per_key: bool, scan: str | None = None) -> tuple[str, str]:
     """An ONNX Loop over the run's tokens: (the state after them [B, H, K, V], the outputs [S, B, H, V]).
-    time_major: q, k [S, B, H, K], v [S, B, H, V], g [S, B, H] (per_key: [S, B, H, K]), beta [S, B, H], read by the
-    body from the outer scope."""
+    time_major: q, k [S, B, H, K], v [S, B, H, V], g [S, B, H] (per_key: [S, B, H, K]; scan: [S, B, H, V]), beta
+    [S, B, H] (scan: [S, B, H, V]), read by the body from the outer scope, as scan (A [H, K, V]) is."""
     body = GraphBuilder(b.opset, "float32")
     body._count = b._count + 1000000  # (node names apart from the outer graph's)
     t = "delta_t"
     q_t, k_t, v_t, g_t, beta_t = (body.op("Gather", x, t, axis=0) for x in time_major)  # [B, H, ...]
-    decayed = body.op("Mul", "delta_state_in", body.unsqueeze(body.op("Exp", g_t), *((3,) if per_key else (2, 3))))
+    if scan:  # exp(g[j] A[i][j]) for every element of M
+        decay = body.op("Exp", body.op("Mul", body.unsqueeze(g_t, 2), scan))
+    else:
+        decay = body.unsqueeze(body.op("Exp", g_t), *((3,) if per_key else (2, 3)))
+    decayed = body.op("Mul", "delta_state_in", decay)
     new = body.unsqueeze(v_t, 2)  # [B, H, 1, V]
     if delta:  # less what the state already gives for k
         new = body.op("Sub", new, body.op("MatMul", body.unsqueeze(k_t, 2), decayed))
-    written = body.op("Add", decayed, body.op("Mul", body.unsqueeze(k_t, 3),
-                                              body.op("Mul", new, body.unsqueeze(beta_t, 2, 3))))  # [B, H, K, V]
+    scaled = body.op("Mul", new, body.unsqueeze(beta_t, *((2,) if scan else (2, 3))))
+    written = body.op("Add", decayed, body.op("Mul", body.unsqueeze(k_t, 3), scaled))  # [B, H, K, V]
     out_t = body.op("Squeeze", body.op("MatMul", body.unsqueeze(q_t, 2), written), body.ints(2))  # [B, H, V]
     body.output("Identity", ["delta_cond_in"], "delta_cond_out")
     body.output("Identity", [written], "delta_state_out")

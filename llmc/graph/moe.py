@@ -247,6 +247,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid",
                        num_groups=int(config.n_group), topk_groups=int(config.topk_group),
                        routed_scaling=float(config.routed_scaling_factor))
+    if config.model_type == "jamba":  # (a softmax over every expert, the top k's weights as they are)
+        return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size), False,
+                       config.hidden_act)
     if config.model_type == "nemotron_h":  # (DeepSeek-V3's router; ungated squared-ReLU experts)
         return MoESpec(int(config.n_routed_experts), int(config.num_experts_per_tok),
                        int(config.moe_intermediate_size), bool(config.norm_topk_prob), "relu2", routing="sigmoid",
@@ -317,6 +320,8 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
         return True
     if config.model_type == "nemotron_h":  # (its mixture blocks)
         return config.layers_block_type[layer] == "moe"
+    if config.model_type == "jamba":  # (every expert_layer_period-th layer from expert_layer_offset)
+        return int(config.layers_num_experts[layer]) > 1
     if config.model_type == "granitemoehybrid":  # (0 experts: its shared MLP alone, the dense one)
         return int(config.num_local_experts) > 0
     if config.model_type == "llama4_text":

@@ -577,10 +577,11 @@ def test_expert_blocks_qmoe_cannot_take_are_refused_naming_the_flag(block: int) 
         quantize_experts({**weights, **moe_weights(weights, PREFIX, "ort")}, PREFIX, 4, block)
 
 
-@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1", "nemotron_h_moe"])
+@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1", "nemotron_h_moe", "jamba"])
 def test_each_routing_and_expert_input_runs_on_every_lowering(tmp_path: Path, arch: str) -> None:
     """Llama 4's experts on inputs scaled by the top k logits' sigmoids, PhiMoE's sparsemixer, Kolibri-1's
-    logit-biased choice and Nemotron-H's ungated experts: each engine lowering gives transformers' logits (the
+    logit-biased choice, Nemotron-H's ungated experts and Jamba's (the top k of a softmax over every expert, not
+    renormalized, among Mamba-1 layers): each engine lowering gives transformers' logits (the
     export's check ran "loop"); the com.microsoft.MoE one, which weights the experts' outputs and has no squared
     ReLU, is refused for Llama 4's and Nemotron-H's by name."""
     import transformers as tf

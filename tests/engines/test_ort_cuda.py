@@ -127,7 +127,7 @@ def test_chunked_attention_is_refused_naming_the_backends_that_build_it(tiny_lla
         write_cuda_engine(tmp_path, tiny_llama.export_dir, replace(export, model=model), "1.0")
 
 
-@pytest.mark.parametrize("arch", ["lfm2", "qwen3_5_text", "nemotron_h", "falcon_h1"])
+@pytest.mark.parametrize("arch", ["lfm2", "qwen3_5_text", "nemotron_h", "falcon_h1", "jamba"])
 def test_layers_with_states_are_refused_naming_the_backend_that_builds_them(arch: str,
                                                                            tiny_factory: Callable[[str], Built],
                                                                            tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 from conftest import Built
 
@@ -33,10 +34,12 @@ def _hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
         return hf(torch.tensor([ids])).logits[0].numpy()  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "nemotron_h", "kimi_linear", "mamba2", "falcon_h1"])
+@pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "nemotron_h", "kimi_linear", "mamba2", "falcon_h1",
+                                        "mamba", "jamba"])
 def stateful(request: pytest.FixtureRequest, tiny_factory: Callable[[str], Built]) -> Built:
     """A model with states: LFM2's convolutions, Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba-2 mixers, Kimi Linear's
-    Kimi Delta Attention, Mamba-2 alone (no KV cache at all) or Falcon-H1's mixers beside attention in every layer."""
+    Kimi Delta Attention, Mamba-2 alone (no KV cache at all), Falcon-H1's mixers beside attention in every layer,
+    Mamba-1 alone (its selective scan) or Jamba's Mamba-1 mixers around attention."""
     return tiny_factory(request.param)
 
 
@@ -134,3 +137,29 @@ def test_a_budget_the_rows_states_fill_is_refused_naming_it(tiny_factory: Callab
     with pytest.raises(InputError, match=r"--kv-budget-mb 1: 100 sequences' states take .*lower --max-running"):
         LLM(engine, LLMConfig(kv_budget_mb=1, max_running=100))
     assert LLM(engine, LLMConfig(kv_budget_mb=1, max_running=8)).loop.max_len >= 16
+
+
+@pytest.mark.parametrize("arch", ["mamba", "jamba"])
+def test_mamba1_mixers_build_quantized(arch: str, tiny_factory: Callable[[str], Built], tmp_path: Any) -> None:
+    """A Mamba-1 mixer's products in llmc's 8- and 4-bit tiles (mamba_in: x and z, 2 x channels wide; its selective
+    projections stay fp32): both engines build (the build's golden check runs them), Jamba's 8-bit logits near its
+    fp32 export's (Mamba's tiny random model is chaotic: docs/architectures.md)."""
+    from llmc.engines.ort.build import BuildConfig, build_ort
+    from llmc.manifest import load_engine
+
+    tiny = tiny_factory(arch)
+    ids = _ids(4, 20)
+    exact = load_engine_dir(tiny.engine("llmc"))
+    ref = exact.prefill([0], [ids], exact.new_kv_cache(1, 32))[0]
+    for quant in ("int8", "int4"):
+        build_ort(BuildConfig(tiny.export_dir, tmp_path / quant, quant=quant, quality_target=0.0,
+                              allow_divergence=True))
+        model = onnx.load(str(tmp_path / quant / load_engine(tmp_path / quant).decode.file), load_external_data=False)
+        tiles = {i.name for i in model.graph.initializer if ".mamba_" in i.name and i.name.endswith("tiles")}
+        assert tiles == {f"layers.{i}.mamba_{p}.weight.{'q4' if quant == 'int4' else 'q8'}tiles"
+                         for i in ((0, 1, 2) if arch == "mamba" else (0, 2)) for p in ("in", "out")}
+        engine = load_engine_dir(tmp_path / quant)
+        got = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]
+        assert np.isfinite(got).all()
+        if arch == "jamba" and quant == "int8":
+            assert float(np.abs(got - ref).max()) <= 0.05 * float(np.abs(ref).max())

@@ -332,6 +332,8 @@ def tiny_family(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
     # Nemotron-H's blocks, counted by its pattern where num_hidden_layers is not given
     ("nemotron_h", {"hybrid_override_pattern": "", "num_hidden_layers": None},
      ["layers_block_type (or hybrid_override_pattern) is missing"]),
+    # Mamba-1 alone: its channels (expand x hidden_size) stand in for attention's heads
+    ("mamba", {"expand": 0}, ["expand must be a positive integer, got 0"]),
 ])
 def test_impossible_family_values_are_named_before_loading(tmp_path: Path, tiny_family: Callable[[str], Path],
                                                            arch: str, changes: dict[str, Any],
@@ -348,6 +350,8 @@ def test_impossible_family_values_are_named_before_loading(tmp_path: Path, tiny_
                                                 "not in a decode step"]),
     ("granitemoehybrid", {"hidden_act": "gelu"}, ["config option hidden_act = 'gelu' is not supported",
                                                   "Mamba-2 convolution is built with SiLU"]),
+    ("falcon_mamba", {"hidden_act": "gelu"}, ["config option hidden_act = 'gelu' is not supported",
+                                              "Mamba-1 convolution is built with SiLU"]),
 ])
 def test_family_options_llmc_does_not_build_are_named(tmp_path: Path, tiny_family: Callable[[str], Path], arch: str,
                                                       changes: dict[str, Any], words: list[str]) -> None:

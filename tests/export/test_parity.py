@@ -122,10 +122,11 @@ def _hf_incremental(model: Any, prompt: list[int], steps: list[int]) -> list[np.
         for ids in [prompt, *[[t] for t in steps]]:
             positions = torch.arange(done, done + len(ids))[None]
             done += len(ids)
-            cached = {"cache": cache} if model.config.model_type == "mamba2" else {"past_key_values": cache}  # (its
-            # forward takes only the new name)
+            new_name = model.config.model_type in ("mamba2", "mamba", "falcon_mamba", "jamba")  # (their forward
+            # takes the cache by its new name only, or warns at the old one; Mamba-1 alone returns it as `cache`)
+            cached = {"cache": cache} if new_name else {"past_key_values": cache}
             out = model(torch.tensor([ids]), use_cache=True, position_ids=positions, **cached)
-            cache = out.past_key_values
+            cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else out.cache
             logits.append(out.logits[0, -1].float().numpy())
     return logits
 
@@ -317,13 +318,15 @@ def test_decode_graph_chunk_logits_match_transformers(tiny: Built, hf: Any) -> N
 def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     m, cfg = load_export(tiny.export_dir).model, hf.config
     layers = getattr(cfg, "num_hidden_layers", getattr(cfg, "n_layer", None))
-    heads = 8 if tiny.name == "mamba2" else 4  # (Mamba-2 alone: its mixers' heads stand in for attention's)
+    # (Mamba alone: its mixers' heads stand in for attention's; Mamba-1's channels as heads of 64, or 48)
+    heads = {"mamba2": 8, "mamba": 2, "falcon_mamba": 2}.get(tiny.name, 4)
     assert m.num_layers == layers and m.num_heads == heads and m.vocab_size == 320
-    assert m.hidden_size == (128 if tiny.name == "phi3" else 64)
+    assert m.hidden_size == {"phi3": 128, "falcon_mamba": 48}.get(tiny.name, 64)
     mla = tiny.name in (*ARCH_MLA, "kimi_linear")  # one KV head: the latent (+ the rotated key)
     assert m.num_kv_heads == (1 if mla else {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1,
                                              "mimo_v2_flash": 2,  # (its sliding layers': twice its full ones')
-                                             "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4, "mamba2": 8}.get(tiny.name,
+                                             "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4, "mamba2": 8, "mamba": 2,
+                                             "falcon_mamba": 2}.get(tiny.name,
                                                                                                          2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
@@ -446,7 +449,11 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
              "falcon_h1": (("hybrid", "hybrid"), (0, 1), (4, 16, 16, 2, 4), ()),
              "mamba2": (("mamba",) * 3, (), (8, 16, 16, 2, 4), (False,) * 3),
              "nemotron_h_latent": (("mamba", "mlp", "full_attention"), (2,), (8, 8, 16, 2, 4), (False, True, False)),
-             "falcon_h1_normed": (("hybrid", "hybrid"), (0, 1), (8, 16, 16, 2, 3), ())}
+             "falcon_h1_normed": (("hybrid", "hybrid"), (0, 1), (8, 16, 16, 2, 3), ()),
+             # (Mamba-1: the channels as heads, one group; dt, B and C from x after the convolution)
+             "mamba": (("mamba",) * 3, (), (2, 64, 16, 1, 4), (False,) * 3),
+             "falcon_mamba": (("mamba",) * 2, (), (2, 48, 8, 1, 3), (False,) * 2),
+             "jamba": (("mamba", "full_attention", "mamba", "full_attention"), (1, 3), (2, 64, 16, 1, 4), ())}
     if tiny.name in mamba:  # (Mamba-2 layers: their conv and state-space states, no KV; Nemotron-H's blocks one
         # mixer or one MLP each)
         types, kv_layers, dims, mlp_layers = mamba[tiny.name]
@@ -455,11 +462,15 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         assert (m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups, m.mamba_conv_kernel) == dims
         heads, head_dim, state, groups, taps = dims
         kv = load_export(tiny.export_dir).kv
+        version = 1 if tiny.name in ("mamba", "falcon_mamba", "jamba") else 2
         assert [(s.past, s.count, s.shape) for s in kv.states] == [
-            ("past_mamba_conv.{i}", layers, (taps - 1, heads * head_dim + 2 * groups * state)),
+            ("past_mamba_conv.{i}", layers, (taps - 1, heads * head_dim + (2 * groups * state if version == 2 else 0))),
             ("past_ssm.{i}", layers, (heads, state, head_dim))]
+        assert (m.mamba_version, m.mamba_dt_rank, m.mamba_bcdt_norm, m.mamba_norm_eps) == {
+            "mamba": (1, 8, False, 0.0), "falcon_mamba": (1, 6, True, 1e-5), "jamba": (1, 8, True, 0.0)}.get(
+            tiny.name, (2, 0, False, 0.0))
         rotated = tiny.name.startswith(("bamba", "granitemoehybrid_dense", "falcon_h1"))  # (Granite 4.0-H "nope",
-        # Nemotron-H: no layer)
+        # Nemotron-H, Jamba: no layer)
         assert m.rope_layers == (() if rotated else (False,) * m.num_layers)
         assert m.mamba_norm == {"falcon_h1": "none", "falcon_h1_normed": "before_gate"}.get(tiny.name, "after_gate")
         assert m.moe_latent_size == (32 if tiny.name == "nemotron_h_latent" else 0)
@@ -475,7 +486,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
            "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text", "qwen3_5_moe_text",
-           "qwen3_next", "lara_mini", "granitemoehybrid")
+           "qwen3_next", "lara_mini", "granitemoehybrid", "jamba")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -514,6 +525,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                                  "kimi_linear")
                             else (False, True, False, False, False) if tiny.name == "nemotron_h_moe"
                             else (False, True, False) if tiny.name == "nemotron_h_latent"
+                            else (True, False, True, False) if tiny.name == "jamba"
                             else ())
     assert m.moe_norm_eps == (1e-6 if tiny.name == "lfm2_moe" else 1e-20)
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
