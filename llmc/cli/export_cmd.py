@@ -30,5 +30,7 @@ def register(app: typer.Typer, wrap: Any) -> None:
 
         manifest = export(ExportConfig(model, out, dtype.value, opset, force, allow_pickle), ConsoleSteps(STEPS))
         p = manifest.parity
+        exact = (f"; {p['float64_diff']:.2e} vs its float64 logits, where its own fp32 ones are "
+                 f"{p['transformers_fp32_error']:.2e} from them" if "float64_diff" in p else "")
         typer.echo(f"exported {manifest.model_name} to {out} (max |logit diff| vs transformers "
-                   f"{p['max_abs_diff']:.2e}, greedy match {int(p['greedy_match'])} tokens)")
+                   f"{p['max_abs_diff']:.2e}{exact}, greedy match {int(p['greedy_match'])} tokens)")

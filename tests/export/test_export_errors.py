@@ -440,3 +440,52 @@ def test_a_context_shorter_than_the_golden_check_is_named(tmp_path: Path, tiny_h
                                          r"prompt tokens \+ 8\)"):
         _export(folder, tmp_path / "out")
     assert _leftovers(tmp_path, "out") == []
+
+
+@pytest.fixture(scope="module")
+def loud_head(tiny_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with its (tied) embeddings times 3e4: logits ~1e5, where fp32's own rounding moves them by
+    ~1e-2 (transformers' and the export's alike), past the export's 1e-3 check against transformers' fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = _copy_model(tiny_hf, tmp_path_factory.mktemp("loud") / "hf")
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(3e4)
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def test_a_model_whose_own_fp32_is_off_is_checked_against_float64(loud_head: Path, tmp_path: Path) -> None:
+    """Past 1e-3 from transformers' fp32 logits, the export is measured against its float64 ones: no further than
+    2x transformers' own fp32 error (both recorded in the manifest, and said by the CLI)."""
+    manifest = export(ExportConfig(str(loud_head), tmp_path / "out"))
+    p = manifest.parity
+    assert p["max_abs_diff"] > 1e-3 and p["transformers_fp32_error"] > 1e-3
+    assert p["float64_diff"] <= 2 * p["transformers_fp32_error"]
+    done = _cli("export", loud_head, "-o", tmp_path / "cli")
+    assert done.exit_code == 0 and "vs its float64 logits, where its own fp32 ones are" in done.output
+
+
+def test_an_export_further_from_float64_than_transformers_is_refused(loud_head: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same model with the export's logits moved by 1.0 (as a wrong graph would move them): refused, naming both
+    distances; and where float64 cannot be measured, refused saying so."""
+    from llmc.export import exporter
+    from llmc.runtime import verify
+
+    check = verify.check_golden
+
+    def moved(engine: Any, golden: Any) -> dict[str, float]:
+        result = check(engine, golden)
+        return {**result, "max_abs_diff": result["max_abs_diff"] + 1.0}
+
+    monkeypatch.setattr(verify, "check_golden", moved)
+    with pytest.raises(LlmcError, match=r"from its float64 logits, where its own fp32 logits are .* allowed\)"):
+        export(ExportConfig(str(loud_head), tmp_path / "out"))
+    monkeypatch.setattr(verify, "check_golden", check)
+    monkeypatch.setattr(exporter, "_float64_logits", lambda model, golden: None)
+    with pytest.raises(LlmcError, match=r"transformers' own fp32 error could not be measured"):
+        export(ExportConfig(str(loud_head), tmp_path / "out2"))
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
