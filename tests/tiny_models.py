@@ -890,11 +890,12 @@ def _falcon_mamba(tf: Any, common: dict[str, Any]) -> Any:  # dt, B and C RMS-no
     return _scan_nudged(_nudged(tf.AutoModelForCausalLM.from_config(config)))
 
 
-def _jamba(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-1 layers (dt, B and C normed with weights) around
-    # attention without positions; a mixture on every other layer (the Mamba ones), the others a SwiGLU MLP
+def _jamba(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-1 layers (dt, B and C normed with weights; a dt rank
+    # of 32, so its product is quantized too) around attention without positions; a mixture on every other layer
+    # (the Mamba ones), the others a SwiGLU MLP
     model = _auto(tf, "jamba", **{**common, "num_hidden_layers": 4}, attn_layer_period=2, attn_layer_offset=1,
                   expert_layer_period=2, expert_layer_offset=0, num_experts=4, num_experts_per_tok=2,
-                  mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, mamba_proj_bias=True)
+                  mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=32, mamba_proj_bias=True)
     return _scan_nudged(_nudged(model, biases=0.2))
 
 

@@ -121,6 +121,7 @@ def _out_width(m: ModelSpec, name: str) -> int:
                            + (m.mamba_heads if m.mamba_version == 2 else 0)),  # channels; Mamba-2's dt)
               "kda_in": m.linear_v_heads * (3 * m.linear_v_dim + 1) + 2 * m.linear_v_dim,
               "kda_f": m.linear_v_heads * m.linear_v_dim, "kda_g": m.linear_v_heads * m.linear_v_dim,
+              "mamba_x": m.mamba_dt_rank + 2 * m.mamba_state, "mamba_dt": m.mamba_heads * m.mamba_head_dim,
               "moe_latent_in": m.moe_latent_size}
     if kind == "down" and ".experts." in name and m.moe_latent_size:  # (latent experts: their outputs are L wide)
         return m.moe_latent_size

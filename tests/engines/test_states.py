@@ -141,9 +141,10 @@ def test_a_budget_the_rows_states_fill_is_refused_naming_it(tiny_factory: Callab
 
 @pytest.mark.parametrize("arch", ["mamba", "jamba"])
 def test_mamba1_mixers_build_quantized(arch: str, tiny_factory: Callable[[str], Built], tmp_path: Any) -> None:
-    """A Mamba-1 mixer's products in llmc's 8- and 4-bit tiles (mamba_in: x and z, 2 x channels wide; its selective
-    projections stay fp32): both engines build (the build's golden check runs them), Jamba's 8-bit logits near its
-    fp32 export's (Mamba's tiny random model is chaotic: docs/architectures.md)."""
+    """A Mamba-1 mixer's products in llmc's 8- and 4-bit tiles (mamba_in: x and z, 2 x channels wide; mamba_x: dt,
+    B and C; mamba_dt where its input, the dt rank, is a multiple of the kernels' block: Jamba's 32, not Mamba's 8,
+    which stays fp32): both engines build (the build's golden check runs them), Jamba's 8-bit logits near its fp32
+    export's (Mamba's tiny random model is chaotic: docs/architectures.md)."""
     from llmc.engines.ort.build import BuildConfig, build_ort
     from llmc.manifest import load_engine
 
@@ -156,8 +157,9 @@ def test_mamba1_mixers_build_quantized(arch: str, tiny_factory: Callable[[str], 
                               allow_divergence=True))
         model = onnx.load(str(tmp_path / quant / load_engine(tmp_path / quant).decode.file), load_external_data=False)
         tiles = {i.name for i in model.graph.initializer if ".mamba_" in i.name and i.name.endswith("tiles")}
+        products = ("in", "out", "x") if arch == "mamba" else ("in", "out", "x", "dt")
         assert tiles == {f"layers.{i}.mamba_{p}.weight.{'q4' if quant == 'int4' else 'q8'}tiles"
-                         for i in ((0, 1, 2) if arch == "mamba" else (0, 2)) for p in ("in", "out")}
+                         for i in ((0, 1, 2) if arch == "mamba" else (0, 2)) for p in products}
         engine = load_engine_dir(tmp_path / quant)
         got = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]
         assert np.isfinite(got).all()

@@ -467,7 +467,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
             ("past_mamba_conv.{i}", layers, (taps - 1, heads * head_dim + (2 * groups * state if version == 2 else 0))),
             ("past_ssm.{i}", layers, (heads, state, head_dim))]
         assert (m.mamba_version, m.mamba_dt_rank, m.mamba_bcdt_norm, m.mamba_norm_eps) == {
-            "mamba": (1, 8, False, 0.0), "falcon_mamba": (1, 6, True, 1e-5), "jamba": (1, 8, True, 0.0)}.get(
+            "mamba": (1, 8, False, 0.0), "falcon_mamba": (1, 6, True, 1e-5), "jamba": (1, 32, True, 0.0)}.get(
             tiny.name, (2, 0, False, 0.0))
         rotated = tiny.name.startswith(("bamba", "granitemoehybrid_dense", "falcon_h1"))  # (Granite 4.0-H "nope",
         # Nemotron-H, Jamba: no layer)

@@ -19,6 +19,7 @@ from llmc.graph.moe import ORT_FC1, ORT_FC2, quantize_experts, with_moe_weights
 from llmc.graph.quant import (
     BF16TILES,
     BF16TILES_GATED,
+    TILE_BLOCK,
     QuantSpec,
     compact_table,
     pack_bf16_tiles,
@@ -34,7 +35,11 @@ LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight"
                    ".attn_gate.weight", ".conv_in.weight",  # (LFM2's convolutions' input product)
                    ".lin_in.weight", ".kda_in.weight", ".kda_f.weight", ".kda_g.weight",  # (a Gated DeltaNet's,
                    # Kimi Delta Attention's)
-                   ".mamba_in.weight", ".mamba_out.weight")  # (a Mamba-2 mixer's)
+                   ".mamba_in.weight", ".mamba_out.weight",  # (a Mamba-2 mixer's)
+                   ".mamba_x.weight", ".mamba_dt.weight")  # (a Mamba-1 mixer's selective projections: SELECTIVE)
+# a Mamba-1 mixer's dt, B, C and dt products: quantized where their input is a multiple of the kernels' block (a dt
+# rank such as Mamba-130M's 48 is not: that product, 48 x 1,536, stays fp32)
+SELECTIVE = (".mamba_x.weight", ".mamba_dt.weight")
 
 
 def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
@@ -52,7 +57,8 @@ def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
 def quantizable(ckpt: Checkpoint) -> list[str]:
     """The linear layers' weights --quant quantizes (not the stacked [E, K, N] expert arrays: the "standard"
     mixture lowering's per-expert ones are quantized instead); the LM head besides."""
-    return [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES) and ckpt.weights[n].ndim == 2]
+    return [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES) and ckpt.weights[n].ndim == 2
+            and not (n.endswith(SELECTIVE) and ckpt.weights[n].shape[0] % TILE_BLOCK)]
 
 
 def _swiglu_gate_up(ckpt: Checkpoint, name: str) -> bool:
