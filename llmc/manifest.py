@@ -21,7 +21,7 @@ ENGINE_MANIFEST = "engine.json"
 EXPORT_FORMAT_VERSION = 1
 ENGINE_FORMAT_VERSION = 1
 # the layer types with a KV cache ("hybrid": attention and a Mamba-2 mixer side by side, Falcon-H1's)
-ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "hybrid")
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "hybrid", "zamba")
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,12 @@ class ModelSpec:
     mamba_version: int = 2
     mamba_dt_rank: int = 0
     mamba_bcdt_norm: bool = False
-    mamba_norm_eps: float = 0.0
+    mamba_norm_eps: float = 0.0  # the mixer's own norms' epsilon (Mamba-1's dt, B, C; Mamba-2's gated one); 0: norm_eps
+    mamba_dt_min: float = 0.0  # dt = max(dt, this) after its softplus (Zamba2's time_step_min, as its trained scan)
+    # a "zamba" layer (Zamba2's hybrid layers) is a Mamba-2 mixer layer whose mixer input is norm1(x + t): t the layer's
+    # attention block on [x, the embeddings] (2 x hidden wide: norm zamba_in, attention, o; norm zamba_mid, its MLP
+    # gate_up / down) through zamba_linear; the block's weights are the shared block's with its per-use adapters
+    # folded in at export; its output joins the residual stream only through the mixer
     mlp_layers: tuple[bool, ...] = ()  # which layers have an MLP after the mixer (Nemotron-H's have none); empty: all
 
     def window(self, layer: int) -> int:
@@ -223,8 +228,9 @@ class ModelSpec:
         return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
 
     def is_mamba(self, layer: int) -> bool:
-        """The layer has a Mamba mixer ("mamba", or "hybrid" beside its attention; Mamba-2's, or mamba_version's)."""
-        return bool(self.layer_types) and self.layer_types[layer] in ("mamba", "hybrid")
+        """The layer has a Mamba mixer ("mamba", or "hybrid" beside its attention, or "zamba" after it; Mamba-2's, or
+        mamba_version's)."""
+        return bool(self.layer_types) and self.layer_types[layer] in ("mamba", "hybrid", "zamba")
 
     def has_mixer(self, layer: int) -> bool:
         return not self.layer_types or self.layer_types[layer] != "mlp"

@@ -899,6 +899,22 @@ def _jamba(tf: Any, common: dict[str, Any]) -> Any:  # Mamba-1 layers (dt, B and
     return _scan_nudged(_nudged(model, biases=0.2))
 
 
+def _zamba2(tf: Any, common: dict[str, Any], **changes: Any) -> Any:  # Mamba-2 layers, two hybrid ones with the
+    # two shared attention blocks (rotary, per-use adapters drawn off zero) on [x, the embeddings]
+    import torch
+
+    model = _auto(tf, "zamba2", **{**common, "num_hidden_layers": 4, "num_key_value_heads": 4},
+                  layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=8, mamba_d_state=16,
+                  mamba_ngroups=2, num_mem_blocks=2, use_shared_attention_adapter=True, adapter_rank=8,
+                  use_mem_rope=True, **{"time_step_min": 1e-9, **changes})  # (the clamp inactive: transformers
+    # clamps dt in a prompt but not in a decode step; test_parity checks the clamp on prompts)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "adapter_list" in name:  # (each a fifth or so of its product's weights, after make_model's 4x)
+                p.normal_(0.0, 0.03)
+    return _nudged(model, dt_bias=0.5)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -913,7 +929,7 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear,
                       "olmo_hybrid": _olmo_hybrid, "nemotron_h_moe": _nemotron_h_moe,
                       "mamba2": _mamba2, "nemotron_h_latent": _nemotron_h_latent, "mamba": _mamba,
-                      "falcon_mamba": _falcon_mamba, "jamba": _jamba})
+                      "falcon_mamba": _falcon_mamba, "jamba": _jamba, "zamba2": _zamba2})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
                 "nemotron_h_moe": _as_published_nemotron_h, "nemotron_h_latent": _as_published_nemotron_h,

@@ -52,6 +52,7 @@ SUPPORTED = {
     "mamba2": "Mamba-2, Codestral Mamba (Mamba-2 alone)", "mamba": "Mamba (Mamba-1 alone)",
     "falcon_mamba": "Falcon Mamba (Mamba-1 with normed dt, B and C)",
     "jamba": "Jamba (Mamba-1, attention without positions, mixtures)",
+    "zamba2": "Zamba2 (Mamba-2, shared attention blocks on the embeddings with per-use adapters)",
     "olmo_hybrid": "OLMo Hybrid (Gated DeltaNet and OLMo 3's attention)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
 }
@@ -136,7 +137,9 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     layers = int(config.num_hidden_layers)
     if mt in ("mamba2", *MAMBA1_ALONE):  # (no attention: its mixers' heads stand in for the attention's, which no
         # layer has)
-        config = _MambaAttention(config)
+        config = _mamba_attention(config)
+    if mt == "zamba2":  # (its heads 2 x hidden / heads wide: they read [x, the embeddings])
+        config = _ConfigView(config, head_dim=int(config.attention_head_dim))
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
     head_dim = int(_get(config, "head_dim", config.hidden_size // heads))
     tied = bool(_get(config, "tie_word_embeddings", False))
@@ -166,21 +169,26 @@ SSM_MAX_POSITIONS = 262144  # the context of a model without positions or attent
 # the same size at any length; what an engine is built for (Codestral Mamba's tested length)
 
 
-class _MambaAttention:
-    """A Mamba model's config with the attention fields the decoder reads (it has no attention layer): its mixers'
-    heads (Mamba-1's channels in scan_heads), no MLP, SSM_MAX_POSITIONS, layer_norm_epsilon as the norms'
-    epsilon."""
+class _ConfigView:
+    """A transformers config with some fields as the decoder should read them, the rest its own."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, **fields: Any) -> None:
         self._config = config
-        heads, head_dim = ((int(config.num_heads), int(config.head_dim)) if config.model_type == "mamba2"
-                           else scan_heads(int(config.intermediate_size)))
-        self.num_attention_heads = self.num_key_value_heads = heads
-        self.head_dim, self.intermediate_size = head_dim, int(config.hidden_size)
-        self.max_position_embeddings, self.rms_norm_eps = SSM_MAX_POSITIONS, float(config.layer_norm_epsilon)
+        self.__dict__.update(fields)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._config, name)
+
+
+def _mamba_attention(config: Any) -> _ConfigView:
+    """A Mamba model's config with the attention fields the decoder reads (it has no attention layer): its mixers'
+    heads (Mamba-1's channels in scan_heads), no MLP, SSM_MAX_POSITIONS, layer_norm_epsilon as the norms'
+    epsilon."""
+    heads, head_dim = ((int(config.num_heads), int(config.head_dim)) if config.model_type == "mamba2"
+                       else scan_heads(int(config.intermediate_size)))
+    return _ConfigView(config, num_attention_heads=heads, num_key_value_heads=heads, head_dim=head_dim,
+                       intermediate_size=int(config.hidden_size), max_position_embeddings=SSM_MAX_POSITIONS,
+                       rms_norm_eps=float(config.layer_norm_epsilon))
 
 
 def _inner_size(config: Any) -> int:
@@ -1033,6 +1041,59 @@ def _mamba2(config: Any) -> dict[str, Any]:
     return {**fields, "mlp_layers": (False,) * layers, "norm_eps": float(config.layer_norm_epsilon)}
 
 
+def _zamba2(config: Any) -> dict[str, Any]:
+    """Zamba2: a Mamba-2 mixer in every layer (no MLP after it); on its "hybrid" layers ("zamba"), first a shared
+    attention block on [x, the embeddings] (2 x hidden wide, heads of 2 x hidden / heads, scores scaled by
+    (head dim / 2)^-0.5, rotary where use_mem_rope) and its MLP, through the layer's own linear into the mixer's
+    input; dt at least time_step_min (as its trained scan clamps it), the gated norm at its fixed 1e-5."""
+    types = list(config.layers_block_type)
+    if unknown := sorted(set(types) - {"linear_attention", "mamba", "hybrid"}):
+        _refuse("layers_block_type", unknown, "llmc builds Zamba2's mamba and hybrid layers")
+    if _get(config, "add_bias_linear", False):
+        _refuse("add_bias_linear", True, "a Zamba2 block's MLP biases are not implemented")
+    kinds = ["zamba" if t == "hybrid" else "mamba" for t in types]
+    heads = int(config.n_mamba_heads)
+    fields = _mamba(config, kinds, heads, int(config.mamba_headdim), int(config.mamba_d_state),
+                    int(config.mamba_ngroups), int(config.mamba_d_conv), "mamba_hidden_act")
+    return {**fields, "mlp_layers": (False,) * len(types), "mamba_norm_eps": 1e-5,
+            "mamba_dt_min": float(config.time_step_min),
+            "attention_scale": (int(config.attention_head_dim) / 2) ** -0.5}
+
+
+def _zamba2_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Zamba2's weights under the names the others use: a hybrid layer's mixer and its norm as a mamba layer's
+    (mamba, input_layernorm), its shared block's attention as self_attn and its MLP as mlp (gate, up, down) with the
+    block's per-use adapters folded in (W + B A: the q, k, v adapters where use_shared_attention_adapter, gate_up's
+    always), the block's two norms and the layer's linear as zamba_in, zamba_mid, zamba_linear."""
+    out = {k: v for k, v in sd.items() if ".shared_transformer." not in k and ".mamba_decoder." not in k
+           and not re.match(r"model\.layers\.\d+\.linear\.", k)}
+    for k, v in sd.items():
+        if ".mamba_decoder." in k:
+            out[k.replace(".mamba_decoder.", ".")] = v
+    for use, i in enumerate(config.hybrid_layer_ids):
+        s, p = f"model.layers.{i}.shared_transformer.", f"model.layers.{i}."
+        for n in "qkv":
+            out[p + f"self_attn.{n}_proj.weight"] = _with_adapter(sd, s + f"self_attn.{n}_proj.weight",
+                                                                  s + f"self_attn.linear_{n}_adapter_list.{use}")
+        out[p + "self_attn.o_proj.weight"] = sd[s + "self_attn.o_proj.weight"]
+        gate, up = np.split(_with_adapter(sd, s + "feed_forward.gate_up_proj.weight",
+                                          s + f"feed_forward.gate_up_proj_adapter_list.{use}"), 2)
+        out.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
+                    p + "mlp.down_proj.weight": sd[s + "feed_forward.down_proj.weight"],
+                    p + "zamba_in.weight": sd[s + "input_layernorm.weight"],
+                    p + "zamba_mid.weight": sd[s + "pre_ff_layernorm.weight"],
+                    p + "zamba_linear.weight": sd[p + "linear.weight"]})
+    return _renamed(out, (("model.final_layernorm.", "model.norm."),))
+
+
+def _with_adapter(sd: dict[str, np.ndarray], weight: str, adapter: str) -> np.ndarray:
+    """A shared product's weight [out, in] with one use's adapter folded in (x A^T B^T = x (B A)^T: W + B A), or as
+    it is where that use has none."""
+    w = sd[weight].astype(np.float32)
+    a, b = adapter + ".0.weight", adapter + ".1.weight"
+    return (w + sd[b] @ sd[a]).astype(np.float32) if a in sd else w
+
+
 def _mamba2_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Mamba-2's weights under the names the others use: each block's norm as input_layernorm, its mixer as mamba."""
     out = _renamed(sd, (("backbone.embeddings.", "model.embed_tokens."), ("backbone.norm_f.", "model.norm."),
@@ -1425,7 +1486,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "qwen3_next": lambda c, sd: _qwen3_5_names(c, _qwen3_next_names(c, sd)),
     "granitemoehybrid": _granite_hybrid_names, "bamba": lambda c, sd: _renamed(sd, _BAMBA_NAMES),
     "nemotron_h": _nemotron_h_names, "falcon_h1": _falcon_h1_names, "olmo_hybrid": _olmo_hybrid_names,
-    "mamba2": _mamba2_names, "mamba": _mamba2_names, "falcon_mamba": _falcon_mamba_names,
+    "mamba2": _mamba2_names, "mamba": _mamba2_names, "zamba2": _zamba2_names, "falcon_mamba": _falcon_mamba_names,
     "jamba": lambda c, sd: _renamed(sd, _JAMBA_NAMES),
     "mimo_v2_flash": _mimo_v2_flash_names, "laguna": _laguna_names,
     "hy_v3": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
@@ -1476,7 +1537,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "qwen3_next": lambda c: {**_qwen3_5(c), **_moe(c)},
     "granitemoehybrid": _granite_hybrid, "bamba": _bamba, "nemotron_h": _nemotron_h, "falcon_h1": _falcon_h1,
     "kimi_linear": _kimi_linear, "olmo_hybrid": _olmo_hybrid, "mamba2": _mamba2,
-    "mamba": _mamba_alone, "falcon_mamba": _mamba_alone, "jamba": _jamba,
+    "mamba": _mamba_alone, "falcon_mamba": _mamba_alone, "jamba": _jamba, "zamba2": _zamba2,
     "lara_mini": lambda c: {**_qwen3_5(c), **_moe(c), "attn_output_gate": False,  # (its attention ungated,
                             "rope_layers": tuple(t == "sliding_attention" for t in c.layer_types)},  # RoPE on sliding
     # layers only)
@@ -1553,8 +1614,12 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + "attn_gate.weight"] = sd[attn + "gate_proj.weight"].T.copy()
         if spec.attn_sinks:  # GPT-OSS
             w[q + "attn.sinks"] = sd[attn + "sinks"]
-        if spec.has_mlp(i):
+        if spec.has_mlp(i) or spec.layer_types[i:i + 1] == ("zamba",):  # (a Zamba2 block's MLP, before its mixer)
             w.update(_mlp_weights(spec, sd, i))
+        if spec.layer_types[i:i + 1] == ("zamba",):  # (its block's norms, on [x, embeddings] and after attention;
+            # the product into the mixer's input)
+            w.update({q + "zamba_in.weight": sd[p + "zamba_in.weight"], q + "zamba_mid.weight": sd[p + "zamba_mid.weight"],
+                      q + "zamba_linear.weight": sd[p + "zamba_linear.weight"].T.copy()})
     return w
 
 

@@ -77,6 +77,7 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     """Every block; returns the final norm's output (of each row's last token when `last_token` is given)."""
     m = c.m
     fuse = c.opts.fuse_norms and m.norm_layout != "post"  # (OLMo 2 norms only block outputs: nothing to fuse)
+    embeddings = x  # (what Zamba2's attention blocks read beside the residual stream)
 
     def pre_norm(layer: int, name: str) -> str | None:  # a block's norm before it, or none (a "post" layer's)
         return None if m.layout(layer) == "post" else f"layers.{layer}.{name}"
@@ -94,6 +95,8 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
             elif m.is_linear(i):  # (Qwen3.5) a Gated DeltaNet, (Kimi Linear) its per-key-dim decay form
                 mixer = kimi_delta_attention if m.linear_kind == "kda" else gated_delta_net
                 mixed = linear(c, mixer(c, i, h), f"{p}.o")
+            elif m.layer_types[i:i + 1] == ("zamba",):  # (Zamba2) an attention block into its Mamba-2 mixer's input
+                mixed = mamba(c, i, _zamba_input(c, i, x, embeddings, attend, rotary, query_scale))
             elif m.attends(i):  # attention, and (Falcon-H1's "hybrid" layers) a Mamba-2 mixer beside it
                 mixed = linear(c, _attention(c, i, h, attend, rotary, query_scale), f"{p}.o")
                 if m.is_mamba(i):
@@ -112,6 +115,18 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
         h, x = _residual(c, x, delta, "norm" if last else pre_norm(i + 1, "norm1"), fuse,
                          last_token if last else None)
     return h
+
+
+def _zamba_input(c: Ctx, i: int, x: str, embeddings: str, attend: Callable[[int, str], str], rotary: Rotary,
+                 query_scale: str | None) -> str:
+    """A Zamba2 hybrid layer's mixer input: norm1(x + t), t = its attention block on [x, the embeddings] (normed
+    2 x hidden wide, attention, o; normed, its MLP) through zamba_linear. t joins the residual stream only through
+    the mixer."""
+    p = f"layers.{i}"
+    a = norm(c, c.b.op("Concat", x, embeddings, axis=-1), f"{p}.zamba_in")
+    t = linear(c, _attention(c, i, a, attend, rotary, query_scale), f"{p}.o")
+    t = linear(c, _mlp(c, i, norm(c, t, f"{p}.zamba_mid")), f"{p}.zamba_linear")
+    return norm(c, c.b.op("Add", x, t), f"{p}.norm1")
 
 
 def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary: Rotary,

@@ -225,6 +225,8 @@ def mamba2(c: Ctx, i: int, h: str) -> str:
     x = b.op("Reshape", x, b.ints(0, 0, hv, dv))
     keys, queries = (b.op("Reshape", t, b.ints(0, 0, groups, dk)) for t in (keys, queries))
     dt = b.op("Softplus", b.op("Add", b.to_float32(dt), b.to_float32(b.weight(f"{p}.mamba_dt_bias"))))
+    if m.mamba_dt_min:  # (Zamba2's time_step_min, as its trained scan clamps dt)
+        dt = b.op("Max", dt, b.const(np.array(m.mamba_dt_min, np.float32)))
     dt = b.op("Mul", dt, _valid(c))  # a padded token: dt 0, so the state neither decays nor is written
     g = b.op("Mul", dt, b.to_float32(b.weight(f"{p}.mamba_A")))
     y = _recurrence(c, queries, keys, x, g, dt, io.PAST_SSM.format(i=j), io.PRESENT_SSM.format(i=j),
@@ -234,9 +236,9 @@ def mamba2(c: Ctx, i: int, h: str) -> str:
     gate = b.to_float32(z)
     gate = b.op("Mul", gate, b.op("Sigmoid", gate))  # silu(z)
     if m.mamba_norm == "after_gate":
-        y = norm(c, b.op("Mul", y, gate), f"{p}.mamba_norm", groups=groups)
+        y = norm(c, b.op("Mul", y, gate), f"{p}.mamba_norm", m.mamba_norm_eps, groups=groups)
     elif m.mamba_norm == "before_gate":  # (Falcon-H1's option)
-        y = b.op("Mul", b.to_float32(norm(c, y, f"{p}.mamba_norm", groups=groups)), gate)
+        y = b.op("Mul", b.to_float32(norm(c, y, f"{p}.mamba_norm", m.mamba_norm_eps, groups=groups)), gate)
     else:  # "none" (Falcon-H1's default)
         y = b.op("Mul", y, gate)
     return linear(c, b.to_compute(y), f"{p}.mamba_out")

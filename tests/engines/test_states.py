@@ -35,11 +35,12 @@ def _hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module", params=["lfm2", "qwen3_5_text", "nemotron_h", "kimi_linear", "mamba2", "falcon_h1",
-                                        "mamba", "jamba"])
+                                        "mamba", "jamba", "zamba2"])
 def stateful(request: pytest.FixtureRequest, tiny_factory: Callable[[str], Built]) -> Built:
     """A model with states: LFM2's convolutions, Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba-2 mixers, Kimi Linear's
     Kimi Delta Attention, Mamba-2 alone (no KV cache at all), Falcon-H1's mixers beside attention in every layer,
-    Mamba-1 alone (its selective scan) or Jamba's Mamba-1 mixers around attention."""
+    Mamba-1 alone (its selective scan), Jamba's Mamba-1 mixers around attention, or Zamba2's Mamba-2 mixers with
+    attention blocks before them."""
     return tiny_factory(request.param)
 
 

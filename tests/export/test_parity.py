@@ -122,8 +122,9 @@ def _hf_incremental(model: Any, prompt: list[int], steps: list[int]) -> list[np.
         for ids in [prompt, *[[t] for t in steps]]:
             positions = torch.arange(done, done + len(ids))[None]
             done += len(ids)
-            new_name = model.config.model_type in ("mamba2", "mamba", "falcon_mamba", "jamba")  # (their forward
-            # takes the cache by its new name only, or warns at the old one; Mamba-1 alone returns it as `cache`)
+            new_name = model.config.model_type in ("mamba2", "mamba", "falcon_mamba", "jamba", "zamba2")  # (their
+            # forward takes the cache by its new name only, or warns at the old one; Mamba-1 alone returns it as
+            # `cache`)
             cached = {"cache": cache} if new_name else {"past_key_values": cache}
             out = model(torch.tensor([ids]), use_cache=True, position_ids=positions, **cached)
             cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else out.cache
@@ -326,7 +327,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.num_kv_heads == (1 if mla else {"gpt2": 4, "opt": 4, "gpt_neox": 4, "gemma": 1, "gpt_bigcode": 1,
                                              "mimo_v2_flash": 2,  # (its sliding layers': twice its full ones')
                                              "falcon_mqa": 1, "falcon_seq": 4, "gptj": 4, "mamba2": 8, "mamba": 2,
-                                             "falcon_mamba": 2}.get(tiny.name,
+                                             "falcon_mamba": 2, "zamba2": 4}.get(tiny.name,
                                                                                                          2))
     assert (m.mla_kv_rank, m.mla_nope_dim, m.mla_v_dim, m.head_dim, m.rotary_dim) == (
         (32, 24, 16, 40, 8) if mla else (0, 0, 0, m.head_dim, m.rotary_dim))
@@ -453,11 +454,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
              # (Mamba-1: the channels as heads, one group; dt, B and C from x after the convolution)
              "mamba": (("mamba",) * 3, (), (2, 64, 16, 1, 4), (False,) * 3),
              "falcon_mamba": (("mamba",) * 2, (), (2, 48, 8, 1, 3), (False,) * 2),
-             "jamba": (("mamba", "full_attention", "mamba", "full_attention"), (1, 3), (2, 64, 16, 1, 4), ())}
+             "jamba": (("mamba", "full_attention", "mamba", "full_attention"), (1, 3), (2, 64, 16, 1, 4), ()),
+             # (Zamba2: a Mamba-2 mixer in every layer, its hybrid ones' attention blocks before it)
+             "zamba2": (("mamba", "zamba", "mamba", "zamba"), (1, 3), (8, 16, 16, 2, 4), (False,) * 4)}
     if tiny.name in mamba:  # (Mamba-2 layers: their conv and state-space states, no KV; Nemotron-H's blocks one
         # mixer or one MLP each)
         types, kv_layers, dims, mlp_layers = mamba[tiny.name]
-        layers = sum(t in ("mamba", "hybrid") for t in types)
+        layers = sum(t in ("mamba", "hybrid", "zamba") for t in types)
         assert (m.layer_types, m.kv_layers, m.mlp_layers) == (types, kv_layers, mlp_layers)
         assert (m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups, m.mamba_conv_kernel) == dims
         heads, head_dim, state, groups, taps = dims
@@ -467,9 +470,11 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
             ("past_mamba_conv.{i}", layers, (taps - 1, heads * head_dim + (2 * groups * state if version == 2 else 0))),
             ("past_ssm.{i}", layers, (heads, state, head_dim))]
         assert (m.mamba_version, m.mamba_dt_rank, m.mamba_bcdt_norm, m.mamba_norm_eps) == {
-            "mamba": (1, 8, False, 0.0), "falcon_mamba": (1, 6, True, 1e-5), "jamba": (1, 32, True, 0.0)}.get(
-            tiny.name, (2, 0, False, 0.0))
-        rotated = tiny.name.startswith(("bamba", "granitemoehybrid_dense", "falcon_h1"))  # (Granite 4.0-H "nope",
+            "mamba": (1, 8, False, 0.0), "falcon_mamba": (1, 6, True, 1e-5), "jamba": (1, 32, True, 0.0),
+            "zamba2": (2, 0, False, 1e-5)}.get(tiny.name, (2, 0, False, 0.0))
+        assert (m.mamba_dt_min, m.attention_scale) == ((1e-9, 0.25) if tiny.name == "zamba2" else
+                                                       (0.0, m.attention_scale))
+        rotated = tiny.name.startswith(("bamba", "granitemoehybrid_dense", "falcon_h1", "zamba2"))  # (Granite 4.0-H "nope",
         # Nemotron-H, Jamba: no layer)
         assert m.rope_layers == (() if rotated else (False,) * m.num_layers)
         assert m.mamba_norm == {"falcon_h1": "none", "falcon_h1_normed": "before_gate"}.get(tiny.name, "after_gate")
@@ -609,3 +614,34 @@ def test_the_reference_runs_the_models_own_attention(tiny_factory: Callable[[str
     src = sources.resolve(str(tiny_factory("llama").hf_dir))
     assert sources.load(src).model.config._attn_implementation == "eager"
     assert sources.load(src, attention=None).model.config._attn_implementation != "eager"  # transformers' default
+
+
+def test_zamba2_s_dt_clamp_is_its_trained_scan_s(tmp_path: Path) -> None:
+    """Zamba2's dt is at least time_step_min after its softplus (its mixers' time_step_limit, as the trained and the
+    prompt's scan clamp it): with a minimum that binds on most tokens, the export (prompt and one-token steps) gives
+    transformers' full-sequence logits, which differ from the unclamped model's."""
+    import transformers as tf
+    from tiny_models import _zamba2, make_tokenizer
+
+    from llmc.export.exporter import ExportConfig, export
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                  max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = _zamba2(tf, common, time_step_min=1.0)
+    with torch.no_grad():  # (as make_model widens them: the mixers' outputs then show in the logits)
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    model.save_pretrained(str(tmp_path / "hf"))
+    make_tokenizer(tmp_path / "hf", 320)
+    manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "out"))
+    assert manifest.model.mamba_dt_min == 1.0 and manifest.parity["max_abs_diff"] <= 1e-4
+    ids = torch.tensor([_ids(3, 12)])
+    with torch.no_grad():
+        clamped = model(ids).logits
+        for mixer in (layer.mamba if hasattr(layer, "mamba") else layer.mamba_decoder.mamba
+                      for layer in model.model.layers):
+            mixer.time_step_limit = (0.0, float("inf"))
+        free = model(ids).logits
+    assert float((clamped - free).abs().max()) > 1e-2  # (the clamp binds)
