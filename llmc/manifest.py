@@ -20,7 +20,8 @@ EXPORT_MANIFEST = "llmc.json"
 ENGINE_MANIFEST = "engine.json"
 EXPORT_FORMAT_VERSION = 1
 ENGINE_FORMAT_VERSION = 1
-# the layer types with a KV cache ("hybrid": attention and a Mamba-2 mixer side by side, Falcon-H1's)
+# the layer types with a KV cache ("hybrid": attention and a Mamba-2 mixer side by side, Falcon-H1's; "zamba": an
+# attention block into a Mamba-2 mixer's input, Zamba2's)
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "hybrid", "zamba")
 
 

@@ -79,10 +79,14 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     fuse = c.opts.fuse_norms and m.norm_layout != "post"  # (OLMo 2 norms only block outputs: nothing to fuse)
     embeddings = x  # (what Zamba2's attention blocks read beside the residual stream)
 
-    def pre_norm(layer: int, name: str) -> str | None:  # a block's norm before it, or none (a "post" layer's)
-        return None if m.layout(layer) == "post" else f"layers.{layer}.{name}"
+    def pre_norm(layer: int, name: str) -> str | None:  # a block's norm before it, or none (a "post" layer's; a
+        # "zamba" layer norms x + its attention block's output itself: _zamba_input)
+        if m.layout(layer) == "post" or (name == "norm1" and m.layer_types[layer:layer + 1] == ("zamba",)):
+            return None
+        return f"layers.{layer}.{name}"
 
-    h = x if m.layout(0) == "post" else norm(c, x, "layers.0.norm1")
+    first = pre_norm(0, "norm1")
+    h = x if first is None else norm(c, x, first)
     rotary = Rotary(c)  # (the attention rotates q and k, unless their norms follow the rotation)
     query_scale = _query_scale(c) if m.query_scale_beta else None
     for i in range(m.num_layers):

@@ -38,8 +38,8 @@ LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight"
                    ".mamba_in.weight", ".mamba_out.weight",  # (a Mamba-2 mixer's)
                    ".mamba_x.weight", ".mamba_dt.weight",  # (a Mamba-1 mixer's selective projections: SELECTIVE)
                    ".zamba_linear.weight")  # (a Zamba2 block's product into its mixer's input)
-# a Mamba-1 mixer's dt, B, C and dt products: quantized where their input is a multiple of the kernels' block (a dt
-# rank such as Mamba-130M's 48 is not: that product, 48 x 1,536, stays fp32)
+# a Mamba-1 mixer's selective products (x_proj: dt, B and C; dt_proj): quantized where their input is a multiple of
+# the kernels' block (a dt rank such as Mamba-130M's 48 is not: that product, 48 x 1,536, stays fp32)
 SELECTIVE = (".mamba_x.weight", ".mamba_dt.weight")
 
 
