@@ -200,10 +200,12 @@ class ModelSpec:
     mamba_bcdt_norm: bool = False
     mamba_norm_eps: float = 0.0  # the mixer's own norms' epsilon (Mamba-1's dt, B, C; Mamba-2's gated one); 0: norm_eps
     mamba_dt_min: float = 0.0  # dt = max(dt, this) after its softplus (Zamba2's time_step_min, as its trained scan)
-    # a "zamba" layer (Zamba2's hybrid layers) is a Mamba-2 mixer layer whose mixer input is norm1(x + t): t the layer's
-    # attention block on [x, the embeddings] (2 x hidden wide: norm zamba_in, attention, o; norm zamba_mid, its MLP
-    # gate_up / down) through zamba_linear; the block's weights are the shared block's with its per-use adapters
-    # folded in at export; its output joins the residual stream only through the mixer
+    # a "zamba" layer (Zamba2's hybrid layers) is a Mamba-2 mixer layer whose mixer input is norm1(x + t): t the
+    # shared attention block zamba_blocks[layer] ("shared.{b}": norm zamba_in on [x, the embeddings], 2 x hidden wide;
+    # attention; o; norm zamba_mid; its MLP gate_up / down), each of qkv and gate_up plus the layer's own adapter
+    # (x @ {name}_adapter_a @ {name}_adapter_b) where it has one, through the layer's zamba_linear; t joins the
+    # residual stream only through the mixer
+    zamba_blocks: tuple[int, ...] = ()
     mlp_layers: tuple[bool, ...] = ()  # which layers have an MLP after the mixer (Nemotron-H's have none); empty: all
 
     def window(self, layer: int) -> int:

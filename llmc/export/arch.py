@@ -1041,11 +1041,42 @@ def _mamba2(config: Any) -> dict[str, Any]:
     return {**fields, "mlp_layers": (False,) * layers, "norm_eps": float(config.layer_norm_epsilon)}
 
 
+def _zamba_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A Zamba2 hybrid layer's block weights: its shared block's (shared.{b}: the norm on [x, embeddings], qkv, o,
+    the norm after attention, gate_up, down; the same arrays at every use of b), its adapters (qkv's: each of q, k,
+    v's A stacked [2 hidden, 3 r] and their B block-diagonal [3 r, q k v]; gate_up's [hidden, r], [r, 2 I]) and its
+    linear into the mixer's input."""
+    s, p = f"model.layers.{i}.shared_transformer.", f"model.layers.{i}."
+    b, q = f"shared.{spec.zamba_blocks[i]}.", f"layers.{i}."
+    attn, ff = s + "self_attn.", s + "feed_forward."
+    out = {b + "zamba_in.weight": sd[s + "input_layernorm.weight"], b + "zamba_mid.weight": sd[s + "pre_ff_layernorm.weight"],
+           b + "qkv.weight": np.concatenate([sd[attn + f"{n}_proj.weight"] for n in "qkv"], axis=0).T.copy(),
+           b + "o.weight": sd[attn + "o_proj.weight"].T.copy(), b + "gate_up.weight": sd[ff + "gate_up_proj.weight"].T.copy(),
+           b + "down.weight": sd[ff + "down_proj.weight"].T.copy(), q + "zamba_linear.weight": sd[p + "linear.weight"].T.copy()}
+    use = spec.layer_types[:i].count("zamba")  # (the adapters' index: this use's among the hybrid layers)
+    qkv = [(attn + f"linear_{n}_adapter_list.{use}.0.weight", attn + f"linear_{n}_adapter_list.{use}.1.weight")
+           for n in "qkv"]
+    if all(a in sd for a, _ in qkv):
+        out[q + "qkv_adapter_a.weight"] = np.concatenate([sd[a] for a, _ in qkv], axis=0).T.copy()
+        ups = [sd[up].T for _, up in qkv]  # [r, out] each
+        block = np.zeros((sum(u.shape[0] for u in ups), sum(u.shape[1] for u in ups)), np.float32)
+        row = col = 0
+        for u in ups:
+            block[row:row + u.shape[0], col:col + u.shape[1]] = u
+            row, col = row + u.shape[0], col + u.shape[1]
+        out[q + "qkv_adapter_b.weight"] = block
+    a, up = ff + f"gate_up_proj_adapter_list.{use}.0.weight", ff + f"gate_up_proj_adapter_list.{use}.1.weight"
+    if a in sd:
+        out[q + "gate_up_adapter_a.weight"], out[q + "gate_up_adapter_b.weight"] = sd[a].T.copy(), sd[up].T.copy()
+    return out
+
+
 def _zamba2(config: Any) -> dict[str, Any]:
-    """Zamba2: a Mamba-2 mixer in every layer (no MLP after it); on its "hybrid" layers ("zamba"), first a shared
-    attention block on [x, the embeddings] (2 x hidden wide, heads of 2 x hidden / heads, scores scaled by
-    (head dim / 2)^-0.5, rotary where use_mem_rope) and its MLP, through the layer's own linear into the mixer's
-    input; dt at least time_step_min (as its trained scan clamps it), the gated norm at its fixed 1e-5."""
+    """Zamba2: a Mamba-2 mixer in every layer (no MLP after it); on its "hybrid" layers ("zamba"), first one of
+    num_mem_blocks shared attention blocks on [x, the embeddings] (2 x hidden wide, heads of 2 x hidden / heads,
+    scores scaled by (head dim / 2)^-0.5, rotary where use_mem_rope; its MLP; the layer's own adapters), through the
+    layer's own linear into the mixer's input; dt at least time_step_min (as its trained scan clamps it), the gated
+    norm at its fixed 1e-5."""
     types = list(config.layers_block_type)
     if unknown := sorted(set(types) - {"linear_attention", "mamba", "hybrid"}):
         _refuse("layers_block_type", unknown, "llmc builds Zamba2's mamba and hybrid layers")
@@ -1055,43 +1086,19 @@ def _zamba2(config: Any) -> dict[str, Any]:
     heads = int(config.n_mamba_heads)
     fields = _mamba(config, kinds, heads, int(config.mamba_headdim), int(config.mamba_d_state),
                     int(config.mamba_ngroups), int(config.mamba_d_conv), "mamba_hidden_act")
+    blocks, uses = [], 0
+    for t in types:  # (transformers' tie order: the hybrid layers take the num_mem_blocks blocks in turn)
+        blocks.append(uses % int(config.num_mem_blocks) if t == "hybrid" else -1)
+        uses += t == "hybrid"
     return {**fields, "mlp_layers": (False,) * len(types), "mamba_norm_eps": 1e-5,
-            "mamba_dt_min": float(config.time_step_min),
+            "mamba_dt_min": float(config.time_step_min), "zamba_blocks": tuple(blocks),
             "attention_scale": (int(config.attention_head_dim) / 2) ** -0.5}
 
 
 def _zamba2_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Zamba2's weights under the names the others use: a hybrid layer's mixer and its norm as a mamba layer's
-    (mamba, input_layernorm), its shared block's attention as self_attn and its MLP as mlp (gate, up, down) with the
-    block's per-use adapters folded in (W + B A: the q, k, v adapters where use_shared_attention_adapter, gate_up's
-    always), the block's two norms and the layer's linear as zamba_in, zamba_mid, zamba_linear."""
-    out = {k: v for k, v in sd.items() if ".shared_transformer." not in k and ".mamba_decoder." not in k
-           and not re.match(r"model\.layers\.\d+\.linear\.", k)}
-    for k, v in sd.items():
-        if ".mamba_decoder." in k:
-            out[k.replace(".mamba_decoder.", ".")] = v
-    for use, i in enumerate(config.hybrid_layer_ids):
-        s, p = f"model.layers.{i}.shared_transformer.", f"model.layers.{i}."
-        for n in "qkv":
-            out[p + f"self_attn.{n}_proj.weight"] = _with_adapter(sd, s + f"self_attn.{n}_proj.weight",
-                                                                  s + f"self_attn.linear_{n}_adapter_list.{use}")
-        out[p + "self_attn.o_proj.weight"] = sd[s + "self_attn.o_proj.weight"]
-        gate, up = np.split(_with_adapter(sd, s + "feed_forward.gate_up_proj.weight",
-                                          s + f"feed_forward.gate_up_proj_adapter_list.{use}"), 2)
-        out.update({p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-                    p + "mlp.down_proj.weight": sd[s + "feed_forward.down_proj.weight"],
-                    p + "zamba_in.weight": sd[s + "input_layernorm.weight"],
-                    p + "zamba_mid.weight": sd[s + "pre_ff_layernorm.weight"],
-                    p + "zamba_linear.weight": sd[p + "linear.weight"]})
-    return _renamed(out, (("model.final_layernorm.", "model.norm."),))
-
-
-def _with_adapter(sd: dict[str, np.ndarray], weight: str, adapter: str) -> np.ndarray:
-    """A shared product's weight [out, in] with one use's adapter folded in (x A^T B^T = x (B A)^T: W + B A), or as
-    it is where that use has none."""
-    w = sd[weight].astype(np.float32)
-    a, b = adapter + ".0.weight", adapter + ".1.weight"
-    return (w + sd[b] @ sd[a]).astype(np.float32) if a in sd else w
+    (mamba, input_layernorm); its shared block, adapters and linear stay as they are (_zamba_weights)."""
+    return _renamed(sd, ((".mamba_decoder.", "."), ("model.final_layernorm.", "model.norm.")))
 
 
 def _mamba2_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -1587,6 +1594,10 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             continue
         attn = p + "self_attn."
         mamba_weights = (lambda sd, i: _mamba1_weights(spec, sd, i)) if spec.mamba_version == 1 else _mamba_weights
+        if spec.layer_types[i:i + 1] == ("zamba",):  # (Zamba2) its mixer, its shared block's weights (once a
+            # block) and its own adapters and linear
+            w.update({**mamba_weights(sd, i), **_zamba_weights(spec, sd, i)})
+            continue
         if spec.is_mamba(i) and spec.attends(i):  # (Falcon-H1) a Mamba-2 mixer beside the attention
             w.update(mamba_weights(sd, i))
         elif not spec.attends(i):  # (LFM2, Qwen3.5, Mamba-2 hybrids) a convolution, a Gated DeltaNet or a Mamba-2
@@ -1614,12 +1625,8 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + "attn_gate.weight"] = sd[attn + "gate_proj.weight"].T.copy()
         if spec.attn_sinks:  # GPT-OSS
             w[q + "attn.sinks"] = sd[attn + "sinks"]
-        if spec.has_mlp(i) or spec.layer_types[i:i + 1] == ("zamba",):  # (a Zamba2 block's MLP, before its mixer)
+        if spec.has_mlp(i):
             w.update(_mlp_weights(spec, sd, i))
-        if spec.layer_types[i:i + 1] == ("zamba",):  # (its block's norms, on [x, embeddings] and after attention;
-            # the product into the mixer's input)
-            w.update({q + "zamba_in.weight": sd[p + "zamba_in.weight"], q + "zamba_mid.weight": sd[p + "zamba_mid.weight"],
-                      q + "zamba_linear.weight": sd[p + "zamba_linear.weight"].T.copy()})
     return w
 
 

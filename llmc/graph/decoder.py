@@ -123,21 +123,33 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
 
 def _zamba_input(c: Ctx, i: int, x: str, embeddings: str, attend: Callable[[int, str], str], rotary: Rotary,
                  query_scale: str | None) -> str:
-    """A Zamba2 hybrid layer's mixer input: norm1(x + t), t = its attention block on [x, the embeddings] (normed
-    2 x hidden wide, attention, o; normed, its MLP) through zamba_linear. t joins the residual stream only through
-    the mixer."""
-    p = f"layers.{i}"
-    a = norm(c, c.b.op("Concat", x, embeddings, axis=-1), f"{p}.zamba_in")
-    t = linear(c, _attention(c, i, a, attend, rotary, query_scale), f"{p}.o")
-    t = linear(c, _mlp(c, i, norm(c, t, f"{p}.zamba_mid")), f"{p}.zamba_linear")
-    return norm(c, c.b.op("Add", x, t), f"{p}.norm1")
+    """A Zamba2 hybrid layer's mixer input: norm1(x + t), t = its shared attention block (ModelSpec.zamba_blocks) on
+    [x, the embeddings] (normed 2 x hidden wide, attention, o; normed, its MLP), the layer's own adapters on qkv and
+    gate_up, through zamba_linear. t joins the residual stream only through the mixer."""
+    b, p, s = c.b, f"layers.{i}", f"shared.{c.m.zamba_blocks[i]}"
+    a = norm(c, b.op("Concat", x, embeddings, axis=-1), f"{s}.zamba_in")
+    heads = _attention(c, i, a, attend, rotary, query_scale, qkv=_adapted(c, a, f"{s}.qkv", f"{p}.qkv_adapter"))
+    t = norm(c, linear(c, heads, f"{s}.o"), f"{s}.zamba_mid")
+    gate, up = b.split(_adapted(c, t, f"{s}.gate_up", f"{p}.gate_up_adapter"), [c.m.intermediate_size] * 2)
+    t = linear(c, linear(c, b.op("Mul", _activation(c, gate), up), f"{s}.down"), f"{p}.zamba_linear")
+    return norm(c, b.op("Add", x, t), f"{p}.norm1")
+
+
+def _adapted(c: Ctx, x: str, name: str, adapter: str) -> str:
+    """x @ W, plus x @ A @ B where the layer has that adapter (a Zamba2 use's low-rank one on a shared product)."""
+    y = linear(c, x, name)
+    if c.has(f"{adapter}_a.weight"):
+        y = c.b.op("Add", y, linear(c, linear(c, x, f"{adapter}_a"), f"{adapter}_b"))
+    return y
 
 
 def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary: Rotary,
-               query_scale: str | None) -> str:
-    """Layer i's attention before its output product: [B, S, H * D] (the output gate applied)."""
+               query_scale: str | None, qkv: str | None = None) -> str:
+    """Layer i's attention before its output product: [B, S, H * D] (the output gate applied); qkv: its q, k and v
+    where the caller made them (Zamba2's shared blocks)."""
     m, p = c.m, f"layers.{i}"
-    qkv = _mla_qkv(c, i, h) if m.mla_kv_rank else linear(c, h, f"{p}.qkv")
+    if qkv is None:
+        qkv = _mla_qkv(c, i, h) if m.mla_kv_rank else linear(c, h, f"{p}.qkv")
     if query_scale is not None and m.scales_queries(i):  # (before the rotation: the same, a rotation being linear)
         q, kv = c.b.split(qkv, [m.num_heads * m.head_dim, 2 * m.num_kv_heads * m.head_dim])
         qkv = c.b.op("Concat", c.b.op("Mul", q, query_scale), kv, axis=-1)

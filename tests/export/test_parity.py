@@ -474,6 +474,15 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
             "zamba2": (2, 0, False, 1e-5)}.get(tiny.name, (2, 0, False, 0.0))
         assert (m.mamba_dt_min, m.attention_scale) == ((1e-9, 0.25) if tiny.name == "zamba2" else
                                                        (0.0, m.attention_scale))
+        if tiny.name == "zamba2":  # (its two shared blocks, stored once each; each use's adapters its own)
+            assert m.zamba_blocks == (-1, 0, -1, 1)
+            names = {i.name for i in onnx.load(str(tiny.export_dir / "decode.onnx"),
+                                               load_external_data=False).graph.initializer}
+            assert {n for n in names if n.startswith("shared.")} == {
+                f"shared.{b}.{w}.weight" for b in (0, 1) for w in ("zamba_in", "qkv", "o", "zamba_mid", "gate_up",
+                                                                    "down")}
+            assert {f"layers.{i}.{a}_adapter_{s}.weight" for i in (1, 3) for a in ("qkv", "gate_up")
+                    for s in "ab"} <= names and "layers.1.qkv.weight" not in names
         rotated = tiny.name.startswith(("bamba", "granitemoehybrid_dense", "falcon_h1", "zamba2"))  # (Granite 4.0-H "nope",
         # Nemotron-H, Jamba: no layer)
         assert m.rope_layers == (() if rotated else (False,) * m.num_layers)

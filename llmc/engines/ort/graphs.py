@@ -66,7 +66,8 @@ def _swiglu_gate_up(ckpt: Checkpoint, name: str) -> bool:
     """A dense SwiGLU MLP's gate/up weight: llmc's tiles hold it in their gated form (one node, silu(x @ gate) *
     (x @ up), where its width allows)."""
     return (ckpt.spec.activation == "silu" and name.endswith(".gate_up.weight") and ".experts." not in name
-            and ckpt.weights[name].shape[1] % 32 == 0)
+            and not name.startswith("shared.") and ckpt.weights[name].shape[1] % 32 == 0)  # (Zamba2's shared
+    # blocks add each use's adapter to gate_up before the activation)
 
 
 def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
