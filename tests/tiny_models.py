@@ -905,8 +905,8 @@ def _zamba2(tf: Any, common: dict[str, Any], **changes: Any) -> Any:  # Mamba-2 
 
     model = _auto(tf, "zamba2", **{**common, "num_hidden_layers": 4, "num_key_value_heads": 4},
                   layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=8, mamba_d_state=16,
-                  mamba_ngroups=2, num_mem_blocks=2, use_shared_attention_adapter=True, adapter_rank=8,
-                  use_mem_rope=True, **{"time_step_min": 1e-9, **changes})  # (the clamp inactive: transformers
+                  mamba_ngroups=2, use_shared_attention_adapter=True, adapter_rank=8, use_mem_rope=True,
+                  **{"time_step_min": 1e-9, "num_mem_blocks": 2, **changes})  # (the clamp inactive: transformers
     # clamps dt in a prompt but not in a decode step; test_parity checks the clamp on prompts)
     with torch.no_grad():
         for name, p in model.named_parameters():

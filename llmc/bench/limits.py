@@ -23,6 +23,8 @@ def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
 
     The embedding table is not counted unless a product reads it (a tied LM head does): a Gather reads B rows.
     A mixture's experts count for the share one token runs (experts_per_token of num_experts): batch 1's bytes.
+    A weight several products read (Zamba2's shared blocks, one per use) counts once a product: between uses the
+    other layers' weights stream through the caches.
     """
     model = load_graph(Path(engine_dir) / manifest.decode.file)
     sizes = {}
@@ -31,10 +33,10 @@ def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
         for d in init.dims:
             n *= d
         sizes[init.name] = n * _itemsize(init.data_type)
-    read: set[str] = set()
+    read: list[str] = []
     for node in model.graph.node:
         if node.op_type in WEIGHT_OPS:
-            read.update(i for i in node.input if i in sizes)
+            read.extend(dict.fromkeys(i for i in node.input if i in sizes))  # (each of a node's weights once)
     m = manifest.model
     share = m.experts_per_token / m.num_experts if m.num_experts else 1.0
     return int(sum(sizes[n] * (share if ".experts." in n else 1.0) for n in read))

@@ -625,10 +625,8 @@ def test_the_reference_runs_the_models_own_attention(tiny_factory: Callable[[str
     assert sources.load(src, attention=None).model.config._attn_implementation != "eager"  # transformers' default
 
 
-def test_zamba2_s_dt_clamp_is_its_trained_scan_s(tmp_path: Path) -> None:
-    """Zamba2's dt is at least time_step_min after its softplus (its mixers' time_step_limit, as the trained and the
-    prompt's scan clamp it): with a minimum that binds on most tokens, the export (prompt and one-token steps) gives
-    transformers' full-sequence logits, which differ from the unclamped model's."""
+def _zamba2_export(folder: Path, **changes: Any) -> tuple[Any, Any]:
+    """The tiny Zamba2 with config changes, saved and exported into folder: (the transformers model, the manifest)."""
     import transformers as tf
     from tiny_models import _zamba2, make_tokenizer
 
@@ -637,14 +635,21 @@ def test_zamba2_s_dt_clamp_is_its_trained_scan_s(tmp_path: Path) -> None:
     torch.manual_seed(0)
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_attention_heads=4,
                   max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = _zamba2(tf, common, time_step_min=1.0)
+    model = _zamba2(tf, common, **changes)
     with torch.no_grad():  # (as make_model widens them: the mixers' outputs then show in the logits)
         for p in model.parameters():
             if p.dim() >= 2:
                 p.mul_(4.0)
-    model.save_pretrained(str(tmp_path / "hf"))
-    make_tokenizer(tmp_path / "hf", 320)
-    manifest = export(ExportConfig(str(tmp_path / "hf"), tmp_path / "out"))
+    model.save_pretrained(str(folder / "hf"))
+    make_tokenizer(folder / "hf", 320)
+    return model, export(ExportConfig(str(folder / "hf"), folder / "out"))
+
+
+def test_zamba2_s_dt_clamp_is_its_trained_scan_s(tmp_path: Path) -> None:
+    """Zamba2's dt is at least time_step_min after its softplus (its mixers' time_step_limit, as the trained and the
+    prompt's scan clamp it): with a minimum that binds on most tokens, the export (prompt and one-token steps) gives
+    transformers' full-sequence logits, which differ from the unclamped model's."""
+    model, manifest = _zamba2_export(tmp_path, time_step_min=1.0)
     assert manifest.model.mamba_dt_min == 1.0 and manifest.parity["max_abs_diff"] <= 1e-4
     ids = torch.tensor([_ids(3, 12)])
     with torch.no_grad():
@@ -654,3 +659,21 @@ def test_zamba2_s_dt_clamp_is_its_trained_scan_s(tmp_path: Path) -> None:
             mixer.time_step_limit = (0.0, float("inf"))
         free = model(ids).logits
     assert float((clamped - free).abs().max()) > 1e-2  # (the clamp binds)
+
+
+
+def test_a_zamba2_block_used_twice_is_stored_once_and_streamed_twice(tmp_path: Path) -> None:
+    """Both hybrid layers on one shared block (num_mem_blocks 1): exact, stored once (a smaller weights file than
+    with a block each), and a decode step's weight bytes the same as with a block each (each use streams it)."""
+    from llmc.bench.limits import weight_bytes_per_step
+    from llmc.engines.ort.build import BuildConfig, build_ort
+
+    sizes, steps = {}, {}
+    for blocks in (1, 2):
+        _, manifest = _zamba2_export(tmp_path / str(blocks), num_mem_blocks=blocks)
+        assert manifest.model.zamba_blocks == ((-1, 0, -1, 0) if blocks == 1 else (-1, 0, -1, 1))
+        assert manifest.parity["max_abs_diff"] <= 1e-4
+        engine = build_ort(BuildConfig(tmp_path / str(blocks) / "out", tmp_path / str(blocks) / "engine"))
+        sizes[blocks] = (tmp_path / str(blocks) / "out" / "weights.bin").stat().st_size
+        steps[blocks] = weight_bytes_per_step(tmp_path / str(blocks) / "engine", engine)
+    assert sizes[1] < sizes[2] and steps[1] == steps[2]
