@@ -195,6 +195,11 @@ def _gguf_source(path: Path, name: str) -> ModelSource:
     arch = bytes(field.parts[field.data[0]]).decode() if field else "?"
     model_type = GGUF_ARCHITECTURES.get(arch, arch)
     check_supported(model_type)
+    norms = reader.fields.get("mamba.ssm.dt_b_c_rms")  # (llama.cpp writes Falcon Mamba as "mamba" with this flag)
+    if arch == "mamba" and norms is not None and bool(norms.parts[norms.data[0]][0]):
+        raise UnsupportedModelError(f"{path} is a Falcon Mamba GGUF (mamba.ssm.dt_b_c_rms is true): transformers "
+                                    "loads it as Mamba without its dt, B and C norms, a different model; export its "
+                                    "Hugging Face checkpoint (falcon_mamba) instead")
     return ModelSource(name, path, "gguf", model_type)
 
 
