@@ -1201,44 +1201,42 @@ def _jamba(config: Any) -> dict[str, Any]:
 _JAMBA_NAMES = (*_BAMBA_NAMES, (".mlp.router.", ".mlp.gate."))
 
 
-def _mamba1_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
-    """A Mamba-1 mixer's canonical weights: mamba_in [Hd, 2 C] (x; z), the convolution's taps [taps, C] and bias,
-    mamba_x [C, rank + 2 N] (dt; B; C) and dt, B and C's norms (where the model norms them), mamba_dt [rank, C] and
-    its bias, A = -exp(A_log) as [H, N, P] and D as [H, P] (the channels in the spec's heads), mamba_out."""
+def _mamba_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A Mamba mixer's canonical weights: mamba_in, the convolution's taps [taps, channels] and its bias, mamba_out
+    (and their biases where the model has them), then its version's own (_mamba2_own, _mamba1_own)."""
     p, q = f"model.layers.{i}.mamba.", f"layers.{i}."
-    heads, width, state = spec.mamba_heads, spec.mamba_head_dim, spec.mamba_state
-    a = -np.exp(sd[p + "A_log"].astype(np.float32))  # [C, N]
     out = {q + "mamba_in.weight": sd[p + "in_proj.weight"].T.copy(),
            q + "mamba_out.weight": sd[p + "out_proj.weight"].T.copy(),
-           q + "mamba_conv.weight": np.ascontiguousarray(sd[p + "conv1d.weight"][:, 0, :].T),
-           q + "mamba_x.weight": sd[p + "x_proj.weight"].T.copy(), q + "mamba_dt.weight": sd[p + "dt_proj.weight"].T.copy(),
+           q + "mamba_conv.weight": np.ascontiguousarray(sd[p + "conv1d.weight"][:, 0, :].T)}
+    for theirs, ours in (("in_proj", "mamba_in"), ("out_proj", "mamba_out"), ("conv1d", "mamba_conv")):
+        if p + theirs + ".bias" in sd:
+            out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
+    return {**out, **(_mamba1_own(spec, sd, p, q) if spec.mamba_version == 1 else _mamba2_own(sd, p, q))}
+
+
+def _mamba2_own(sd: dict[str, np.ndarray], p: str, q: str) -> dict[str, np.ndarray]:
+    """A Mamba-2 mixer's (mamba_in [Hd, inner | x, B, C | heads]: z, the convolved channels, dt): A = -exp(A_log),
+    dt_bias and D [heads], the gated norm's weight (where the model has one)."""
+    out = {q + "mamba_A": -np.exp(sd[p + "A_log"].astype(np.float32)), q + "mamba_dt_bias": sd[p + "dt_bias"],
+           q + "mamba_D": sd[p + "D"]}
+    if p + "norm.weight" in sd:
+        out[q + "mamba_norm.weight"] = sd[p + "norm.weight"]
+    return out
+
+
+def _mamba1_own(spec: ModelSpec, sd: dict[str, np.ndarray], p: str, q: str) -> dict[str, np.ndarray]:
+    """A Mamba-1 mixer's (mamba_in [Hd, 2 C]: x, z): mamba_x [C, rank + 2 N] (dt; B; C) and dt, B and C's norms
+    (where the model norms them), mamba_dt [rank, C] and its bias, A = -exp(A_log) as [H, N, P] and D as [H, P] (the
+    channels in the spec's heads)."""
+    heads, width, state = spec.mamba_heads, spec.mamba_head_dim, spec.mamba_state
+    a = -np.exp(sd[p + "A_log"].astype(np.float32))  # [C, N]
+    out = {q + "mamba_x.weight": sd[p + "x_proj.weight"].T.copy(), q + "mamba_dt.weight": sd[p + "dt_proj.weight"].T.copy(),
            q + "mamba_dt.bias": sd[p + "dt_proj.bias"],
            q + "mamba_A": np.ascontiguousarray(a.reshape(heads, width, state).transpose(0, 2, 1)),
            q + "mamba_D": sd[p + "D"].reshape(heads, width)}
     if spec.mamba_bcdt_norm:
         for name in ("dt", "b", "c"):
             out[q + f"mamba_{name}_norm.weight"] = sd[p + f"{name}_layernorm.weight"]
-    for theirs, ours in (("in_proj", "mamba_in"), ("out_proj", "mamba_out"), ("conv1d", "mamba_conv")):
-        if p + theirs + ".bias" in sd:
-            out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
-    return out
-
-
-def _mamba_weights(sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
-    """A Mamba-2 mixer's canonical weights: mamba_in [Hd, inner | x, B, C | heads] (z; the convolved channels; dt),
-    the convolution's taps [taps, channels] and bias, A = -exp(A_log), dt_bias and D [heads], the gated norm's
-    weight (where the model has one), mamba_out."""
-    p, q = f"model.layers.{i}.mamba.", f"layers.{i}."
-    out = {q + "mamba_in.weight": sd[p + "in_proj.weight"].T.copy(),
-           q + "mamba_out.weight": sd[p + "out_proj.weight"].T.copy(),
-           q + "mamba_conv.weight": np.ascontiguousarray(sd[p + "conv1d.weight"][:, 0, :].T),
-           q + "mamba_A": -np.exp(sd[p + "A_log"].astype(np.float32)), q + "mamba_dt_bias": sd[p + "dt_bias"],
-           q + "mamba_D": sd[p + "D"]}
-    if p + "norm.weight" in sd:
-        out[q + "mamba_norm.weight"] = sd[p + "norm.weight"]
-    for theirs, ours in (("in_proj", "mamba_in"), ("out_proj", "mamba_out"), ("conv1d", "mamba_conv")):
-        if p + theirs + ".bias" in sd:
-            out[q + ours + ".bias"] = sd[p + theirs + ".bias"]
     return out
 
 
@@ -1593,18 +1591,17 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w.update(_mlp_weights(spec, sd, i))
             continue
         attn = p + "self_attn."
-        mamba_weights = (lambda sd, i: _mamba1_weights(spec, sd, i)) if spec.mamba_version == 1 else _mamba_weights
         if spec.layer_types[i:i + 1] == ("zamba",):  # (Zamba2) its mixer, its shared block's weights (once a
             # block) and its own adapters and linear
-            w.update({**mamba_weights(sd, i), **_zamba_weights(spec, sd, i)})
+            w.update({**_mamba_weights(spec, sd, i), **_zamba_weights(spec, sd, i)})
             continue
         if spec.is_mamba(i) and spec.attends(i):  # (Falcon-H1) a Mamba-2 mixer beside the attention
-            w.update(mamba_weights(sd, i))
+            w.update(_mamba_weights(spec, sd, i))
         elif not spec.attends(i):  # (LFM2, Qwen3.5, Mamba-2 hybrids) a convolution, a Gated DeltaNet or a Mamba-2
             # mixer in the attention's place
             w.update(_conv_weights(sd, i) if spec.is_conv(i)
                      else (_kda_weights if spec.linear_kind == "kda" else _gdn_weights)(sd, i) if spec.is_linear(i)
-                     else mamba_weights(sd, i))
+                     else _mamba_weights(spec, sd, i))
             if spec.has_mlp(i):
                 w.update(_mlp_weights(spec, sd, i))
             continue
