@@ -578,7 +578,7 @@ def test_an_engine_of_another_operator_version_is_refused_at_load(tiny_llama: Bu
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "0"}}))
     with pytest.raises(ManifestError, match=f"built with llmc's operators version 0; this installation has version "
                                             f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
-                                            f"16, 17, 18, 19, 20, 21\\): build the engine again"):
+                                            f"16, 17, 18, 19, 20, 21, 22\\): build the engine again"):
         load_engine_dir(engine)
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "5"}}))
     load_engine_dir(engine)  # versions 6 and 7 only added an optional input and an operator: version 5 runs
@@ -796,3 +796,48 @@ def test_paged_block_outside_the_pool_is_refused_naming_it(library: Path, tmp_pa
     session = _session(library, _paged_graph(tmp_path / "p.onnx", case[2], case[3], "fp16", True))
     with pytest.raises(Exception, match=r"block_table\[0\]\[1\] = 7 is outside the pool of 3 blocks"):
         session.run(None, feeds)  # type: ignore[attr-defined]
+
+
+def _shared_graph(path: Path, case: tuple, cache: str) -> Path:
+    """The case's one-node graph as a layer reading another layer's cache: kv_shared 1, qkv of Q alone, no present
+    outputs."""
+    model = onnx.load(str(_graph(path, case[2], case[3], cache, True, new_tokens=bool(_options(case).get("new_tokens")),
+                                 **_attrs(case), kv_shared=1)))
+    node = model.graph.node[0]
+    del node.output[1:]
+    del model.graph.output[1:]
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
+@pytest.mark.parametrize("cache", list(CACHES))
+@pytest.mark.parametrize("name", ["prompt-right-padded", "decode-split-rows", "chunks-mixed-counts-many-heads",
+                                  "prompt-d64"])
+def test_a_kv_shared_layer_attends_the_cache_its_source_wrote(library: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, name: str, cache: str,
+                                                             generic: bool) -> None:
+    """kv_shared (Gemma 4's KV-shared layers): after a layer's node wrote this run's K/V, a node of Q alone over
+    that cache attends as the writing node did (the same queries give its output), and writes nothing."""
+    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
+    case = CASES[name]
+    H, D = case[2], case[4]
+    feeds, _ = _inputs(case, cache, True)
+    written = _run_in_place(library, tmp_path, case, cache, True, feeds)
+    cache_after = {n: feeds[n].copy() for n in ("past_key", "past_value")}
+    session = _session(library, _shared_graph(tmp_path / "shared.onnx", case, cache))
+    shared = {**feeds, "qkv": np.ascontiguousarray(feeds["qkv"][..., :H * D])}
+    got = session.run(None, shared)[0]  # type: ignore[attr-defined]
+    np.testing.assert_allclose(got, written, atol=1e-6, rtol=0)
+    for n, before in cache_after.items():
+        assert np.array_equal(feeds[n], before), f"{n} changed"
+
+
+def test_kv_shared_with_a_packed_qkv_or_another_value_is_refused_naming_it(library: Path, tmp_path: Path) -> None:
+    case = CASES["chunk-after-past"]
+    feeds, _ = _inputs(case, "fp32", True)
+    session = _session(library, _shared_graph(tmp_path / "shared.onnx", case, "fp32"))
+    with pytest.raises(Exception, match=r"qkv width .*\(kv_shared: qkv holds Q alone\)"):
+        session.run(None, feeds)  # type: ignore[attr-defined]
+    with pytest.raises(Exception, match="kv_shared 2: must be 0"):
+        _session(library, _graph(tmp_path / "bad.onnx", case[2], case[3], "fp32", True, kv_shared=2))

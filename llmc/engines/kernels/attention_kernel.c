@@ -798,7 +798,8 @@ static inline void rotate_for(const job* j, const float* x, float* y, int pos, f
   rotate(x, y, a->cos, a->sin, pos, a->D, a->R, mul);
 }
 
-/* New K (rotated) and V of every valid token into the cache; zeros for the padded query rows' output. */
+/* New K (rotated) and V of every valid token into the cache (none where the cache is another layer's: kv_shared);
+ * zeros for the padded query rows' output. */
 static void write_new(const job* j) {
   const llmc_attention_args* a = j->a;
   int D = a->D;
@@ -811,7 +812,7 @@ static void write_new(const job* j) {
         memset(a->out + ((size_t)b * a->S + i) * a->H * D, 0, sizeof(float) * a->H * D);
         continue;
       }
-      for (int h = 0; h < a->Hkv; h++) {
+      for (int h = 0; h < a->Hkv && !a->kv_shared; h++) {
         rotate_for(j, src + (size_t)(a->H + h) * D, tmp, past + i, 1.f, 1);
         if (a->kv_kind == LLMC_KV_I8) hadamard_for(j, tmp, D, 1);
         if (a->key_tiles)
@@ -1157,7 +1158,8 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
   }
   int max_span = a->window > 0 && a->window < max_keys ? a->window : max_keys; /* the most keys a row reads */
   if (a->chunk_size > 0 && a->chunk_size < max_span) max_span = a->chunk_size;
-  job j = {.a = a, .G = a->H / a->Hkv, .W = (a->H + 2 * a->Hkv) * a->D, .nsplit = 1, .split_len = max_span, .qb = 1};
+  job j = {.a = a, .G = a->H / a->Hkv, .W = (a->H + (a->kv_shared ? 0 : 2 * a->Hkv)) * a->D, .nsplit = 1,
+           .split_len = max_span, .qb = 1};
   /* a unit holds up to 64 query heads' rows (and G x D <= MAX_GD): more a KV head (latent attention's one KV head
    * under every query head) go to several units, each reading the head's keys for its share */
   j.Gall = j.G;

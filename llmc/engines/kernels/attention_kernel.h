@@ -23,6 +23,8 @@
  *         in their 16 rows' bytes as [D][16] (dim d of position 16i + r at element 16 d + r) instead of row by row;
  *         the values stay rows. A decode row's scores then take 16 keys per product with nothing to reduce across
  *         lanes (attention_kernel.c). Needs L (slot layout) or block_size (paged) a multiple of 16.
+ *   kv_shared 1: qkv holds Q alone [B, S, H D], and k, v are another layer's cache that already holds every key and
+ *         value the rows attend, this run's too (Gemma 4's KV-shared layers): nothing is written, only read.
  *   block_table [B, max_blocks] int32 or NULL: paged KV memory. Then k, v are pools [num_blocks, Hkv, block_size,
  *         row] shared by all rows, and position t of row b sits in block block_table[b][t / block_size] at
  *         t % block_size (L = max_blocks * block_size; block_size a power of 2); blocks holding a row's cached
@@ -61,6 +63,7 @@ typedef struct {
   const int32_t* new_lens; /* NULL: S new tokens per row (or the first-prompt form); else row b's count, 1..S */
   int key_tiles;           /* 1: keys in groups of 16 positions [D][16] (see above); 0: rows */
   const float* sinks;      /* NULL, or [H]: each query head's sink logit (see above) */
+  int kv_shared;           /* 1: qkv is Q alone and the cache is only read (see above) */
 } llmc_attention_args;
 
 #define LLMC_KEY_TILE 16 /* positions per group of a key_tiles cache */

@@ -15,6 +15,8 @@
  * tokens each, or, when total_sequence_length == S, seqlens_k[b] + 1 of a first prompt.
  * sinks [H] fp32 (optional, after new_tokens): each query head's sink logit (GPT-OSS), one more term of every
  * softmax's denominator, exp(sink - max), whose value is 0.
+ * kv_shared (int, default 0; 1: the layer reads another layer's cache, already written this run: qkv [B, S, H D]
+ * holds Q alone, past_key / past_value are that cache, read only, and the node has no present outputs).
  * Attributes: num_heads, kv_num_heads (int), scale (float); optional, as GroupQueryAttention's: local_window_size
  * (int, default -1 = none; W >= 1: the query at position p sees keys p - W < t <= p only, and the kernel reads no
  * others), softcap (float, default 0 = off; c > 0: scores become c * tanh(score / c), after the scale); llmc's own:
@@ -176,7 +178,7 @@ static int pool_threads_of(const OrtCustomOp* op) {
 
 typedef struct {
   const OrtApi* api;
-  int64_t num_heads, kv_num_heads, local_window_size, key_tiles, attention_chunk_size;
+  int64_t num_heads, kv_num_heads, local_window_size, key_tiles, attention_chunk_size, kv_shared;
   float scale, softcap;
   int kv_kind; /* LLMC_KV_* */
   int pool_threads; /* llmc's pool of this many threads, or 0: ONNX Runtime's (Pool below) */
@@ -200,7 +202,11 @@ static int op_input_characteristic(const OrtCustomOp* op, size_t i) {
   (void)op;
   return i == IN_COS || i == IN_SIN || i == IN_BLOCKS || i == IN_NEW || i == IN_SINKS ? IO_OPTIONAL : IO_REQUIRED;
 }
-static int op_output_characteristic(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return IO_REQUIRED; }
+/* (present_key / present_value: absent from a kv_shared node, which writes no cache) */
+static int op_output_characteristic(const OrtCustomOp* op, size_t i) {
+  (void)op;
+  return i == OUT_ATTN ? IO_REQUIRED : IO_OPTIONAL;
+}
 static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; /* default */ }
 static int op_start_version(const OrtCustomOp* op) { (void)op; return 1; }
 static int op_end_version(const OrtCustomOp* op) { (void)op; return 2147483647; }
@@ -247,7 +253,12 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
     k->attention_chunk_size = optional_int(api, info, "attention_chunk_size", 0);
     k->softcap = optional_float(api, info, "softcap", 0.f);
     k->key_tiles = optional_int(api, info, "key_tiles", 0);
-    if (k->key_tiles != 0 && k->key_tiles != 1) {
+    k->kv_shared = optional_int(api, info, "kv_shared", 0);
+    if (k->kv_shared != 0 && k->kv_shared != 1) {
+      snprintf(msg, sizeof msg, "CachedAttention: kv_shared %lld: must be 0 (the layer's own cache, written) or 1 "
+               "(another layer's, read only; qkv holds Q alone)", (long long)k->kv_shared);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
+    } else if (k->key_tiles != 0 && k->key_tiles != 1) {
       snprintf(msg, sizeof msg, "CachedAttention: key_tiles %lld: must be 0 (rows) or 1 (groups of 16 positions)",
                (long long)k->key_tiles);
       s = fail(api, ERR_INVALID_ARGUMENT, msg);
@@ -362,11 +373,11 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   }
   int64_t L = paged ? dims[IN_BLOCKS][1] * dims[IN_PAST_K][2] : dims[IN_PAST_K][2];
   if (memcmp(dims[IN_PAST_K], dims[IN_PAST_V], sizeof(dims[0])) || (!paged && dims[IN_PAST_K][0] != B) ||
-      dims[IN_PAST_K][1] != Hkv || W != (H + 2 * Hkv) * D || dims[IN_SEQLENS][0] != B) {
+      dims[IN_PAST_K][1] != Hkv || W != (H + (k->kv_shared ? 0 : 2 * Hkv)) * D || dims[IN_SEQLENS][0] != B) {
     snprintf(msg, sizeof msg, "CachedAttention: qkv width %lld, past [%lld, %lld, %lld, %lld], seqlens_k [%lld] do "
-             "not fit batch %lld, %d heads, %d KV heads", (long long)W, (long long)dims[IN_PAST_K][0],
+             "not fit batch %lld, %d heads, %d KV heads%s", (long long)W, (long long)dims[IN_PAST_K][0],
              (long long)dims[IN_PAST_K][1], (long long)L, (long long)D, (long long)dims[IN_SEQLENS][0],
-             (long long)B, H, Hkv);
+             (long long)B, H, Hkv, k->kv_shared ? " (kv_shared: qkv holds Q alone)" : "");
     return fail(api, ERR_INVALID_ARGUMENT, msg);
   }
   if ((rank[IN_COS] < 0) != (rank[IN_SIN] < 0) ||
@@ -392,6 +403,10 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   size_t item = k->kv_kind == LLMC_KV_F32 ? 4 : k->kv_kind == LLMC_KV_F16 ? 2 : 1;
   size_t cache_bytes = (size_t)(dims[IN_PAST_K][0] * Hkv * dims[IN_PAST_K][2]) * (size_t)dims[IN_PAST_K][3] * item;
   for (int i = 0; i < 2; i++) {
+    if (k->kv_shared) { /* (another layer's cache, read where it is) */
+      present_data[i] = data[IN_PAST_K + i];
+      continue;
+    }
     CHECK(get_output(ctx, OUT_PRESENT_K + i, dims[IN_PAST_K], 4, &present[i]));
     CHECK(mutable_data(present[i], &present_data[i]));
     if (present_data[i] != data[IN_PAST_K + i]) memcpy(present_data[i], data[IN_PAST_K + i], cache_bytes);
@@ -413,7 +428,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .block_size = paged ? (int)dims[IN_PAST_K][2] : 0, .max_blocks = paged ? (int)dims[IN_BLOCKS][1] : 0,
       .num_blocks = paged ? (int)dims[IN_PAST_K][0] : 0,
       .new_lens = rank[IN_NEW] >= 0 ? (const int32_t*)data[IN_NEW] : NULL, .key_tiles = (int)k->key_tiles,
-      .sinks = rank[IN_SINKS] >= 0 ? (const float*)data[IN_SINKS] : NULL};
+      .sinks = rank[IN_SINKS] >= 0 ? (const float*)data[IN_SINKS] : NULL, .kv_shared = (int)k->kv_shared};
   Pool pool = {api, ctx, NULL, k->pool_threads};
   const char* err = llmc_attention(&a, run_parallel, &pool);
   return outcome(&pool, "CachedAttention", err);
