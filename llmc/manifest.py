@@ -140,6 +140,10 @@ class ModelSpec:
     # the experts run on h @ moe_latent_in [hidden, L] and their weighted sum goes back through moe_latent_out
     # [L, hidden]; the router reads h (Nemotron-H's latent experts); 0: none
     moe_latent_size: int = 0
+    # the mixture runs beside the layer's dense MLP on the block's input x (Gemma 4 26B-A4B): the MLP's output is
+    # normed (mlp_out_norm), the router reads router_norm(x) (its scale and 1 / sqrt(hidden) as the norm's weights),
+    # the experts moe_in_norm(x), their sum is normed (moe_out_norm) and the two added
+    moe_beside_mlp: bool = False
     # GPT-OSS's experts: "swiglu_oss" is (clamp(up, -L, L) + 1) * g * sigmoid(alpha g), g = min(gate, L), with
     # L = swiglu_limit, alpha = swiglu_alpha; moe_bias: the router and every expert's products have biases
     moe_activation: str = "silu"
@@ -207,6 +211,23 @@ class ModelSpec:
     # residual stream only through the mixer
     zamba_blocks: tuple[int, ...] = ()
     mlp_layers: tuple[bool, ...] = ()  # which layers have an MLP after the mixer (Nemotron-H's have none); empty: all
+    # each layer's head dim and KV heads where the layers differ (Gemma 4's full layers: heads twice as wide, fewer
+    # KV heads); empty: head_dim / num_kv_heads for every layer. Each KV layer's cache is then its own shape
+    # (KVSpec.layer_dims)
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    v_norm: bool = False  # v RMS-normed over each head too, as q and k (layers.{i}.v_norm.weight; Gemma 4: ones)
+    layer_scalars: tuple[float, ...] = ()  # the residual stream times this after each layer (Gemma 4); empty: none
+    # the layer whose KV cache each layer attends: itself, or (Gemma 4 E2B / E4B's last layers) an earlier layer of
+    # the same kind, whose keys and values it reads as they are, with its own queries (it has no k / v, and no cache
+    # of its own: qkv holds q alone); empty: every attention layer its own
+    kv_sources: tuple[int, ...] = ()
+    # per-layer embeddings (Gemma 4 E2B / E4B), P wide a layer: ple = (norm_P((x @ ple_proj) / sqrt(hidden)) +
+    # embed_per_layer[ids] sqrt(P)) / sqrt(2) [B, S, layers, P] from the scaled embeddings x; after each layer's MLP,
+    # x += ple_norm(((act(x @ ple_gate)) * ple[:, :, i]) @ ple_out) (before its layer scalar); 0: none
+    per_layer_input_size: int = 0
+    layer_intermediate_sizes: tuple[int, ...] = ()  # each layer's MLP width where they differ (Gemma 4's KV-shared
+    # layers' double-wide MLPs); empty: intermediate_size for all
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""
@@ -251,14 +272,24 @@ class ModelSpec:
         mixer, Falcon-H1's beside its attention included)."""
         return any(self.is_conv(i) or self.is_linear(i) or self.is_mamba(i) for i in range(self.num_layers))
 
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV cache layer `layer` attends (kv_sources): its own, or an earlier layer's."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def shares_kv(self, layer: int) -> bool:
+        """The layer attends an earlier layer's cache (kv_sources), with no keys and values of its own."""
+        return self.kv_source(layer) != layer
+
     @property
     def kv_layers(self) -> tuple[int, ...]:
-        """The layers with a KV cache (the attention layers), in order: KV layer j is layer kv_layers[j]."""
-        return tuple(i for i in range(self.num_layers) if self.attends(i))
+        """The layers with a KV cache of their own (the attention layers but those reading another's cache), in
+        order: KV layer j is layer kv_layers[j]."""
+        return tuple(i for i in range(self.num_layers) if self.attends(i) and not self.shares_kv(i))
 
     def kv_index(self, layer: int) -> int:
-        """Layer `layer`'s place among the KV layers (its cache's name index)."""
-        return layer if len(self.kv_layers) == self.num_layers else self.kv_layers.index(layer)
+        """The place among the KV layers of the cache layer `layer` attends (its cache's name index)."""
+        source = self.kv_source(layer)
+        return source if len(self.kv_layers) == self.num_layers else self.kv_layers.index(source)
 
     def state_index(self, layer: int) -> int:
         """A conv, linear-attention or Mamba-2 layer's place among the layers of its kind (its states' name index)."""
@@ -276,12 +307,37 @@ class ModelSpec:
 
     @property
     def scale(self) -> float:
-        """The attention scores' multiplier."""
+        """The attention scores' multiplier (of a model whose layers have one head dim: scale_of otherwise)."""
         return self.attention_scale or self.head_dim ** -0.5
 
     @property
     def rotated_dims(self) -> int:
         return self.rotary_dim or self.head_dim
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def scale_of(self, layer: int) -> float:
+        """Layer `layer`'s scores' multiplier."""
+        return self.attention_scale or self.head_dim_of(layer) ** -0.5
+
+    def rotated_dims_of(self, layer: int) -> int:
+        return self.rotary_dim or self.head_dim_of(layer)
+
+    @property
+    def per_layer_attention(self) -> bool:
+        """Layers of different head sizes or KV heads, or reading each other's caches (Gemma 4)."""
+        return bool(self.layer_head_dims or self.layer_kv_heads or self.kv_sources)
+
+    def intermediate_of(self, layer: int) -> int:
+        """Layer `layer`'s (dense) MLP width."""
+        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+
+    def layer_scalar(self, layer: int) -> float:
+        return self.layer_scalars[layer] if self.layer_scalars else 1.0
 
 
 @dataclass(frozen=True)
@@ -335,6 +391,25 @@ class KVSpec:
     # per-sequence states of layers without a KV cache (LFM2's convolutions), beside it; num_layers counts only the
     # layers with KV
     states: tuple[StateSpec, ...] = ()
+    # each KV layer's (KV heads, head dim) where the layers differ (ModelSpec.layer_head_dims); empty: num_kv_heads
+    # and head_dim for all
+    layer_dims: tuple[tuple[int, int], ...] = ()
+
+    def dims(self, j: int) -> tuple[int, int]:
+        """KV layer j's (KV heads, head dim)."""
+        return self.layer_dims[j] if self.layer_dims else (self.num_kv_heads, self.head_dim)
+
+    def row_of(self, j: int) -> int:
+        """Elements of one cached (head, position) row of KV layer j (row_width of its head dim)."""
+        return _row_width(self.dtype, self.dims(j)[1])
+
+    def buffer_shape(self, j: int, lead: int, length: int) -> tuple[int, int, int, int]:
+        """KV layer j's K (or V) buffer: [lead (slots, rows or blocks), its KV heads, length, its row]."""
+        return (lead, self.dims(j)[0], length, self.row_of(j))
+
+    def bytes_per_token(self) -> int:
+        """The K and V bytes one position takes over every KV layer."""
+        return 2 * self.itemsize * sum(self.dims(j)[0] * self.row_of(j) for j in range(self.num_layers))
 
     def state_names(self, kind: str) -> list[str]:
         """Every state tensor's name of one kind ("past" or "present"), in the graphs' order."""
@@ -345,9 +420,7 @@ class KVSpec:
         """Elements of one cached (head, position) row: head_dim, or for "int8" head_dim int8 values followed by
         one fp16 scale (2 bytes) per group of KV_INT8_GROUP of them (x = scale * q), as llmc's attention operator
         keeps them."""
-        if self.dtype != "int8":
-            return self.head_dim
-        return self.head_dim + 2 * -(-self.head_dim // KV_INT8_GROUP)
+        return _row_width(self.dtype, self.head_dim)
 
     @property
     def itemsize(self) -> int:
@@ -357,6 +430,10 @@ class KVSpec:
         """All per-layer names of one kind: "past" or "present", keys and values interleaved by layer."""
         k, v = (self.past_key, self.past_value) if kind == "past" else (self.present_key, self.present_value)
         return [n.format(i=i) for i in range(self.num_layers) for n in (k, v)]
+
+
+def _row_width(dtype: str, head_dim: int) -> int:
+    return head_dim if dtype != "int8" else head_dim + 2 * -(-head_dim // KV_INT8_GROUP)
 
 
 @dataclass(frozen=True)

@@ -915,6 +915,57 @@ def _zamba2(tf: Any, common: dict[str, Any], **changes: Any) -> Any:  # Mamba-2 
     return _nudged(model, dt_bias=0.5)
 
 
+def _gemma4_text(tf: Any, common: dict[str, Any]) -> Any:  # sliding layers of 2 KV heads of 16, full ones of 1 KV
+    # head of 32 whose keys are their values (k_eq_v) and a proportional rotary on a quarter of them; layer scalars
+    import torch
+
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}
+    model = _auto(tf, "gemma4_text", **{**common, "num_hidden_layers": 4}, head_dim=16, global_head_dim=32,
+                  num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8, rope_parameters=rope,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                  hidden_size_per_layer_input=0, final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.layer_scalar.uniform_(0.5, 1.5)
+    return _nudged(model)
+
+
+def _gemma4_e(tf: Any, common: dict[str, Any]) -> Any:  # Gemma 4 E2B / E4B's form: per-layer embeddings, the last
+    # two layers reading the caches of the last sliding and full layers before them, with MLPs twice as wide
+    import torch
+
+    model = _auto(tf, "gemma4_text", **{**common, "num_hidden_layers": 6}, head_dim=16, global_head_dim=32,
+                  sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 3,
+                  hidden_size_per_layer_input=8, vocab_size_per_layer_input=common["vocab_size"],
+                  num_kv_shared_layers=2, use_double_wide_mlp=True, final_logit_softcapping=30.0,
+                  hidden_activation="gelu_pytorch_tanh")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.layer_scalar.uniform_(0.5, 1.5)
+    return _nudged(model)
+
+
+def _gemma4_moe(tf: Any, common: dict[str, Any]) -> Any:  # Gemma 4 26B-A4B's form: a mixture of GeGLU experts
+    # beside every layer's MLP, each with its own norms, the router's scale and each expert's scale drawn off one
+    import torch
+
+    model = _auto(tf, "gemma4_text", **{**common, "num_hidden_layers": 2}, head_dim=16, global_head_dim=32,
+                  num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
+                  layer_types=["sliding_attention", "full_attention"], hidden_size_per_layer_input=0,
+                  enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                  final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.layer_scalar.uniform_(0.5, 1.5)
+            for norm in (layer.post_feedforward_layernorm_1, layer.post_feedforward_layernorm_2,
+                         layer.pre_feedforward_layernorm_2):
+                norm.weight.add_(0.3 * torch.randn_like(norm.weight))
+            layer.router.scale.uniform_(0.5, 1.5)
+            layer.router.per_expert_scale.uniform_(0.5, 1.5)
+    return _nudged(model)
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -929,7 +980,8 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "falcon_h1": _falcon_h1, "falcon_h1_normed": _falcon_h1_normed, "kimi_linear": _kimi_linear,
                       "olmo_hybrid": _olmo_hybrid, "nemotron_h_moe": _nemotron_h_moe,
                       "mamba2": _mamba2, "nemotron_h_latent": _nemotron_h_latent, "mamba": _mamba,
-                      "falcon_mamba": _falcon_mamba, "jamba": _jamba, "zamba2": _zamba2})
+                      "falcon_mamba": _falcon_mamba, "jamba": _jamba, "zamba2": _zamba2,
+                      "gemma4_text": _gemma4_text, "gemma4_e": _gemma4_e, "gemma4_moe": _gemma4_moe})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
                 "nemotron_h_moe": _as_published_nemotron_h, "nemotron_h_latent": _as_published_nemotron_h,

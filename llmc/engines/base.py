@@ -125,8 +125,7 @@ class Engine(ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps the slot layout")
 
     def kv_bytes_per_token(self) -> int:
-        kv = self.manifest.kv
-        return 2 * kv.num_layers * kv.num_kv_heads * kv.row_width * kv.itemsize
+        return self.manifest.kv.bytes_per_token()
 
     def state_bytes_per_sequence(self) -> int:
         """The states a sequence keeps beside its KV cache (KVSpec.states: convolutions' last inputs, Gated

@@ -36,17 +36,19 @@ class _HostBuffers:
     values: list[np.ndarray]
     states: list[np.ndarray]
 
-    def _allocate(self, spec: KVSpec, shape: tuple[int, ...]) -> None:
-        """Zeroed K and V buffers of `shape` per layer; memory past what this machine has is refused by name
-        (numpy's zeros are mapped lazily, so an oversized budget would otherwise fail at its first touch)."""
+    def _allocate(self, spec: KVSpec, lead: int, length: int) -> None:
+        """Zeroed K and V buffers per layer, [lead, its KV heads, length, its row] (KVSpec.buffer_shape); memory
+        past what this machine has is refused by name (numpy's zeros are mapped lazily, so an oversized budget would
+        otherwise fail at its first touch)."""
         dtype = np.dtype({"float16": np.float16, "int8": np.int8}.get(spec.dtype, np.float32))
-        need, limit = 2 * spec.num_layers * int(np.prod(shape)) * dtype.itemsize, memory_limit()
+        shapes = [spec.buffer_shape(j, lead, length) for j in range(spec.num_layers)]
+        need, limit = 2 * sum(int(np.prod(s)) for s in shapes) * dtype.itemsize, memory_limit()
         if need > limit:
             raise InputError(f"--kv-budget-mb asks for {need / 2**20:,.0f} MiB of KV memory, more than this "
                              f"machine's {limit / 2**20:,.0f} MiB: lower it", "kv_budget_mb")
         try:
-            self.keys = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
-            self.values = [np.zeros(shape, dtype) for _ in range(spec.num_layers)]
+            self.keys = [np.zeros(shape, dtype) for shape in shapes]
+            self.values = [np.zeros(shape, dtype) for shape in shapes]
             self.states = [np.zeros((self.num_slots, *s.shape), np.float32) for s in spec.states for _ in range(s.count)]
             pooled = [s.pooled for s in spec.states for _ in range(s.count)]
             self._copied = [s for s, p in zip(self.states, pooled) if not p]  # (made once: a step reads them)
@@ -108,7 +110,7 @@ class HostKVCache(_HostBuffers, KVCache):
     def __init__(self, spec: KVSpec, num_slots: int, max_len: int) -> None:
         super().__init__(num_slots, max_len)
         # keys[l], values[l]: [slots, Hkv, max_len, D] (int8: D + 4, each row's scale after its values)
-        self._allocate(spec, (num_slots, spec.num_kv_heads, max_len, spec.row_width))
+        self._allocate(spec, num_slots, max_len)
 
     def move(self, src: int, dst: int) -> None:
         n = int(self.lengths[src])
@@ -141,7 +143,7 @@ class HostPagedKVCache(_HostBuffers, PagedKVCache):
     def __init__(self, spec: KVSpec, num_slots: int, max_len: int, num_blocks: int, block_size: int,
                  fixed: bool = False) -> None:
         super().__init__(num_slots, max_len, num_blocks, block_size)
-        self._allocate(spec, (num_blocks, spec.num_kv_heads, block_size, spec.row_width))
+        self._allocate(spec, num_blocks, block_size)
         self.fixed = fixed
         if fixed:
             per = num_blocks // num_slots

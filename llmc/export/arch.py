@@ -55,6 +55,7 @@ SUPPORTED = {
     "zamba2": "Zamba2 (Mamba-2, shared attention blocks on the embeddings with per-use adapters)",
     "olmo_hybrid": "OLMo Hybrid (Gated DeltaNet and OLMo 3's attention)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
+    "gemma4_text": "Gemma 4 (text; 31B: wider heads on its full layers, keys as values)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -81,7 +82,7 @@ VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwe
                 "llava": "llama", "llava_next": "llama", "llava_onevision": "qwen2", "smolvlm": "llama",
                 "idefics3": "llama", "internvl": "qwen2", "aya_vision": "cohere2", "glm4v": "glm4v_text",
                 "glm4v_moe": "glm4v_moe_text", "llama4": "llama4_text", "lfm2_vl": "lfm2",
-                "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+                "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "gemma4": "gemma4_text"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
@@ -140,6 +141,11 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         config = _mamba_attention(config)
     if mt == "zamba2":  # (its heads 2 x hidden / heads wide: they read [x, the embeddings])
         config = _ConfigView(config, head_dim=int(config.attention_head_dim))
+    if mt == "gemma4_text":  # (its config refuses a model-wide head dim: layer 0's stands for it, each layer's own
+        # in ModelSpec.layer_head_dims)
+        _gemma4_checks(config)
+        first = config.per_layer_config[0]
+        config = _ConfigView(config, num_key_value_heads=int(first.num_key_value_heads), head_dim=int(first.head_dim))
     heads, kv_heads = int(config.num_attention_heads), int(_get(config, "num_key_value_heads", config.num_attention_heads))
     head_dim = int(_get(config, "head_dim", config.hidden_size // heads))
     tied = bool(_get(config, "tie_word_embeddings", False))
@@ -157,11 +163,15 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         activation=_activation(_get(config, "hidden_activation", None) or _get(config, "hidden_act", "silu")),
         positions="rope", qkv_bias=_qkv_bias(sd), tie_embeddings=tied, **rope, **_windows(model, config))
     fields.update(_QUIRKS.get(mt, lambda c: {})(config))
+    if mt == "gemma4_text":
+        fields.update(_gemma4_layers(config, sd))
     if mt in (*MLA, "kimi_linear"):
         fields.update(_mla(model, config))
     spec = ModelSpec(**fields)
     w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron", *ZERO_CENTRED_NORMS))
     w.update(rope_weights)
+    if spec.per_layer_input_size:
+        w.update(_per_layer_embedding_weights(spec, sd))
     return Checkpoint(spec, w)
 
 
@@ -269,7 +279,7 @@ def _rope(model: Any, config: Any, head_dim: int) -> tuple[dict[str, Any], dict[
     if config.model_type == "phimoe":
         return _phimoe_rope(rotary, params, head_dim)
     if any(hasattr(rotary, f"{t}_inv_freq") for t in ("full_attention", "sliding_attention")):
-        return _per_layer_type_rope(rotary, params, head_dim)  # (Gemma 3, OLMo 3)
+        return _per_layer_type_rope(rotary, config, params, head_dim)  # (Gemma 3, OLMo 3, Gemma 4)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if getattr(rotary, "rope_type", None) == "ntk_alpha":  # Hunyuan's "dynamic" with a fixed alpha: a static base
         rope_type = "ntk_alpha"
@@ -326,12 +336,13 @@ def _phimoe_rope(rotary: Any, params: dict[str, Any], head_dim: int) -> tuple[di
 PER_LAYER_TYPE_ROPE = ("default", "linear", "llama3", "yarn", "proportional")
 
 
-def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
+def _per_layer_type_rope(rotary: Any, config: Any, params: dict[str, Any],
                          head_dim: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A rotary table per layer type (Gemma 3, OLMo 3): full layers use the global table (scaled as its rope_type
     says), sliding layers their own local one."""
     fields: dict[str, Any] = {}
     weights: dict[str, np.ndarray] = {}
+    own_dims = _type_dims(config)  # (Gemma 4: each type rotates the whole of its own heads)
     for layer_type, name in (("full_attention", INV_FREQ), ("sliding_attention", INV_FREQ_LOCAL)):
         if not hasattr(rotary, f"{layer_type}_inv_freq"):
             continue
@@ -342,8 +353,13 @@ def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
                     f"a table per layer type supports {', '.join(PER_LAYER_TYPE_ROPE)}")
         weights[name] = _np(getattr(rotary, f"{layer_type}_original_inv_freq"))
         scaling = float(getattr(rotary, f"{layer_type}_attention_scaling"))
-        widest = max(_widths(rotary).values())
-        if layer_type in _narrower_types(rotary, head_dim):  # (its layers' q / k turned by _partial_rotary_halves)
+        if own_dims:
+            if 2 * len(weights[name]) != own_dims.get(layer_type, 2 * len(weights[name])):
+                _refuse(f"rope_parameters[{layer_type!r}]", p, "a model with head dims per layer rotates each whole head")
+            widest = head_dim  # (no rotary_dim: each layer rotates its head_dim_of)
+        else:
+            widest = max(_widths(rotary).values())
+        if not own_dims and layer_type in _narrower_types(rotary, head_dim):  # (its layers' q / k turned by _partial_rotary_halves)
             if scaling != 1.0:
                 _refuse(f"rope_parameters[{layer_type!r}].partial_rotary_factor", p.get("partial_rotary_factor"),
                         f"its table's scale ({scaling:g}) would fall on the dims it does not rotate")
@@ -359,6 +375,26 @@ def _per_layer_type_rope(rotary: Any, params: dict[str, Any],
         weights[INV_FREQ] = weights.pop(INV_FREQ_LOCAL)
         fields["rope_attention_scaling"] = fields.pop("rope_local_attention_scaling", 1.0)
     return fields, weights
+
+
+def _per_layer_dims(config: Any) -> dict[int, tuple[int, int]]:
+    """Each layer's (KV heads, head dim) where they differ between layers (Gemma 4's per_layer_config); empty where
+    every layer has the config's own."""
+    view = getattr(config, "per_layer_config", None)
+    if view is None:
+        return {}
+    try:
+        dims = {i: (int(view[i].num_key_value_heads), int(view[i].head_dim))
+                for i in range(int(config.num_hidden_layers))}
+    except (AttributeError, KeyError, TypeError, ValueError):  # (a config without per-layer attention fields)
+        return {}
+    return dims if len(set(dims.values())) > 1 else {}
+
+
+def _type_dims(config: Any) -> dict[str, int]:
+    """Each layer type's head dim, where a config sets head dims per layer (Gemma 4: its full layers' wider)."""
+    dims = _per_layer_dims(config)
+    return {t: dims[i][1] for i, t in enumerate(config.layer_types)} if dims else {}
 
 
 def _widths(rotary: Any) -> dict[str, int]:
@@ -382,7 +418,7 @@ def _partial_rotary_halves(model: Any, config: Any, sd: dict[str, np.ndarray], h
     zero frequencies to W/2 (_per_layer_type_rope) the pairs past R/2 turn by nothing."""
     rotary = _rotary(model)
     narrower = _narrower_types(rotary, head_dim)
-    if not narrower:
+    if not narrower or _type_dims(config):  # (each type rotating its own whole heads: Gemma 4)
         return sd
     widths = _widths(rotary)
     out = dict(sd)
@@ -423,6 +459,98 @@ def _gemma(config: Any) -> dict[str, Any]:
     if config.model_type == "vaultgemma":  # (Gemma 2's layer with its norms before attention and the MLP only)
         fields["norm_layout"] = "pre"
     return fields
+
+
+def _gemma4_checks(config: Any) -> None:
+    """What Gemma 4's text model has that llmc does not build yet, refused by name."""
+    per_layer_vocab = int(_get(config, "vocab_size_per_layer_input", config.vocab_size))
+    if int(_get(config, "hidden_size_per_layer_input", 0)) and per_layer_vocab < int(config.vocab_size):
+        _refuse("vocab_size_per_layer_input", per_layer_vocab, f"per-layer embeddings for fewer tokens than the "
+                f"vocabulary ({config.vocab_size}): a token past them has none")
+
+
+def _gemma4(config: Any) -> dict[str, Any]:
+    """Gemma 4's text layer: Gemma 3's sandwich norms and per-head q / k norms (their weights multiplied as they
+    are, not 1 + w), v normed per head without weights, scores unscaled (its norms set their size), the final
+    soft-cap."""
+    fields = {"embedding_scale": float(config.hidden_size) ** 0.5, "norm_layout": "sandwich", "attention_scale": 1.0,
+              "qk_norm": "head", "v_norm": True, "final_softcap": float(_get(config, "final_logit_softcapping", 0.0))}
+    if _get(config, "enable_moe_block", False):  # (26B-A4B) a mixture beside every layer's MLP
+        fields.update(_moe(config), moe_beside_mlp=True)
+    return fields
+
+
+def _gemma4_layers(config: Any, sd: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Gemma 4's per-layer fields: each layer's head dim and KV heads where they differ, and its layer_scalar."""
+    dims = _per_layer_dims(config)
+    fields: dict[str, Any] = {}
+    if dims:
+        fields.update(layer_kv_heads=tuple(dims[i][0] for i in sorted(dims)),
+                      layer_head_dims=tuple(dims[i][1] for i in sorted(dims)))
+    layers = int(config.num_hidden_layers)
+    if int(_get(config, "hidden_size_per_layer_input", 0)):
+        fields["per_layer_input_size"] = int(config.hidden_size_per_layer_input)
+    scalars = tuple(float(sd[f"model.layers.{i}.layer_scalar"].reshape(-1)[0]) for i in range(layers))
+    if any(s != 1.0 for s in scalars):
+        fields["layer_scalars"] = scalars
+    modes = config.kv_sharing_modes if int(_get(config, "num_kv_shared_layers", 0)) else [None] * layers
+    if "reuse" in modes:  # (E2B / E4B) the last layers read the cache of the last layer of their type before them
+        first = modes.index("reuse")
+        sources = [i if modes[i] != "reuse" else max(j for j in range(first) if config.layer_types[j] ==
+                                                     config.layer_types[i]) for i in range(layers)]
+        fields["kv_sources"] = tuple(sources)
+        if _get(config, "use_double_wide_mlp", False):  # (and those layers' MLPs are twice as wide)
+            inner = int(config.intermediate_size)
+            fields["layer_intermediate_sizes"] = tuple(2 * inner if modes[i] == "reuse" else inner
+                                                       for i in range(layers))
+    return fields
+
+
+def _per_layer_embedding_weights(spec: ModelSpec, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Gemma 4's per-layer embeddings' weights under llmc's names (ModelSpec.per_layer_input_size)."""
+    w = {"embed_per_layer.weight": sd["model.embed_tokens_per_layer.weight"],
+         "ple_proj.weight": sd["model.per_layer_model_projection.weight"].T.copy(),
+         "ple_norm.weight": sd["model.per_layer_projection_norm.weight"]}
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        w.update({f"layers.{i}.ple_gate.weight": sd[p + "per_layer_input_gate.weight"].T.copy(),
+                  f"layers.{i}.ple_out.weight": sd[p + "per_layer_projection.weight"].T.copy(),
+                  f"layers.{i}.ple_norm.weight": sd[p + "post_per_layer_input_norm.weight"]})
+    return w
+
+
+def _gemma4_moe_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A Gemma 4 layer's MLP and the mixture beside it (ModelSpec.moe_beside_mlp) under llmc's names: each expert's
+    per_expert_scale folded into its down product (the router's weight of an expert times its output), the router's
+    scale and 1 / sqrt(hidden) into router_norm's weights."""
+    from llmc.graph.moe import DOWN, GATE_UP, ROUTER
+
+    p, q = f"model.layers.{i}.", f"layers.{i}."
+    gate_up = np.concatenate([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]], axis=0)
+    scale = sd[p + "router.per_expert_scale"].astype(np.float32)
+    return {q + "gate_up.weight": gate_up.T.copy(), q + "down.weight": sd[p + "mlp.down_proj.weight"].T.copy(),
+            q + ROUTER: np.ascontiguousarray(sd[p + "router.proj.weight"].T),
+            q + GATE_UP: np.ascontiguousarray(sd[p + "experts.gate_up_proj"].transpose(0, 2, 1)),
+            q + DOWN: np.ascontiguousarray(sd[p + "experts.down_proj"].transpose(0, 2, 1) * scale[:, None, None]),
+            q + "router_norm.weight": (sd[p + "router.scale"] * np.float32(spec.hidden_size ** -0.5)).astype(np.float32),
+            q + "mlp_out_norm.weight": sd[p + "post_feedforward_layernorm_1.weight"],
+            q + "moe_in_norm.weight": sd[p + "pre_feedforward_layernorm_2.weight"],
+            q + "moe_out_norm.weight": sd[p + "post_feedforward_layernorm_2.weight"]}
+
+
+def _gemma4_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Gemma 4's attention weights as the decoder reads them: where keys are the values (attention_k_eq_v, its full
+    layers) v_proj is k_proj (v = v_norm(h @ W_k), k = rope(k_norm(h @ W_k)): the product taken twice, exact), and
+    v_norm's weights ones (it has none)."""
+    out = dict(sd)
+    for i in range(int(config.num_hidden_layers)):
+        attn = f"model.layers.{i}.self_attn."
+        if attn + "k_proj.weight" not in out:  # (a layer reading another's cache: q alone)
+            continue
+        if attn + "v_proj.weight" not in out:
+            out[attn + "v_proj.weight"] = out[attn + "k_proj.weight"]
+        out[attn + "v_norm.weight"] = np.ones_like(out[attn + "k_norm.weight"])
+    return out
 
 
 def _smollm3(config: Any) -> dict[str, Any]:
@@ -1468,6 +1596,7 @@ _PLAIN_MLP_NAMES = (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_pro
 _GRANITEMOE_NAMES = ((".block_sparse_moe.router.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."))
 _BLOCK_CORRECTION_BIAS = ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)  # (MiniMax-M2, Hy3)
 _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
+    "gemma4_text": _gemma4_names,
     "phi": lambda c, sd: _renamed(sd, _PHI_NAMES), "gpt_neox": _gpt_neox_names, "olmo": _norm_params,
     "falcon": _falcon_names,
     "minimax_m2": lambda c, sd: _renamed(sd, _BLOCK_CORRECTION_BIAS),
@@ -1507,7 +1636,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
 }
 
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
+    "gemma4_text": _gemma4, "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
     "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "apertus": _apertus,
     "exaone4": _exaone4,
     "glm": _glm, "glm4": _glm,
@@ -1609,15 +1738,20 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w.update(_mla_weights(spec, sd, i))
         elif attn + "qkv_proj.weight" in sd:
             w[q + "qkv.weight"] = sd[attn + "qkv_proj.weight"].T.copy()
-        else:
-            w[q + "qkv.weight"] = np.concatenate([sd[attn + f"{n}_proj.weight"] for n in "qkv"], axis=0).T.copy()
+        else:  # (q alone where the layer reads another's cache)
+            own = "q" if spec.shares_kv(i) else "qkv"
+            w[q + "qkv.weight"] = np.concatenate([sd[attn + f"{n}_proj.weight"] for n in own], axis=0).T.copy()
         if spec.qkv_bias and not spec.mla_kv_rank:
             w[q + "qkv.bias"] = (sd[attn + "qkv_proj.bias"] if attn + "qkv_proj.bias" in sd
                                  else np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"]))
         w[q + "o.weight"] = sd[attn + "o_proj.weight"].T.copy()
         bias(attn + "o_proj", q + "o")
         if spec.qk_norm and (not spec.qk_norm_layers or spec.qk_norm_layers[i]):
-            w[q + "q_norm.weight"], w[q + "k_norm.weight"] = norm(attn + "q_norm.weight"), norm(attn + "k_norm.weight")
+            w[q + "q_norm.weight"] = norm(attn + "q_norm.weight")
+            if not spec.shares_kv(i):
+                w[q + "k_norm.weight"] = norm(attn + "k_norm.weight")
+                if spec.v_norm:
+                    w[q + "v_norm.weight"] = norm(attn + "v_norm.weight")
         if spec.attn_output_gate:  # AFMoE
             w[q + "attn_gate.weight"] = sd[attn + "gate_proj.weight"].T.copy()
         if spec.attn_sinks:  # GPT-OSS
@@ -1673,6 +1807,8 @@ def _mla_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
 
 def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
     p, q = f"model.layers.{i}.mlp.", f"layers.{i}."
+    if spec.moe_beside_mlp and spec.is_moe(i):
+        return _gemma4_moe_weights(spec, sd, i)
     if spec.is_moe(i):
         from llmc.graph.moe import CORRECTION_BIAS, canonical_from_hf
 

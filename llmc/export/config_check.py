@@ -91,7 +91,8 @@ def _experts_width(config: dict[str, Any], where: str) -> int:
     if not config.get(name):  # (absent, null or 0: a dense model, as transformers reads it)
         return 0
     experts = _per_layer_positive(config, name, where)
-    k_name = next((n for n in ("moe_k", "moe_topk") if n in config), "num_experts_per_tok")  # (ERNIE's, Hunyuan's)
+    k_name = next((n for n in ("moe_k", "moe_topk", "top_k_experts") if n in config),  # (ERNIE's, Hunyuan's, Gemma 4's)
+                  "num_experts_per_tok")
     per_token = _per_layer_positive(config, k_name, where)
     if per_token > experts:
         raise InputError(f"{where}: {k_name} ({per_token}) must be at most {name} ({experts})")

@@ -114,26 +114,30 @@ class Rotary:
             self._long_rows = b.unsqueeze(b.op("Greater", row_max, limit), 2)
         return self._long_rows
 
-    def rotate(self, x: str, cos: str, sin: str) -> str:
-        """Rotate the first R dims of each head of x (rotate-half), pass the rest through."""
+    def rotate(self, x: str, cos: str, sin: str, layer: int) -> str:
+        """Rotate the first R dims of each head of x (layer `layer`'s, rotate-half), pass the rest through."""
         b, m = self.c.b, self.c.m
-        r, d = m.rotated_dims, m.head_dim
+        r, d = m.rotated_dims_of(layer), m.head_dim_of(layer)
         rot, rest = (b.split(x, [r, d - r]) if r < d else (x, None))
         x1, x2 = b.split(rot, [r // 2, r // 2])
         rotated = b.op("Add", b.op("Mul", rot, cos), b.op("Mul", b.op("Concat", b.op("Neg", x2), x1, axis=-1), sin))
         return rotated if rest is None else b.op("Concat", rotated, rest, axis=-1)
 
 
-def rotate_packed(c: Ctx, rotary: Rotary, qkv: str, table: str) -> str:
-    """Packed [B, S, (H + 2 Hkv) D] with q and k rotated in the graph (for lowerings whose op cannot rotate)."""
+def rotate_packed(c: Ctx, rotary: Rotary, qkv: str, table: str, layer: int) -> str:
+    """Layer `layer`'s packed [B, S, (H + 2 Hkv) D] with q and k rotated in the graph (for lowerings whose op cannot
+    rotate)."""
     b, m = c.b, c.m
-    H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
-    q, k, v = b.split(qkv, [H * D, Hkv * D, Hkv * D])
+    H, Hkv, D = m.num_heads, m.kv_heads_of(layer), m.head_dim_of(layer)
     cos, sin = rotary.tables(table, 2)
+    if m.shares_kv(layer):  # (q alone)
+        x4 = b.op("Reshape", qkv, b.ints(0, 0, H, D))
+        return b.op("Reshape", rotary.rotate(x4, cos, sin, layer), b.ints(0, 0, H * D))
+    q, k, v = b.split(qkv, [H * D, Hkv * D, Hkv * D])
     parts = []
     for x, heads in ((q, H), (k, Hkv)):
         x4 = b.op("Reshape", x, b.ints(0, 0, heads, D))  # [B, S, heads, D]
-        parts.append(b.op("Reshape", rotary.rotate(x4, cos, sin), b.ints(0, 0, heads * D)))
+        parts.append(b.op("Reshape", rotary.rotate(x4, cos, sin, layer), b.ints(0, 0, heads * D)))
     return b.op("Concat", *parts, v, axis=-1)
 
 
@@ -147,12 +151,14 @@ def _inside(b: Any, keys: str, pos: str, window: int, chunk: int) -> str:
 
 
 class DecomposedAttention:
-    """Standard ONNX ops; past [B, Hkv, P, D] and the new K/V concatenated into present [B, Hkv, T, D]."""
+    """Standard ONNX ops; past [B, Hkv, P, D] and the new K/V concatenated into present [B, Hkv, T, D]. A layer
+    that reads another layer's cache (ModelSpec.kv_sources) attends the keys and values that layer attended."""
 
     def __init__(self, c: Ctx) -> None:
         self.c = c
         self.rotary = Rotary(c)
         self._masks: dict[tuple[int, int], str] = {}
+        self.attended_kv: dict[int, tuple[str, str]] = {}  # layer -> the K and V it attended (for layers sharing them)
 
     def allowed(self, window: int, chunk: int = 0) -> str:
         """[B, 1, 1, S, T] bool: key t is visible to new token s iff t <= P + s, attention_mask[b, t] == 1 and, with
@@ -174,40 +180,57 @@ class DecomposedAttention:
             self._masks[window, chunk] = b.unsqueeze(allowed, 1, 2)  # [B, 1, 1, S, T]
         return self._masks[window, chunk]
 
-    def _heads(self, x: str, heads: int) -> str:
+    def _heads(self, x: str, heads: int, dim: int) -> str:
         """[B, S, heads*D] -> [B, heads, S, D]"""
         b = self.c.b
-        return b.op("Transpose", b.op("Reshape", x, b.ints(0, 0, heads, self.c.m.head_dim)), perm=[0, 2, 1, 3])
+        return b.op("Transpose", b.op("Reshape", x, b.ints(0, 0, heads, dim)), perm=[0, 2, 1, 3])
 
-    def split_heads(self, i: int, qkv: str) -> tuple[str, str, str]:
-        """Packed [B, S, (H + 2 Hkv) D] -> q [B, H, S, D], k, v [B, Hkv, S, D], the layer's rotary applied."""
+    def split_heads(self, i: int, qkv: str) -> tuple[str, str | None, str | None]:
+        """Packed [B, S, (H + 2 Hkv) D] -> q [B, H, S, D], k, v [B, Hkv, S, D], the layer's rotary applied (q alone
+        and no k, v for a layer reading another's cache)."""
         m = self.c.m
-        H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
-        q, k, v = self.c.b.split(qkv, [H * D, Hkv * D, Hkv * D])
-        q, k, v = self._heads(q, H), self._heads(k, Hkv), self._heads(v, Hkv)
+        H, Hkv, D = m.num_heads, m.kv_heads_of(i), m.head_dim_of(i)
+        k: str | None = None
+        v: str | None = None
+        if m.shares_kv(i):
+            q = self._heads(qkv, H, D)
+        else:
+            q, k_new, v_new = self.c.b.split(qkv, [H * D, Hkv * D, Hkv * D])
+            q, k, v = self._heads(q, H, D), self._heads(k_new, Hkv, D), self._heads(v_new, Hkv, D)
         table = rope_table(self.c, i)
         if table is not None:
             cos, sin = self.rotary.tables(table, 1)
-            q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+            q = self.rotary.rotate(q, cos, sin, i)
+            k = None if k is None else self.rotary.rotate(k, cos, sin, i)
         return q, k, v
 
     def __call__(self, i: int, qkv: str) -> str:
         b, m = self.c.b, self.c.m
-        H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
         q, k, v = self.split_heads(i, qkv)
-        present, past = io.layer_kv(m, i, "present"), io.layer_kv(m, i, "past")
-        if self.c.with_past:
-            k = b.output("Concat", [past[0], k], present[0], axis=2)  # [B, Hkv, T, D]
-            v = b.output("Concat", [past[1], v], present[1], axis=2)
+        if k is None or v is None:  # (the source layer's, as it attended them)
+            k, v = self.attended_kv[m.kv_source(i)]
         else:
-            k, v = b.output("Identity", [k], present[0]), b.output("Identity", [v], present[1])
+            present, past = io.layer_kv(m, i, "present"), io.layer_kv(m, i, "past")
+            if self.c.with_past:
+                k = b.output("Concat", [past[0], k], present[0], axis=2)  # [B, Hkv, T, D]
+                v = b.output("Concat", [past[1], v], present[1], axis=2)
+            else:
+                k, v = b.output("Identity", [k], present[0]), b.output("Identity", [v], present[1])
+            self.attended_kv[i] = (k, v)
+        return self.grouped(i, q, k, v, self.allowed(m.window(i), m.chunk(i)))
+
+    def grouped(self, i: int, q: str, k: str, v: str, allowed: str) -> str:
+        """Layer i's attention of q [B, H, S, D] over k, v [B, Hkv, T, D] where `allowed` [B, 1, 1, S, T] (bool):
+        [B, S, H * D]."""
+        b, m = self.c.b, self.c.m
+        H, Hkv, D = m.num_heads, m.kv_heads_of(i), m.head_dim_of(i)
         # Grouped heads without copying K/V: q as [B, Hkv, G, S, D] against K/V broadcast as [B, Hkv, 1, T, D].
-        q5 = b.op("Mul", b.op("Reshape", q, b.ints(0, Hkv, H // Hkv, -1, D)), b.scalar(m.scale))
+        q5 = b.op("Mul", b.op("Reshape", q, b.ints(0, Hkv, H // Hkv, -1, D)), b.scalar(m.scale_of(i)))
         k_t = b.op("Transpose", b.unsqueeze(k, 2), perm=[0, 1, 2, 4, 3])  # [B, Hkv, 1, D, T]
         scores = b.to_float32(b.op("MatMul", q5, k_t))  # [B, Hkv, G, S, T], softmax in fp32
         if m.attn_softcap:
             scores = softcap(self.c, scores, m.attn_softcap)
-        scores = b.op("Where", self.allowed(m.window(i), m.chunk(i)), scores, b.const(np.array(_NEG, np.float32)))
+        scores = b.op("Where", allowed, scores, b.const(np.array(_NEG, np.float32)))
         if m.attn_sinks:
             probs = _without_sink_column(self.c, b.op("Softmax", _with_sink_column(self.c, scores, i,
                                                                                   [1, Hkv, H // Hkv, 1, 1]), axis=-1))
@@ -242,6 +265,7 @@ class GroupQueryAttention:
         self.in_graph = io.rotary_in_graph(c.m, c.opts.attention)
         self.rotary = Rotary(c)
         self._caches: dict[str, tuple[str, str]] = {}
+        self._reader: OnnxAttention | None = None
 
     def caches(self, table: str) -> tuple[str, str]:
         """cos / sin caches [max_pos, R/2] of a table, in the qkv dtype."""
@@ -260,12 +284,12 @@ class GroupQueryAttention:
         if table is None:
             return qkv, ()
         if self.in_graph:
-            return rotate_packed(self.c, self.rotary, qkv, table), ()
+            return rotate_packed(self.c, self.rotary, qkv, table, i), ()
         return qkv, self.caches(table)
 
     def _attrs(self, i: int) -> dict[str, Any]:
         m = self.c.m
-        attrs: dict[str, Any] = {"num_heads": m.num_heads, "kv_num_heads": m.num_kv_heads, "scale": m.scale}
+        attrs: dict[str, Any] = {"num_heads": m.num_heads, "kv_num_heads": m.kv_heads_of(i), "scale": m.scale_of(i)}
         if m.window(i):
             attrs["local_window_size"] = m.window(i)
         if m.chunk(i):  # (llmc's operator; GroupQueryAttention has none: its __call__ refuses the layer)
@@ -285,6 +309,8 @@ class GroupQueryAttention:
         if self.c.m.chunk(i):
             raise ValueError("GroupQueryAttention has no chunked attention (Llama 4's): the llmc, onnx or decomposed "
                              "lowering builds it")
+        if self.c.m.shares_kv(i):
+            return self._read_shared(i, qkv)
         qkv, rope = self._rope(i, qkv)
         past = io.layer_kv(self.c.m, i, "past")
         inputs = [qkv, "", "", *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *(rope or ("", ""))]
@@ -293,6 +319,18 @@ class GroupQueryAttention:
             inputs += ["", "", sink]
         attrs = {**self._attrs(i), "do_rotary": int(bool(rope)), "rotary_interleaved": 0}
         return self._node(self.op_type, i, inputs, attrs, self.domain)
+
+    def _read_shared(self, i: int, q: str) -> str:
+        """A layer reading another layer's cache (ModelSpec.kv_sources) in standard ops: q rotated in the graph, over
+        the source layer's buffer as its node wrote it this run (its present output), the first max(position) + 1
+        positions under a mask by position (a row's key t sits at its position t: the in-place layout)."""
+        if self._reader is None:
+            self._reader = OnnxAttention(self.c)
+        reader, b = self._reader, self.c.b
+        q4, _, _ = reader.split_heads(i, q)
+        k, v = (reader.attended(name, b.ints(0)) for name in io.layer_kv(self.c.m, i, "present"))
+        allowed = b.unsqueeze(reader.allowed(self.c.m.window(i), self.c.m.chunk(i)), 2)  # [B, 1, 1, S, T]
+        return reader.grouped(i, q4, k, v, allowed)
 
     def last_token(self, x: str) -> str:
         """Row b's last new token: [B, S, Hd] -> [B, 1, Hd]. It is at index seqlens_k[b] of a right-padded prompt
@@ -309,7 +347,8 @@ class CachedAttention(GroupQueryAttention):
 
     def __call__(self, i: int, qkv: str) -> str:
         qkv, rope = self._rope(i, qkv)
-        past = io.layer_kv(self.c.m, i, "past")
+        shared = self.c.m.shares_kv(i)  # (its source layer's cache as that layer's node left it: read only)
+        past = io.layer_kv(self.c.m, i, "present" if shared else "past")
         op = {"float16": "CachedAttentionF16Cache", "int8": "CachedAttentionI8Cache"}.get(self.c.opts.kv_dtype,
                                                                                           "CachedAttention")
         inputs = [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope]
@@ -319,6 +358,8 @@ class CachedAttention(GroupQueryAttention):
         if sink is not None:  # input 9, fp32 as the op computes
             inputs = [*inputs, *[""] * (9 - len(inputs)), self.c.b.to_float32(sink)]
         attrs = {**self._attrs(i), **({"key_tiles": 1} if self.c.opts.key_tiles else {})}
+        if shared:
+            return self.c.b.op(op, *inputs, domain=LLMC_DOMAIN, kv_shared=1, **attrs)
         return self._node(op, i, inputs, attrs, LLMC_DOMAIN)
 
     def last_token(self, x: str) -> str:
@@ -339,11 +380,18 @@ class OnnxAttention(DecomposedAttention):
     def __init__(self, c: Ctx) -> None:
         super().__init__(c)
         b = c.b
-        pos = io.POSITION_IDS  # [B, S]: each new token's position; row b writes at pos[b, 0]
-        self.write_index = b.op("Squeeze", b.op("Gather", pos, b.ints(0), axis=1), b.ints(1))  # [B]
         one = b.const(np.array(1, np.int64))
-        self.total = b.op("Add", b.op("ReduceMax", pos, keepdims=0), one)  # []
+        self.total = b.op("Add", b.op("ReduceMax", io.POSITION_IDS, keepdims=0), one)  # []
         self.keys = b.op("Range", b.const(np.array(0, np.int64)), self.total, one)  # [T]
+        self._write_index: str | None = None
+
+    @property
+    def write_index(self) -> str:
+        """[B]: where row b writes its new K/V, pos[b, 0] (position_ids [B, S]: each new token's position)."""
+        if self._write_index is None:
+            b = self.c.b
+            self._write_index = b.op("Squeeze", b.op("Gather", io.POSITION_IDS, b.ints(0), axis=1), b.ints(1))
+        return self._write_index
 
     def allowed(self, window: int, chunk: int = 0) -> str:
         """[B, 1, S, T]: key t is visible to a query at position p iff t <= p and, with a window W, t > p - W, with a
@@ -359,14 +407,18 @@ class OnnxAttention(DecomposedAttention):
 
     def __call__(self, i: int, qkv: str) -> str:
         b, m = self.c.b, self.c.m
-        H, D = m.num_heads, m.head_dim
+        H, D = m.num_heads, m.head_dim_of(i)
         q, k, v = self.split_heads(i, qkv)
         zero = b.ints(0)
         used = []
-        for new, past, present in zip((k, v), io.layer_kv(m, i, "past"), io.layer_kv(m, i, "present")):
-            full = b.output("TensorScatter", [past, new, self.write_index], present, axis=2)
-            used.append(self.attended(full, zero))
-        attrs: dict[str, Any] = {"scale": m.scale}
+        if k is None or v is None:  # (a layer reading another's cache: what that layer attended)
+            used = list(self.attended_kv[m.kv_source(i)])
+        else:
+            for new, past, present in zip((k, v), io.layer_kv(m, i, "past"), io.layer_kv(m, i, "present")):
+                full = b.output("TensorScatter", [past, new, self.write_index], present, axis=2)
+                used.append(self.attended(full, zero))
+            self.attended_kv[i] = (used[0], used[1])
+        attrs: dict[str, Any] = {"scale": m.scale_of(i)}
         if m.attn_softcap:
             attrs["softcap"] = m.attn_softcap
         mask = self.allowed(m.window(i), m.chunk(i))
@@ -413,8 +465,7 @@ class OnnxStaticAttention(OnnxAttention):
     def __init__(self, c: Ctx) -> None:
         DecomposedAttention.__init__(self, c)
         b = c.b
-        pos = io.POSITION_IDS
-        self.write_index = b.op("Squeeze", b.op("Gather", pos, b.ints(0), axis=1), b.ints(1))  # [B]
+        self._write_index = None
         if io.PAST_KEY.format(i=0) in c.inputs:  # (a model without attention, Mamba-2's, has no buffer to read)
             max_seq = b.op("Squeeze", b.op("Shape", io.PAST_KEY.format(i=0), start=2, end=3), b.ints(0))  # []
             self.keys = b.op("Range", b.const(np.array(0, np.int64)), max_seq, b.const(np.array(1, np.int64)))

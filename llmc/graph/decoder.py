@@ -31,6 +31,7 @@ from llmc.graph.layers import (
     GraphOptions,
     gated_product,
     gated_tiles,
+    gelu_tanh,
     linear,
     norm,
     skip_norm,
@@ -60,7 +61,8 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
     if m.embed_norm:
         x = norm(c, x, "embed_norm")
     attend = LOWERINGS[opts.attention](c)
-    h = _layers(c, x, attend, attend.last_token if spec.logits == "last" else None)
+    ple = _per_layer_inputs(c, x) if m.per_layer_input_size else None
+    h = _layers(c, x, attend, attend.last_token if spec.logits == "last" else None, ple)
     if CALIBRATE_POSITIONS in names:  # calibration: the head only where logits are scored, [1, N, Hd]
         h = b.unsqueeze(b.op("GatherND", h, CALIBRATE_POSITIONS), 0)
     _lm_head(c, h)
@@ -73,8 +75,10 @@ def _value_info(t: object) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(t.name, DTYPES[t.dtype], list(t.shape))  # type: ignore[attr-defined]
 
 
-def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Callable[[str], str] | None) -> str:
-    """Every block; returns the final norm's output (of each row's last token when `last_token` is given)."""
+def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Callable[[str], str] | None,
+            ple: str | None = None) -> str:
+    """Every block; returns the final norm's output (of each row's last token when `last_token` is given). `ple`:
+    the per-layer embeddings [B, S, layers, P] (_per_layer_inputs), each layer's added after its MLP."""
     m = c.m
     fuse = c.opts.fuse_norms and m.norm_layout != "post"  # (OLMo 2 norms only block outputs: nothing to fuse)
     embeddings = x  # (what Zamba2's attention blocks read beside the residual stream)
@@ -114,11 +118,35 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
                 delta = c.b.op("Add", delta, _block_output(c, i, _mlp(c, i, mlp_in), f"{p}.post_mlp_norm"))
             else:
                 h, x = _residual(c, x, delta, pre_norm(i, "norm2"), fuse)
-                delta = _block_output(c, i, _mlp(c, i, h), f"{p}.post_mlp_norm")
+                delta = _block_output(c, i, _mlp(c, i, h, x), f"{p}.post_mlp_norm")
+        if ple is not None:  # (Gemma 4 E2B / E4B) x + the MLP's output, then its per-layer embedding's delta
+            x = c.b.op("Add", x, delta)
+            delta = _per_layer_delta(c, i, x, ple)
         last = i + 1 == m.num_layers
         h, x = _residual(c, x, delta, "norm" if last else pre_norm(i + 1, "norm1"), fuse,
-                         last_token if last else None)
+                         last_token if last else None, m.layer_scalar(i))
     return h
+
+
+def _per_layer_inputs(c: Ctx, x: str) -> str:
+    """Gemma 4's per-layer embeddings [B, S, layers, P] (ModelSpec.per_layer_input_size) from the scaled embeddings
+    x: (norm_P((x @ ple_proj) / sqrt(hidden)) + embed_per_layer[ids] sqrt(P)) / sqrt(2)."""
+    b, m = c.b, c.m
+    P, L = m.per_layer_input_size, m.num_layers
+    proj = b.op("Mul", linear(c, x, "ple_proj"), b.scalar(m.hidden_size ** -0.5))
+    proj = norm(c, b.op("Reshape", proj, b.ints(0, 0, L, P)), "ple_norm")
+    tokens = b.op("Mul", _lookup(c, "embed_per_layer.weight"), b.scalar(P ** 0.5))
+    both = b.op("Add", proj, b.op("Reshape", tokens, b.ints(0, 0, L, P)))
+    return b.op("Mul", both, b.scalar(2 ** -0.5))
+
+
+def _per_layer_delta(c: Ctx, i: int, x: str, ple: str) -> str:
+    """Layer i's per-layer embedding's addition to the residual stream x: ple_norm((act(x @ ple_gate) *
+    ple[:, :, i]) @ ple_out)."""
+    b, p = c.b, f"layers.{i}"
+    mine = b.op("Squeeze", b.op("Gather", ple, b.ints(i), axis=2), b.ints(2))  # [B, S, P]
+    gated = b.op("Mul", _activation(c, linear(c, x, f"{p}.ple_gate")), mine)
+    return norm(c, linear(c, gated, f"{p}.ple_out"), f"{p}.ple_norm")
 
 
 def _zamba_input(c: Ctx, i: int, x: str, embeddings: str, attend: Callable[[int, str], str], rotary: Rotary,
@@ -151,10 +179,13 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
     if qkv is None:
         qkv = _mla_qkv(c, i, h) if m.mla_kv_rank else linear(c, h, f"{p}.qkv")
     if query_scale is not None and m.scales_queries(i):  # (before the rotation: the same, a rotation being linear)
-        q, kv = c.b.split(qkv, [m.num_heads * m.head_dim, 2 * m.num_kv_heads * m.head_dim])
-        qkv = c.b.op("Concat", c.b.op("Mul", q, query_scale), kv, axis=-1)
+        if m.shares_kv(i):  # (q alone)
+            qkv = c.b.op("Mul", qkv, query_scale)
+        else:
+            q, kv = c.b.split(qkv, [m.num_heads * m.head_dim_of(i), 2 * m.kv_heads_of(i) * m.head_dim_of(i)])
+            qkv = c.b.op("Concat", c.b.op("Mul", q, query_scale), kv, axis=-1)
     if m.qk_norm_after_rope and (table := layer_rope_table(c, i)) is not None:  # (Hunyuan)
-        qkv = rotate_packed(c, rotary, qkv, table)
+        qkv = rotate_packed(c, rotary, qkv, table, i)
     qkv = _qk_norm(c, i, qkv)
     if m.clip_qkv:  # (after q and k's norms: OLMoE)
         qkv = c.b.op("Clip", qkv, c.b.scalar(-m.clip_qkv), c.b.scalar(m.clip_qkv))
@@ -166,15 +197,17 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
 
 
 def _residual(c: Ctx, x: str, delta: str, next_norm: str | None, fuse: bool,
-              last_token: Callable[[str], str] | None = None) -> tuple[str, str]:
+              last_token: Callable[[str], str] | None = None, scalar: float = 1.0) -> tuple[str, str]:
     """(the next block's input, x + delta): norm(x + delta), or x + delta itself where the next block normalizes
     nothing first (next_norm None: OLMo 2's blocks, OLMo Hybrid's attention ones). `last_token`: the final norm, of
-    each row's last token only."""
+    each row's last token only; `scalar`: x + delta times it first (ModelSpec.layer_scalars)."""
     b = c.b
-    if fuse and next_norm is not None:
+    if fuse and next_norm is not None and scalar == 1.0:
         h, x = skip_norm(c, x, delta, next_norm)
         return (last_token(h) if last_token else h), x
     x = b.op("Add", x, delta)
+    if scalar != 1.0:
+        x = b.op("Mul", x, b.scalar(scalar))
     if last_token is not None:
         x = last_token(x)  # [B, 1, Hd]: the final norm and the head see only what generation needs
     if next_norm is None:
@@ -235,22 +268,29 @@ def _mla_values(c: Ctx, i: int, out: str) -> str:
 
 def _qk_norm(c: Ctx, i: int, qkv: str) -> str:
     """RMSNorm of q and k before rotary (after it: Hunyuan): over each head (Qwen3, Gemma 3) or over all of q / k
-    (OLMo 2)."""
+    (OLMo 2); and of v's heads where the model norms them too (Gemma 4)."""
     m = c.m
     if not m.qk_norm or (m.qk_norm_layers and not m.qk_norm_layers[i]):
         return qkv
     b = c.b
-    H, Hkv, D = m.num_heads, m.num_kv_heads, m.head_dim
-    q, k, v = b.split(qkv, [H * D, Hkv * D, Hkv * D])
+    H, Hkv, D = m.num_heads, m.kv_heads_of(i), m.head_dim_of(i)
+    if m.shares_kv(i):  # (q alone: the keys and values are another layer's)
+        q, k, v = qkv, "", ""
+        normed: tuple[tuple[str, int, str], ...] = ((q, H, "q_norm"),)
+    else:
+        q, k, v = b.split(qkv, [H * D, Hkv * D, Hkv * D])
+        normed = ((q, H, "q_norm"), (k, Hkv, "k_norm"), *(((v, Hkv, "v_norm"),) if m.v_norm else ()))
     parts = []
-    for x, heads, name in ((q, H, "q_norm"), (k, Hkv, "k_norm")):
+    for x, heads, name in normed:
         if m.qk_norm == "head":
             x4 = b.op("Reshape", x, b.ints(0, 0, heads, D))  # [B, S, heads, D]
             x = b.op("Reshape", norm(c, x4, f"layers.{i}.{name}"), b.ints(0, 0, heads * D))
         else:
             x = norm(c, x, f"layers.{i}.{name}")
         parts.append(x)
-    return b.op("Concat", *parts, v, axis=-1)
+    if m.shares_kv(i):
+        return parts[0]
+    return b.op("Concat", *parts, *(() if m.v_norm else (v,)), axis=-1)
 
 
 def _activation(c: Ctx, x: str) -> str:
@@ -263,10 +303,7 @@ def _activation(c: Ctx, x: str) -> str:
     if c.m.activation == "gelu":
         erf = b.op("Erf", b.op("Mul", x, b.scalar(1 / math.sqrt(2.0))))
         return b.op("Mul", b.op("Mul", x, b.scalar(0.5)), b.op("Add", erf, b.scalar(1.0)))
-    # tanh approximation (gelu_new): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-    cube = b.op("Mul", b.op("Mul", x, x), x)
-    inner = b.op("Mul", b.op("Add", x, b.op("Mul", cube, b.scalar(0.044715))), b.scalar(math.sqrt(2 / math.pi)))
-    return b.op("Mul", b.op("Mul", x, b.scalar(0.5)), b.op("Add", b.op("Tanh", inner), b.scalar(1.0)))
+    return gelu_tanh(b, x)
 
 
 def _xielu(c: Ctx, x: str, params: str) -> str:
@@ -281,11 +318,17 @@ def _xielu(c: Ctx, x: str, params: str) -> str:
     return b.op("Where", b.op("Greater", x, b.scalar(0.0)), positive, negative)
 
 
-def _mlp(c: Ctx, i: int, h: str) -> str:
+def _mlp(c: Ctx, i: int, h: str, x: str | None = None) -> str:
+    """Layer i's MLP (or mixture) of its normed input h; x: the block's input before its norm (what Gemma 4's
+    mixture beside the MLP reads: ModelSpec.moe_beside_mlp)."""
     p = f"layers.{i}"
+    if c.m.moe_beside_mlp and c.m.is_moe(i) and x is not None:
+        dense = norm(c, _gated_mlp(c, h, p, c.m.intermediate_of(i)), f"{p}.mlp_out_norm")
+        experts = moe_mlp(c, i, norm(c, x, f"{p}.router_norm"), experts_in=norm(c, x, f"{p}.moe_in_norm"))
+        return c.b.op("Add", dense, norm(c, experts, f"{p}.moe_out_norm"))
     if not c.m.is_moe(i):
         return _plain_mlp(c, h, p) if c.m.family == "gpt2" or c.m.plain_mlp else _gated_mlp(c, h, p,
-                                                                                            c.m.intermediate_size)
+                                                                                            c.m.intermediate_of(i))
     y = moe_mlp(c, i, h)
     if c.m.shared_expert_size:  # + shared(h), times sigmoid(h @ gate) where gated (Qwen2-MoE); a plain MLP's form
         # where the model's MLPs are plain (Nemotron-H)
@@ -313,9 +356,15 @@ def _gated_mlp(c: Ctx, h: str, p: str, inner: int) -> str:
 
 
 def _embed(c: Ctx) -> str:
-    """The token embeddings [B, S, Hd]: a Gather from the fp32 table, or from its exact compact form where the
-    engine stores one (quant.compact_table: int8 rows with an fp16 scale per 32, or bfloat16), widened after."""
-    b, w = c.b, "embed.weight"
+    """The token embeddings [B, S, Hd]."""
+    return _lookup(c, "embed.weight")
+
+
+def _lookup(c: Ctx, w: str) -> str:
+    """The input tokens' rows of table `w` [B, S, width]: a Gather from the fp32 table, or from its exact compact
+    form where the engine stores one (quant.compact_table: int8 rows with an fp16 scale per 32, or bfloat16), widened
+    after."""
+    b = c.b
     if c.has(w + EMBED_Q8):
         q = b.op("Cast", b.op("Gather", b.weight(w + EMBED_Q8), io.INPUT_IDS), to=DTYPES["float32"])
         d = b.op("Cast", b.op("Gather", b.weight(w + EMBED_Q8_SCALES), io.INPUT_IDS), to=DTYPES["float32"])

@@ -64,6 +64,8 @@ def kv_spec(model: ModelSpec, dtype: str, layout: str = "concat") -> KVSpec:
         present_key=PRESENT_KEY,
         present_value=PRESENT_VALUE,
         states=states,
+        layer_dims=(tuple((model.kv_heads_of(i), model.head_dim_of(i)) for i in model.kv_layers)
+                    if model.layer_head_dims or model.layer_kv_heads else ()),
     )
 
 
@@ -91,9 +93,9 @@ def _token_inputs(mask_len: str) -> list[TensorSpec]:
 
 
 def _kv(kv: KVSpec, kind: str, length: str) -> list[TensorSpec]:
-    lead = (NUM_BLOCKS, kv.num_kv_heads, BLOCK) if kv.paged else (BATCH, kv.num_kv_heads, length)
-    shape = (*lead, kv.row_width)  # paged: a pool of blocks [num_blocks, Hkv, block_size, row]
-    return [TensorSpec(n, kv.dtype, shape) for n in kv.names(kind)]
+    lead, span = (NUM_BLOCKS, BLOCK) if kv.paged else (BATCH, length)  # paged: a pool [num_blocks, Hkv, block, row]
+    names = kv.names(kind)
+    return [TensorSpec(n, kv.dtype, (lead, kv.dims(j // 2)[0], span, kv.row_of(j // 2))) for j, n in enumerate(names)]
 
 
 def _states(kv: KVSpec, kind: str) -> list[TensorSpec]:
@@ -132,13 +134,16 @@ def rotary_in_graph(model: ModelSpec, attention: str) -> bool:
         return False
     if attention in ("decomposed", *STANDARD_INPLACE) or model.rope_long_after or model.qk_norm_after_rope:
         return True
-    return attention == "gqa" and (model.rotated_dims // 2) % 8 != 0
+    return attention == "gqa" and any((model.rotated_dims_of(i) // 2) % 8 for i in range(model.num_layers)
+                                      if model.attends(i))
 
 
 def _inplace_inputs(model: ModelSpec, kv: KVSpec, attention: str) -> list[TensorSpec]:
     inputs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
     if (model.positions == "learned" or attention in STANDARD_INPLACE or rotary_in_graph(model, attention)
-            or model.query_scale_beta):  # (Ministral 3's queries scaled by their positions)
+            or model.query_scale_beta  # (Ministral 3's queries scaled by their positions)
+            or (attention == "gqa" and any(model.shares_kv(i) for i in range(model.num_layers)))):  # (a layer
+        # reading another's cache in standard ops: GroupQueryAttention._read_shared)
         inputs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
     if attention in ("gqa", "llmc"):
         inputs += [TensorSpec(SEQLENS_K, "int32", (BATCH,)), TensorSpec(TOTAL_SEQ_LEN, "int32", ())]

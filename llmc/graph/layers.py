@@ -3,6 +3,7 @@ MatMulQ4 / MatMulQ8) and norms. Shapes in comments: B batch, S new tokens, Hd hi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,12 +110,14 @@ def _product(c: Ctx, x: str, name: str, quantized: bool) -> str:
 def _out_width(m: ModelSpec, name: str) -> int:
     """A linear layer's output width (its packed tiles are padded to 32 columns)."""
     kind = name.rsplit(".", 1)[-1]
+    layer = int(name.split(".")[1]) if name.startswith("layers.") else 0  # (per-layer widths: Gemma 4)
     inner = (m.moe_intermediate_size if ".experts." in name else m.shared_expert_size if ".shared_expert." in name
-             else m.intermediate_size)
+             else m.intermediate_of(layer))
     mla_q = m.num_heads * (m.rotated_dims + m.mla_nope_dim)  # (latent attention's q products: decoder._mla_qkv)
-    widths = {"qkv": (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, "gate_up": 2 * inner,
+    own_kv = 0 if m.shares_kv(layer) else 2 * m.kv_heads_of(layer)  # (a layer reading another's cache: q alone)
+    widths = {"qkv": (m.num_heads + own_kv) * m.head_dim_of(layer), "gate_up": 2 * inner,
               "fc": inner, "up": inner, "lm_head": m.vocab_size, "o": m.hidden_size, "q": mla_q, "q_b": mla_q,
-              "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim,
+              "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim_of(layer),
               "conv_in": 3 * m.hidden_size,
               "lin_in": 2 * (m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * (m.linear_v_dim + 1)),
               "mamba_in": (m.mamba_heads * m.mamba_head_dim + mamba_channels(m)  # (z or x; the convolved
@@ -122,10 +125,18 @@ def _out_width(m: ModelSpec, name: str) -> int:
               "kda_in": m.linear_v_heads * (3 * m.linear_v_dim + 1) + 2 * m.linear_v_dim,
               "kda_f": m.linear_v_heads * m.linear_v_dim, "kda_g": m.linear_v_heads * m.linear_v_dim,
               "mamba_x": m.mamba_dt_rank + 2 * m.mamba_state, "mamba_dt": m.mamba_heads * m.mamba_head_dim,
-              "moe_latent_in": m.moe_latent_size}
+              "moe_latent_in": m.moe_latent_size, "ple_proj": m.num_layers * m.per_layer_input_size,
+              "ple_gate": m.per_layer_input_size}
     if kind == "down" and ".experts." in name and m.moe_latent_size:  # (latent experts: their outputs are L wide)
         return m.moe_latent_size
-    return widths.get(kind, m.hidden_size)  # down, proj, moe_latent_out
+    return widths.get(kind, m.hidden_size)  # down, proj, moe_latent_out, ple_out
+
+
+def gelu_tanh(b: GraphBuilder, x: str) -> str:
+    """GELU's tanh approximation (gelu_new, gelu_pytorch_tanh): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    cube = b.op("Mul", b.op("Mul", x, x), x)
+    inner = b.op("Mul", b.op("Add", x, b.op("Mul", cube, b.scalar(0.044715))), b.scalar(math.sqrt(2 / math.pi)))
+    return b.op("Mul", b.op("Mul", x, b.scalar(0.5)), b.op("Add", b.op("Tanh", inner), b.scalar(1.0)))
 
 
 def gated_tiles(c: Ctx, name: str) -> bool:

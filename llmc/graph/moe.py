@@ -77,12 +77,12 @@ from onnx import TensorProto, helper
 from llmc.errors import InputError
 from llmc.graph.builder import NP_DTYPES, GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
-from llmc.graph.layers import Ctx, linear
+from llmc.graph.layers import Ctx, gelu_tanh, linear
 from llmc.manifest import ModelSpec
 
 MS = "com.microsoft"
 LOWERINGS = ("standard", "loop", "dense", "ort")
-ACTIVATIONS = ("silu", "swiglu_oss", "relu2")
+ACTIVATIONS = ("silu", "swiglu_oss", "relu2", "gelu_tanh")  # (gelu_tanh: GeGLU experts, Gemma 4's)
 ROUTINGS = ("softmax", "softmax_biased", "sigmoid", "softmax_grouped", "sigmoid_logits", "sparsemixer")
 GROUPED = ("sigmoid", "softmax_grouped")  # the routings with expert groups and a routed scaling
 
@@ -304,6 +304,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
                        num_groups=int(config.n_group) if grouped else 1,
                        topk_groups=int(config.topk_group) if grouped else 1,
                        routed_scaling=float(config.routed_scaling_factor))
+    if config.model_type == "gemma4_text":  # (softmax over every expert, the top k renormalized; GeGLU experts)
+        return MoESpec(int(config.num_experts), int(config.top_k_experts), int(config.moe_intermediate_size), True,
+                       "gelu_tanh")
     if config.model_type in SIGMOID_ROUTED:  # (dots1's, DeepSeek-V3's, GLM-4.7-Flash's router is GLM-4.5's)
         return MoESpec(int(config.n_routed_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid",
@@ -318,6 +321,8 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
                              "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe",
                              "qwen3_5_moe_text", "lara_mini"):
         return True
+    if config.model_type == "gemma4_text":  # (beside every layer's MLP)
+        return bool(config.enable_moe_block)
     if config.model_type == "nemotron_h":  # (its mixture blocks)
         return config.layers_block_type[layer] == "moe"
     if config.model_type == "jamba":  # (every expert_layer_period-th layer from expert_layer_offset)
@@ -423,6 +428,9 @@ def ort_attrs(spec: MoESpec) -> dict[str, Any]:
     """com.microsoft.MoE's SwiGLU attributes for the spec's activation (ORT_ATTRS: silu)."""
     if spec.activation == "silu":
         return ORT_ATTRS
+    if spec.activation == "gelu_tanh":
+        raise InputError("--moe ort builds com.microsoft.MoE, which has no GeGLU experts (this model's: Gemma 4's); "
+                         "use --moe standard or loop")
     return {**ORT_ATTRS, "activation_alpha": spec.alpha, "activation_beta": 1.0, "swiglu_limit": spec.limit}
 
 
@@ -631,6 +639,8 @@ def _activation(b: GraphBuilder, gate: str, up: str, spec: MoESpec) -> str:
     order of operations."""
     if spec.activation == "silu":
         return b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)
+    if spec.activation == "gelu_tanh":  # GeGLU
+        return b.op("Mul", gelu_tanh(b, gate), up)
     limit = b.scalar(spec.limit)
     g = b.op("Min", gate, limit)
     u = b.op("Clip", up, b.scalar(-spec.limit), limit)
@@ -744,17 +754,18 @@ def moe_spec(m: ModelSpec) -> MoESpec:
                    m.routed_scaling, m.moe_router_fp32, m.moe_jitter_eps, m.moe_scale_inputs, m.moe_norm_eps)
 
 
-def moe_mlp(c: Ctx, layer: int, h: str) -> str:
+def moe_mlp(c: Ctx, layer: int, h: str, experts_in: str | None = None) -> str:
     """Layer `layer`'s mixture of experts in the graph's lowering (GraphOptions.moe); each expert's weights are
     linear layers (quantized ones too) in the "standard" lowering. With ModelSpec.moe_latent_size the experts run on
-    h @ moe_latent_in and their sum goes back through moe_latent_out (Nemotron-H's latent experts)."""
+    h @ moe_latent_in and their sum goes back through moe_latent_out (Nemotron-H's latent experts); `experts_in`: the
+    experts' input where it is not the router's (Gemma 4's, each its own norm of the block's input)."""
     def mm(x: str, name: str) -> str:
         return linear(c, x, name)
 
     accuracy = c.opts.quant.accuracy_level if c.opts.quant is not None else 0
     p = f"layers.{layer}"
     latent = linear(c, h, f"{p}.moe_latent_in") if c.m.moe_latent_size else None
-    y = moe_block(c.b, h, p, c.ckpt.weights, moe_spec(c.m), c.opts.moe, mm, accuracy, latent)
+    y = moe_block(c.b, h, p, c.ckpt.weights, moe_spec(c.m), c.opts.moe, mm, accuracy, latent or experts_in)
     return linear(c, y, f"{p}.moe_latent_out") if latent is not None else y
 
 

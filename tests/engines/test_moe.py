@@ -577,13 +577,14 @@ def test_expert_blocks_qmoe_cannot_take_are_refused_naming_the_flag(block: int) 
         quantize_experts({**weights, **moe_weights(weights, PREFIX, "ort")}, PREFIX, 4, block)
 
 
-@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1", "nemotron_h_moe", "jamba"])
+@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1", "nemotron_h_moe", "jamba", "gemma4_moe"])
 def test_each_routing_and_expert_input_runs_on_every_lowering(tmp_path: Path, arch: str) -> None:
     """Llama 4's experts on inputs scaled by the top k logits' sigmoids, PhiMoE's sparsemixer, Kolibri-1's
-    logit-biased choice, Nemotron-H's ungated experts and Jamba's (the top k of a softmax over every expert, not
-    renormalized, among Mamba-1 layers): each engine lowering gives transformers' logits (the
-    export's check ran "loop"); the com.microsoft.MoE one, which weights the experts' outputs and has no squared
-    ReLU, is refused for Llama 4's and Nemotron-H's by name."""
+    logit-biased choice, Nemotron-H's ungated experts, Jamba's (the top k of a softmax over every expert, not
+    renormalized, among Mamba-1 layers) and Gemma 4's (GeGLU experts beside the MLP, on their own norm of the block's
+    input, the router on another): each engine lowering gives transformers' logits (the export's check ran "loop");
+    the com.microsoft.MoE one, which weights the experts' outputs and has no squared ReLU nor GeGLU, is refused for
+    Llama 4's, Nemotron-H's and Gemma 4's by name."""
     import transformers as tf
     from tiny_models import make_model
 
@@ -601,7 +602,7 @@ def test_each_routing_and_expert_input_runs_on_every_lowering(tmp_path: Path, ar
         ref = model(torch.tensor([ids])).logits[0, -1].numpy()
     for lowering in ("standard", "ort"):
         cfg = BuildConfig(tmp_path / "export", tmp_path / lowering, moe=lowering, attention="gqa")
-        if lowering == "ort" and arch in ("llama4_text", "nemotron_h_moe"):
+        if lowering == "ort" and arch in ("llama4_text", "nemotron_h_moe", "gemma4_moe"):
             with pytest.raises(InputError, match="--moe ort"):
                 build_ort(cfg)
             continue

@@ -283,6 +283,12 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
                                       vision_config=vision, mm_tokens_per_image=4, image_token_index=300,
                                       boi_token_index=301, eoi_token_index=302)
         model: Any = tf.Gemma3ForConditionalGeneration(config)
+    elif kind == "gemma4":  # Gemma 4 E2B / E4B's form: per-layer embeddings, full layers of wider heads
+        config = tf.Gemma4Config(text_config={**text, "sliding_window": 8, "global_head_dim": 32,
+                                              "hidden_size_per_layer_input": 8,
+                                              "layer_types": ["sliding_attention", "full_attention"]},
+                                 vision_config={**vision, "head_dim": 16}, audio_config=None)
+        model = tf.Gemma4ForConditionalGeneration(config)
     elif kind == "qwen3_5":  # Qwen3.5's language model (Gated DeltaNet layers, gated attention) in its image-text model
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
                 "partial_rotary_factor": 0.5}
@@ -360,7 +366,7 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
-                                  "glm4v_moe", "llama4", "qwen3_5", *OTHER_IMAGE_TEXT])
+                                  "glm4v_moe", "llama4", "qwen3_5", "gemma4", *OTHER_IMAGE_TEXT])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
     exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
@@ -377,7 +383,8 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
                                               "idefics3": "LlamaForCausalLM", "internvl": "Qwen2ForCausalLM",
                                               "aya_vision": "Cohere2ForCausalLM", "glm4v": "Glm4ForCausalLM",
                                               "glm4v_moe": "Glm4MoeForCausalLM", "llama4": "Llama4ForCausalLM",
-                                              "lfm2_vl": "Lfm2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}[kind]
+                                              "lfm2_vl": "Lfm2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM",
+                                              "gemma4": "Gemma4ForCausalLM"}[kind]
     if kind == "llama4":
         language, head = vlm.language_model.model, vlm.language_model.lm_head
     else:

@@ -354,6 +354,8 @@ def tiny_family(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
      ["layers_block_type (or hybrid_override_pattern) is missing"]),
     # Mamba-1 alone: its channels (expand x hidden_size) stand in for attention's heads
     ("mamba", {"expand": 0}, ["expand must be a positive integer, got 0"]),
+    # Gemma 4's mixture's top k under its own name
+    ("gemma4_moe", {"top_k_experts": 5}, ["top_k_experts (5) must be at most num_experts (4)"]),
 ])
 def test_impossible_family_values_are_named_before_loading(tmp_path: Path, tiny_family: Callable[[str], Path],
                                                            arch: str, changes: dict[str, Any],
@@ -379,6 +381,23 @@ def test_family_options_llmc_does_not_build_are_named(tmp_path: Path, tiny_famil
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **changes}))
     _assert_cli_error(_cli("export", folder, "-o", tmp_path / "out"), *words)
+
+
+def test_per_layer_embeddings_for_fewer_tokens_than_the_vocabulary_are_refused() -> None:
+    """Gemma 4's per-layer embeddings must cover every token the head can pick: a table for fewer would leave a
+    generated token without one (transformers fails there), so the export refuses it by name."""
+    import transformers as tf
+
+    from llmc.errors import UnsupportedModelError
+    from llmc.export.arch import from_transformers
+
+    config = tf.Gemma4TextConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16,
+                                 hidden_size_per_layer_input=8, vocab_size_per_layer_input=100,
+                                 layer_types=["sliding_attention", "full_attention"], sliding_window=8)
+    with pytest.raises(UnsupportedModelError, match=r"vocab_size_per_layer_input = 100 is not supported: per-layer "
+                                                    r"embeddings for fewer tokens than the vocabulary \(320\)"):
+        from_transformers(tf.AutoModelForCausalLM.from_config(config))
 
 
 @pytest.mark.parametrize("damage", ["garbage", "short", "offsets"])

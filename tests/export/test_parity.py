@@ -235,10 +235,10 @@ def _sessions(export_dir: Path) -> tuple[ort.InferenceSession, ort.InferenceSess
 
 def _past(kv_spec: Any, batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    shape = (batch, kv_spec.num_kv_heads, length, kv_spec.head_dim)
     states = {n: rng.standard_normal((batch, *s.shape)).astype(np.float32) for s in kv_spec.states
               for n in s.names("past")}  # (LFM2's convolutions' last inputs)
-    return {**{n: rng.standard_normal(shape).astype(np.float32) for n in kv_spec.names("past")}, **states}
+    return {**{n: rng.standard_normal(kv_spec.buffer_shape(j // 2, batch, length)).astype(np.float32)
+               for j, n in enumerate(kv_spec.names("past"))}, **states}
 
 
 def test_graph_axes_are_symbolic(tiny: Built) -> None:
@@ -264,14 +264,15 @@ def test_graphs_run_at_many_shapes(tiny: Built, batch: int) -> None:
                                               "position_ids": pos})
         assert logits.shape == (batch, 1, vocab) and logits.dtype == np.float32
         present, states = present[:2 * kv.num_layers], present[2 * kv.num_layers:]
-        assert all(p.shape == (batch, kv.num_kv_heads, s, kv.head_dim) for p in present)
+        assert [p.shape for p in present] == [kv.buffer_shape(j // 2, batch, s) for j in range(len(present))]
         assert [t.shape for t in states] == [(batch, *st.shape) for st in kv.states for _ in range(st.count)]
         for past in (1, 9, 40):
             feeds = {"input_ids": ids, "attention_mask": np.ones((batch, past + s), np.int64),
                      "position_ids": pos + past, **_past(kv, batch, past, seed=past)}
             logits, *present = decode.run(None, feeds)
             assert logits.shape == (batch, s, vocab)
-            assert all(p.shape == (batch, kv.num_kv_heads, past + s, kv.head_dim) for p in present[:2 * kv.num_layers])
+            assert [p.shape for p in present[:2 * kv.num_layers]] == [kv.buffer_shape(j // 2, batch, past + s)
+                                                                    for j in range(2 * kv.num_layers)]
             assert np.isfinite(logits).all()
 
 
@@ -352,7 +353,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
                            "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3", "cwm": "llama3",
-                           "phimoe": "longrope", "lfm3": "proportional"}.get(
+                           "phimoe": "longrope", "lfm3": "proportional", "gemma4_text": "proportional",
+                           "gemma4_e": "proportional", "gemma4_moe": "proportional"}.get(
         tiny.name, "default")
     assert m.tie_embeddings is bool(cfg.tie_word_embeddings)
     assert m.positions == ("learned" if tiny.name in ("gpt2", "gpt_bigcode", "opt") else "rope")
@@ -360,7 +362,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
                 "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
                 "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8, "laguna": 8, "lfm3": 8,
-                "lara_mini": 8}
+                "lara_mini": 8, "gemma4_text": 8, "gemma4_e": 8, "gemma4_moe": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
@@ -373,7 +375,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                          "hy_v3": "head", "kolibri1": "head", "llama4_text": "head", "laguna": "head",
                          "lfm2": "head", "lfm2_moe": "head", "lfm3": "head",
                          "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head",
-                         "lara_mini": "head"}.get(tiny.name,
+                         "lara_mini": "head", "gemma4_text": "head", "gemma4_e": "head",
+                         "gemma4_moe": "head"}.get(tiny.name,
                                                                                                            "")
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == {"ministral3": (0.4, 16), "llama4_text": (0.5, 512)}.get(
@@ -500,7 +503,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
            "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text", "qwen3_5_moe_text",
-           "qwen3_next", "lara_mini", "granitemoehybrid", "jamba")
+           "qwen3_next", "lara_mini", "granitemoehybrid", "jamba", "gemma4_moe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -527,7 +530,9 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              "mimo_v2_flash")
                                                             else (False, False, "relu2")
                                                             if tiny.name.startswith("nemotron_h_")
+                                                            else (False, False, "gelu_tanh") if tiny.name == "gemma4_moe"
                                                             else (False, False, "silu"))
+    assert m.moe_beside_mlp is (tiny.name == "gemma4_moe")
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
                             (False, True, True) if tiny.name == "qwen3_next" else
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
@@ -563,7 +568,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich",
                              "flex_olmo": "post", "hyperclovax": "sandwich", "kolibri1": "sandwich",
-                             "lfm3": "sandwich"}.get(tiny.name,
+                             "lfm3": "sandwich", "gemma4_text": "sandwich",
+                             "gemma4_e": "sandwich", "gemma4_moe": "sandwich"}.get(tiny.name,
                                                                                                            "pre")
 
 

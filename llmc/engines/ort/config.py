@@ -138,9 +138,13 @@ def resolve(cfg: BuildConfig, export: ExportManifest) -> BuildConfig:
     moe = cfg.moe
     scaled = export.model.moe_scale_inputs  # (Llama 4: com.microsoft.MoE cannot run experts on scaled inputs)
     ungated = export.model.moe_activation == "relu2"  # (Nemotron-H's: com.microsoft.MoE has no squared ReLU)
+    geglu = export.model.moe_activation == "gelu_tanh"  # (Gemma 4's: nor GeGLU experts)
     if moe is MoELowering.auto:
-        moe = (MoELowering.standard if export.model.num_experts <= MOE_UNROLL_MAX or scaled or ungated
+        moe = (MoELowering.standard if export.model.num_experts <= MOE_UNROLL_MAX or scaled or ungated or geglu
                else MoELowering.ort)
+    if moe is MoELowering.ort and geglu:
+        raise InputError("--moe ort: com.microsoft.MoE has no GeGLU experts (this model's: Gemma 4's); use --moe "
+                         "standard or loop")
     if moe is MoELowering.ort and ungated:
         raise InputError("--moe ort: com.microsoft.MoE has no squared ReLU for this model's ungated experts; use --moe "
                          "standard")

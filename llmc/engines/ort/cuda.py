@@ -201,6 +201,9 @@ def write_cuda_engine(work: Path, export_dir: Path, export: ExportManifest, onnx
         raise InputError("--backend ort-cuda keeps KV memory on the GPU and no per-sequence state beside it (this "
                          "model's convolution, linear-attention or Mamba-2 layers, LFM2's, Qwen3.5's or Granite "
                          "4.0-H's, need one): use --backend ort")
+    if export.model.per_layer_attention:
+        raise InputError("--backend ort-cuda binds one KV shape for every layer (this model's layers differ in head "
+                         "size or read each other's caches: Gemma 4's): use --backend ort")
     ckpt = fp16_checkpoint(load_checkpoint(export_dir, export))
     kv, prefill, decode = write_inplace_graphs(ckpt, work, "float16", export.opset, None, "gqa", one_graph=True,
                                                moe="standard")

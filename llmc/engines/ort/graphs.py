@@ -36,11 +36,13 @@ LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight"
                    ".lin_in.weight", ".kda_in.weight", ".kda_f.weight", ".kda_g.weight",  # (a Gated DeltaNet's,
                    # Kimi Delta Attention's)
                    ".mamba_in.weight", ".mamba_out.weight",  # (a Mamba-2 mixer's)
-                   ".mamba_x.weight", ".mamba_dt.weight",  # (a Mamba-1 mixer's selective projections: SELECTIVE)
-                   ".zamba_linear.weight")  # (a Zamba2 block's product into its mixer's input)
-# a Mamba-1 mixer's selective products (x_proj: dt, B and C; dt_proj): quantized where their input is a multiple of
-# the kernels' block (a dt rank such as Mamba-130M's 48 is not: that product, 48 x 1,536, stays fp32)
-SELECTIVE = (".mamba_x.weight", ".mamba_dt.weight")
+                   ".mamba_x.weight", ".mamba_dt.weight",  # (a Mamba-1 mixer's selective projections: WHOLE_BLOCKS)
+                   ".zamba_linear.weight",  # (a Zamba2 block's product into its mixer's input)
+                   "ple_proj.weight", ".ple_gate.weight", ".ple_out.weight")  # (Gemma 4's per-layer embeddings')
+# products quantized only where their input is a multiple of the kernels' block: a Mamba-1 mixer's selective ones
+# (x_proj: dt, B and C; dt_proj: a dt rank such as Mamba-130M's 48 is not, and that product, 48 x 1,536, stays fp32)
+# and Gemma 4's per-layer embeddings' (256 wide in the checkpoints)
+WHOLE_BLOCKS = (".mamba_x.weight", ".mamba_dt.weight", "ple_proj.weight", ".ple_gate.weight", ".ple_out.weight")
 
 
 def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
@@ -59,7 +61,7 @@ def quantizable(ckpt: Checkpoint) -> list[str]:
     """The linear layers' weights --quant quantizes (not the stacked [E, K, N] expert arrays: the "standard"
     mixture lowering's per-expert ones are quantized instead); the LM head besides."""
     return [n for n in ckpt.weights if n.endswith(LINEAR_SUFFIXES) and ckpt.weights[n].ndim == 2
-            and not (n.endswith(SELECTIVE) and ckpt.weights[n].shape[0] % TILE_BLOCK)]
+            and not (n.endswith(WHOLE_BLOCKS) and ckpt.weights[n].shape[0] % TILE_BLOCK)]
 
 
 def _swiglu_gate_up(ckpt: Checkpoint, name: str) -> bool:
@@ -105,12 +107,17 @@ def bf16_weights(ckpt: Checkpoint) -> Checkpoint:
 
 def with_compact_embedding(ckpt: Checkpoint) -> Checkpoint:
     """The embedding's lookup table also in its exact compact form where it has one (quant.compact_table); the
-    graph's Gather reads that, and the fp32 table stays only where a tied fp32 head reads it."""
-    table = ckpt.weights.get("embed.weight")
-    if table is None or table.dtype != np.float32:
-        return ckpt
-    compact = compact_table(table, "embed.weight")
-    return Checkpoint(ckpt.spec, {**ckpt.weights, **compact}) if compact else ckpt
+    graph's Gather reads that, and the fp32 table stays only where a tied fp32 head reads it. The per-layer
+    embeddings' table (Gemma 4 E2B / E4B: only looked up) is then kept in that form alone."""
+    weights = dict(ckpt.weights)
+    for name in ("embed.weight", "embed_per_layer.weight"):
+        table = weights.get(name)
+        if table is None or table.dtype != np.float32 or not (compact := compact_table(table, name)):
+            continue
+        weights.update(compact)
+        if name == "embed_per_layer.weight":
+            weights.pop(name)
+    return Checkpoint(ckpt.spec, weights) if weights.keys() != ckpt.weights.keys() else ckpt
 
 
 HEAD_PART_BYTES = 64 << 20  # an fp32 head larger than this is stored and run as row slices (with_head_parts)

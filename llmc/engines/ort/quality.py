@@ -204,8 +204,8 @@ def _feeds(ckpt: Checkpoint, sequences: list[list[int]]) -> dict[str, np.ndarray
     feeds = {io_names.INPUT_IDS: ids, io_names.ATTENTION_MASK: mask,
              io_names.POSITION_IDS: np.tile(np.arange(width, dtype=np.int64), (len(sequences), 1))}
     kv = io_names.kv_spec(m, "float32")
-    for name in kv.names("past"):
-        feeds[name] = np.zeros((len(sequences), m.num_kv_heads, 0, m.head_dim), np.float32)
+    for j, name in enumerate(kv.names("past")):
+        feeds[name] = np.zeros((len(sequences), kv.dims(j // 2)[0], 0, kv.dims(j // 2)[1]), np.float32)
     for state in kv.states:  # (a state before a prompt: zeros)
         feeds.update((name, np.zeros((len(sequences), *state.shape), np.float32)) for name in state.names("past"))
     scored = [(b, t) for b, s in enumerate(sequences) for t in range(len(s) - CONTINUATION - 1, len(s) - 1)]

@@ -131,6 +131,9 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
         raise InputError("the model's convolution, linear-attention or Mamba-2 layers (LFM2, Qwen3.5, Granite 4.0-H, "
                          "Nemotron-H) keep a state per sequence, which the TensorRT engines do not hold: build it with "
                          "--backend ort")
+    if model.per_layer_attention:
+        raise InputError("the model's layers of different head sizes, or reading each other's KV caches (Gemma 4), "
+                         "have not run in a TensorRT engine here: build it with --backend ort")
     if model.mla_kv_rank:
         raise InputError(f"the model's latent attention ({model.num_heads} query heads on one KV head of "
                          f"{model.head_dim} dims) has not run in a TensorRT engine here: build it with --backend ort")
