@@ -345,6 +345,18 @@ class CachedAttention(GroupQueryAttention):
     """ai.llmc.CachedAttention (llmc/engines/kernels): GroupQueryAttention's inputs, outputs and semantics, without
     its unused key/value inputs; the cache may be fp16, or int8 rows with their scale, while Q/K/V stay fp32."""
 
+    # the layers reading another's cache run on each row's last token alone (decoder._layers' narrow): one new token
+    # a row, at its last position (seqlens_k), whatever the run's width
+    shared_last_only = False
+
+    def reads_last_tokens_only(self) -> bool:
+        """Whether this graph's layers reading another's cache can take each row's last token alone: the operator
+        rotates their queries from seqlens_k (no table in the graph), and nothing else in them reads the run's
+        positions (per-position query scales, states)."""
+        m = self.c.m
+        return (any(m.shares_kv(i) for i in range(m.num_layers)) and not self.in_graph and not m.query_scale_beta
+                and not m.has_states)
+
     def __call__(self, i: int, qkv: str) -> str:
         qkv, rope = self._rope(i, qkv)
         shared = self.c.m.shares_kv(i)  # (its source layer's cache as that layer's node left it: read only)
@@ -352,8 +364,10 @@ class CachedAttention(GroupQueryAttention):
         op = {"float16": "CachedAttentionF16Cache", "int8": "CachedAttentionI8Cache"}.get(self.c.opts.kv_dtype,
                                                                                           "CachedAttention")
         inputs = [qkv, *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *rope]
-        if self.c.opts.paged:  # rows of different counts after a past run together (new_tokens)
-            inputs = [*inputs, *[""] * (2 - len(rope)), io.BLOCK_TABLE, io.NEW_TOKENS]
+        if self.c.opts.paged:  # rows of different counts after a past run together (new_tokens; a narrowed
+            # shared layer's rows have one each)
+            inputs = [*inputs, *[""] * (2 - len(rope)), io.BLOCK_TABLE,
+                      "" if shared and self.shared_last_only else io.NEW_TOKENS]
         sink = sinks(self.c, i)
         if sink is not None:  # input 9, fp32 as the op computes
             inputs = [*inputs, *[""] * (9 - len(inputs)), self.c.b.to_float32(sink)]

@@ -20,7 +20,7 @@ import onnx
 from onnx import helper
 
 from llmc.graph import io_names as io
-from llmc.graph.attention import LOWERINGS, Rotary, layer_rope_table, rotate_packed
+from llmc.graph.attention import LOWERINGS, CachedAttention, Rotary, layer_rope_table, rotate_packed
 from llmc.graph.builder import DTYPES, GraphBuilder
 from llmc.graph.checkpoint import XIELU, Checkpoint
 from llmc.graph.layers import (
@@ -62,7 +62,11 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
         x = norm(c, x, "embed_norm")
     attend = LOWERINGS[opts.attention](c)
     ple = _per_layer_inputs(c, x) if m.per_layer_input_size else None
-    h = _layers(c, x, attend, attend.last_token if spec.logits == "last" else None, ple)
+    last_token = attend.last_token if spec.logits == "last" else None
+    if last_token is not None and isinstance(attend, CachedAttention) and attend.reads_last_tokens_only():
+        attend.shared_last_only = True
+    h = _layers(c, x, attend, last_token, ple, narrow=attend.shared_last_only if isinstance(attend, CachedAttention)
+                else False)
     if CALIBRATE_POSITIONS in names:  # calibration: the head only where logits are scored, [1, N, Hd]
         h = b.unsqueeze(b.op("GatherND", h, CALIBRATE_POSITIONS), 0)
     _lm_head(c, h)
@@ -76,9 +80,12 @@ def _value_info(t: object) -> onnx.ValueInfoProto:
 
 
 def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Callable[[str], str] | None,
-            ple: str | None = None) -> str:
+            ple: str | None = None, narrow: bool = False) -> str:
     """Every block; returns the final norm's output (of each row's last token when `last_token` is given). `ple`:
-    the per-layer embeddings [B, S, layers, P] (_per_layer_inputs), each layer's added after its MLP."""
+    the per-layer embeddings [B, S, layers, P] (_per_layer_inputs), each layer's added after its MLP. `narrow`: from
+    the first layer reading another's cache on (Gemma 4 E2B / E4B's last layers, which write no cache), only each
+    row's last token goes on (as transformers' generate runs them): the rest of a prompt's tokens feed no cache and
+    no logits past there."""
     m = c.m
     fuse = c.opts.fuse_norms and m.norm_layout != "post"  # (OLMo 2 norms only block outputs: nothing to fuse)
     embeddings = x  # (what Zamba2's attention blocks read beside the residual stream)
@@ -93,8 +100,12 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     h = x if first is None else norm(c, x, first)
     rotary = Rotary(c)  # (the attention rotates q and k, unless their norms follow the rotation)
     query_scale = _query_scale(c) if m.query_scale_beta else None
+    narrowed = False
     for i in range(m.num_layers):
         p = f"layers.{i}"
+        if narrow and last_token is not None and m.shares_kv(i) and not narrowed:
+            x, h, narrowed = last_token(x), last_token(h), True
+            ple = last_token(ple) if ple is not None else None
         if not m.has_mixer(i):  # (Nemotron-H's MLP blocks) the MLP alone, on the layer's norm1
             delta = _block_output(c, i, _mlp(c, i, h), f"{p}.post_mlp_norm")
         else:
@@ -124,7 +135,7 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
             delta = _per_layer_delta(c, i, x, ple)
         last = i + 1 == m.num_layers
         h, x = _residual(c, x, delta, "norm" if last else pre_norm(i + 1, "norm1"), fuse,
-                         last_token if last else None, m.layer_scalar(i))
+                         last_token if last and not narrowed else None, m.layer_scalar(i))
     return h
 
 

@@ -81,6 +81,21 @@ def test_kv_shared_layers_have_no_cache_and_read_their_source_s(tiny_factory: Ca
     assert "layers.4.k_norm.weight" not in weights and "layers.5.v_norm.weight" not in weights
 
 
+@pytest.mark.parametrize("layout", ["default", "llmc"])
+def test_kv_shared_layers_read_in_place_on_each_row_s_last_token(tiny_factory: Callable[[str], Built],
+                                                                 layout: str) -> None:
+    """On llmc's operator the two KV-shared layers read their sources' caches where they are (kv_shared, no
+    present outputs) and run on each row's last token alone (no new_tokens input in these paged engines: one new
+    token a row), which the decode tests below hold to transformers' logits."""
+    import onnx
+
+    graph = onnx.load(str(tiny_factory("gemma4_e").engine(layout) / "model.onnx"), load_external_data=False).graph
+    shared = [n for n in graph.node if any(a.name == "kv_shared" and a.i == 1 for a in n.attribute)]
+    assert len(shared) == 2 and all(len(n.output) == 1 for n in shared)
+    assert any(i.name == "block_table" for i in graph.input)  # (paged: every other attention node reads new_tokens)
+    assert all(n.input[8] == "" for n in shared)
+
+
 @pytest.mark.parametrize("layout", ["default", "llmc", "gqa"])
 def test_decode_follows_transformers_after_a_prompt(gemma4: Built, layout: str,
                                                     hf_factory: Callable[[Built], Any]) -> None:
