@@ -55,7 +55,7 @@ SUPPORTED = {
     "zamba2": "Zamba2 (Mamba-2, shared attention blocks on the embeddings with per-use adapters)",
     "olmo_hybrid": "OLMo Hybrid (Gated DeltaNet and OLMo 3's attention)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
-    "gemma4_text": "Gemma 4 (text; 31B: wider heads on its full layers, keys as values)",
+    "gemma4_text": "Gemma 4 (text: E2B, E4B with per-layer embeddings and KV-shared layers, 31B, 26B-A4B)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -127,8 +127,10 @@ def _common_checks(config: Any, sd: dict[str, np.ndarray]) -> None:
     gated = "model.layers.0.mlp.gate_proj.weight" in sd or "model.layers.0.mlp.gate_up_proj.weight" in sd
     if gated and (_get(config, "mlp_bias", False) or "model.layers.0.mlp.gate_proj.bias" in sd):
         _refuse("mlp_bias", True, "a gated MLP's biases are not implemented")
-    if _get(config, "use_bidirectional_attention", False):
-        _refuse("use_bidirectional_attention", True, "llmc builds causal decoders")
+    bidirectional = _get(config, "use_bidirectional_attention", False)
+    if bidirectional and bidirectional != "vision":  # ("vision": image tokens see each other, text stays causal
+        # (Gemma 4), and llmc exports the language model for text)
+        _refuse("use_bidirectional_attention", bidirectional, "llmc builds causal decoders")
 
 
 def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
@@ -462,7 +464,7 @@ def _gemma(config: Any) -> dict[str, Any]:
 
 
 def _gemma4_checks(config: Any) -> None:
-    """What Gemma 4's text model has that llmc does not build yet, refused by name."""
+    """A Gemma 4 text config llmc cannot build faithfully, refused by name."""
     per_layer_vocab = int(_get(config, "vocab_size_per_layer_input", config.vocab_size))
     if int(_get(config, "hidden_size_per_layer_input", 0)) and per_layer_vocab < int(config.vocab_size):
         _refuse("vocab_size_per_layer_input", per_layer_vocab, f"per-layer embeddings for fewer tokens than the "

@@ -63,10 +63,10 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
     attend = LOWERINGS[opts.attention](c)
     ple = _per_layer_inputs(c, x) if m.per_layer_input_size else None
     last_token = attend.last_token if spec.logits == "last" else None
+    narrow = False
     if last_token is not None and isinstance(attend, CachedAttention) and attend.reads_last_tokens_only():
-        attend.shared_last_only = True
-    h = _layers(c, x, attend, last_token, ple, narrow=attend.shared_last_only if isinstance(attend, CachedAttention)
-                else False)
+        attend.shared_last_only = narrow = True  # (its KV-shared layers' nodes then take one token a row)
+    h = _layers(c, x, attend, last_token, ple, narrow)
     if CALIBRATE_POSITIONS in names:  # calibration: the head only where logits are scored, [1, N, Hd]
         h = b.unsqueeze(b.op("GatherND", h, CALIBRATE_POSITIONS), 0)
     _lm_head(c, h)

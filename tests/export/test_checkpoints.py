@@ -65,6 +65,7 @@ def test_every_eos_id_of_generation_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("config", "words"), [
     ({"use_bidirectional_attention": True}, ["use_bidirectional_attention", "causal"]),
+    ({"use_bidirectional_attention": "all"}, ["use_bidirectional_attention = 'all'", "causal"]),
 ])
 def test_an_option_llmc_does_not_implement_is_refused_by_name(tmp_path: Path, config: dict[str, Any],
                                                               words: list[str]) -> None:
@@ -286,6 +287,7 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
     elif kind == "gemma4":  # Gemma 4 E2B / E4B's form: per-layer embeddings, full layers of wider heads
         config = tf.Gemma4Config(text_config={**text, "sliding_window": 8, "global_head_dim": 32,
                                               "hidden_size_per_layer_input": 8,
+                                              "use_bidirectional_attention": "vision",  # (text stays causal)
                                               "layer_types": ["sliding_attention", "full_attention"]},
                                  vision_config={**vision, "head_dim": 16}, audio_config=None)
         model = tf.Gemma4ForConditionalGeneration(config)
