@@ -173,3 +173,31 @@ def test_one_kv_shape_backends_refuse_it_by_name(gemma4: Built, tmp_path: Path) 
         check_trt_config(TrtBuildConfig(BuildConfig(gemma4.export_dir, tmp_path / "trt")), export.model)
     with pytest.raises(InputError, match="--backend ort-cuda binds one KV shape"):
         write_cuda_engine(tmp_path / "cuda", gemma4.export_dir, export, "1.23.0")
+
+
+def test_a_bf16_per_layer_table_is_stored_in_bf16_alone(tmp_path: Path) -> None:
+    """The per-layer embeddings' table is only looked up: where bf16 holds it exactly (a bf16 checkpoint's), the
+    engine stores that form alone (half the bytes; E2B's is 2.3 B values) and gives transformers' logits."""
+    import onnx
+    import torch
+    import transformers as tf
+    from tiny_models import make_model
+
+    from llmc.engines.ort.build import BuildConfig, build_ort
+    from llmc.export.exporter import ExportConfig, export
+
+    hf_dir = make_model("gemma4_e", tmp_path / "hf")
+    model = tf.AutoModelForCausalLM.from_pretrained(str(hf_dir)).eval()
+    with torch.no_grad():
+        table = model.model.embed_tokens_per_layer.weight
+        table.copy_(table.to(torch.bfloat16).float())
+    model.save_pretrained(str(hf_dir))
+    export(ExportConfig(str(hf_dir), tmp_path / "export"))
+    build_ort(BuildConfig(tmp_path / "export", tmp_path / "engine", attention="llmc", kv_dtype="float32"))
+    stored = {i.name for i in onnx.load(str(tmp_path / "engine" / "model.onnx"),
+                                        load_external_data=False).graph.initializer}
+    assert "embed_per_layer.weight.bf16" in stored and "embed_per_layer.weight" not in stored
+    ids = _ids(5, 17)
+    engine = load_engine_dir(tmp_path / "engine")
+    got = engine.prefill([0], [ids], engine.new_kv_cache(1, 32))[0]
+    assert float(np.abs(got - _hf_logits(model, ids)[-1]).max()) <= 1e-4
