@@ -217,6 +217,9 @@ class ModelSpec:
     layer_head_dims: tuple[int, ...] = ()
     layer_kv_heads: tuple[int, ...] = ()
     v_norm: bool = False  # v RMS-normed over each head too, as q and k (layers.{i}.v_norm.weight; Gemma 4: ones)
+    # the layers whose values are their keys' projection (Gemma 4's full layers, attention_k_eq_v): qkv holds q and k,
+    # and k is taken again as v before the norms (v_norm(k), rope(k_norm(k))); empty: none
+    k_eq_v_layers: tuple[bool, ...] = ()
     layer_scalars: tuple[float, ...] = ()  # the residual stream times this after each layer (Gemma 4); empty: none
     # the layer whose KV cache each layer attends: itself, or (Gemma 4 E2B / E4B's last layers) an earlier layer of
     # the same kind, whose keys and values it reads as they are, with its own queries (it has no k / v, and no cache
@@ -275,6 +278,11 @@ class ModelSpec:
     def kv_source(self, layer: int) -> int:
         """The layer whose KV cache layer `layer` attends (kv_sources): its own, or an earlier layer's."""
         return self.kv_sources[layer] if self.kv_sources else layer
+
+    def k_eq_v(self, layer: int) -> bool:
+        """The layer's values are its keys' projection (k_eq_v_layers): its qkv product holds q and k alone (a layer
+        reading another's cache has neither)."""
+        return bool(self.k_eq_v_layers) and self.k_eq_v_layers[layer] and not self.shares_kv(layer)
 
     def shares_kv(self, layer: int) -> bool:
         """The layer attends an earlier layer's cache (kv_sources), with no keys and values of its own."""

@@ -495,6 +495,8 @@ def _gemma4_layers(config: Any, sd: dict[str, np.ndarray]) -> dict[str, Any]:
     scalars = tuple(float(sd[f"model.layers.{i}.layer_scalar"].reshape(-1)[0]) for i in range(layers))
     if any(s != 1.0 for s in scalars):
         fields["layer_scalars"] = scalars
+    if _get(config, "attention_k_eq_v", False):  # (its full layers' values are their keys' projection)
+        fields["k_eq_v_layers"] = tuple(t != "sliding_attention" for t in config.layer_types)
     modes = config.kv_sharing_modes if int(_get(config, "num_kv_shared_layers", 0)) else [None] * layers
     if "reuse" in modes:  # (E2B / E4B) the last layers read the cache of the last layer of their type before them
         first = modes.index("reuse")
@@ -541,17 +543,12 @@ def _gemma4_moe_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> d
 
 
 def _gemma4_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Gemma 4's attention weights as the decoder reads them: where keys are the values (attention_k_eq_v, its full
-    layers) v_proj is k_proj (v = v_norm(h @ W_k), k = rope(k_norm(h @ W_k)): the product taken twice, exact), and
-    v_norm's weights ones (it has none)."""
+    """Gemma 4's v_norm weights (it has none: ones) where a layer has its own keys."""
     out = dict(sd)
     for i in range(int(config.num_hidden_layers)):
         attn = f"model.layers.{i}.self_attn."
-        if attn + "k_proj.weight" not in out:  # (a layer reading another's cache: q alone)
-            continue
-        if attn + "v_proj.weight" not in out:
-            out[attn + "v_proj.weight"] = out[attn + "k_proj.weight"]
-        out[attn + "v_norm.weight"] = np.ones_like(out[attn + "k_norm.weight"])
+        if attn + "k_norm.weight" in out:  # (not a layer reading another's cache)
+            out[attn + "v_norm.weight"] = np.ones_like(out[attn + "k_norm.weight"])
     return out
 
 
@@ -1736,16 +1733,17 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             if spec.has_mlp(i):
                 w.update(_mlp_weights(spec, sd, i))
             continue
+        own = "q" if spec.shares_kv(i) else "qk" if spec.k_eq_v(i) else "qkv"  # (q alone where the layer reads
+        # another's cache; q and k where its values are its keys)
         if spec.mla_kv_rank:
             w.update(_mla_weights(spec, sd, i))
         elif attn + "qkv_proj.weight" in sd:
             w[q + "qkv.weight"] = sd[attn + "qkv_proj.weight"].T.copy()
-        else:  # (q alone where the layer reads another's cache)
-            own = "q" if spec.shares_kv(i) else "qkv"
+        else:
             w[q + "qkv.weight"] = np.concatenate([sd[attn + f"{n}_proj.weight"] for n in own], axis=0).T.copy()
         if spec.qkv_bias and not spec.mla_kv_rank:
             w[q + "qkv.bias"] = (sd[attn + "qkv_proj.bias"] if attn + "qkv_proj.bias" in sd
-                                 else np.concatenate([sd[attn + f"{n}_proj.bias"] for n in "qkv"]))
+                                 else np.concatenate([sd[attn + f"{n}_proj.bias"] for n in own]))
         w[q + "o.weight"] = sd[attn + "o_proj.weight"].T.copy()
         bias(attn + "o_proj", q + "o")
         if spec.qk_norm and (not spec.qk_norm_layers or spec.qk_norm_layers[i]):

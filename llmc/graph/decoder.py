@@ -189,6 +189,9 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
     m, p = c.m, f"layers.{i}"
     if qkv is None:
         qkv = _mla_qkv(c, i, h) if m.mla_kv_rank else linear(c, h, f"{p}.qkv")
+    if m.k_eq_v(i):  # (Gemma 4's full layers) q and k from the product, k taken again as v
+        q, k = c.b.split(qkv, [m.num_heads * m.head_dim_of(i), m.kv_heads_of(i) * m.head_dim_of(i)])
+        qkv = c.b.op("Concat", q, k, k, axis=-1)
     if query_scale is not None and m.scales_queries(i):  # (before the rotation: the same, a rotation being linear)
         if m.shares_kv(i):  # (q alone)
             qkv = c.b.op("Mul", qkv, query_scale)

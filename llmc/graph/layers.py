@@ -114,7 +114,8 @@ def _out_width(m: ModelSpec, name: str) -> int:
     inner = (m.moe_intermediate_size if ".experts." in name else m.shared_expert_size if ".shared_expert." in name
              else m.intermediate_of(layer))
     mla_q = m.num_heads * (m.rotated_dims + m.mla_nope_dim)  # (latent attention's q products: decoder._mla_qkv)
-    own_kv = 0 if m.shares_kv(layer) else 2 * m.kv_heads_of(layer)  # (a layer reading another's cache: q alone)
+    # (a layer reading another's cache: q alone; one whose values are its keys: q and k)
+    own_kv = 0 if m.shares_kv(layer) else (1 if m.k_eq_v(layer) else 2) * m.kv_heads_of(layer)
     widths = {"qkv": (m.num_heads + own_kv) * m.head_dim_of(layer), "gate_up": 2 * inner,
               "fc": inner, "up": inner, "lm_head": m.vocab_size, "o": m.hidden_size, "q": mla_q, "q_b": mla_q,
               "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim_of(layer),

@@ -81,6 +81,19 @@ def test_kv_shared_layers_have_no_cache_and_read_their_source_s(tiny_factory: Ca
     assert "layers.4.k_norm.weight" not in weights and "layers.5.v_norm.weight" not in weights
 
 
+def test_a_layer_whose_values_are_its_keys_takes_the_product_once(tiny_factory: Callable[[str], Built]) -> None:
+    """Gemma 4 31B / 26B-A4B's full layers (attention_k_eq_v): their qkv product holds q and k alone (v is k again,
+    before the norms), so the keys' weights are stored and read once; the parity suite holds their logits."""
+    from llmc.engines.ort.graphs import load_checkpoint
+
+    tiny = tiny_factory("gemma4_text")
+    m = load_export(tiny.export_dir).model
+    assert m.k_eq_v_layers == (False, True, False, True)
+    weights = load_checkpoint(tiny.export_dir, load_export(tiny.export_dir)).weights
+    assert weights["layers.1.qkv.weight"].shape == (64, (4 + 1) * 32)  # 4 query heads and 1 KV head of 32
+    assert weights["layers.0.qkv.weight"].shape == (64, (4 + 2 * 2) * 16)
+
+
 @pytest.mark.parametrize("layout", ["default", "llmc"])
 def test_kv_shared_layers_read_in_place_on_each_row_s_last_token(tiny_factory: Callable[[str], Built],
                                                                  layout: str) -> None:
