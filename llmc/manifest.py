@@ -314,11 +314,6 @@ class ModelSpec:
         return self.num_experts > 0 and (not self.moe_layers or self.moe_layers[layer])
 
     @property
-    def scale(self) -> float:
-        """The attention scores' multiplier (of a model whose layers have one head dim: scale_of otherwise)."""
-        return self.attention_scale or self.head_dim ** -0.5
-
-    @property
     def rotated_dims(self) -> int:
         return self.rotary_dim or self.head_dim
 
