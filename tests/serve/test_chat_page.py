@@ -86,6 +86,18 @@ def _answer(driver: Any) -> str:
         "const m = document.querySelectorAll('.msg.assistant'); return m.length ? m[m.length - 1].textContent : ''"))
 
 
+def _watch_stream(driver: Any) -> None:
+    """Record in the page every text the answer shows while it streams: polling from here through the driver can miss
+    a short answer whole on a loaded machine, the page's own observer sees each rendering."""
+    driver.execute_script("""
+        window.llmcSeen = [];
+        new MutationObserver(() => {
+          const m = document.querySelector('.msg.assistant.streaming');
+          const seen = window.llmcSeen;
+          if (m && m.textContent && seen[seen.length - 1] !== m.textContent) seen.push(m.textContent);
+        }).observe(document.body, { subtree: true, childList: true, characterData: true });""")
+
+
 def _streaming(driver: Any) -> bool:
     return bool(driver.execute_script("return document.querySelector('.msg.assistant.streaming') !== null"))
 
@@ -100,16 +112,12 @@ def test_paris_streams_in(browser: Any, smollm2_server: Server) -> None:
     WebDriverWait(browser, 10).until(ec.text_to_be_present_in_element((By.ID, "model"), "smollm2"))
     _set(browser, "temperature", "0")
     _set(browser, "max_tokens", "48")
+    _watch_stream(browser)
     _ask(browser, "What is the capital of France?")
-    seen: list[str] = []  # the answer's text while it streams
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        text, streaming = _answer(browser), _streaming(browser)
-        if streaming and text and (not seen or seen[-1] != text):
-            seen.append(text)
-        if not streaming and seen:
-            break
-        time.sleep(0.02)
+    while time.monotonic() < deadline and (_streaming(browser) or not _answer(browser)):
+        time.sleep(0.05)
+    seen: list[str] = browser.execute_script("return window.llmcSeen")  # the answer's text while it streamed
     final = _answer(browser)
     assert "Paris" in final, final
     assert len(seen) >= 2 and all(final.startswith(s) for s in seen), f"no stream seen: {seen}"
