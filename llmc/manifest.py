@@ -231,6 +231,15 @@ class ModelSpec:
     per_layer_input_size: int = 0
     layer_intermediate_sizes: tuple[int, ...] = ()  # each layer's MLP width where they differ (Gemma 4's KV-shared
     # layers' double-wide MLPs); empty: intermediate_size for all
+    # the head's rows where fewer than the embeddings' (Apertus 1.5: its multimodal output rows pruned): the logits are
+    # this wide and the ids the model can produce 0..output_vocab_size - 1, while its inputs take any of vocab_size;
+    # 0: vocab_size (logits_size)
+    output_vocab_size: int = 0
+
+    @property
+    def logits_size(self) -> int:
+        """The logits' width: the ids the model can produce (output_vocab_size where the head is pruned)."""
+        return self.output_vocab_size or self.vocab_size
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""

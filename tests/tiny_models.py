@@ -966,6 +966,20 @@ def _gemma4_moe(tf: Any, common: dict[str, Any]) -> Any:  # Gemma 4 26B-A4B's fo
     return _nudged(model)
 
 
+def _apertus1p5_text(tf: Any, common: dict[str, Any]) -> Any:  # Apertus's layers, a head without its last 40 rows
+    import torch
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    model = _auto(tf, "apertus1p5_text", **common, head_dim=16, rope_parameters=rope,
+                  output_vocab_size=common["vocab_size"] - 40)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.act_fn.alpha_p.normal_(0.0, 0.5)
+            layer.mlp.act_fn.alpha_n.normal_(0.0, 0.5)
+    return model
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -981,7 +995,8 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "olmo_hybrid": _olmo_hybrid, "nemotron_h_moe": _nemotron_h_moe,
                       "mamba2": _mamba2, "nemotron_h_latent": _nemotron_h_latent, "mamba": _mamba,
                       "falcon_mamba": _falcon_mamba, "jamba": _jamba, "zamba2": _zamba2,
-                      "gemma4_text": _gemma4_text, "gemma4_e": _gemma4_e, "gemma4_moe": _gemma4_moe})
+                      "gemma4_text": _gemma4_text, "gemma4_e": _gemma4_e, "gemma4_moe": _gemma4_moe,
+                      "apertus1p5_text": _apertus1p5_text})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
                 "nemotron_h_moe": _as_published_nemotron_h, "nemotron_h_latent": _as_published_nemotron_h,

@@ -137,7 +137,7 @@ def prefill_flops(engine_dir: Path, manifest: EngineManifest, prompt_len: int) -
             macs, attrs["N"] = float(k * n), n
         else:
             continue
-        if attrs["N"] == m.vocab_size or node.input[1].startswith("lm_head"):  # (a head in row slices: lm_head.partI)
+        if attrs["N"] == m.logits_size or node.input[1].startswith("lm_head"):  # (a head in row slices: lm_head.partI)
             head += macs
         else:
             per_token += macs * (share if ".experts." in node.input[1] else 1.0)  # (an unrolled mixture's expert)

@@ -45,8 +45,9 @@ class EngineReplica:
 
     def facts(self) -> EngineFacts:
         loop = self.llm.loop
-        return EngineFacts(loop.max_len, loop.max_running, self.engine.config.max_queue, self.llm.engine.vocab_size,
-                           tuple(loop.eos_ids), self.engine.stats().kv_capacity_tokens)
+        engine = self.llm.engine
+        return EngineFacts(loop.max_len, loop.max_running, self.engine.config.max_queue, engine.vocab_size,
+                           engine.logits_size, tuple(loop.eos_ids), self.engine.stats().kv_capacity_tokens)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[tuple[str, Any]]:
         try:

@@ -38,6 +38,7 @@ class EngineFacts:
     max_running: int
     max_queue: int
     vocab_size: int
+    logits_size: int  # (the ids the model can produce: fewer where its head is pruned)
     eos_ids: tuple[int, ...]
     kv_capacity_tokens: int
 
@@ -54,15 +55,15 @@ def raise_remote_error(kind: str, message: str, param: str | None, retry_after: 
 
 
 class _Vocab:
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
+    def __init__(self, vocab_size: int, logits_size: int) -> None:
+        self.vocab_size, self.logits_size = vocab_size, logits_size
 
 
 class RemoteLoop:
     """The engine facts `EngineLoop.check_request` reads, for the same checks without an engine."""
 
     def __init__(self, facts: EngineFacts, tokenizer: Tokenizer) -> None:
-        self.engine = _Vocab(facts.vocab_size)
+        self.engine = _Vocab(facts.vocab_size, facts.logits_size)
         self.max_len = facts.max_model_len
         self.max_running = facts.max_running
         self.tokenizer = tokenizer
@@ -72,7 +73,8 @@ class RemoteLoop:
     @property
     def grammars(self) -> GrammarCompiler:
         if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer.to_json(), self.engine.vocab_size, self.eos_ids)
+            self._grammars = GrammarCompiler(self.tokenizer.to_json(), self.engine.logits_size, self.eos_ids,
+                                            self.tokenizer.vocab_size)
         return self._grammars
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:

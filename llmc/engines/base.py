@@ -107,7 +107,13 @@ class Engine(ABC):
 
     @property
     def vocab_size(self) -> int:
+        """The ids the model takes (its embeddings' rows)."""
         return self.manifest.model.vocab_size
+
+    @property
+    def logits_size(self) -> int:
+        """The logits' width: the ids the model can produce (fewer than vocab_size where its head is pruned)."""
+        return self.manifest.model.logits_size
 
     @property
     def max_positions(self) -> int:

@@ -190,7 +190,7 @@ class StepCore(Engine):
         part over rows 0..n-1 in order (a decode step's usual case) is returned as it is, not copied again."""
         if len(parts) == 1 and parts[0][0] == list(range(n)):
             return parts[0][1]
-        out = np.empty((n, self.vocab_size), np.float32)
+        out = np.empty((n, self.logits_size), np.float32)
         for rows, logits in parts:
             out[rows] = logits
         return out

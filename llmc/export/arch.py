@@ -23,6 +23,7 @@ SUPPORTED = {
     "ministral3": "Ministral 3 (text)", "seed_oss": "Seed-OSS", "helium": "Helium", "ernie4_5": "ERNIE 4.5",
     "ernie4_5_moe": "ERNIE 4.5 MoE", "hunyuan_v1_dense": "Hunyuan (dense)", "hunyuan_v1_moe": "Hunyuan MoE (A13B)",
     "arcee": "Arcee AFM", "afmoe": "Arcee Trinity (AFMoE)", "apertus": "Apertus", "exaone4": "EXAONE 4.0",
+    "apertus1p5_text": "Apertus 1.5",
     "gemma": "Gemma, CodeGemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3 (text)", "phi": "Phi-1.5, Phi-2",
     "phi3": "Phi-3, Phi-4-mini", "glm": "GLM-4 (glm)", "glm4": "GLM-4-0414", "nemotron": "Nemotron, Minitron",
     "smollm3": "SmolLM3", "cohere": "Command-R, Aya 23", "cohere2": "Command R7B, Command A", "olmo": "OLMo",
@@ -82,7 +83,8 @@ VLM_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen2_vl": "qwe
                 "llava": "llama", "llava_next": "llama", "llava_onevision": "qwen2", "smolvlm": "llama",
                 "idefics3": "llama", "internvl": "qwen2", "aya_vision": "cohere2", "glm4v": "glm4v_text",
                 "glm4v_moe": "glm4v_moe_text", "llama4": "llama4_text", "lfm2_vl": "lfm2",
-                "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "gemma4": "gemma4_text"}
+                "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text", "gemma4": "gemma4_text",
+                "apertus1p5": "apertus1p5_text"}
 # Language models with no causal-LM class of their own, and the family they are: Qwen-VL's multimodal rotary gives
 # every section the same position on text, which is the family's own rotary.
 TEXT_FAMILY = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
@@ -165,6 +167,7 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         activation=_activation(_get(config, "hidden_activation", None) or _get(config, "hidden_act", "silu")),
         positions="rope", qkv_bias=_qkv_bias(sd), tie_embeddings=tied, **rope, **_windows(model, config))
     fields.update(_QUIRKS.get(mt, lambda c: {})(config))
+    fields.update(_pruned_head(config, sd, tied))
     if mt == "gemma4_text":
         fields.update(_gemma4_layers(config, sd))
     if mt in (*MLA, "kimi_linear"):
@@ -175,6 +178,18 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     if spec.per_layer_input_size:
         w.update(_per_layer_embedding_weights(spec, sd))
     return Checkpoint(spec, w)
+
+
+def _pruned_head(config: Any, sd: dict[str, np.ndarray], tied: bool) -> dict[str, Any]:
+    """A head with fewer rows than the embeddings (Apertus 1.5: its multimodal output rows pruned): the ids the model
+    can produce are its rows' (ModelSpec.output_vocab_size); its inputs stay the whole vocabulary."""
+    vocab = int(config.vocab_size)
+    if tied:  # (transformers ties the head to the whole embeddings, whatever output_vocab_size says: so do we)
+        return {}
+    rows = int(sd["lm_head.weight"].shape[0]) if "lm_head.weight" in sd else vocab
+    if rows > vocab:
+        _refuse("lm_head rows", rows, f"a head wider than the {vocab}-token vocabulary")
+    return {"output_vocab_size": rows} if rows < vocab else {}
 
 
 SSM_MAX_POSITIONS = 262144  # the context of a model without positions or attention (Mamba-2 alone): its state is
@@ -1592,6 +1607,8 @@ def _mla_rope_halves(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.nda
 _HUNYUAN_NAMES = ((".query_layernorm.", ".q_norm."), (".key_layernorm.", ".k_norm."), (".mlp.gate.wg.", ".mlp.gate."),
                   (".mlp.shared_mlp.", ".mlp.shared_experts."))
 _PLAIN_MLP_NAMES = (("mlp.up_proj.", "mlp.c_fc."), ("mlp.down_proj.", "mlp.c_proj."))  # up, activation, down
+_APERTUS_NAMES = (*_PLAIN_MLP_NAMES, (".attention_layernorm.", ".input_layernorm."),
+                  (".feedforward_layernorm.", ".post_attention_layernorm."))
 _GRANITEMOE_NAMES = ((".block_sparse_moe.router.", ".mlp.gate."), (".block_sparse_moe.experts.", ".mlp.experts."))
 _BLOCK_CORRECTION_BIAS = ((".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"),)  # (MiniMax-M2, Hy3)
 _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.ndarray]]] = {
@@ -1602,8 +1619,8 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "afmoe": lambda c, sd: _renamed(sd, _AFMOE_NAMES),
     "gptj": lambda c, sd: _interleaved_to_halves(c, _renamed(sd, _GPTJ_NAMES), _gptj_rotated(c)),
     "nemotron": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES), "arcee": lambda c, sd: _renamed(sd, _PLAIN_MLP_NAMES),
-    "apertus": lambda c, sd: _renamed(sd, (*_PLAIN_MLP_NAMES, (".attention_layernorm.", ".input_layernorm."),
-                                           (".feedforward_layernorm.", ".post_attention_layernorm."))),
+    "apertus": lambda c, sd: _renamed(sd, _APERTUS_NAMES),
+    "apertus1p5_text": lambda c, sd: _renamed(sd, _APERTUS_NAMES),  # (Apertus's layers under their names)
     "granitemoe": lambda c, sd: _renamed(sd, _GRANITEMOE_NAMES),  # its mixture under Mixtral's names
     "granitemoeshared": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
     "granitemoe_swa": lambda c, sd: _granite_shared_names(_renamed(sd, _GRANITEMOE_NAMES)),
@@ -1637,6 +1654,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "gemma4_text": _gemma4, "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
     "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "apertus": _apertus,
+    "apertus1p5_text": _apertus,
     "exaone4": _exaone4,
     "glm": _glm, "glm4": _glm,
     "olmo": _olmo, "stablelm": _stablelm, "gpt_neox": _gpt_neox, "falcon": _falcon, "gptj": _gptj,

@@ -403,12 +403,12 @@ def _lm_head(c: Ctx, x: str) -> None:
         flat_x = b.op("Reshape", x, b.ints(-1, m.hidden_size))
         parts = [b.op("Gemm", flat_x, b.weight(f"lm_head.part{i}"), transB=1)
                  for i in range(sum(1 for k in c.ckpt.weights if k.startswith("lm_head.part")))]
-        out_shape = b.op("Concat", b.op("Shape", x, start=0, end=2), b.ints(m.vocab_size), axis=0)
+        out_shape = b.op("Concat", b.op("Shape", x, start=0, end=2), b.ints(m.logits_size), axis=0)
         logits = b.op("Reshape", b.op("Concat", *parts, axis=1), out_shape)
     else:
         w = b.weight("embed.weight" if m.tie_embeddings else "lm_head.weight")
         flat = b.op("Gemm", b.op("Reshape", x, b.ints(-1, m.hidden_size)), w, transB=1)  # [B*S, V]
-        out_shape = b.op("Concat", b.op("Shape", x, start=0, end=2), b.ints(m.vocab_size), axis=0)
+        out_shape = b.op("Concat", b.op("Shape", x, start=0, end=2), b.ints(m.logits_size), axis=0)
         logits = b.op("Reshape", flat, out_shape)
     if c.has("lm_head.bias") and not packed:  # Phi-2
         logits = b.op("Add", logits, b.weight("lm_head.bias"))

@@ -108,7 +108,7 @@ def prefill_spec(model: ModelSpec, kv: KVSpec, file: str = "prefill.onnx") -> Gr
     return GraphSpec(
         file=file,
         inputs=tuple(_token_inputs(SEQ)),
-        outputs=(TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *_kv(kv, "present", SEQ),
+        outputs=(TensorSpec(LOGITS, "float32", (BATCH, 1, model.logits_size)), *_kv(kv, "present", SEQ),
                  *_states(kv, "present")),
         logits="last",
     )
@@ -119,7 +119,7 @@ def decode_spec(model: ModelSpec, kv: KVSpec, file: str = "decode.onnx") -> Grap
     return GraphSpec(
         file=file,
         inputs=(*_token_inputs(TOTAL), *_kv(kv, "past", PAST), *_states(kv, "past")),
-        outputs=(TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *_kv(kv, "present", TOTAL),
+        outputs=(TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.logits_size)), *_kv(kv, "present", TOTAL),
                  *_states(kv, "present")),
         logits="all",
     )
@@ -171,9 +171,9 @@ def inplace_specs(model: ModelSpec, kv: KVSpec, attention: str = "gqa",
     present = [*_kv(kv, "present", MAX_SEQ), *_states(kv, "present")]
     inputs = tuple(_inplace_inputs(model, kv, attention))
     prefill = GraphSpec("model.onnx" if one_graph else "prefill.onnx", inputs,
-                        (TensorSpec(LOGITS, "float32", (BATCH, 1, model.vocab_size)), *present), logits="last")
+                        (TensorSpec(LOGITS, "float32", (BATCH, 1, model.logits_size)), *present), logits="last")
     if one_graph:
         return prefill, prefill
     decode = GraphSpec("decode.onnx", inputs,
-                       (TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.vocab_size)), *present), logits="all")
+                       (TensorSpec(LOGITS, "float32", (BATCH, SEQ, model.logits_size)), *present), logits="all")
     return prefill, decode

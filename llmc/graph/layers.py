@@ -117,7 +117,7 @@ def _out_width(m: ModelSpec, name: str) -> int:
     # (a layer reading another's cache: q alone; one whose values are its keys: q and k)
     own_kv = 0 if m.shares_kv(layer) else (1 if m.k_eq_v(layer) else 2) * m.kv_heads_of(layer)
     widths = {"qkv": (m.num_heads + own_kv) * m.head_dim_of(layer), "gate_up": 2 * inner,
-              "fc": inner, "up": inner, "lm_head": m.vocab_size, "o": m.hidden_size, "q": mla_q, "q_b": mla_q,
+              "fc": inner, "up": inner, "lm_head": m.logits_size, "o": m.hidden_size, "q": mla_q, "q_b": mla_q,
               "q_a": m.mla_q_rank, "kv_a": m.head_dim, "attn_gate": m.num_heads * m.head_dim_of(layer),
               "conv_in": 3 * m.hidden_size,
               "lin_in": 2 * (m.linear_k_heads * m.linear_k_dim + m.linear_v_heads * (m.linear_v_dim + 1)),

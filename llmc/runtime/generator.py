@@ -78,7 +78,8 @@ class EngineLoop:
                 if self.tokenizer is None:
                     raise InputError("constrained decoding (a JSON schema, regex or grammar) needs the model's "
                                      "tokenizer")
-                self._grammars = GrammarCompiler(self.tokenizer.to_json(), self.engine.vocab_size, self.eos_ids)
+                self._grammars = GrammarCompiler(self.tokenizer.to_json(), self.engine.logits_size, self.eos_ids,
+                                                 self.tokenizer.vocab_size)
             return self._grammars
 
     def _kv_memory(self, engine: Engine) -> tuple[KVCache, SchedulerConfig]:
@@ -123,7 +124,7 @@ class EngineLoop:
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if not isinstance(params, SamplingParams):  # (from Python: a dict of its fields, a list for one prompt)
             raise InputError(f"params must be a SamplingParams, got {type(params).__name__}", "params")
-        params.validate(self.engine.vocab_size)
+        params.validate(self.engine.vocab_size, self.engine.logits_size)
         if not prompt_ids:
             raise InputError("prompt is empty: at least 1 token is needed", "prompt")
         if len(prompt_ids) > self.max_len:  # first: a huge prompt is refused without a pass over its ids

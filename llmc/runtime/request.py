@@ -93,13 +93,15 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        """Raise `InputError` (one line: field, value, rule) on the first invalid field."""
+    def validate(self, vocab_size: int | None = None, logits_size: int | None = None) -> None:
+        """Raise `InputError` (one line: field, value, rule) on the first invalid field. vocab_size: the ids the
+        model takes (a stop id is any of them); logits_size: those it can produce (a biased id must be one), the same
+        unless its head is pruned (ModelSpec.output_vocab_size)."""
         self._validate_counts()
         self._validate_sampling()
         self._validate_penalties()
         self._validate_stops(vocab_size)
-        self._validate_logit_bias(vocab_size)
+        self._validate_logit_bias(logits_size or vocab_size, vocab_size)
         self._validate_constraint()
 
     def _validate_counts(self) -> None:
@@ -164,7 +166,7 @@ class SamplingParams:
                 raise InputError(f"stop_token_ids contains {tid} >= vocab size {vocab_size}", "stop_token_ids")
 
 
-    def _validate_logit_bias(self, vocab_size: int | None) -> None:
+    def _validate_logit_bias(self, logits_size: int | None, vocab_size: int | None) -> None:
         if not isinstance(self.logit_bias, dict):
             raise InputError(f"logit_bias must map token ids to biases, got {type(self.logit_bias).__name__}",
                              "logit_bias")
@@ -173,8 +175,10 @@ class SamplingParams:
         for tid, bias in self.logit_bias.items():
             if not _is_int(tid) or tid < 0:
                 raise InputError(f"logit_bias keys must be token ids (integers >= 0), got {tid!r}", "logit_bias")
-            if vocab_size is not None and tid >= vocab_size:
-                raise InputError(f"logit_bias token id {tid} >= vocab size {vocab_size}", "logit_bias")
+            if logits_size is not None and tid >= logits_size:
+                past = ("" if logits_size == vocab_size or tid >= (vocab_size or 0)
+                        else f" (the model's head produces ids below {logits_size} only)")
+                raise InputError(f"logit_bias token id {tid} >= vocab size {logits_size}{past}", "logit_bias")
             if not _is_finite(bias) or abs(bias) > LOGIT_BIAS_RANGE:
                 raise InputError(f"logit_bias[{tid}] must be in [-{LOGIT_BIAS_RANGE:g}, {LOGIT_BIAS_RANGE:g}], "
                                  f"got {bias!r}", "logit_bias")

@@ -53,6 +53,7 @@ class SequenceSamplingState:
         self.output_counts: dict[int, int] = {}
         self._seen: set[int] = {int(t) for t in prompt_ids}  # prompt + generated, for repetition_penalty
         self._seen_arr: np.ndarray | None = None
+        self._seen_max = -1
         # As HF's MinNewTokensLengthLogitsProcessor: these cannot be drawn before min_tokens tokens.
         blocked = set() if params.ignore_eos else {int(t) for t in eos_ids}
         self.blocked_ids = np.array(sorted(blocked | set(params.stop_token_ids)), dtype=np.int64)
@@ -82,11 +83,14 @@ class SequenceSamplingState:
             self._seen.add(token_id)
             self._seen_arr = None
 
-    def seen_ids(self) -> np.ndarray:
-        """Distinct ids of prompt and generated tokens, `[n]` int64 (cached until a new id appears)."""
+    def seen_ids(self, width: int | None = None) -> np.ndarray:
+        """Distinct ids of prompt and generated tokens, `[n]` int64 (cached until a new id appears); with `width`,
+        those below it (a prompt may hold ids a pruned head cannot produce: it has no logit for them)."""
         if self._seen_arr is None:
             self._seen_arr = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
-        return self._seen_arr
+            self._seen_max = int(self._seen_arr.max()) if self._seen_arr.size else -1
+        arr = self._seen_arr
+        return arr if width is None or self._seen_max < width else arr[arr < width]
 
     def output_count_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Generated token ids and how often each occurred, both `[n]`."""
@@ -115,7 +119,7 @@ def apply_penalties(row: np.ndarray, state: SequenceSamplingState) -> None:
     if state.blocks_now:
         row[state.blocked_ids[state.blocked_ids < row.shape[0]]] = -np.inf
     if p.repetition_penalty != 1.0:
-        ids = state.seen_ids()
+        ids = state.seen_ids(row.shape[0])
         vals = row[ids]
         row[ids] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and state.output_counts:

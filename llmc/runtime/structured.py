@@ -81,11 +81,17 @@ def _grammar_text(c: Constraint) -> str:
 
 class GrammarCompiler:
     """Compiles constraints for one tokenizer into matchers (thread-safe; the tokenizer's token table is built at
-    the first constrained request, about 0.3 s for a 49k vocabulary)."""
+    the first constrained request, about 0.3 s for a 49k vocabulary).
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: Sequence[int]) -> None:
+    vocab_size is the logits' width (the masks' length); tokenizer_size the ids the tokenizer knows. llguidance
+    refuses a vocabulary smaller than its tokenizer's, so where a model's head is pruned (Apertus 1.5: fewer
+    logits than tokens) its masks are computed over the tokenizer's ids and cut to the head's: a pruned token is
+    never allowed."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: Sequence[int], tokenizer_size: int = 0) -> None:
         self._tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
+        self.n_vocab = max(vocab_size, tokenizer_size)  # llguidance's vocabulary: its bitmasks' length
         self.eos_ids = list(eos_ids)
         self._lock = threading.Lock()
         self._lltok: Any = None
@@ -98,7 +104,7 @@ class GrammarCompiler:
         if self._lltok is None:
             import llguidance
 
-            self._lltok = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+            self._lltok = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.n_vocab,
                                                  eos_token=self.eos_ids or None)
         return self._lltok
 
@@ -131,7 +137,7 @@ class GrammarCompiler:
         base = llguidance.LLMatcher(lltok, grammar, log_level=0)
         if base.is_error():
             raise InputError(f"{c.param}: {_describe(c)} does not compile: {one_line(base.get_error())}", c.param)
-        _first_step(base, c, self.vocab_size)
+        _first_step(base, c, self.vocab_size, self.n_vocab)
         with self._lock:
             self._cache[key] = base
             self.compiled += 1
@@ -140,15 +146,15 @@ class GrammarCompiler:
         return base.deep_copy()
 
     def state(self, c: Constraint) -> GrammarState:
-        return GrammarState(self.matcher(c), self.vocab_size, self.executor(), c)
+        return GrammarState(self.matcher(c), self.vocab_size, self.executor(), c, self.n_vocab)
 
 
-def _first_step(base: Any, c: Constraint, vocab_size: int) -> None:
+def _first_step(base: Any, c: Constraint, vocab_size: int, n_vocab: int) -> None:
     """Raise InputError when a compiled constraint fails at its first mask or its first token (a schema that
     refers only to itself, a regex whose lexer outgrows llguidance's limits: `a{1000000}`), on a copy of `base`.
     Such a constraint would otherwise fail the request only once it runs, as the decoding's fault."""
     probe = base.deep_copy()
-    bitmask = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+    bitmask = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
     probe.unsafe_compute_mask_ptr(bitmask.ctypes.data, bitmask.nbytes)
     if not probe.is_error():
         allowed = np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), count=vocab_size, bitorder="little"))
@@ -165,12 +171,14 @@ class GrammarState:
     The worker turns llguidance's bitmask into an additive mask (0 where allowed, -inf elsewhere), so that the
     sampler's part, on the decode loop's critical path, is one add."""
 
-    def __init__(self, matcher: Any, vocab_size: int, executor: ThreadPoolExecutor, constraint: Constraint) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, executor: ThreadPoolExecutor, constraint: Constraint,
+                 n_vocab: int = 0) -> None:
         self._matcher = matcher
         self._constraint = constraint
         self._vocab = vocab_size
         self._executor = executor
-        self._bitmask = np.full((vocab_size + 31) // 32, -1, dtype=np.int32)  # [ceil(V / 32)], bit i: token i
+        # [ceil(n_vocab / 32)], bit i: token i (llguidance's vocabulary, the tokenizer's where it is the wider)
+        self._bitmask = np.full((max(vocab_size, n_vocab) + 31) // 32, -1, dtype=np.int32)
         self._mask = np.zeros(vocab_size, dtype=np.float32)  # [V] 0 / -inf
         self._error: str | None = None
         self._future: Future[None] | None = None

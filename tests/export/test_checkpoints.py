@@ -291,6 +291,17 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
                                               "layer_types": ["sliding_attention", "full_attention"]},
                                  vision_config={**vision, "head_dim": 16}, audio_config=None)
         model = tf.Gemma4ForConditionalGeneration(config)
+    elif kind == "apertus1p5":  # Apertus 1.5: discrete image and audio tokens past the text's, a head without them
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        config = tf.Apertus1p5Config(
+            text_config={**text, "output_vocab_size": 280, "rope_parameters": rope},
+            vision_config=dict(codebook_size=16, embed_dim=8, latent_channels=32, base_channels=32,
+                               channel_multiplier=[1, 1], num_res_blocks=1, attn_resolutions=[], resolution=16),
+            audio_config=dict(model_type="wavtokenizer_encoder", codebook_size=16, codebook_dim=8, hidden_size=8,
+                              num_filters=4, upsampling_ratios=[2, 2], num_lstm_layers=1),
+            image_token_id=300, audio_token_id=301, image_token_offset=280, audio_token_offset=296)
+        model = tf.Apertus1p5ForConditionalGeneration(config)
     elif kind == "qwen3_5":  # Qwen3.5's language model (Gated DeltaNet layers, gated attention) in its image-text model
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
                 "partial_rotary_factor": 0.5}
@@ -368,7 +379,8 @@ def _tiny_image_text(out: Path, kind: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "mistral3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
-                                  "glm4v_moe", "llama4", "qwen3_5", "gemma4", *OTHER_IMAGE_TEXT])
+                                  "glm4v_moe", "llama4", "qwen3_5", "gemma4", "apertus1p5",
+                                  *OTHER_IMAGE_TEXT])
 def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kind: str) -> None:
     """Gemma 3 4B-27B and Mistral Small 3.1 / Ministral 3 are published as image-text models: their language model is
     exported (text in, text out), its logits the image-text model's own on text, the image encoder left out."""
@@ -386,7 +398,8 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
                                               "aya_vision": "Cohere2ForCausalLM", "glm4v": "Glm4ForCausalLM",
                                               "glm4v_moe": "Glm4MoeForCausalLM", "llama4": "Llama4ForCausalLM",
                                               "lfm2_vl": "Lfm2ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM",
-                                              "gemma4": "Gemma4ForCausalLM"}[kind]
+                                              "gemma4": "Gemma4ForCausalLM",
+                                              "apertus1p5": "Apertus1p5TextForCausalLM"}[kind]
     if kind == "llama4":
         language, head = vlm.language_model.model, vlm.language_model.lm_head
     else:
@@ -400,6 +413,7 @@ def test_an_image_text_checkpoint_exports_its_language_model(tmp_path: Path, kin
         ref = vlm(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
     ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 64))[0]
     assert float(np.abs(ours - ref).max()) <= 1e-4
+    assert manifest.model.logits_size == (280 if kind == "apertus1p5" else 320)
     image = ("vision", "visual", "projector")
     vision = sum(p.numel() for n, p in vlm.named_parameters() if any(w in n for w in image))
     text = sum(p.numel() for n, p in vlm.named_parameters() if not any(w in n for w in image))

@@ -166,7 +166,7 @@ def test_decode_into_a_full_slot_is_refused_and_changes_nothing(engine: Engine) 
         with pytest.raises(LimitError, match="16"):
             engine.decode([0, 1], tokens, kv)
         assert kv.lengths[:2].tolist() == [16, 5]
-    assert engine.decode([1], [[7]], kv).shape == (1, engine.vocab_size) and int(kv.lengths[1]) == 6
+    assert engine.decode([1], [[7]], kv).shape == (1, engine.logits_size) and int(kv.lengths[1]) == 6
 
 
 @pytest.mark.parametrize(("arch", "layout"), [(a, lay) for a in ARCHS for lay in LAYOUTS])
@@ -255,14 +255,14 @@ def test_graph_axes_are_symbolic(tiny: Built) -> None:
 def test_graphs_run_at_many_shapes(tiny: Built, batch: int) -> None:
     manifest = load_export(tiny.export_dir)
     prefill, decode = _sessions(tiny.export_dir)
-    kv, vocab = manifest.kv, manifest.model.vocab_size
+    kv, vocab, width = manifest.kv, manifest.model.vocab_size, manifest.model.logits_size
     rng = np.random.default_rng(batch)
     for s in (1, 7, 33):
-        ids = rng.integers(3, vocab, size=(batch, s)).astype(np.int64)
+        ids = rng.integers(3, vocab, size=(batch, s)).astype(np.int64)  # (any input id, past a pruned head's too)
         pos = np.tile(np.arange(s, dtype=np.int64), (batch, 1))
         logits, *present = prefill.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
                                               "position_ids": pos})
-        assert logits.shape == (batch, 1, vocab) and logits.dtype == np.float32
+        assert logits.shape == (batch, 1, width) and logits.dtype == np.float32
         present, states = present[:2 * kv.num_layers], present[2 * kv.num_layers:]
         assert [p.shape for p in present] == [kv.buffer_shape(j // 2, batch, s) for j in range(len(present))]
         assert [t.shape for t in states] == [(batch, *st.shape) for st in kv.states for _ in range(st.count)]
@@ -270,7 +270,7 @@ def test_graphs_run_at_many_shapes(tiny: Built, batch: int) -> None:
             feeds = {"input_ids": ids, "attention_mask": np.ones((batch, past + s), np.int64),
                      "position_ids": pos + past, **_past(kv, batch, past, seed=past)}
             logits, *present = decode.run(None, feeds)
-            assert logits.shape == (batch, s, vocab)
+            assert logits.shape == (batch, s, width)
             assert [p.shape for p in present[:2 * kv.num_layers]] == [kv.buffer_shape(j // 2, batch, past + s)
                                                                     for j in range(2 * kv.num_layers)]
             assert np.isfinite(logits).all()
@@ -352,7 +352,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                 "gptj": "shared"}.get(tiny.name, "")
     assert m.rope_type == {"llama3": "llama3", "phi3": "longrope", "gemma3_text": "linear",
                            "gpt_oss": "yarn", "olmo3": "yarn", "hunyuan_v1_dense": "ntk_alpha",
-                           "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3", "cwm": "llama3",
+                           "deepseek_v3": "yarn", "ministral3": "yarn", "apertus": "llama3", "apertus1p5_text": "llama3",
+                           "cwm": "llama3",
                            "phimoe": "longrope", "lfm3": "proportional", "gemma4_text": "proportional",
                            "gemma4_e": "proportional", "gemma4_moe": "proportional"}.get(
         tiny.name, "default")
@@ -370,7 +371,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full", "olmo3": "full", "olmo_hybrid": "full", "glm4_moe": "head", "dots1": "head",
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
-                         "minimax_m2": "full", "apertus": "head", "afmoe": "head", "nanochat": "head",
+                         "minimax_m2": "full", "apertus": "head", "apertus1p5_text": "head", "afmoe": "head", "nanochat": "head",
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
                          "hy_v3": "head", "kolibri1": "head", "llama4_text": "head", "laguna": "head",
                          "lfm2": "head", "lfm2_moe": "head", "lfm3": "head",
@@ -381,7 +382,10 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.qk_norm_after_rope is tiny.name.startswith("hunyuan")
     assert (m.query_scale_beta, m.query_scale_after) == {"ministral3": (0.4, 16), "llama4_text": (0.5, 512)}.get(
         tiny.name, (0.0, 0))
-    assert (m.activation == "xielu") is (tiny.name == "apertus")
+    assert (m.activation == "xielu") is (tiny.name in ("apertus", "apertus1p5_text"))
+    # (Apertus 1.5's head without its multimodal rows: the logits that narrow, the inputs the whole vocabulary)
+    assert (m.output_vocab_size, m.logits_size) == ((cfg.vocab_size - 40, cfg.vocab_size - 40)
+                                                    if tiny.name == "apertus1p5_text" else (0, cfg.vocab_size))
     assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe", "laguna", "lfm3", "qwen3_5_text",
                                                 "qwen3_5_moe_text", "qwen3_next"))
     assert m.attn_gate_activation == ("softplus" if tiny.name == "laguna" else "sigmoid")

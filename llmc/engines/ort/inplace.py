@@ -51,7 +51,7 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         # (kv, first, stop) -> the slot window's one-token decode binding with its step inputs and logits bound as
         # well (paged memory: (kv, 0, rows), any rows)
         self._steps: dict[tuple[int, int, int], tuple[object, dict[str, np.ndarray], list[object]]] = {}
-        self._logits = np.empty((0, 1, manifest.model.vocab_size), np.float32)  # _logits_buffer
+        self._logits = np.empty((0, 1, manifest.model.logits_size), np.float32)  # _logits_buffer
 
     @property
     def kv_block_size(self) -> int:
@@ -132,9 +132,9 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
         batch seen (the core copies what it keeps), so a decode step of 8 rows allocates no fresh 1.5 MB (and its
         page faults), and batches of every size share one buffer."""
         if rows != 1:
-            return np.empty((batch, rows, self.vocab_size), np.float32)
+            return np.empty((batch, rows, self.logits_size), np.float32)
         if self._logits.shape[0] < batch:
-            self._logits = np.empty((batch, 1, self.vocab_size), np.float32)
+            self._logits = np.empty((batch, 1, self.logits_size), np.float32)
         return self._logits[:batch]  # contiguous: the leading rows of a C-ordered array
 
     def _run(self, graph: str, kv: KVCache, rows: StepRows) -> np.ndarray:
@@ -178,7 +178,7 @@ class OrtInplaceEngine(StepCore, OrtEngineBase):
                 io_names.POSITION_IDS: np.zeros((batch, 1), np.int64),
                 io_names.SEQLENS_K: np.zeros(batch, np.int32), io_names.TOTAL_SEQ_LEN: np.zeros((), np.int32),
                 io_names.NEW_TOKENS: np.ones(batch, np.int32),
-                io_names.LOGITS: np.zeros((batch, 1, self.vocab_size), np.float32),
+                io_names.LOGITS: np.zeros((batch, 1, self.logits_size), np.float32),
                 io_names.STATE_ROWS: np.zeros(batch, np.int32)}
             if paged:  # as wide as any row's table can be: the operator reads only the blocks a row has
                 assert isinstance(kv, HostPagedKVCache)

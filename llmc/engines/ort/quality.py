@@ -172,7 +172,7 @@ def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tm
     kv = io_names.kv_spec(m, "float32")
     base = io_names.decode_spec(m, kv, file="calibration.onnx")
     extra = (TensorSpec(CALIBRATE_INPUT, "float32", (len(names),)), TensorSpec(CALIBRATE_POSITIONS, "int64", ("n", 2)))
-    logits = TensorSpec(io_names.LOGITS, "float32", (1, "n", m.vocab_size))  # only the scored positions
+    logits = TensorSpec(io_names.LOGITS, "float32", (1, "n", m.logits_size))  # only the scored positions
     spec_g = GraphSpec(base.file, (*base.inputs, *extra), (logits, *base.outputs[1:]), base.logits)
     opts = GraphOptions(attention="decomposed", quant=spec, calibrate=tuple(names), moe=moe)  # the engine's mixture
     graph, used = build_graph(Checkpoint(m, weights), spec_g, "float32", 17, opts)

@@ -191,7 +191,7 @@ class _TrtGraph:
         check_tensor_names(path.name, "inputs", spec.input_names(), inputs)
         check_tensor_names(path.name, "outputs", spec.output_names(), [n for n in names if n not in inputs])
         check_profile(path.name, profile, {n: self.engine.get_tensor_profile_shape(n, 0) for n in inputs})
-        self.profile, self.stream, self.vocab = profile, stream, manifest.model.vocab_size
+        self.profile, self.stream, self.vocab = profile, stream, manifest.model.logits_size
         self.handle = stream_handle(stream)
         self.present = manifest.kv.names("present")
         check_aliases(path.name, self.engine, manifest.kv.names("past"), self.present, manifest.settings.attention)
