@@ -980,6 +980,20 @@ def _apertus1p5_text(tf: Any, common: dict[str, Any]) -> Any:  # Apertus's layer
     return model
 
 
+def _jetmoe(tf: Any, common: dict[str, Any]) -> Any:  # a mixture of attention (q and o per expert) and of MLPs
+    import torch
+
+    fields = {k: v for k, v in common.items() if k not in ("num_attention_heads", "num_key_value_heads",
+                                                          "intermediate_size")}
+    model = _auto(tf, "jetmoe", **fields, num_key_value_heads=2, kv_channels=16, num_local_experts=4,
+                  num_experts_per_tok=2, intermediate_size=32, tie_word_embeddings=False)
+    with torch.no_grad():  # (its biases after each mixture start at zero)
+        for layer in model.model.layers:
+            layer.mlp.bias.normal_(0.0, 0.5)
+            layer.self_attention.experts.bias.normal_(0.0, 0.5)
+    return model
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -996,7 +1010,7 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "mamba2": _mamba2, "nemotron_h_latent": _nemotron_h_latent, "mamba": _mamba,
                       "falcon_mamba": _falcon_mamba, "jamba": _jamba, "zamba2": _zamba2,
                       "gemma4_text": _gemma4_text, "gemma4_e": _gemma4_e, "gemma4_moe": _gemma4_moe,
-                      "apertus1p5_text": _apertus1p5_text})
+                      "apertus1p5_text": _apertus1p5_text, "jetmoe": _jetmoe})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
                 "nemotron_h_moe": _as_published_nemotron_h, "nemotron_h_latent": _as_published_nemotron_h,

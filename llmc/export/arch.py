@@ -40,7 +40,7 @@ SUPPORTED = {
     "param2moe": "Param2-MoE", "sarvam_moe": "Sarvam-30B", "granite_swa": "Granite SWA",
     "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
-    "kolibri1": "Kolibri-1", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
+    "kolibri1": "Kolibri-1", "jetmoe": "JetMoE", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
     "llama4_text": "Llama 4 (text)",
     "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "laguna": "Laguna (poolside)",
     "lfm2": "LFM2 (Liquid: gated short convolutions and attention)", "lfm2_moe": "LFM2-MoE (LFM2-8B-A1B)",
@@ -931,6 +931,11 @@ def _dbrx_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     return _norm_params(config, out)
 
 
+# JetMoE's MLP mixture under Mixtral's names (its input_linear is gate_up_proj's [E, 2I, hidden], gate rows first),
+# the bias it adds after the mixture named for _mlp_weights; its attention under self_attn
+_JETMOE_NAMES = ((".self_attention.", ".self_attn."), (".mlp.router.layer.", ".mlp.gate."),
+                 (".mlp.input_linear.weight", ".mlp.experts.gate_up_proj"),
+                 (".mlp.output_linear.weight", ".mlp.experts.down_proj"), (".mlp.bias", ".mlp.moe_output_bias"))
 _DBRX_NAMES = (("transformer.wte.", "model.embed_tokens."), ("transformer.norm_f.", "model.norm."),
                ("transformer.blocks.", "model.layers."), (".norm_attn_norm.norm_1.", ".input_layernorm."),
                (".norm_attn_norm.norm_2.", ".post_attention_layernorm."),
@@ -1629,6 +1634,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "flint": lambda c, sd: _renamed(sd, ((".mlp.shared_expert.", ".mlp.shared_experts."),)),
     "lara_mini": lambda c, sd: _renamed(sd, ((".mlp.shared_expert.", ".mlp.shared_experts."),)),
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
+    "jetmoe": lambda c, sd: _renamed(sd, _JETMOE_NAMES),
     "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
     "llama4_text": _llama4_names, "lfm2": lambda c, sd: _renamed(sd, _LFM2_NAMES),
     "lfm2_moe": lambda c, sd: _renamed(sd, _LFM2_NAMES), "lfm3": _lfm3_names,
@@ -1697,6 +1703,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
        for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
     # (Kolibri-1: EXAONE 4's attention, GLM-4's norms)
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},
+    "jetmoe": lambda c: {**_moe(c), "moa_experts": int(c.num_local_experts), "moa_top_k": int(c.num_experts_per_tok)},
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},
     "hunyuan_v1_moe": lambda c: {**_moe(_uniform(c, "num_experts", "moe_topk", "num_shared_expert")),
@@ -1753,6 +1760,10 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             continue
         own = "q" if spec.shares_kv(i) else "qk" if spec.k_eq_v(i) else "qkv"  # (q alone where the layer reads
         # another's cache; q and k where its values are its keys)
+        if spec.moa_experts:  # (JetMoE) its mixture of attention: every expert's q and o product, shared k and v
+            w.update(_moa_weights(spec, sd, i))
+            w.update(_mlp_weights(spec, sd, i))
+            continue
         if spec.mla_kv_rank:
             w.update(_mla_weights(spec, sd, i))
         elif attn + "qkv_proj.weight" in sd:
@@ -1777,6 +1788,20 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
         if spec.has_mlp(i):
             w.update(_mlp_weights(spec, sd, i))
     return w
+
+
+def _moa_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """A mixture of attention's canonical weights (ModelSpec.moa_experts): the router, every expert's q product side
+    by side (expert-major columns), the shared k / v product, every expert's o product stacked (expert-major rows)
+    and the bias added once after them."""
+    moa, q = f"model.layers.{i}.self_attn.experts.", f"layers.{i}."
+    experts = sd[moa + "input_linear.weight"]  # [E, Hkv * D, hidden]
+    width = experts.shape[0] * experts.shape[1]
+    return {q + "moa_router.weight": sd[moa + "router.layer.weight"].T.copy(),
+            q + "moa_q.weight": experts.reshape(width, -1).T.copy(),
+            q + "kv.weight": sd[f"model.layers.{i}.self_attn.kv_proj.weight"].T.copy(),  # [k, v] columns
+            q + "o.weight": np.ascontiguousarray(sd[moa + "output_linear.weight"].transpose(0, 2, 1).reshape(width, -1)),
+            q + "o.bias": sd[moa + "bias"]}
 
 
 def _mla(model: Any, config: Any) -> dict[str, Any]:
@@ -1831,6 +1856,14 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
         from llmc.graph.moe import CORRECTION_BIAS, canonical_from_hf
 
         out = canonical_from_hf(sd, p, q.rstrip("."))
+        if p + "moe_output_bias" in sd:  # (JetMoE) a bias added after the mixture: each expert's down bias (the
+            # routing weights sum to 1), the router's and gate_up's zero
+            from llmc.graph.moe import DOWN_BIAS, GATE_UP_BIAS, ROUTER_BIAS
+
+            experts, width = spec.num_experts, 2 * spec.moe_intermediate_size
+            out.update({q + ROUTER_BIAS: np.zeros(experts, np.float32),
+                        q + GATE_UP_BIAS: np.zeros((experts, width), np.float32),
+                        q + DOWN_BIAS: np.tile(sd[p + "moe_output_bias"], (experts, 1))})
         if spec.moe_routing in ("sigmoid", "sigmoid_logits") and q + CORRECTION_BIAS not in out:
             # (a checkpoint without one chooses by the scores or logits as they are: Flint, Llama 4, Cohere 2 MoE)
             out[q + CORRECTION_BIAS] = np.zeros(spec.num_experts, np.float32)

@@ -116,6 +116,8 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
                 mixed = linear(c, mixer(c, i, h), f"{p}.o")
             elif m.layer_types[i:i + 1] == ("zamba",):  # (Zamba2) an attention block into its Mamba-2 mixer's input
                 mixed = mamba(c, i, _zamba_input(c, i, x, embeddings, attend, rotary, query_scale))
+            elif m.moa_experts:  # (JetMoE) a mixture of attention
+                mixed = _mixture_of_attention(c, i, h, attend, rotary, query_scale)
             elif m.attends(i):  # attention, and (Falcon-H1's "hybrid" layers) a Mamba-2 mixer beside it
                 mixed = linear(c, _attention(c, i, h, attend, rotary, query_scale), f"{p}.o")
                 if m.is_mamba(i):
@@ -208,6 +210,31 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
         gate = {"sigmoid": "Sigmoid", "softplus": "Softplus"}[m.attn_gate_activation]
         heads = c.b.op("Mul", heads, c.b.op(gate, linear(c, h, f"{p}.attn_gate")))
     return heads
+
+
+def _mixture_of_attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary: Rotary,
+                          query_scale: str | None) -> str:
+    """JetMoE's attention block (ModelSpec.moa_experts): each token's top k experts by the router's logits, weighted
+    by their softmax; the chosen experts' queries (of all experts' products, picked by a one-hot product) are the
+    attention's heads in the order (kv head, slot), over the shared keys and values; each slot's output, times its
+    weight, goes to its expert's rows of the stacked o product (zeros for the others), which adds its bias once."""
+    b, m, p = c.b, c.m, f"layers.{i}"
+    experts, k, hkv, d = m.moa_experts, m.moa_top_k, m.num_kv_heads, m.head_dim
+    width = hkv * d
+    logits = b.to_float32(linear(c, h, f"{p}.moa_router"))  # [B, S, E]
+    top, chosen = b.op_n("TopK", logits, b.ints(k), axis=-1, outputs=2)  # [B, S, k] each, best first
+    weights = b.to_compute(b.op("Softmax", top, axis=-1))
+    one_hot = b.to_compute(b.op("Cast", b.op("Equal", b.unsqueeze(chosen, -1), b.const(np.arange(experts))),
+                                to=DTYPES["float32"]))  # [B, S, k, E]
+    queries = b.op("Reshape", linear(c, h, f"{p}.moa_q"), b.ints(0, 0, experts, width))  # [B, S, E, Hkv * D]
+    slots = b.op("Reshape", b.op("MatMul", one_hot, queries), b.ints(0, 0, k, hkv, d))  # [B, S, k, Hkv, D]
+    q = b.op("Reshape", b.op("Transpose", slots, perm=[0, 1, 3, 2, 4]), b.ints(0, 0, hkv * k * d))
+    qkv = b.op("Concat", q, linear(c, h, f"{p}.kv"), axis=-1)
+    heads = _attention(c, i, h, attend, rotary, query_scale, qkv)  # [B, S, Hkv * k * D]
+    out = b.op("Transpose", b.op("Reshape", heads, b.ints(0, 0, hkv, k, d)), perm=[0, 1, 3, 2, 4])
+    out = b.op("Mul", b.op("Reshape", out, b.ints(0, 0, k, width)), b.unsqueeze(weights, -1))  # [B, S, k, Hkv * D]
+    spread = b.op("MatMul", b.op("Transpose", one_hot, perm=[0, 1, 3, 2]), out)  # [B, S, E, Hkv * D]
+    return linear(c, b.op("Reshape", spread, b.ints(0, 0, experts * width)), f"{p}.o")
 
 
 def _residual(c: Ctx, x: str, delta: str, next_norm: str | None, fuse: bool,

@@ -304,6 +304,9 @@ def spec_from_hf_config(config: Any) -> MoESpec:
                        num_groups=int(config.n_group) if grouped else 1,
                        topk_groups=int(config.topk_group) if grouped else 1,
                        routed_scaling=float(config.routed_scaling_factor))
+    if config.model_type == "jetmoe":  # (softmax over the top k logits; its bias after the mixture: biased experts)
+        return MoESpec(int(config.num_local_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
+                       True, config.activation_function, bias=True)
     if config.model_type == "gemma4_text":  # (softmax over every expert, the top k renormalized; GeGLU experts)
         return MoESpec(int(config.num_experts), int(config.top_k_experts), int(config.moe_intermediate_size), True,
                        "gelu_tanh")
@@ -319,7 +322,7 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` has the MoE block (else a dense SwiGLU MLP of config.intermediate_size)."""
     if config.model_type in ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss", "olmoe", "hunyuan_v1_moe",
                              "minimax_m2", "flex_olmo", "granitemoe_swa", "kolibri1", "dbrx", "phimoe",
-                             "qwen3_5_moe_text", "lara_mini"):
+                             "qwen3_5_moe_text", "lara_mini", "jetmoe"):
         return True
     if config.model_type == "gemma4_text":  # (beside every layer's MLP)
         return bool(config.enable_moe_block)

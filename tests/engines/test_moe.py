@@ -577,12 +577,14 @@ def test_expert_blocks_qmoe_cannot_take_are_refused_naming_the_flag(block: int) 
         quantize_experts({**weights, **moe_weights(weights, PREFIX, "ort")}, PREFIX, 4, block)
 
 
-@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1", "nemotron_h_moe", "jamba", "gemma4_moe"])
+@pytest.mark.parametrize("arch", ["llama4_text", "phimoe", "kolibri1", "nemotron_h_moe", "jamba", "gemma4_moe",
+                                  "jetmoe"])
 def test_each_routing_and_expert_input_runs_on_every_lowering(tmp_path: Path, arch: str) -> None:
     """Llama 4's experts on inputs scaled by the top k logits' sigmoids, PhiMoE's sparsemixer, Kolibri-1's
     logit-biased choice, Nemotron-H's ungated experts, Jamba's (the top k of a softmax over every expert, not
-    renormalized, among Mamba-1 layers) and Gemma 4's (GeGLU experts beside the MLP, on their own norm of the block's
-    input, the router on another): each engine lowering gives transformers' logits (the export's check ran "loop");
+    renormalized, among Mamba-1 layers), Gemma 4's (GeGLU experts beside the MLP, on their own norm of the block's
+    input, the router on another) and JetMoE's (its bias after the mixture in each expert's down bias, beside its
+    mixture of attention): each engine lowering gives transformers' logits (the export's check ran "loop");
     the com.microsoft.MoE one, which weights the experts' outputs and has no squared ReLU nor GeGLU, is refused for
     Llama 4's, Nemotron-H's and Gemma 4's by name."""
     import transformers as tf

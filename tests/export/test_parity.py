@@ -507,7 +507,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.embed_norm is (tiny.name == "nanochat")
     moe = ("mixtral", "granitemoe", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe",
            "granitemoeshared", "granitemoe_swa", "dbrx", "cohere2_moe", "phimoe", "llama4_text", "qwen3_5_moe_text",
-           "qwen3_next", "lara_mini", "granitemoehybrid", "jamba", "gemma4_moe")
+           "qwen3_next", "lara_mini", "granitemoehybrid", "jamba", "gemma4_moe", "jetmoe")
     assert (m.num_experts, m.experts_per_token) == ((4, 2) if tiny.name in moe else
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
@@ -535,8 +535,11 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                             else (False, False, "relu2")
                                                             if tiny.name.startswith("nemotron_h_")
                                                             else (False, False, "gelu_tanh") if tiny.name == "gemma4_moe"
+                                                            else (False, True, "silu") if tiny.name == "jetmoe"
                                                             else (False, False, "silu"))
     assert m.moe_beside_mlp is (tiny.name == "gemma4_moe")
+    # (JetMoE's mixture of attention: 4 experts' queries, the top 2 per token, 2 KV heads -> 4 query heads)
+    assert (m.moa_experts, m.moa_top_k) == ((4, 2) if tiny.name == "jetmoe" else (0, 0))
     assert m.moe_layers == ((True, False) if tiny.name in ("qwen2_moe", "qwen3_moe") else
                             (False, True, True) if tiny.name == "qwen3_next" else
                             (False, True) if tiny.name in ("glm4_moe", "dots1", "ernie4_5_moe", "exaone_moe",
