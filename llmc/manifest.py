@@ -243,11 +243,32 @@ class ModelSpec:
     # [E * Hkv * D, hidden] (+ o.bias, once); 0: none
     moa_experts: int = 0
     moa_top_k: int = 0
+    # indexed attention (Kolibri 1.1's "indexed_attention" layers, full attention without rotary): keys and values
+    # rounded to NVFP4 before they are cached (E2M1 values, an E4M3 scale per 16 of a head's dims); a query seeing
+    # more than index_sink + index_topk + index_local keys attends to its first index_sink, its last index_local
+    # (itself included) and the index_topk others whose routing score sum_{h < index_heads} relu(nvfp4(q_h) . k[t])
+    # over KV head 0's keys is highest (ties: the earlier key), every key it sees being its pool (engines hold
+    # max_positions <= the model's pool size); empty: none
+    index_layers: tuple[bool, ...] = ()
+    index_topk: int = 0
+    index_local: int = 0
+    index_sink: int = 0
+    index_heads: int = 0
 
     @property
     def logits_size(self) -> int:
         """The logits' width: the ids the model can produce (output_vocab_size where the head is pruned)."""
         return self.output_vocab_size or self.vocab_size
+
+    def indexed(self, layer: int) -> bool:
+        """The layer's attention is indexed (index_layers): NVFP4 keys and values, each query's keys chosen past
+        index_budget of them."""
+        return bool(self.index_layers) and self.index_layers[layer]
+
+    @property
+    def index_budget(self) -> int:
+        """The most keys an indexed layer's query attends: up to this many it sees them all."""
+        return self.index_sink + self.index_topk + self.index_local
 
     def window(self, layer: int) -> int:
         """The layer's sliding window W (0: full attention)."""

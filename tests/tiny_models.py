@@ -994,6 +994,27 @@ def _jetmoe(tf: Any, common: dict[str, Any]) -> Any:  # a mixture of attention (
     return model
 
 
+def _kolibri1_1(tf: Any, common: dict[str, Any]) -> Any:  # Kolibri-1 with indexed attention layers (NVFP4 K / V,
+    # keys chosen past sink + topk + local = 2 + 6 + 4 = 12 of them), one reading another's cache, a dense first
+    # layer, a pool of 192 keys (the engines' context)
+    import torch
+
+    model = _auto(tf, "kolibri1_1", **{k: v for k, v in common.items() if k not in ("intermediate_size",
+                                                                                  "num_hidden_layers")},
+                  num_hidden_layers=5, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=32, norm_topk_prob=True, sliding_window=8,
+                  layer_types=["sliding_attention", "indexed_attention", "sliding_attention", "indexed_attention",
+                               "sliding_attention"],  # (a layer writing its cache after the one reading another's)
+                  kv_source_layers=[0, 1, 2, 1, 4], index_layers=[1], index_topk=6, index_num_local_tokens=4,
+                  index_num_sink_tokens=2, index_num_heads=2, index_pool_size=192, index_compression=16,
+                  mlp_only_layers=[0], mlp_only_intermediate_size=96)
+    with torch.no_grad():  # a bias on the logits' scale, so that it changes the choice
+        for name, t in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                t.normal_(0.0, 2.0)
+    return model
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -1010,7 +1031,8 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "mamba2": _mamba2, "nemotron_h_latent": _nemotron_h_latent, "mamba": _mamba,
                       "falcon_mamba": _falcon_mamba, "jamba": _jamba, "zamba2": _zamba2,
                       "gemma4_text": _gemma4_text, "gemma4_e": _gemma4_e, "gemma4_moe": _gemma4_moe,
-                      "apertus1p5_text": _apertus1p5_text, "jetmoe": _jetmoe})
+                      "apertus1p5_text": _apertus1p5_text, "jetmoe": _jetmoe,
+                      "kolibri1_1": _kolibri1_1})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
                 "nemotron_h_moe": _as_published_nemotron_h, "nemotron_h_latent": _as_published_nemotron_h,

@@ -40,7 +40,7 @@ SUPPORTED = {
     "param2moe": "Param2-MoE", "sarvam_moe": "Sarvam-30B", "granite_swa": "Granite SWA",
     "granitemoe_swa": "Granite MoE SWA", "hyperclovax": "HyperCLOVA X SEED", "jais2": "Jais 2", "youtu": "Youtu-LLM",
     "minicpm5_moe": "MiniCPM5-MoE", "mellum": "Mellum 2", "flint": "Flint", "hy_v3": "Hy3 (Hunyuan 3)",
-    "kolibri1": "Kolibri-1", "jetmoe": "JetMoE", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
+    "kolibri1": "Kolibri-1", "kolibri1_1": "Kolibri-1.1", "jetmoe": "JetMoE", "dbrx": "DBRX", "cohere2_moe": "Command A MoE (Cohere 2 MoE)", "phimoe": "Phi-3.5-MoE",
     "llama4_text": "Llama 4 (text)",
     "axk1": "A.X K1", "mimo_v2_flash": "MiMo-V2-Flash", "laguna": "Laguna (poolside)",
     "lfm2": "LFM2 (Liquid: gated short convolutions and attention)", "lfm2_moe": "LFM2-MoE (LFM2-8B-A1B)",
@@ -226,6 +226,8 @@ def _inner_size(config: Any) -> int:
         return int(config.n_inner or 4 * config.hidden_size)
     if config.model_type == "kolibri1":  # (a mixture in every layer: no dense width)
         return int(config.moe_intermediate_size)
+    if config.model_type == "kolibri1_1":  # (its mlp_only_layers')
+        return int(config.mlp_only_intermediate_size)
     if config.model_type == "dbrx":
         return int(config.ffn_config.ffn_hidden_size)
     if config.model_type == "llama4_text":  # (its dense layers'; the experts' is intermediate_size)
@@ -654,6 +656,25 @@ def _nanochat_names(config: Any, sd: dict[str, np.ndarray]) -> dict[str, np.ndar
         out[key] = np.ascontiguousarray(np.concatenate([heads[:, head_dim // 2:], heads[:, :head_dim // 2]], 1)
                                         .reshape(out[key].shape))
     return {**{k: np.ones(n, np.float32) for k, n in ones.items()}, **out}
+
+
+def _kolibri1_1(config: Any) -> dict[str, Any]:
+    """Kolibri 1.1 beyond Kolibri-1: indexed-attention layers (ModelSpec.index_layers: NVFP4 keys and values, each
+    query's keys chosen by routing scores past index_budget of them) reading the cache of an earlier one of their kind
+    where kv_source_layers says so (ModelSpec.kv_sources). Its indexers choose a pool of key blocks only for queries
+    seeing more than index_pool_size keys, which an engine does not hold: max_positions is that pool size."""
+    types = list(config.layer_types)
+    fields: dict[str, Any] = {"index_layers": tuple(t == "indexed_attention" for t in types),
+                              "index_topk": int(config.index_topk), "index_local": int(config.index_num_local_tokens),
+                              "index_sink": int(config.index_num_sink_tokens),
+                              "index_heads": int(config.index_num_heads),
+                              "max_positions": min(int(config.max_position_embeddings), int(config.index_pool_size))}
+    if not any(fields["index_layers"]):
+        return {"max_positions": int(config.max_position_embeddings)}
+    sources = tuple(int(s) for s in config.kv_source_layers)
+    if any(s != i for i, s in enumerate(sources)):
+        fields["kv_sources"] = sources
+    return fields
 
 
 def _apertus(config: Any) -> dict[str, Any]:  # a plain xIELU MLP, qk-norm per head
@@ -1569,7 +1590,7 @@ def _shared_experts(config: Any) -> dict[str, Any]:
         return {"shared_expert_size": width, "shared_expert_gated": False} if width else {}
     if config.model_type == "hunyuan_v1_moe":
         width = int(config.intermediate_size) * int(config.num_shared_expert)
-    elif config.model_type in ("flint", "kolibri1", "laguna", "lara_mini"):
+    elif config.model_type in ("flint", "kolibri1", "kolibri1_1", "laguna", "lara_mini"):
         width = int(config.shared_expert_intermediate_size)
     elif config.model_type == "llama4_text":
         width = int(config.intermediate_size)
@@ -1635,6 +1656,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
     "lara_mini": lambda c, sd: _renamed(sd, ((".mlp.shared_expert.", ".mlp.shared_experts."),)),
     "kolibri1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS), "dbrx": _dbrx_names,
     "jetmoe": lambda c, sd: _renamed(sd, _JETMOE_NAMES),
+    "kolibri1_1": lambda c, sd: _layer_part_names(sd, _GLM4_NORMS),
     "cohere2_moe": _cohere2_moe_names, "phimoe": lambda c, sd: _renamed(sd, ((".mlp.router.", ".mlp.gate."),)),
     "llama4_text": _llama4_names, "lfm2": lambda c, sd: _renamed(sd, _LFM2_NAMES),
     "lfm2_moe": lambda c, sd: _renamed(sd, _LFM2_NAMES), "lfm3": _lfm3_names,
@@ -1703,6 +1725,7 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
        for mt in SPARSE_INDEXED},  # (LayerNorm with bias)
     # (Kolibri-1: EXAONE 4's attention, GLM-4's norms)
     "kolibri1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich"},
+    "kolibri1_1": lambda c: {**_moe(c), **_exaone4(c), "norm_layout": "sandwich", **_kolibri1_1(c)},
     "jetmoe": lambda c: {**_moe(c), "moa_experts": int(c.num_local_experts), "moa_top_k": int(c.num_experts_per_tok)},
     "olmoe": lambda c: {**_moe(c), "qk_norm": "full", **_clip_qkv(c)}, "ernie4_5_moe": _moe,
     "hunyuan_v1_dense": lambda c: {"qk_norm": "head", "qk_norm_after_rope": True},

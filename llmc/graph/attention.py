@@ -141,6 +141,67 @@ def rotate_packed(c: Ctx, rotary: Rotary, qkv: str, table: str, layer: int) -> s
     return b.op("Concat", *parts, v, axis=-1)
 
 
+def nvfp4(c: Ctx, x: str) -> str:
+    """x [..., n * 16] rounded to NVFP4 and back, as Kolibri 1.1's module does it (ModelSpec.index_layers): in each 16
+    consecutive values, an E4M3 scale max |x| / 6 (clamped to [2^-9, 448], rounded to nearest even: 3 mantissa bits,
+    2^-9 steps below 2^-6), each value over it an E2M1 magnitude (steps of 0.5 below 2, 1 below 4, 2 up to 6, nearest
+    even), in fp32. The scale's rounding is arithmetic (a float8 Cast needs opset 19)."""
+    b = c.b
+    f = b.to_float32(x)
+    lead = b.op("Shape", f, end=-1)
+    blocks = b.op("Reshape", f, b.op("Concat", lead, b.ints(-1, 16), axis=0))  # [..., n, 16]
+    two = b.const(np.array(2.0, np.float32))
+    s = b.op("Div", b.reduce_max(b.op("Abs", blocks), -1), b.const(np.array(6.0, np.float32)))
+    s = b.op("Clip", s, b.const(np.array(2.0 ** -9, np.float32)), b.const(np.array(448.0, np.float32)))
+    e = b.op("Floor", b.op("Mul", b.op("Log", s), b.const(np.array(1 / np.log(2.0), np.float32))))
+    one = b.const(np.array(1.0, np.float32))
+    # (the logarithm's rounding corrected: 2^e <= s < 2^(e + 1) exactly)
+    e = b.op("Sub", e, b.op("Cast", b.op("Greater", b.op("Pow", two, e), s), to=1))
+    e = b.op("Add", e, b.op("Cast", b.op("LessOrEqual", b.op("Pow", two, b.op("Add", e, one)), s), to=1))
+    step = b.op("Pow", two, b.op("Sub", b.op("Max", e, b.const(np.array(-6.0, np.float32))),
+                                 b.const(np.array(3.0, np.float32))))
+    s = b.op("Mul", b.op("Round", b.op("Div", s, step)), step)
+    scaled = b.op("Div", blocks, s)
+    mag = b.op("Min", b.op("Abs", scaled), b.const(np.array(6.0, np.float32)))
+    half = b.const(np.array(0.5, np.float32))
+    grid = b.op("Where", b.op("Less", mag, two), half,
+                b.op("Where", b.op("Less", mag, b.const(np.array(4.0, np.float32))), one, two))
+    rounded = b.op("Mul", b.op("Round", b.op("Div", mag, grid)), grid)
+    out = b.op("Mul", b.op("Mul", rounded, b.op("Sign", scaled)), s)
+    return b.to_compute(b.op("Reshape", out, b.op("Shape", f)))
+
+
+def index_selection(c: Ctx, i: int, q: str, k: str, allowed: str, qpos: str, kpos: str) -> str:
+    """[B, S, T] bool: `allowed` [B, S, T] narrowed, for indexed layer i's queries that see more than index_budget
+    keys, to their first index_sink keys, their last index_local and the index_topk others of highest routing score
+    (ModelSpec.index_layers: sum over the first index_heads query heads of relu(nvfp4(q_h) . k[t]), KV head 0's keys
+    as cached, already NVFP4; ties: TopK's, the earlier key). q [B, H, S, D], k [B, Hkv, T, D]; qpos [B, S, 1] and
+    kpos [B or 1, 1, T] int64: the queries' and keys' positions."""
+    b, m = c.b, c.m
+    heads = b.op("Slice", q, b.ints(0), b.ints(m.index_heads), b.ints(1))  # [B, n, S, D]
+    key0 = b.op("Slice", k, b.ints(0), b.ints(1), b.ints(1))  # [B, 1, T, D]
+    scores = b.op("MatMul", b.to_float32(nvfp4(c, heads)),
+                  b.op("Transpose", b.to_float32(key0), perm=[0, 1, 3, 2]))  # [B, n, S, T]
+    scores = b.op("ReduceSum", b.op("Relu", scores), b.ints(1), keepdims=0)  # [B, S, T]
+
+    def count(n: int) -> str:
+        return b.const(np.array(n, np.int64))
+
+    length = b.op("Add", qpos, count(1))  # [B, S, 1]: the keys up to the query's
+    sinks = b.op("Less", kpos, count(m.index_sink))
+    local = b.op("GreaterOrEqual", kpos, b.op("Sub", length, count(m.index_local)))
+    candidates = b.op("And", allowed, b.op("And", b.op("Not", sinks), b.op("Not", local)))
+    ranked = b.op("Where", candidates, scores, b.const(np.array(-np.inf, np.float32)))
+    top = b.op("Min", b.op("Shape", ranked, start=-1), b.ints(m.index_topk))
+    _, chosen = b.op_n("TopK", ranked, top, axis=-1, outputs=2)  # [B, S, min(topk, T)]
+    picked = b.op("ScatterElements", b.op("ConstantOfShape", b.op("Shape", ranked)),
+                  chosen, b.op("ConstantOfShape", b.op("Shape", chosen),
+                               value=helper.make_tensor("one", 1, [1], [1.0])), axis=-1)
+    selected = b.op("Or", b.op("And", b.cast(picked, "bool"), candidates), b.op("Or", sinks, local))
+    long = b.op("Greater", length, count(m.index_budget))  # [B, S, 1]
+    return b.op("And", allowed, b.op("Or", b.op("Not", long), selected))
+
+
 def _inside(b: Any, keys: str, pos: str, window: int, chunk: int) -> str:
     """Keys at positions `keys` inside the window W (t > p - W) or the chunk C (t // C == p // C) of queries at
     `pos` (int64, broadcast against each other)."""
@@ -217,7 +278,13 @@ class DecomposedAttention:
             else:
                 k, v = b.output("Identity", [k], present[0]), b.output("Identity", [v], present[1])
             self.attended_kv[i] = (k, v)
-        return self.grouped(i, q, k, v, self.allowed(m.window(i), m.chunk(i)))
+        allowed = self.allowed(m.window(i), m.chunk(i))
+        if m.indexed(i):  # (positions count the row's valid keys, as the windows')
+            b1 = b.const(np.array(1, np.int64))
+            key_pos = b.op("Sub", b.op("CumSum", io.ATTENTION_MASK, b1), b1)  # [B, T]
+            allowed = b.unsqueeze(index_selection(self.c, i, q, k, b.op("Squeeze", allowed, b.ints(1, 2)),
+                                                  b.unsqueeze(io.POSITION_IDS, 2), b.unsqueeze(key_pos, 1)), 1, 2)
+        return self.grouped(i, q, k, v, allowed)
 
     def grouped(self, i: int, q: str, k: str, v: str, allowed: str) -> str:
         """Layer i's attention of q [B, H, S, D] over k, v [B, Hkv, T, D] where `allowed` [B, 1, 1, S, T] (bool):
@@ -311,6 +378,10 @@ class GroupQueryAttention:
                              "lowering builds it")
         if self.c.m.shares_kv(i):
             return self._read_shared(i, qkv)
+        if self.c.m.indexed(i):  # (the op writes the keys and values, its attention without the key selection
+            # unused: the graph's reads what it wrote)
+            self._write_only(i, qkv)
+            return self._read_shared(i, qkv)
         qkv, rope = self._rope(i, qkv)
         past = io.layer_kv(self.c.m, i, "past")
         inputs = [qkv, "", "", *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN, *(rope or ("", ""))]
@@ -320,17 +391,27 @@ class GroupQueryAttention:
         attrs = {**self._attrs(i), "do_rotary": int(bool(rope)), "rotary_interleaved": 0}
         return self._node(self.op_type, i, inputs, attrs, self.domain)
 
+    def _write_only(self, i: int, qkv: str) -> str:
+        """The op writing layer i's keys and values (its own attention output unused): an indexed layer's, whose
+        attention the graph computes (_read_shared)."""
+        past = io.layer_kv(self.c.m, i, "past")
+        return self._node(self.op_type, i, [qkv, "", "", *past, io.SEQLENS_K, io.TOTAL_SEQ_LEN], self._attrs(i),
+                          self.domain)
+
     def _read_shared(self, i: int, q: str) -> str:
-        """A layer reading another layer's cache (ModelSpec.kv_sources) in standard ops: q rotated in the graph, over
-        the source layer's buffer as its node wrote it this run (its present output), the first max(position) + 1
-        positions under a mask by position (a row's key t sits at its position t: the in-place layout)."""
+        """A layer reading another layer's cache (ModelSpec.kv_sources; q alone), or an indexed layer its own (its
+        qkv, written), in standard ops: q rotated in the graph, over the buffer as its node wrote it this run (its
+        present output), the first max(position) + 1 positions under a mask by position (a row's key t sits at its
+        position t: the in-place layout), and an indexed layer's key selection."""
         if self._reader is None:
             self._reader = OnnxAttention(self.c)
         reader, b = self._reader, self.c.b
         q4, _, _ = reader.split_heads(i, q)
         k, v = (reader.attended(name, b.ints(0)) for name in io.layer_kv(self.c.m, i, "present"))
-        allowed = b.unsqueeze(reader.allowed(self.c.m.window(i), self.c.m.chunk(i)), 2)  # [B, 1, 1, S, T]
-        return reader.grouped(i, q4, k, v, allowed)
+        allowed = reader.allowed(self.c.m.window(i), self.c.m.chunk(i))  # [B, 1, S, T]
+        if self.c.m.indexed(i):
+            allowed = b.unsqueeze(reader.selection(i, q4, k, b.op("Squeeze", allowed, b.ints(1))), 1)
+        return reader.grouped(i, q4, k, v, b.unsqueeze(allowed, 2))  # [B, 1, 1, S, T]
 
     def last_token(self, x: str) -> str:
         """Row b's last new token: [B, S, Hd] -> [B, 1, Hd]. It is at index seqlens_k[b] of a right-padded prompt
@@ -350,12 +431,14 @@ class CachedAttention(GroupQueryAttention):
     shared_last_only = False
 
     def reads_last_tokens_only(self) -> bool:
-        """Whether this graph's layers reading another's cache can take each row's last token alone: the operator
-        rotates their queries from seqlens_k (no table in the graph), and nothing else in them reads the run's
-        positions (per-position query scales, states)."""
+        """Whether this graph's layers reading another's cache can take each row's last token alone: they are the
+        last layers that attend, the operator rotates their queries from seqlens_k (no table in the graph), and
+        nothing else in them reads the run's positions (per-position query scales, states)."""
         m = self.c.m
-        return (any(m.shares_kv(i) for i in range(m.num_layers)) and not self.in_graph and not m.query_scale_beta
-                and not m.has_states)
+        sharers = [i for i in range(m.num_layers) if m.shares_kv(i)]
+        # (and no layer after the first of them writes a cache, which every token feeds: Kolibri 1.1's interleave)
+        return (bool(sharers) and all(m.shares_kv(i) or not m.attends(i) for i in range(sharers[0], m.num_layers))
+                and not self.in_graph and not m.query_scale_beta and not m.has_states)
 
     def __call__(self, i: int, qkv: str) -> str:
         qkv, rope = self._rope(i, qkv)
@@ -372,6 +455,10 @@ class CachedAttention(GroupQueryAttention):
         if sink is not None:  # input 9, fp32 as the op computes
             inputs = [*inputs, *[""] * (9 - len(inputs)), self.c.b.to_float32(sink)]
         attrs = {**self._attrs(i), **({"key_tiles": 1} if self.c.opts.key_tiles else {})}
+        m = self.c.m
+        if m.indexed(i):  # (Kolibri 1.1) each query's keys chosen past the budget, inside the operator
+            attrs.update(index_topk=m.index_topk, index_local=m.index_local, index_sink=m.index_sink,
+                         index_heads=m.index_heads)
         if shared:
             return self.c.b.op(op, *inputs, domain=LLMC_DOMAIN, kv_shared=1, **attrs)
         return self._node(op, i, inputs, attrs, LLMC_DOMAIN)
@@ -436,10 +523,17 @@ class OnnxAttention(DecomposedAttention):
         if m.attn_softcap:
             attrs["softcap"] = m.attn_softcap
         mask = self.allowed(m.window(i), m.chunk(i))
+        if m.indexed(i):
+            mask = b.unsqueeze(self.selection(i, q, used[0], b.op("Squeeze", mask, b.ints(1))), 1)
         if m.attn_sinks:
             used, mask = self._sink_key(i, used, mask)
         out = b.op("Attention", q, used[0], used[1], mask, **attrs)  # [B, H, S, D]
         return b.op("Reshape", b.op("Transpose", out, perm=[0, 2, 1, 3]), b.ints(0, 0, H * D))
+
+    def selection(self, i: int, q: str, k: str, allowed: str) -> str:
+        """index_selection over the buffer's keys (key t at position t: the in-place layout), [B, S, T]."""
+        b = self.c.b
+        return index_selection(self.c, i, q, k, allowed, b.unsqueeze(io.POSITION_IDS, 2), b.unsqueeze(self.keys, 0, 1))
 
     def _sink_key(self, i: int, used: list[str], mask: str) -> tuple[list[str], str]:
         """Attention has no sinks: one more key and value of zeros after the T read, and a float mask [B, H, S, T + 1]

@@ -20,7 +20,7 @@ import onnx
 from onnx import helper
 
 from llmc.graph import io_names as io
-from llmc.graph.attention import LOWERINGS, CachedAttention, Rotary, layer_rope_table, rotate_packed
+from llmc.graph.attention import LOWERINGS, CachedAttention, Rotary, layer_rope_table, nvfp4, rotate_packed
 from llmc.graph.builder import DTYPES, GraphBuilder
 from llmc.graph.checkpoint import XIELU, Checkpoint
 from llmc.graph.layers import (
@@ -203,6 +203,9 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
     if m.qk_norm_after_rope and (table := layer_rope_table(c, i)) is not None:  # (Hunyuan)
         qkv = rotate_packed(c, rotary, qkv, table, i)
     qkv = _qk_norm(c, i, qkv)
+    if m.indexed(i) and not m.shares_kv(i):  # (Kolibri 1.1) its keys and values rounded to NVFP4 before they are kept
+        q, k, v = c.b.split(qkv, [m.num_heads * m.head_dim_of(i), *[m.kv_heads_of(i) * m.head_dim_of(i)] * 2])
+        qkv = c.b.op("Concat", q, nvfp4(c, k), nvfp4(c, v), axis=-1)
     if m.clip_qkv:  # (after q and k's norms: OLMoE)
         qkv = c.b.op("Clip", qkv, c.b.scalar(-m.clip_qkv), c.b.scalar(m.clip_qkv))
     heads = _mla_values(c, i, attend(i, qkv)) if m.mla_kv_rank else attend(i, qkv)

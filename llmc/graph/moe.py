@@ -289,7 +289,8 @@ def spec_from_hf_config(config: Any) -> MoESpec:
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.intermediate_size),
                        bool(config.norm_topk_prob) if sigmoid else True, config.hidden_act,
                        routing="sigmoid" if sigmoid else "softmax")
-    if config.model_type == "kolibri1":  # (the choice on the logits + bias, the weights their sigmoids)
+    if config.model_type in ("kolibri1", "kolibri1_1"):  # (the choice on the logits + bias, the weights their
+        # sigmoids)
         return MoESpec(int(config.num_experts), int(config.num_experts_per_tok), int(config.moe_intermediate_size),
                        bool(config.norm_topk_prob), config.hidden_act, routing="sigmoid_logits")
     if config.model_type == "minimax_m2":  # (DeepSeek-V3's scores and correction bias without groups, renormalized)
@@ -326,6 +327,8 @@ def is_sparse_layer(config: Any, layer: int) -> bool:
         return True
     if config.model_type == "gemma4_text":  # (beside every layer's MLP)
         return bool(config.enable_moe_block)
+    if config.model_type == "kolibri1_1":  # (a dense MLP in its mlp_only_layers)
+        return layer not in config.mlp_only_layers
     if config.model_type == "nemotron_h":  # (its mixture blocks)
         return config.layers_block_type[layer] == "moe"
     if config.model_type == "jamba":  # (every expert_layer_period-th layer from expert_layer_offset)

@@ -578,7 +578,7 @@ def test_an_engine_of_another_operator_version_is_refused_at_load(tiny_llama: Bu
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "0"}}))
     with pytest.raises(ManifestError, match=f"built with llmc's operators version 0; this installation has version "
                                             f"{ops_version()} \\(it runs versions 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
-                                            f"16, 17, 18, 19, 20, 21, 22\\): build the engine again"):
+                                            f"16, 17, 18, 19, 20, 21, 22, 23\\): build the engine again"):
         load_engine_dir(engine)
     (engine / "engine.json").write_text(json.dumps({**data, "settings": {**data["settings"], "llmc_ops": "5"}}))
     load_engine_dir(engine)  # versions 6 and 7 only added an optional input and an operator: version 5 runs
@@ -841,3 +841,75 @@ def test_kv_shared_with_a_packed_qkv_or_another_value_is_refused_naming_it(libra
         session.run(None, feeds)  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="kv_shared 2: must be 0"):
         _session(library, _graph(tmp_path / "bad.onnx", case[2], case[3], "fp32", True, kv_shared=2))
+
+
+INDEX = {"index_topk": 16, "index_local": 4, "index_sink": 2, "index_heads": 2}  # a budget of 22 keys
+INDEXED_CASES: dict[str, tuple[Any, ...]] = {  # (B, S, H, Hkv, D, L, past, new, first prompt[, opts])
+    # decode rows past the budget (the first split over the threads) beside one under it
+    "decode-rows": (3, 1, 6, 2, 64, 300, [280, 5, 40], [1, 1, 1], False),
+    # a prompt whose queries cross the budget at its 22nd position, beside a shorter one
+    "prompt": (2, 40, 4, 2, 32, 64, [0, 0], [40, 15], True),
+    # chunks of different counts after a past
+    "chunks": (2, 6, 8, 2, 64, 64, [37, 3], [6, 2], False, {"new_tokens": True}),
+}
+
+
+def _indexed_reference(qkv: np.ndarray, keys: np.ndarray, values: np.ndarray, dense: np.ndarray, past: list[int],
+                       new: list[int], H: int, Hkv: int) -> np.ndarray:
+    """`dense` with each query past the budget recomputed over its chosen keys (ModelSpec.index_layers): routing
+    scores of transformers' own NVFP4 rounding of query heads 0..1 against KV head 0's cached keys, the top 16 by
+    score then position, plus the first 2 and the last 4."""
+    import torch
+    from transformers.models.kolibri1_1.modeling_kolibri1_1 import nvfp4_fake_quantize
+
+    out, D, G = dense.copy(), keys.shape[-1], H // Hkv
+    budget = INDEX["index_topk"] + INDEX["index_local"] + INDEX["index_sink"]
+    for b in range(len(past)):
+        for s in range(new[b]):
+            n = past[b] + s + 1
+            if n <= budget:
+                continue
+            q = qkv[b, s, :H * D].reshape(H, D).astype(np.float64)
+            routing = nvfp4_fake_quantize(torch.from_numpy(qkv[b, s, :2 * D].reshape(2, D))).numpy()
+            scores = np.maximum(routing.astype(np.float64) @ keys[b, 0, :n].T, 0).sum(0)
+            candidates = range(INDEX["index_sink"], n - INDEX["index_local"])
+            chosen = sorted(candidates, key=lambda t: (-scores[t], t))[:INDEX["index_topk"]]
+            kept = sorted({*range(INDEX["index_sink"]), *chosen, *range(n - INDEX["index_local"], n)})
+            for h in range(H):
+                logits = keys[b, h // G, kept] @ q[h] * 0.3
+                w = np.exp(logits - logits.max())
+                out[b, s, h * D:(h + 1) * D] = (w / w.sum()) @ values[b, h // G, kept]
+    return out
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["native", "generic"])
+@pytest.mark.parametrize("cache", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", list(INDEXED_CASES))
+def test_indexed_attention_chooses_each_querys_keys(library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    name: str, cache: str, generic: bool) -> None:
+    """Kolibri 1.1's indexed layers (index_topk ...): a query seeing more keys than the budget attends to its first
+    ones, its last ones and those of highest routing score (transformers' NVFP4 rounding of the routing queries);
+    the others as without the attributes."""
+    monkeypatch.setenv("LLMC_KERNELS_GENERIC", "1" if generic else "0")
+    case = INDEXED_CASES[name]
+    B, S, H, Hkv, D, L, past, new = case[:8]
+    feeds, (dense, _, _) = _inputs(case, cache, False)
+    got = _run_in_place(library, tmp_path, case, cache, False, feeds, **INDEX)
+    keys, values = _cache_values(feeds["past_key"], keys=True), _cache_values(feeds["past_value"])  # (as written)
+    want = _indexed_reference(feeds["qkv"], keys, values, dense, past, new, H, Hkv)
+    assert np.abs(want - dense).max() > 0.05  # (the choice changes the outputs)
+    np.testing.assert_allclose(got, want, atol=2e-3 if cache == "fp16" else 1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("attrs", "rope", "message"), [
+    ({**INDEX, "index_heads": 4}, False, r"indexed attention \(topk 16, local 4, sink 2, heads 4\).*at most the 3"),
+    (INDEX, True, r"indexed attention .*no rotary"),
+    ({**INDEX, "index_topk": -1}, False, r"index_topk -1, .*must be in \[0, 2\^24\]"),
+])
+def test_a_bad_indexed_attention_is_refused_naming_it(library: Path, tmp_path: Path, attrs: dict, rope: bool,
+                                                      message: str) -> None:
+    case = INDEXED_CASES["decode-rows"]  # 3 query heads a KV head
+    feeds, _ = _inputs(case, "fp32", rope)
+    with pytest.raises(Exception, match=message):
+        session = _session(library, _graph(tmp_path / "a.onnx", case[2], case[3], "fp32", rope, **attrs))
+        session.run(None, feeds)  # type: ignore[attr-defined]

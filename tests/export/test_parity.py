@@ -335,8 +335,8 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.mla_q_rank == (32 if tiny.name in ("deepseek_v3", "glm4_moe_lite", "minicpm3", "youtu", "axk1",
                                                 *SPARSE_INDEXED)
                             else 0)
-    # (DeepSeek Sparse Attention: every key up to index_topk, 128 here; else the model's)
-    assert m.max_positions == (128 if tiny.name in SPARSE_INDEXED else
+    # (DeepSeek Sparse Attention: every key up to index_topk, 128 here; Kolibri 1.1: its pool, 192; else the model's)
+    assert m.max_positions == (128 if tiny.name in SPARSE_INDEXED else 192 if tiny.name == "kolibri1_1" else
                                getattr(cfg, "max_position_embeddings", m.max_positions))
     mla_moe = mla and tiny.name not in MLA_DENSE
     if mla:  # the softmax's scale is the model's (V3: YaRN's mscale squared on (nope + rope) ** -0.5)
@@ -363,17 +363,18 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                 "exaone4": 8, "gpt_oss": 8, "olmo3": 8, "dots1": 8, "cohere2": 8, "ministral3": 16, "afmoe": 8,
                 "cwm": 8, "vaultgemma": 8, "exaone_moe": 8, "granite_swa": 8, "granitemoe_swa": 8, "mellum": 8,
                 "flint": 8, "kolibri1": 8, "cohere2_moe": 8, "mimo_v2_flash": 8, "laguna": 8, "lfm3": 8,
-                "lara_mini": 8, "gemma4_text": 8, "gemma4_e": 8, "gemma4_moe": 8}
+                "lara_mini": 8, "gemma4_text": 8, "gemma4_e": 8, "gemma4_moe": 8, "kolibri1_1": 8}
     assert m.sliding_window == windowed.get(tiny.name, 0)
     if tiny.name in windowed:
         types = getattr(cfg, "layer_types", None) or ["sliding_attention"] * m.num_layers
+        types = [{"indexed_attention": "full_attention"}.get(t, t) for t in types]  # (Kolibri 1.1's: index_layers)
         assert list(m.layer_types) == types and any(m.window(i) for i in range(m.num_layers))
     assert m.qk_norm == {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "exaone4": "head",
                          "olmo2": "full", "olmo3": "full", "olmo_hybrid": "full", "glm4_moe": "head", "dots1": "head",
                          "olmoe": "full", "hunyuan_v1_dense": "head", "hunyuan_v1_moe": "head",
                          "minimax_m2": "full", "apertus": "head", "apertus1p5_text": "head", "afmoe": "head", "nanochat": "head",
                          "flex_olmo": "full", "exaone_moe": "head", "mellum": "head", "flint": "head",
-                         "hy_v3": "head", "kolibri1": "head", "llama4_text": "head", "laguna": "head",
+                         "hy_v3": "head", "kolibri1": "head", "kolibri1_1": "head", "llama4_text": "head", "laguna": "head",
                          "lfm2": "head", "lfm2_moe": "head", "lfm3": "head",
                          "qwen3_5_text": "head", "qwen3_5_moe_text": "head", "qwen3_next": "head",
                          "lara_mini": "head", "gemma4_text": "head", "gemma4_e": "head",
@@ -389,9 +390,13 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
     assert m.attn_output_gate is (tiny.name in ("afmoe", "minicpm5_moe", "laguna", "lfm3", "qwen3_5_text",
                                                 "qwen3_5_moe_text", "qwen3_next"))
     assert m.attn_gate_activation == ("softplus" if tiny.name == "laguna" else "sigmoid")
-    if tiny.name in ("granite_swa", "flint", "kolibri1"):  # (a layer without rotary: Granite SWA's theta 0, the
-        # full layers of Flint and Kolibri-1)
-        assert m.rope_layers == {"granite_swa": (False, True)}.get(tiny.name, (True, False))
+    if tiny.name in ("granite_swa", "flint", "kolibri1", "kolibri1_1"):  # (a layer without rotary: Granite SWA's
+        # theta 0, the full layers of Flint and Kolibri-1, Kolibri 1.1's indexed ones)
+        assert m.rope_layers == {"granite_swa": (False, True),
+                                 "kolibri1_1": (True, False, True, False, True)}.get(tiny.name, (True, False))
+    # (Kolibri 1.1: indexed layers past 2 + 6 + 4 keys, the second reading the first's cache; a dense first layer)
+    assert (m.index_layers, m.index_budget, m.kv_sources) == (((False, True, False, True, False), 12, (0, 1, 2, 1, 4))
+                                                              if tiny.name == "kolibri1_1" else ((), 0, m.kv_sources))
     if tiny.name == "cohere2_moe":  # (RMSNorm: rms_norm_eps set; RoPE on the dense and the sliding layer)
         assert (m.norm, m.rope_layers, m.intermediate_size) == ("rms", (True, True, False), 64)
     if tiny.name == "llama4_text":  # (its weightless qk-norm on its rotated layers only; a chunk as long as the
@@ -512,7 +517,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                     (8, 2) if tiny.name in ("glm4_moe", "minimax_m2", "afmoe",
                                                                             "solar_open", "flex_olmo",
                                                                             "exaone_moe", "minicpm5_moe", "mellum",
-                                                                            "flint", "hy_v3", "kolibri1",
+                                                                            "flint", "hy_v3", "kolibri1", "kolibri1_1",
                                                                             "mimo_v2_flash", "laguna", "lfm2_moe",
                                                                             "nemotron_h_moe", "nemotron_h_latent")
                                                     or mla_moe else
@@ -523,6 +528,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
         "minimax_m2": ("sigmoid", 1, 1, 1.0), "afmoe": ("sigmoid", 1, 1, 1.5), "solar_open": ("sigmoid", 2, 1, 1.5),
         "exaone_moe": ("sigmoid", 2, 1, 2.5), "minicpm5_moe": ("sigmoid", 2, 1, 2.0), "flint": ("sigmoid", 1, 1, 1.0),
         "hy_v3": ("sigmoid", 1, 1, 2.0), "kolibri1": ("sigmoid_logits", 1, 1, 1.0),
+        "kolibri1_1": ("sigmoid_logits", 1, 1, 1.0),
         "cohere2_moe": ("sigmoid", 1, 1, 1.0), "phimoe": ("sparsemixer", 1, 1, 1.0),
         "llama4_text": ("sigmoid_logits", 1, 1, 1.0), "mimo_v2_flash": ("sigmoid", 2, 1, 1.5),
         "laguna": ("sigmoid", 1, 1, 1.5), "lfm2_moe": ("sigmoid", 1, 1, 1.5), "kimi_linear": ("sigmoid", 2, 1, 1.5),
@@ -552,6 +558,7 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                             else (False, True, False, False, False) if tiny.name == "nemotron_h_moe"
                             else (False, True, False) if tiny.name == "nemotron_h_latent"
                             else (True, False, True, False) if tiny.name == "jamba"
+                            else (False, True, True, True, True) if tiny.name == "kolibri1_1"  # (mlp_only_layers)
                             else ())
     assert m.moe_norm_eps == (1e-6 if tiny.name == "lfm2_moe" else 1e-20)
     assert (m.shared_expert_size, m.shared_expert_gated) == {"qwen2_moe": (64, True), "glm4_moe": (32, False),
@@ -569,12 +576,12 @@ def test_manifest_records_architecture(tiny: Built, hf: Any) -> None:
                                                              **{n: (32, False) for n in (*ARCH_MLA, "afmoe",
                                                                                         "solar_open", "exaone_moe",
                                                                                         "minicpm5_moe", "flint",
-                                                                                        "hy_v3", "kolibri1", "laguna")
+                                                                                        "hy_v3", "kolibri1", "kolibri1_1", "laguna")
                                                                 if n not in MLA_DENSE}}.get(
         tiny.name, (0, True))
     assert m.norm_layout == {"gemma2": "sandwich", "gemma3_text": "sandwich", "glm4": "sandwich",
                              "olmo2": "post", "olmo3": "post", "exaone4": "post", "afmoe": "sandwich",
-                             "flex_olmo": "post", "hyperclovax": "sandwich", "kolibri1": "sandwich",
+                             "flex_olmo": "post", "hyperclovax": "sandwich", "kolibri1": "sandwich", "kolibri1_1": "sandwich",
                              "lfm3": "sandwich", "gemma4_text": "sandwich",
                              "gemma4_e": "sandwich", "gemma4_moe": "sandwich"}.get(tiny.name,
                                                                                                            "pre")

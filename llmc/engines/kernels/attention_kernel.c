@@ -1047,6 +1047,268 @@ static void run_units(void* data, size_t task) {
 #endif
 }
 
+/* ---------------------------------------------------------------- indexed attention (Kolibri 1.1) */
+
+/* The E4M3 value nearest s in [2^-9, 448] (ties to even): 3 mantissa bits, steps of 2^-9 below 2^-6. */
+static float e4m3_round(float s) {
+  int e;
+  (void)frexpf(s, &e); /* s = f 2^e, f in [0.5, 1) */
+  e = e - 1 < -6 ? -6 : e - 1;
+  float step = ldexpf(1.f, e - 3);
+  return nearbyintf(s / step) * step;
+}
+
+/* x[D] (D a multiple of 16) rounded to NVFP4 and back, as Kolibri 1.1's module rounds its routing queries: per 16
+ * values an E4M3 scale max |x| / 6 (clamped to [2^-9, 448]), each value over it the nearest E2M1 magnitude (steps of
+ * 0.5 below 2, 1 below 4, 2 up to 6; ties to even). */
+static void nvfp4_round(const float* x, float* y, int D) {
+  for (int g = 0; g < D; g += 16) {
+    float amax = 0.f;
+    for (int d = 0; d < 16; d++) amax = fmaxf(amax, fabsf(x[g + d]));
+    float s = amax / 6.f;
+    s = e4m3_round(s < 0x1p-9f ? 0x1p-9f : s > 448.f ? 448.f : s);
+    for (int d = 0; d < 16; d++) {
+      float v = x[g + d] / s, m = fminf(fabsf(v), 6.f);
+      float step = m < 2.f ? 0.5f : m < 4.f ? 1.f : 2.f;
+      y[g + d] = copysignf(nearbyintf(m / step) * step, v) * s;
+    }
+  }
+}
+
+/* Key t ranks before key u: a higher score, or the same and earlier. */
+static inline int ranks_before(const float* score, int t, int u) {
+  return score[t] > score[u] || (score[t] == score[u] && t < u);
+}
+
+/* Reorder idx[0 .. n) so that its first k are the k best by ranks_before (quickselect; n > k > 0). */
+static void select_best(int* idx, int n, int k, const float* score) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2, pivot = idx[mid];
+    idx[mid] = idx[hi];
+    idx[hi] = pivot;
+    int store = lo;
+    for (int i = lo; i < hi; i++)
+      if (ranks_before(score, idx[i], pivot)) {
+        int t = idx[i];
+        idx[i] = idx[store];
+        idx[store++] = t;
+      }
+    idx[hi] = idx[store];
+    idx[store] = pivot;
+    if (store == k - 1 || store == k) return; /* (the first k are then the best k) */
+    if (store < k) lo = store + 1;
+    else hi = store - 1;
+  }
+}
+
+static int ascending(const void* x, const void* y) { return *(const int*)x - *(const int*)y; }
+
+/* Routing scores (portable): score[t] = sum over heads h of relu(q[h] . k[t]), KV head 0's keys t in [first, last). */
+static void route_scores(const rows_t* K, int kind, int D, const float* q, int heads, int first, int last,
+                         float* score, float* kbuf) {
+  for (int t = first; t < last; t++) {
+    key_row(K, t, kind, D, kbuf);
+    float sum = 0.f;
+    for (int h = 0; h < heads; h++) {
+      float dot = 0.f;
+      for (int d = 0; d < D; d++) dot += q[(size_t)h * D + d] * kbuf[d];
+      sum += dot > 0.f ? dot : 0.f;
+    }
+    score[t] = sum;
+  }
+}
+
+/* G query heads q [G][D] of one KV head over its keys idx[0 .. count) (portable): out [G][D], sc [G][count]. */
+static void attend_chosen(const rows_t* K, const rows_t* V, int kind, int D, const float* q, int G, const int* idx,
+                          int count, float scale, float* kbuf, float* sc, float* out) {
+  for (int i = 0; i < count; i++) {
+    key_row(K, idx[i], kind, D, kbuf);
+    for (int g = 0; g < G; g++) {
+      float dot = 0.f;
+      for (int d = 0; d < D; d++) dot += q[(size_t)g * D + d] * kbuf[d];
+      sc[(size_t)g * count + i] = dot * scale;
+    }
+  }
+  memset(out, 0, sizeof(float) * (size_t)G * D);
+  for (int g = 0; g < G; g++) {
+    float* p = sc + (size_t)g * count;
+    float m = -INFINITY, total = 0.f;
+    for (int i = 0; i < count; i++) m = p[i] > m ? p[i] : m;
+    for (int i = 0; i < count; i++) total += p[i] = flushed_exp(p[i] - m);
+    for (int i = 0; i < count; i++) p[i] /= total;
+  }
+  for (int i = 0; i < count; i++) {
+    const char* vr = row_at(V, idx[i]);
+    for (int d = 0; d < D; d++) kbuf[d] = load1(vr, d, kind, D);
+    for (int g = 0; g < G; g++)
+      for (int d = 0; d < D; d++) out[(size_t)g * D + d] += sc[(size_t)g * count + i] * kbuf[d];
+  }
+}
+
+#ifdef LLMC_X86
+/* route_scores on AVX-512: a key_tiles cache's whole groups of 16 keys 16 at a time ([D][16]: no reduction across
+ * lanes), other keys one row at a time. */
+AVX512 static void route_scores512(const rows_t* K, int kind, int D, const float* q, int heads, int first, int last,
+                                   float* score, float* kbuf) {
+  for (int t = first; t < last;) {
+    if (K->tiles && !(t & TILE_MASK) && t + LLMC_KEY_TILE <= last) {
+      const char* g = row_at(K, t);
+      __m512 sum = _mm512_setzero_ps();
+      for (int h0 = 0; h0 < heads; h0 += 8) {
+        int nh = heads - h0 < 8 ? heads - h0 : 8;
+        __m512 acc[8];
+        for (int h = 0; h < nh; h++) acc[h] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d++) {
+          __m512 k = load16(g, d * LLMC_KEY_TILE, kind, D);
+          for (int h = 0; h < nh; h++) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)(h0 + h) * D + d]), k, acc[h]);
+        }
+        for (int h = 0; h < nh; h++) sum = _mm512_add_ps(sum, _mm512_max_ps(acc[h], _mm512_setzero_ps()));
+      }
+      _mm512_storeu_ps(score + t, sum);
+      t += LLMC_KEY_TILE;
+      continue;
+    }
+    if (K->tiles)
+      key_row(K, t, kind, D, kbuf);
+    else
+      for (int d = 0; d < D; d += 16) _mm512_storeu_ps(kbuf + d, load16(row_at(K, t), d, kind, D));
+    float sum = 0.f;
+    for (int h = 0; h < heads; h++) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int d = 0; d < D; d += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)h * D + d), _mm512_loadu_ps(kbuf + d), acc);
+      float dot = _mm512_reduce_add_ps(acc);
+      sum += dot > 0.f ? dot : 0.f;
+    }
+    score[t++] = sum;
+  }
+}
+
+/* attend_chosen on AVX-512. */
+AVX512 static void attend_chosen512(const rows_t* K, const rows_t* V, int kind, int D, const float* q, int G,
+                                    const int* idx, int count, float scale, float* kbuf, float* sc, float* out) {
+  for (int i = 0; i < count; i++) {
+    if (K->tiles)
+      key_row(K, idx[i], kind, D, kbuf);
+    else
+      for (int d = 0; d < D; d += 16) _mm512_storeu_ps(kbuf + d, load16(row_at(K, idx[i]), d, kind, D));
+    for (int g = 0; g < G; g++) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int d = 0; d < D; d += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)g * D + d), _mm512_loadu_ps(kbuf + d), acc);
+      sc[(size_t)g * count + i] = _mm512_reduce_add_ps(acc) * scale;
+    }
+  }
+  for (int g = 0; g < G; g++) {
+    float* p = sc + (size_t)g * count;
+    float m = -INFINITY, total = 0.f;
+    for (int i = 0; i < count; i++) m = p[i] > m ? p[i] : m;
+    for (int i = 0; i < count; i++) total += p[i] = flushed_exp(p[i] - m);
+    for (int i = 0; i < count; i++) p[i] /= total;
+  }
+  memset(out, 0, sizeof(float) * (size_t)G * D);
+  for (int i = 0; i < count; i++) {
+    const char* vr = row_at(V, idx[i]);
+    for (int d = 0; d < D; d += 16) {
+      __m512 v = load16(vr, d, kind, D);
+      for (int g = 0; g < G; g++) {
+        float* o = out + (size_t)g * D + d;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(sc[(size_t)g * count + i]), v, _mm512_loadu_ps(o)));
+      }
+    }
+  }
+}
+#endif
+
+/* One query (row b, new token s) of an indexed layer seeing more than the budget: its keys chosen, then each query
+ * head's attention over them written over the dense pass's output. work: index_work_floats(a) floats. */
+static void index_query(const job* j, int b, int s, float* work, int* idx) {
+  const llmc_attention_args* a = j->a;
+  int D = a->D, G = a->H / a->Hkv, len = past_of(a, b) + s + 1;
+  int first = a->index_sink, last = len - a->index_local, n = last - first; /* the candidates [first, last) */
+  const float* row = a->qkv + ((size_t)b * a->S + s) * j->W;
+  float *score = work, *q = score + a->L, *kbuf = q + (size_t)a->index_heads * D, *qg = kbuf + D;
+  float *acc = qg + (size_t)G * D, *sc = acc + (size_t)G * D; /* sc: [G][budget] */
+  for (int h = 0; h < a->index_heads; h++) {
+    nvfp4_round(row + (size_t)h * D, q + (size_t)h * D, D);
+    if (a->kv_kind == LLMC_KV_I8) hadamard_for(j, q + (size_t)h * D, D, 1); /* (the cache's keys are rotated) */
+  }
+  rows_t K = head_rows(a, a->k, b, 0);
+  K.tiles = a->key_tiles;
+#ifdef LLMC_X86
+  if (j->avx512)
+    route_scores512(&K, a->kv_kind, D, q, a->index_heads, first, last, score, kbuf);
+  else
+#endif
+    route_scores(&K, a->kv_kind, D, q, a->index_heads, first, last, score, kbuf);
+  for (int t = first; t < last; t++) idx[t - first] = t;
+  select_best(idx, n, a->index_topk, score);
+  int count = a->index_topk;
+  qsort(idx, (size_t)count, sizeof(int), ascending);
+  for (int t = 0; t < first; t++) idx[count++] = t;
+  for (int t = last; t < len; t++) idx[count++] = t;
+  for (int kvh = 0; kvh < a->Hkv; kvh++) {
+    rows_t Kh = head_rows(a, a->k, b, kvh), V = head_rows(a, a->v, b, kvh);
+    Kh.tiles = a->key_tiles;
+    memcpy(qg, row + (size_t)kvh * G * D, sizeof(float) * (size_t)G * D);
+    if (a->kv_kind == LLMC_KV_I8)
+      for (int g = 0; g < G; g++) hadamard_for(j, qg + (size_t)g * D, D, 1);
+#ifdef LLMC_X86
+    if (j->avx512)
+      attend_chosen512(&Kh, &V, a->kv_kind, D, qg, G, idx, count, a->scale, kbuf, sc, acc);
+    else
+#endif
+      attend_chosen(&Kh, &V, a->kv_kind, D, qg, G, idx, count, a->scale, kbuf, sc, acc);
+    memcpy(a->out + ((size_t)b * a->S + s) * a->H * D + (size_t)kvh * G * D, acc, sizeof(float) * (size_t)G * D);
+  }
+}
+
+/* The scratch of one index_query: the row's scores [L], the routing queries, a key, G queries and outputs, and the
+ * chosen keys' scores [G][budget]. */
+static size_t index_work_floats(const llmc_attention_args* a) {
+  int G = a->H / a->Hkv, budget = a->index_sink + a->index_topk + a->index_local;
+  return (size_t)a->L + (size_t)(a->index_heads + 1 + 2 * G) * a->D + (size_t)G * budget;
+}
+
+typedef struct {
+  const job* j;
+  size_t tasks, work_floats; /* task i's scratch: work + i * work_floats, idx + i * L */
+  float* work;
+  int* idx;
+} index_job;
+
+static void index_task(void* data, size_t task) {
+  const index_job* x = (const index_job*)data;
+  const llmc_attention_args* a = x->j->a;
+  int budget = a->index_sink + a->index_topk + a->index_local;
+  for (size_t u = task; u < (size_t)a->B * a->S; u += x->tasks) {
+    int b = (int)(u / (size_t)a->S), s = (int)(u % (size_t)a->S);
+    if (s < new_of(a, b) && past_of(a, b) + s + 1 > budget)
+      index_query(x->j, b, s, x->work + task * x->work_floats, x->idx + task * (size_t)a->L);
+  }
+}
+
+/* Every query past the budget recomputed over its chosen keys, on the pool's threads; an error when the scratch
+ * cannot be had (the dense pass's result must not stand for them). */
+static const char* index_pass(const job* j, llmc_parallel_fn parallel, void* parallel_ctx) {
+  const llmc_attention_args* a = j->a;
+  index_job x = {j, (size_t)a->B * a->S < POOL_TASKS ? (size_t)a->B * a->S : POOL_TASKS, index_work_floats(a),
+                 NULL, NULL};  /* (per task: index_query's scratch and its candidates) */
+  x.work = (float*)malloc(sizeof(float) * x.tasks * x.work_floats);
+  x.idx = (int*)malloc(sizeof(int) * x.tasks * (size_t)a->L);
+  if (x.work && x.idx) {
+    if (parallel)
+      parallel(parallel_ctx, index_task, x.tasks, &x);
+    else
+      for (size_t t = 0; t < x.tasks; t++) index_task(&x, t);
+  }
+  const char* err = x.work && x.idx ? NULL : "out of memory for the indexed attention's key scores";
+  free(x.work);
+  free(x.idx);
+  return err;
+}
+
 static int portable_forced(void) { /* LLMC_KERNELS_GENERIC=1: the portable C only (tests run both paths) */
   const char* generic = getenv("LLMC_KERNELS_GENERIC");
   return generic && *generic && *generic != '0';
@@ -1131,6 +1393,15 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
     if (a->kv_kind == LLMC_KV_I8) return "key tiles: an fp32 or fp16 cache only (an int8 cache holds rows)";
     snprintf(err_buf, sizeof err_buf, "key tiles: %s %d must be a multiple of %d", a->block_table ? "block size" : "cache length",
              a->block_table ? a->block_size : a->L, LLMC_KEY_TILE);
+    return err_buf;
+  }
+  if (a->index_topk < 0 || (a->index_topk > 0 && (a->index_local < 1 || a->index_sink < 0 || a->index_heads < 1 ||
+                                                  a->index_heads > a->H / a->Hkv || a->D % 16 || a->cos ||
+                                                  a->window || a->chunk_size || a->sinks || a->softcap > 0.f))) {
+    snprintf(err_buf, sizeof err_buf, "indexed attention (topk %d, local %d, sink %d, heads %d): topk, local and "
+             "heads at least 1 (heads at most the %d query heads of a KV head), sink at least 0, a head size that is "
+             "a multiple of 16, and no rotary, window, chunk, sinks or softcap", a->index_topk, a->index_local,
+             a->index_sink, a->index_heads, a->H / a->Hkv);
     return err_buf;
   }
   int max_keys = 0;
@@ -1224,9 +1495,13 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
   else
     run_units(&j, 0);
   if (j.nsplit > 1) merge_splits(&j);
+  /* (the queries seeing more keys than the budget: their chosen keys' attention over the dense pass's) */
+  const char* err = a->index_topk > 0 && max_keys > a->index_sink + a->index_topk + a->index_local
+                        ? index_pass(&j, parallel, parallel_ctx)
+                        : NULL;
   free(j.part);
   free(j.kt);
   free(j.k16);
   free(j.kt_off);
-  return NULL;
+  return err;
 }

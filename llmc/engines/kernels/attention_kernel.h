@@ -25,6 +25,13 @@
  *         lanes (attention_kernel.c). Needs L (slot layout) or block_size (paged) a multiple of 16.
  *   kv_shared 1: qkv holds Q alone [B, S, H D], and k, v are another layer's cache that already holds every key and
  *         value the rows attend, this run's too (Gemma 4's KV-shared layers): nothing is written, only read.
+ *   index_topk > 0 (Kolibri 1.1's indexed attention; no rotary, window, chunk, sinks or softcap): a query at position p
+ *         seeing more than index_sink + index_topk + index_local keys (p + 1 of them) attends to keys 0 ..
+ *         index_sink - 1, to its last index_local (p - index_local < t <= p) and to the index_topk others whose
+ *         routing score sum_{h < index_heads} relu(nvfp4(q_h) . k[t]) is highest (query heads 0 .. index_heads - 1,
+ *         all of KV head 0: index_heads <= H / Hkv; KV head 0's keys as cached; ties: the earlier key; nvfp4: E2M1
+ *         values with an E4M3 scale per 16 dims, D a multiple of 16). The cache's keys and values are the layer's as
+ *         the graph gives them (NVFP4-rounded there). Fewer keys: all of them.
  *   block_table [B, max_blocks] int32 or NULL: paged KV memory. Then k, v are pools [num_blocks, Hkv, block_size,
  *         row] shared by all rows, and position t of row b sits in block block_table[b][t / block_size] at
  *         t % block_size (L = max_blocks * block_size; block_size a power of 2); blocks holding a row's cached
@@ -64,6 +71,7 @@ typedef struct {
   int key_tiles;           /* 1: keys in groups of 16 positions [D][16] (see above); 0: rows */
   const float* sinks;      /* NULL, or [H]: each query head's sink logit (see above) */
   int kv_shared;           /* 1: qkv is Q alone and the cache is only read (see above) */
+  int index_topk, index_local, index_sink, index_heads; /* index_topk 0: none; else the key selection above */
 } llmc_attention_args;
 
 #define LLMC_KEY_TILE 16 /* positions per group of a key_tiles cache */

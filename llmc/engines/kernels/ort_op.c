@@ -23,7 +23,9 @@
  * key_tiles (int, default 0; 1, fp32 and fp16 caches: the keys of each 16 aligned positions held as [D][16] in their
  * rows' bytes, attention_kernel.h; the cache's length or block size a multiple of 16), attention_chunk_size (int,
  * default 0 = none; C >= 1: the query at position p sees the keys of its own block only, floor(p / C) * C <= t <= p:
- * Llama 4's chunked attention; not with local_window_size).
+ * Llama 4's chunked attention; not with local_window_size); index_topk, index_local, index_sink, index_heads (ints,
+ * default 0 = none: Kolibri 1.1's indexed attention, each query's keys chosen past index_sink + index_topk +
+ * index_local of them: attention_kernel.h).
  *
  * MatMulQ4 (matmul_q4.h): A [..., K] fp32, B uint8 [ceil(N / 32), K / 32, 640] (the packed 4-bit tiles), bias [N]
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated;
@@ -179,6 +181,7 @@ static int pool_threads_of(const OrtCustomOp* op) {
 typedef struct {
   const OrtApi* api;
   int64_t num_heads, kv_num_heads, local_window_size, key_tiles, attention_chunk_size, kv_shared;
+  int64_t index_topk, index_local, index_sink, index_heads;
   float scale, softcap;
   int kv_kind; /* LLMC_KV_* */
   int pool_threads; /* llmc's pool of this many threads, or 0: ONNX Runtime's (Pool below) */
@@ -254,7 +257,17 @@ static OrtStatus* op_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
     k->softcap = optional_float(api, info, "softcap", 0.f);
     k->key_tiles = optional_int(api, info, "key_tiles", 0);
     k->kv_shared = optional_int(api, info, "kv_shared", 0);
-    if (k->kv_shared != 0 && k->kv_shared != 1) {
+    k->index_topk = optional_int(api, info, "index_topk", 0);
+    k->index_local = optional_int(api, info, "index_local", 0);
+    k->index_sink = optional_int(api, info, "index_sink", 0);
+    k->index_heads = optional_int(api, info, "index_heads", 0);
+    if (k->index_topk < 0 || k->index_topk > 1 << 24 || k->index_local < 0 || k->index_local > 1 << 24 ||
+        k->index_sink < 0 || k->index_sink > 1 << 24 || k->index_heads < 0 || k->index_heads > 1 << 16) {
+      snprintf(msg, sizeof msg, "CachedAttention: index_topk %lld, index_local %lld, index_sink %lld, index_heads "
+               "%lld: each must be in [0, 2^24] (heads [0, 2^16])", (long long)k->index_topk,
+               (long long)k->index_local, (long long)k->index_sink, (long long)k->index_heads);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
+    } else if (k->kv_shared != 0 && k->kv_shared != 1) {
       snprintf(msg, sizeof msg, "CachedAttention: kv_shared %lld: must be 0 (the layer's own cache, written) or 1 "
                "(another layer's, read only; qkv holds Q alone)", (long long)k->kv_shared);
       s = fail(api, ERR_INVALID_ARGUMENT, msg);
@@ -428,7 +441,9 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
       .block_size = paged ? (int)dims[IN_PAST_K][2] : 0, .max_blocks = paged ? (int)dims[IN_BLOCKS][1] : 0,
       .num_blocks = paged ? (int)dims[IN_PAST_K][0] : 0,
       .new_lens = rank[IN_NEW] >= 0 ? (const int32_t*)data[IN_NEW] : NULL, .key_tiles = (int)k->key_tiles,
-      .sinks = rank[IN_SINKS] >= 0 ? (const float*)data[IN_SINKS] : NULL, .kv_shared = (int)k->kv_shared};
+      .sinks = rank[IN_SINKS] >= 0 ? (const float*)data[IN_SINKS] : NULL, .kv_shared = (int)k->kv_shared,
+      .index_topk = (int)k->index_topk, .index_local = (int)k->index_local, .index_sink = (int)k->index_sink,
+      .index_heads = (int)k->index_heads};
   Pool pool = {api, ctx, NULL, k->pool_threads};
   const char* err = llmc_attention(&a, run_parallel, &pool);
   return outcome(&pool, "CachedAttention", err);

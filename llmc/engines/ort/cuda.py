@@ -204,6 +204,9 @@ def write_cuda_engine(work: Path, export_dir: Path, export: ExportManifest, onnx
     if export.model.per_layer_attention:
         raise InputError("--backend ort-cuda binds one KV shape for every layer (this model's layers differ in head "
                          "size or read each other's caches: Gemma 4's): use --backend ort")
+    if any(export.model.index_layers):
+        raise InputError(f"--backend ort-cuda: this model's indexed attention (Kolibri 1.1: each query's keys chosen "
+                         f"past {export.model.index_budget} of them) has not run on a GPU here: use --backend ort")
     ckpt = fp16_checkpoint(load_checkpoint(export_dir, export))
     kv, prefill, decode = write_inplace_graphs(ckpt, work, "float16", export.opset, None, "gqa", one_graph=True,
                                                moe="standard")

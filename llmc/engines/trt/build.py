@@ -134,6 +134,9 @@ def check_trt_config(cfg: TrtBuildConfig, model: ModelSpec) -> None:
     if model.per_layer_attention:
         raise InputError("the model's layers of different head sizes, or reading each other's KV caches (Gemma 4), "
                          "have not run in a TensorRT engine here: build it with --backend ort")
+    if any(model.index_layers):
+        raise InputError(f"the model's indexed attention (Kolibri 1.1: each query's keys chosen by routing scores past "
+                         f"{model.index_budget} of them) has no TensorRT plugin here: build it with --backend ort")
     if model.mla_kv_rank:
         raise InputError(f"the model's latent attention ({model.num_heads} query heads on one KV head of "
                          f"{model.head_dim} dims) has not run in a TensorRT engine here: build it with --backend ort")
