@@ -940,6 +940,14 @@ static inline float sink_term(const llmc_attention_args* a, int head, float m) {
  * keys are [lo, keys): all its causal keys, or its window's; split sp takes split_len of them from lo on. A block's
  * positions (prompts, AVX-512) are scored together: each key row is loaded once for the qb x G query vectors, each
  * value row once per 8 of them, each vector masked to its own keys. */
+/* How many of row b's new tokens from i0 on (at most rows) the dense pass computes: an indexed layer's queries that
+ * see more keys than its budget are the index pass's alone (index_query). */
+static inline int dense_rows(const llmc_attention_args* a, int b, int i0, int rows) {
+  if (a->index_topk <= 0) return rows;
+  int budget = a->index_sink + a->index_topk + a->index_local, keep = budget - past_of(a, b) - i0;
+  return keep < 0 ? 0 : keep < rows ? keep : rows;
+}
+
 static void run_unit(void* data, size_t u) {
   const job* j = (const job*)data;
   const llmc_attention_args* a = j->a;
@@ -956,7 +964,7 @@ static void run_unit(void* data, size_t u) {
   if (G <= 0) return;
   int i0 = ((z & 1) ? nblocks - 1 - z / 2 : z / 2) * qb;
   int n = new_of(a, b), past = past_of(a, b);
-  int rows = n - i0 < qb ? n - i0 : qb;
+  int rows = dense_rows(a, b, i0, n - i0 < qb ? n - i0 : qb);
   if (rows <= 0) return;
   float q[MAX_GD], acc[MAX_GD], m[64], l[64];
   int lo[64], hi[64], t0 = 0, t1 = 0;
@@ -1016,7 +1024,7 @@ static void merge_splits(const job* j) {
   const llmc_attention_args* a = j->a;
   int D = a->D;
   for (int b = 0; b < a->B; b++)
-    for (int i = 0; i < new_of(a, b); i++)
+    for (int i = 0; i < dense_rows(a, b, 0, new_of(a, b)); i++)
       for (int head = 0; head < a->H; head++) {
         size_t cell = ((size_t)b * a->S + i) * a->H + head;
         const float* p = j->part + cell * j->nsplit * (D + 2);
@@ -1495,7 +1503,7 @@ const char* llmc_attention(const llmc_attention_args* a, llmc_parallel_fn parall
   else
     run_units(&j, 0);
   if (j.nsplit > 1) merge_splits(&j);
-  /* (the queries seeing more keys than the budget: their chosen keys' attention over the dense pass's) */
+  /* (the queries seeing more keys than the budget, which the dense pass left out: their chosen keys' attention) */
   const char* err = a->index_topk > 0 && max_keys > a->index_sink + a->index_topk + a->index_local
                         ? index_pass(&j, parallel, parallel_ctx)
                         : NULL;
