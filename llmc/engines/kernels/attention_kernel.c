@@ -1229,15 +1229,12 @@ AVX512 static void attend_chosen512(const rows_t* K, const rows_t* V, int kind, 
 }
 #endif
 
-/* One query (row b, new token s) of an indexed layer seeing more than the budget: its keys chosen, then each query
- * head's attention over them written over the dense pass's output. work: index_work_floats(a) floats. */
-static void index_query(const job* j, int b, int s, float* work, int* idx) {
+/* Routing scores of query (b, s) over KV head 0's candidate keys [t0, t1) into score[t] (its first `index_heads` heads
+ * rounded to NVFP4 into q [heads][D]; kbuf [D]). */
+static void index_route(const job* j, int b, int s, int t0, int t1, float* score, float* q, float* kbuf) {
   const llmc_attention_args* a = j->a;
-  int D = a->D, G = a->H / a->Hkv, len = past_of(a, b) + s + 1;
-  int first = a->index_sink, last = len - a->index_local, n = last - first; /* the candidates [first, last) */
+  int D = a->D;
   const float* row = a->qkv + ((size_t)b * a->S + s) * j->W;
-  float *score = work, *q = score + a->L, *kbuf = q + (size_t)a->index_heads * D, *qg = kbuf + D;
-  float *acc = qg + (size_t)G * D, *sc = acc + (size_t)G * D; /* sc: [G][budget] */
   for (int h = 0; h < a->index_heads; h++) {
     nvfp4_round(row + (size_t)h * D, q + (size_t)h * D, D);
     if (a->kv_kind == LLMC_KV_I8) hadamard_for(j, q + (size_t)h * D, D, 1); /* (the cache's keys are rotated) */
@@ -1246,74 +1243,142 @@ static void index_query(const job* j, int b, int s, float* work, int* idx) {
   K.tiles = a->key_tiles;
 #ifdef LLMC_X86
   if (j->avx512)
-    route_scores512(&K, a->kv_kind, D, q, a->index_heads, first, last, score, kbuf);
+    route_scores512(&K, a->kv_kind, D, q, a->index_heads, t0, t1, score, kbuf);
   else
 #endif
-    route_scores(&K, a->kv_kind, D, q, a->index_heads, first, last, score, kbuf);
+    route_scores(&K, a->kv_kind, D, q, a->index_heads, t0, t1, score, kbuf);
+}
+
+/* The keys query (b, s) attends, into idx (ascending chosen ones, then the sinks and the local ones): their count. */
+static int index_choose(const llmc_attention_args* a, int b, int s, const float* score, int* idx) {
+  int len = past_of(a, b) + s + 1, first = a->index_sink, last = len - a->index_local;
   for (int t = first; t < last; t++) idx[t - first] = t;
-  select_best(idx, n, a->index_topk, score);
+  select_best(idx, last - first, a->index_topk, score);
   int count = a->index_topk;
   qsort(idx, (size_t)count, sizeof(int), ascending);
   for (int t = 0; t < first; t++) idx[count++] = t;
   for (int t = last; t < len; t++) idx[count++] = t;
-  for (int kvh = 0; kvh < a->Hkv; kvh++) {
-    rows_t Kh = head_rows(a, a->k, b, kvh), V = head_rows(a, a->v, b, kvh);
-    Kh.tiles = a->key_tiles;
-    memcpy(qg, row + (size_t)kvh * G * D, sizeof(float) * (size_t)G * D);
-    if (a->kv_kind == LLMC_KV_I8)
-      for (int g = 0; g < G; g++) hadamard_for(j, qg + (size_t)g * D, D, 1);
+  return count;
+}
+
+/* KV head kvh's query heads of query (b, s) over the keys idx[0 .. count), written to the output. work:
+ * attend_floats(a). */
+static void index_attend(const job* j, int b, int s, int kvh, const int* idx, int count, float* work) {
+  const llmc_attention_args* a = j->a;
+  int D = a->D, G = a->H / a->Hkv;
+  float *kbuf = work, *qg = kbuf + D, *acc = qg + (size_t)G * D, *sc = acc + (size_t)G * D; /* sc: [G][count] */
+  rows_t K = head_rows(a, a->k, b, kvh), V = head_rows(a, a->v, b, kvh);
+  K.tiles = a->key_tiles;
+  memcpy(qg, a->qkv + ((size_t)b * a->S + s) * j->W + (size_t)kvh * G * D, sizeof(float) * (size_t)G * D);
+  if (a->kv_kind == LLMC_KV_I8)
+    for (int g = 0; g < G; g++) hadamard_for(j, qg + (size_t)g * D, D, 1);
 #ifdef LLMC_X86
-    if (j->avx512)
-      attend_chosen512(&Kh, &V, a->kv_kind, D, qg, G, idx, count, a->scale, kbuf, sc, acc);
-    else
+  if (j->avx512)
+    attend_chosen512(&K, &V, a->kv_kind, D, qg, G, idx, count, a->scale, kbuf, sc, acc);
+  else
 #endif
-      attend_chosen(&Kh, &V, a->kv_kind, D, qg, G, idx, count, a->scale, kbuf, sc, acc);
-    memcpy(a->out + ((size_t)b * a->S + s) * a->H * D + (size_t)kvh * G * D, acc, sizeof(float) * (size_t)G * D);
-  }
+    attend_chosen(&K, &V, a->kv_kind, D, qg, G, idx, count, a->scale, kbuf, sc, acc);
+  memcpy(a->out + ((size_t)b * a->S + s) * a->H * D + (size_t)kvh * G * D, acc, sizeof(float) * (size_t)G * D);
 }
 
-/* The scratch of one index_query: the row's scores [L], the routing queries, a key, G queries and outputs, and the
- * chosen keys' scores [G][budget]. */
-static size_t index_work_floats(const llmc_attention_args* a) {
+/* index_attend's scratch: a key, G queries and outputs, the chosen keys' scores [G][budget]. */
+static size_t attend_floats(const llmc_attention_args* a) {
   int G = a->H / a->Hkv, budget = a->index_sink + a->index_topk + a->index_local;
-  return (size_t)a->L + (size_t)(a->index_heads + 1 + 2 * G) * a->D + (size_t)G * budget;
+  return (size_t)(1 + 2 * G) * a->D + (size_t)G * budget;
 }
 
+/* The queries past the budget, (b, s) packed as b * S + s, and how their work is shared: with as many of them as
+ * tasks or more, a task takes whole queries (scores, choice, every KV head); with fewer (decode rows), each query's
+ * routing scores are split over `parts` key ranges and its KV heads over the tasks. */
 typedef struct {
   const job* j;
-  size_t tasks, work_floats; /* task i's scratch: work + i * work_floats, idx + i * L */
-  float* work;
-  int* idx;
+  const int* queries;
+  int nq, parts;
+  size_t tasks, per_task; /* per_task: floats of a task's scratch (its routing queries and a key, then attend's) */
+  float* scores;          /* [nq][L] when split, else [tasks][L] */
+  int* idx;               /* the same */
+  int* counts;            /* [nq]: the chosen keys of each query, when split */
+  float* work;            /* [tasks][per_task] */
 } index_job;
 
-static void index_task(void* data, size_t task) {
+static void whole_queries(void* data, size_t task) {
   const index_job* x = (const index_job*)data;
   const llmc_attention_args* a = x->j->a;
-  int budget = a->index_sink + a->index_topk + a->index_local;
-  for (size_t u = task; u < (size_t)a->B * a->S; u += x->tasks) {
-    int b = (int)(u / (size_t)a->S), s = (int)(u % (size_t)a->S);
-    if (s < new_of(a, b) && past_of(a, b) + s + 1 > budget)
-      index_query(x->j, b, s, x->work + task * x->work_floats, x->idx + task * (size_t)a->L);
+  float *score = x->scores + task * (size_t)a->L, *work = x->work + task * x->per_task;
+  int* idx = x->idx + task * (size_t)a->L;
+  for (size_t u = task; u < (size_t)x->nq; u += x->tasks) {
+    int b = x->queries[u] / a->S, s = x->queries[u] % a->S, len = past_of(a, b) + s + 1;
+    index_route(x->j, b, s, a->index_sink, len - a->index_local, score, work, work + (size_t)a->index_heads * a->D);
+    int count = index_choose(a, b, s, score, idx);
+    for (int kvh = 0; kvh < a->Hkv; kvh++) index_attend(x->j, b, s, kvh, idx, count, work);
   }
 }
 
-/* Every query past the budget recomputed over its chosen keys, on the pool's threads; an error when the scratch
- * cannot be had (the dense pass's result must not stand for them). */
+static void route_parts(void* data, size_t task) { /* (split) task: (query, key range) units */
+  const index_job* x = (const index_job*)data;
+  const llmc_attention_args* a = x->j->a;
+  float* work = x->work + task * x->per_task;
+  for (size_t u = task; u < (size_t)x->nq * x->parts; u += x->tasks) {
+    int qi = (int)(u / x->parts), part = (int)(u % x->parts);
+    int b = x->queries[qi] / a->S, s = x->queries[qi] % a->S, len = past_of(a, b) + s + 1;
+    int first = a->index_sink, n = len - a->index_local - first, step = (n + x->parts - 1) / x->parts;
+    int t0 = first + part * step, t1 = t0 + step < first + n ? t0 + step : first + n;
+    if (t0 < t1)
+      index_route(x->j, b, s, t0, t1, x->scores + (size_t)qi * a->L, work, work + (size_t)a->index_heads * a->D);
+  }
+}
+
+static void attend_heads(void* data, size_t task) { /* (split) task: (query, KV head) units */
+  const index_job* x = (const index_job*)data;
+  const llmc_attention_args* a = x->j->a;
+  for (size_t u = task; u < (size_t)x->nq * a->Hkv; u += x->tasks) {
+    int qi = (int)(u / a->Hkv), kvh = (int)(u % a->Hkv);
+    index_attend(x->j, x->queries[qi] / a->S, x->queries[qi] % a->S, kvh, x->idx + (size_t)qi * a->L,
+                 x->counts[qi], x->work + task * x->per_task);
+  }
+}
+
+static void run_tasks(llmc_parallel_fn parallel, void* ctx, void (*fn)(void*, size_t), size_t tasks, void* data) {
+  if (parallel)
+    parallel(ctx, fn, tasks, data);
+  else
+    for (size_t t = 0; t < tasks; t++) fn(data, t);
+}
+
+/* Every query past the budget computed over its chosen keys, on the pool's threads; an error when the scratch cannot
+ * be had (the dense pass left those queries out). */
 static const char* index_pass(const job* j, llmc_parallel_fn parallel, void* parallel_ctx) {
   const llmc_attention_args* a = j->a;
-  index_job x = {j, (size_t)a->B * a->S < POOL_TASKS ? (size_t)a->B * a->S : POOL_TASKS, index_work_floats(a),
-                 NULL, NULL};  /* (per task: index_query's scratch and its candidates) */
-  x.work = (float*)malloc(sizeof(float) * x.tasks * x.work_floats);
-  x.idx = (int*)malloc(sizeof(int) * x.tasks * (size_t)a->L);
-  if (x.work && x.idx) {
-    if (parallel)
-      parallel(parallel_ctx, index_task, x.tasks, &x);
-    else
-      for (size_t t = 0; t < x.tasks; t++) index_task(&x, t);
+  index_job x = {.j = j};
+  int* queries = (int*)malloc(sizeof(int) * (size_t)a->B * a->S);
+  if (!queries) return "out of memory for the indexed attention's queries";
+  for (int b = 0; b < a->B; b++)
+    for (int s = dense_rows(a, b, 0, new_of(a, b)); s < new_of(a, b); s++) queries[x.nq++] = b * a->S + s;
+  x.queries = queries;
+  int split = x.nq < POOL_TASKS && parallel;
+  x.tasks = split ? POOL_TASKS : (size_t)x.nq < POOL_TASKS ? (size_t)x.nq : POOL_TASKS;
+  x.parts = split ? (POOL_TASKS + x.nq - 1) / x.nq : 1;
+  size_t rows = split ? (size_t)x.nq : x.tasks; /* score and index rows of L */
+  x.per_task = (size_t)(a->index_heads + 1) * a->D + attend_floats(a);
+  x.scores = (float*)malloc(sizeof(float) * rows * (size_t)a->L);
+  x.idx = (int*)malloc(sizeof(int) * rows * (size_t)a->L);
+  x.counts = (int*)malloc(sizeof(int) * (size_t)(x.nq > 0 ? x.nq : 1));
+  x.work = (float*)malloc(sizeof(float) * x.tasks * x.per_task);
+  const char* err = x.scores && x.idx && x.counts && x.work ? NULL : "out of memory for the indexed attention's key scores";
+  if (!err && x.nq > 0 && split) {
+    run_tasks(parallel, parallel_ctx, route_parts, x.tasks, &x);
+    for (int qi = 0; qi < x.nq; qi++)
+      x.counts[qi] = index_choose(a, queries[qi] / a->S, queries[qi] % a->S, x.scores + (size_t)qi * a->L,
+                                  x.idx + (size_t)qi * a->L);
+    run_tasks(parallel, parallel_ctx, attend_heads, x.tasks, &x);
+  } else if (!err && x.nq > 0) {
+    run_tasks(parallel, parallel_ctx, whole_queries, x.tasks, &x);
   }
-  const char* err = x.work && x.idx ? NULL : "out of memory for the indexed attention's key scores";
-  free(x.work);
+  free(queries);
+  free(x.scores);
   free(x.idx);
+  free(x.counts);
+  free(x.work);
   return err;
 }
 
