@@ -1127,6 +1127,17 @@ static void route_scores(const rows_t* K, int kind, int D, const float* q, int h
   }
 }
 
+/* Each of the G rows of count scores sc [G][count] as its softmax. */
+static void softmax_rows(float* sc, int G, int count) {
+  for (int g = 0; g < G; g++) {
+    float* p = sc + (size_t)g * count;
+    float m = -INFINITY, total = 0.f;
+    for (int i = 0; i < count; i++) m = p[i] > m ? p[i] : m;
+    for (int i = 0; i < count; i++) total += p[i] = flushed_exp(p[i] - m);
+    for (int i = 0; i < count; i++) p[i] /= total;
+  }
+}
+
 /* G query heads q [G][D] of one KV head over its keys idx[0 .. count) (portable): out [G][D], sc [G][count]. */
 static void attend_chosen(const rows_t* K, const rows_t* V, int kind, int D, const float* q, int G, const int* idx,
                           int count, float scale, float* kbuf, float* sc, float* out) {
@@ -1139,13 +1150,7 @@ static void attend_chosen(const rows_t* K, const rows_t* V, int kind, int D, con
     }
   }
   memset(out, 0, sizeof(float) * (size_t)G * D);
-  for (int g = 0; g < G; g++) {
-    float* p = sc + (size_t)g * count;
-    float m = -INFINITY, total = 0.f;
-    for (int i = 0; i < count; i++) m = p[i] > m ? p[i] : m;
-    for (int i = 0; i < count; i++) total += p[i] = flushed_exp(p[i] - m);
-    for (int i = 0; i < count; i++) p[i] /= total;
-  }
+  softmax_rows(sc, G, count);
   for (int i = 0; i < count; i++) {
     const char* vr = row_at(V, idx[i]);
     for (int d = 0; d < D; d++) kbuf[d] = load1(vr, d, kind, D);
@@ -1208,13 +1213,7 @@ AVX512 static void attend_chosen512(const rows_t* K, const rows_t* V, int kind, 
       sc[(size_t)g * count + i] = _mm512_reduce_add_ps(acc) * scale;
     }
   }
-  for (int g = 0; g < G; g++) {
-    float* p = sc + (size_t)g * count;
-    float m = -INFINITY, total = 0.f;
-    for (int i = 0; i < count; i++) m = p[i] > m ? p[i] : m;
-    for (int i = 0; i < count; i++) total += p[i] = flushed_exp(p[i] - m);
-    for (int i = 0; i < count; i++) p[i] /= total;
-  }
+  softmax_rows(sc, G, count);
   memset(out, 0, sizeof(float) * (size_t)G * D);
   for (int i = 0; i < count; i++) {
     const char* vr = row_at(V, idx[i]);
