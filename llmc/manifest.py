@@ -236,11 +236,11 @@ class ModelSpec:
     # 0: vocab_size (logits_size)
     output_vocab_size: int = 0
     # a mixture of attention (JetMoE): each token's query and output products are those of the top moa_top_k of
-    # moa_experts experts (router layers.{i}.moa_router [hidden, E], softmax over the chosen logits); every expert's
-    # q in layers.{i}.moa_q [hidden, E * Hkv * D] (expert-major), keys and values shared (layers.{i}.kv), the chosen
-    # experts' queries the attention's num_heads = Hkv * top_k heads in the order (kv head, slot): query head
-    # h * top_k + j reads KV head h; each slot's output times its weight goes to its expert's rows of layers.{i}.o
-    # [E * Hkv * D, hidden] (+ o.bias, once); 0: none
+    # moa_experts experts (router layers.{i}.moa_router [hidden, E], softmax over the chosen logits); expert e's q
+    # layers.{i}.moa.{e}.q [hidden, Hkv * D] and o layers.{i}.moa.{e}.o [Hkv * D, hidden], keys and values shared
+    # (layers.{i}.kv), the chosen experts' queries the attention's num_heads = Hkv * top_k heads in the order (kv head,
+    # slot): query head h * top_k + j reads KV head h; each slot's output times its weight through its expert's o,
+    # layers.{i}.moa.bias added once; 0: none
     moa_experts: int = 0
     moa_top_k: int = 0
     # indexed attention (Kolibri 1.1's "indexed_attention" layers, full attention without rotary): keys and values

@@ -1815,17 +1815,17 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
 
 
 def _moa_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
-    """A mixture of attention's canonical weights (ModelSpec.moa_experts): the router, every expert's q product side
-    by side (expert-major columns), the shared k / v product, every expert's o product stacked (expert-major rows)
-    and the bias added once after them."""
+    """A mixture of attention's canonical weights (ModelSpec.moa_experts): the router, each expert's q and o product
+    (layers.i.moa.e.q / .o), the shared k / v product, and the bias added once after the experts' outputs."""
     moa, q = f"model.layers.{i}.self_attn.experts.", f"layers.{i}."
-    experts = sd[moa + "input_linear.weight"]  # [E, Hkv * D, hidden]
-    width = experts.shape[0] * experts.shape[1]
-    return {q + "moa_router.weight": sd[moa + "router.layer.weight"].T.copy(),
-            q + "moa_q.weight": experts.reshape(width, -1).T.copy(),
-            q + "kv.weight": sd[f"model.layers.{i}.self_attn.kv_proj.weight"].T.copy(),  # [k, v] columns
-            q + "o.weight": np.ascontiguousarray(sd[moa + "output_linear.weight"].transpose(0, 2, 1).reshape(width, -1)),
-            q + "o.bias": sd[moa + "bias"]}
+    queries, outputs = sd[moa + "input_linear.weight"], sd[moa + "output_linear.weight"]  # [E, Hkv D, hidden], [E, hidden, Hkv D]
+    w = {q + "moa_router.weight": sd[moa + "router.layer.weight"].T.copy(),
+         q + "kv.weight": sd[f"model.layers.{i}.self_attn.kv_proj.weight"].T.copy(),  # [k, v] columns
+         q + "moa.bias": sd[moa + "bias"]}
+    for e in range(spec.moa_experts):
+        w[f"{q}moa.{e}.q.weight"] = queries[e].T.copy()
+        w[f"{q}moa.{e}.o.weight"] = outputs[e].T.copy()
+    return w
 
 
 def _mla(model: Any, config: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from onnx import helper
 
 from llmc.graph import io_names as io
 from llmc.graph.attention import LOWERINGS, CachedAttention, Rotary, layer_rope_table, nvfp4, rotate_packed
-from llmc.graph.builder import DTYPES, GraphBuilder
+from llmc.graph.builder import DTYPES, NP_DTYPES, GraphBuilder
 from llmc.graph.checkpoint import XIELU, Checkpoint
 from llmc.graph.layers import (
     CALIBRATE_POSITIONS,
@@ -218,26 +218,44 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
 def _mixture_of_attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary: Rotary,
                           query_scale: str | None) -> str:
     """JetMoE's attention block (ModelSpec.moa_experts): each token's top k experts by the router's logits, weighted
-    by their softmax; the chosen experts' queries (of all experts' products, picked by a one-hot product) are the
-    attention's heads in the order (kv head, slot), over the shared keys and values; each slot's output, times its
-    weight, goes to its expert's rows of the stacked o product (zeros for the others), which adds its bias once."""
+    by their softmax; each expert's q product runs on the tokens that chose it, into their slots, and the slots'
+    queries are the attention's heads in the order (kv head, slot) over the shared keys and values; each slot's
+    output, times its weight, goes through its expert's o product (on those tokens alone), the bias added once."""
     b, m, p = c.b, c.m, f"layers.{i}"
-    experts, k, hkv, d = m.moa_experts, m.moa_top_k, m.num_kv_heads, m.head_dim
+    k, hkv, d = m.moa_top_k, m.num_kv_heads, m.head_dim
     width = hkv * d
     logits = b.to_float32(linear(c, h, f"{p}.moa_router"))  # [B, S, E]
     top, chosen = b.op_n("TopK", logits, b.ints(k), axis=-1, outputs=2)  # [B, S, k] each, best first
     weights = b.to_compute(b.op("Softmax", top, axis=-1))
-    one_hot = b.to_compute(b.op("Cast", b.op("Equal", b.unsqueeze(chosen, -1), b.const(np.arange(experts))),
-                                to=DTYPES["float32"]))  # [B, S, k, E]
-    queries = b.op("Reshape", linear(c, h, f"{p}.moa_q"), b.ints(0, 0, experts, width))  # [B, S, E, Hkv * D]
-    slots = b.op("Reshape", b.op("MatMul", one_hot, queries), b.ints(0, 0, k, hkv, d))  # [B, S, k, Hkv, D]
-    q = b.op("Reshape", b.op("Transpose", slots, perm=[0, 1, 3, 2, 4]), b.ints(0, 0, hkv * k * d))
+    rows = b.op("Reshape", h, b.ints(-1, m.hidden_size))  # [N, hidden]
+    picks = [b.op("Transpose", b.op("NonZero", b.op("Equal", b.op("Reshape", chosen, b.ints(-1, k)),
+                                                     b.const(np.array(e, np.int64)))), perm=[1, 0])
+             for e in range(m.moa_experts)]  # expert e's (token, slot) pairs [n, 2]
+    slots = _zeros(c, b.op("Concat", b.op("Shape", rows, end=1), b.ints(k, width), axis=0))  # [N, k, Hkv * D]
+    for e, pick in enumerate(picks):
+        tokens = b.op("Gather", rows, b.op("Gather", pick, b.ints(0), axis=1), axis=0)  # [n, 1, hidden]
+        slots = b.op("ScatterND", slots, pick, b.op("Squeeze", linear(c, tokens, f"{p}.moa.{e}.q"), b.ints(1)))
+    lead = b.op("Shape", h, end=2)  # [B, S]
+    q = b.op("Reshape", b.op("Transpose", b.op("Reshape", slots, b.op("Concat", lead, b.ints(k, hkv, d), axis=0)),
+                             perm=[0, 1, 3, 2, 4]), b.ints(0, 0, hkv * k * d))
     qkv = b.op("Concat", q, linear(c, h, f"{p}.kv"), axis=-1)
     heads = _attention(c, i, h, attend, rotary, query_scale, qkv)  # [B, S, Hkv * k * D]
     out = b.op("Transpose", b.op("Reshape", heads, b.ints(0, 0, hkv, k, d)), perm=[0, 1, 3, 2, 4])
     out = b.op("Mul", b.op("Reshape", out, b.ints(0, 0, k, width)), b.unsqueeze(weights, -1))  # [B, S, k, Hkv * D]
-    spread = b.op("MatMul", b.op("Transpose", one_hot, perm=[0, 1, 3, 2]), out)  # [B, S, E, Hkv * D]
-    return linear(c, b.op("Reshape", spread, b.ints(0, 0, experts * width)), f"{p}.o")
+    out = b.op("Reshape", out, b.ints(-1, k, width))  # [N, k, Hkv * D]
+    acc = _zeros(c, b.op("Shape", rows))  # [N, hidden]
+    for e, pick in enumerate(picks):  # (a token picks an expert once: each expert adds to a token once)
+        y = linear(c, b.op("GatherND", out, pick), f"{p}.moa.{e}.o")  # [n, hidden]
+        at = b.op("Gather", pick, b.ints(0), axis=1)  # [n, 1]
+        acc = b.op("ScatterND", acc, at, b.op("Add", b.op("GatherND", acc, at), y))
+    acc = b.op("Add", acc, b.weight(f"{p}.moa.bias"))
+    return b.op("Reshape", acc, b.op("Concat", lead, b.ints(m.hidden_size), axis=0))
+
+
+def _zeros(c: Ctx, shape: str) -> str:
+    """Zeros of the graph's compute dtype, of the given shape."""
+    zero = helper.make_tensor("zero", c.b.onnx_dtype, [1], np.zeros(1, NP_DTYPES[c.b.dtype]))
+    return c.b.op("ConstantOfShape", shape, value=zero)
 
 
 def _residual(c: Ctx, x: str, delta: str, next_norm: str | None, fuse: bool,

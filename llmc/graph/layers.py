@@ -128,7 +128,9 @@ def _out_width(m: ModelSpec, name: str) -> int:
               "mamba_x": m.mamba_dt_rank + 2 * m.mamba_state, "mamba_dt": m.mamba_heads * m.mamba_head_dim,
               "moe_latent_in": m.moe_latent_size, "ple_proj": m.num_layers * m.per_layer_input_size,
               "ple_gate": m.per_layer_input_size, "moa_router": m.moa_experts,
-              "moa_q": m.moa_experts * m.num_kv_heads * m.head_dim, "kv": 2 * m.num_kv_heads * m.head_dim}
+              "kv": 2 * m.num_kv_heads * m.head_dim}
+    if ".moa." in name:  # (a mixture of attention's expert: its queries, Hkv heads, or its output product)
+        return m.num_kv_heads * m.head_dim if kind == "q" else m.hidden_size
     if kind == "down" and ".experts." in name and m.moe_latent_size:  # (latent experts: their outputs are L wide)
         return m.moe_latent_size
     return widths.get(kind, m.hidden_size)  # down, proj, moe_latent_out, ple_out

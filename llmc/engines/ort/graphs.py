@@ -38,7 +38,7 @@ LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight"
                    ".mamba_in.weight", ".mamba_out.weight",  # (a Mamba-2 mixer's)
                    ".mamba_x.weight", ".mamba_dt.weight",  # (a Mamba-1 mixer's selective projections: WHOLE_BLOCKS)
                    ".zamba_linear.weight",  # (a Zamba2 block's product into its mixer's input)
-                   ".moa_q.weight", ".kv.weight",  # (a mixture of attention's experts' queries, its keys and values)
+                   ".kv.weight",  # (a mixture of attention's keys and values; its experts' q and o: .q, .o)
                    "ple_proj.weight", ".ple_gate.weight", ".ple_out.weight")  # (Gemma 4's per-layer embeddings')
 # products quantized only where their input is a multiple of the kernels' block: a Mamba-1 mixer's selective ones
 # (x_proj: dt, B and C; dt_proj: a dt rank such as Mamba-130M's 48 is not, and that product, 48 x 1,536, stays fp32)
