@@ -83,6 +83,11 @@ class GraphBuilder:
     def split(self, x: str, sizes: list[int], axis: int = -1) -> list[str]:
         return self.op_n("Split", x, self.ints(*sizes), outputs=len(sizes), axis=axis)
 
+    def zeros(self, shape: str) -> str:
+        """Zeros of the compute dtype, of `shape` (a 1-D int64 tensor)."""
+        zero = helper.make_tensor("zero", self.onnx_dtype, [1], np.zeros(1, NP_DTYPES[self.dtype]))
+        return self.op("ConstantOfShape", shape, value=zero)
+
     def cast(self, x: str, dtype: str) -> str:
         return self.op("Cast", x, to=DTYPES[dtype])
 

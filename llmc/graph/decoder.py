@@ -21,7 +21,7 @@ from onnx import helper
 
 from llmc.graph import io_names as io
 from llmc.graph.attention import LOWERINGS, CachedAttention, Rotary, layer_rope_table, nvfp4, rotate_packed
-from llmc.graph.builder import DTYPES, NP_DTYPES, GraphBuilder
+from llmc.graph.builder import DTYPES, GraphBuilder
 from llmc.graph.checkpoint import XIELU, Checkpoint
 from llmc.graph.layers import (
     CALIBRATE_POSITIONS,
@@ -231,7 +231,7 @@ def _mixture_of_attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], s
     picks = [b.op("Transpose", b.op("NonZero", b.op("Equal", b.op("Reshape", chosen, b.ints(-1, k)),
                                                      b.const(np.array(e, np.int64)))), perm=[1, 0])
              for e in range(m.moa_experts)]  # expert e's (token, slot) pairs [n, 2]
-    slots = _zeros(c, b.op("Concat", b.op("Shape", rows, end=1), b.ints(k, width), axis=0))  # [N, k, Hkv * D]
+    slots = b.zeros(b.op("Concat", b.op("Shape", rows, end=1), b.ints(k, width), axis=0))  # [N, k, Hkv * D]
     for e, pick in enumerate(picks):
         tokens = b.op("Gather", rows, b.op("Gather", pick, b.ints(0), axis=1), axis=0)  # [n, 1, hidden]
         slots = b.op("ScatterND", slots, pick, b.op("Squeeze", linear(c, tokens, f"{p}.moa.{e}.q"), b.ints(1)))
@@ -243,7 +243,7 @@ def _mixture_of_attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], s
     out = b.op("Transpose", b.op("Reshape", heads, b.ints(0, 0, hkv, k, d)), perm=[0, 1, 3, 2, 4])
     out = b.op("Mul", b.op("Reshape", out, b.ints(0, 0, k, width)), b.unsqueeze(weights, -1))  # [B, S, k, Hkv * D]
     out = b.op("Reshape", out, b.ints(-1, k, width))  # [N, k, Hkv * D]
-    acc = _zeros(c, b.op("Shape", rows))  # [N, hidden]
+    acc = b.zeros(b.op("Shape", rows))  # [N, hidden]
     for e, pick in enumerate(picks):  # (a token picks an expert once: each expert adds to a token once)
         y = linear(c, b.op("GatherND", out, pick), f"{p}.moa.{e}.o")  # [n, hidden]
         at = b.op("Gather", pick, b.ints(0), axis=1)  # [n, 1]
@@ -251,11 +251,6 @@ def _mixture_of_attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], s
     acc = b.op("Add", acc, b.weight(f"{p}.moa.bias"))
     return b.op("Reshape", acc, b.op("Concat", lead, b.ints(m.hidden_size), axis=0))
 
-
-def _zeros(c: Ctx, shape: str) -> str:
-    """Zeros of the graph's compute dtype, of the given shape."""
-    zero = helper.make_tensor("zero", c.b.onnx_dtype, [1], np.zeros(1, NP_DTYPES[c.b.dtype]))
-    return c.b.op("ConstantOfShape", shape, value=zero)
 
 
 def _residual(c: Ctx, x: str, delta: str, next_norm: str | None, fuse: bool,

@@ -75,7 +75,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from llmc.errors import InputError
-from llmc.graph.builder import NP_DTYPES, GraphBuilder
+from llmc.graph.builder import GraphBuilder
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.layers import Ctx, gelu_tanh, linear
 from llmc.manifest import ModelSpec
@@ -698,15 +698,10 @@ def _add_expert(b: GraphBuilder, acc: str, x: str, rows: str, weight: str, gate_
     return b.op("ScatterND", acc, at, b.op("Add", b.op("GatherND", acc, at), b.op("Mul", ye, we) if we else ye))
 
 
-def _zeros_like(b: GraphBuilder, x: str) -> str:
-    zero = helper.make_tensor("zero", b.onnx_dtype, [1], np.zeros(1, NP_DTYPES[b.dtype]))
-    return b.op("ConstantOfShape", b.op("Shape", x), value=zero)
-
-
 def _unrolled(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec, mm: MatMul | None = None) -> str:
     """Each expert on its own tokens (NonZero of its routing column: empty when unpicked), its own 2-D weights
     (through `mm` when given: an engine's quantized ones)."""
-    acc = _zeros_like(b, x)
+    acc = b.zeros(b.op("Shape", x))
     e = spec.num_experts
     columns = b.split(b.op("Transpose", dense, perm=[1, 0]), [1] * e, axis=0)  # E x [1, N]
     for j, column in enumerate(columns):
@@ -730,7 +725,7 @@ def _loop(b: GraphBuilder, x: str, dense: str, prefix: str, spec: MoESpec) -> st
     hit = b.op("NonZero", b.op("ReduceSum", dense, b.ints(0), keepdims=0))  # [1, U]
     experts = b.op("Squeeze", hit, b.ints(0))  # [U] expert ids, ascending
     trips = b.op("Squeeze", b.op("Shape", experts), b.ints(0))  # scalar int64
-    acc0 = _zeros_like(b, x)
+    acc0 = b.zeros(b.op("Shape", x))
 
     outer, b.nodes = b.nodes, []
     it, cond, acc = f"{prefix}.moe_iter", f"{prefix}.moe_cond", f"{prefix}.moe_acc"

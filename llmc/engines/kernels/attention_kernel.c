@@ -931,6 +931,14 @@ static void pack_task(void* data, size_t i) {
 
 /* A query head's sink (attention_kernel.h) in a softmax denominator whose terms are taken against m: exp(sink - m),
  * or 0 without sinks. (A sink far above every score makes it inf, and the output the limit, 0.) */
+/* How many of row b's new tokens from i0 on (at most rows) the dense pass computes: an indexed layer's queries that
+ * see more keys than its budget are the index pass's alone (index_pass). */
+static inline int dense_rows(const llmc_attention_args* a, int b, int i0, int rows) {
+  if (a->index_topk <= 0) return rows;
+  int budget = a->index_sink + a->index_topk + a->index_local, keep = budget - past_of(a, b) - i0;
+  return keep < 0 ? 0 : keep < rows ? keep : rows;
+}
+
 static inline float sink_term(const llmc_attention_args* a, int head, float m) {
   return a->sinks ? expf(a->sinks[head] - m) : 0.f;
 }
@@ -940,14 +948,6 @@ static inline float sink_term(const llmc_attention_args* a, int head, float m) {
  * keys are [lo, keys): all its causal keys, or its window's; split sp takes split_len of them from lo on. A block's
  * positions (prompts, AVX-512) are scored together: each key row is loaded once for the qb x G query vectors, each
  * value row once per 8 of them, each vector masked to its own keys. */
-/* How many of row b's new tokens from i0 on (at most rows) the dense pass computes: an indexed layer's queries that
- * see more keys than its budget are the index pass's alone (index_query). */
-static inline int dense_rows(const llmc_attention_args* a, int b, int i0, int rows) {
-  if (a->index_topk <= 0) return rows;
-  int budget = a->index_sink + a->index_topk + a->index_local, keep = budget - past_of(a, b) - i0;
-  return keep < 0 ? 0 : keep < rows ? keep : rows;
-}
-
 static void run_unit(void* data, size_t u) {
   const job* j = (const job*)data;
   const llmc_attention_args* a = j->a;
