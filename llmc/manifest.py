@@ -254,6 +254,13 @@ class ModelSpec:
     index_local: int = 0
     index_sink: int = 0
     index_heads: int = 0
+    # BitNet b1.58: the attention's heads RMS-normed over all H * D (layers.{i}.attn_sub_norm) before o, and the
+    # MLP's act(gate) * up (layers.{i}.mlp_sub_norm) before down
+    sub_norms: bool = False
+    # "int8_token": every decoder layer's linear product (not the head) takes its input rounded per token to the
+    # int8 grid of its largest |x| (BitNet's activation quantization: round(x s) / s, s = 127 / max(max |x|, 1e-5));
+    # "": its input as it is
+    act_quant: str = ""
 
     @property
     def logits_size(self) -> int:

@@ -1015,6 +1015,36 @@ def _kolibri1_1(tf: Any, common: dict[str, Any]) -> Any:  # Kolibri-1 with index
     return model
 
 
+def _bitnet(tf: Any, common: dict[str, Any]) -> Any:  # norms before o and down (moved off ones), a squared-ReLU
+    # gated MLP; as its bf16 master weights ship (no quantization_config)
+    return _nudged(_auto(tf, "bitnet", **common, tie_word_embeddings=False))
+
+
+def _as_published_bitnet(out: Path, linear_class: str = "bitlinear", mode: str = "offline") -> None:
+    """The saved BitNet model as its ternary checkpoints ship (quantization_config "bitnet"): each decoder product's
+    weight rounded to -1, 0, 1 times 1 / s (s = 1 / mean |W|, BitNet's WeightQuant), stored as transformers' 2-bit
+    packing with its scale (BitLinear: s, divided by; an offline AutoBitLinear: 1 / s, multiplied by), or (online)
+    the master weight itself, which the model rounds as it runs."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.bitnet import pack_weights
+
+    weights = {}
+    for key, value in load_file(str(out / "model.safetensors")).items():
+        if key.startswith("model.layers.") and key.endswith("_proj.weight") and mode == "offline":
+            s = 1.0 / value.abs().mean().clamp(min=1e-5)
+            weights[key] = pack_weights((value * s).round().clamp(-1, 1))
+            scale = s if linear_class == "bitlinear" else 1.0 / s
+            weights[key.removesuffix("weight") + "weight_scale"] = scale.reshape(1).to(torch.float32)
+        else:
+            weights[key] = value
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitnet", "linear_class": linear_class,
+                                     "quantization_mode": mode}
+    (out / "config.json").write_text(json.dumps(config))
+
+
 TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe_swa, "hyperclovax": _hyperclovax,
                       "jais2": _jais2, "youtu": _youtu, "minicpm5_moe": _minicpm5_moe, "mellum": _mellum,
                       "flint": _flint, "hy_v3": _hy_v3, "kolibri1": _kolibri1,
@@ -1032,12 +1062,13 @@ TINY_BUILDERS.update({"granite_swa": _granite_swa, "granitemoe_swa": _granitemoe
                       "falcon_mamba": _falcon_mamba, "jamba": _jamba, "zamba2": _zamba2,
                       "gemma4_text": _gemma4_text, "gemma4_e": _gemma4_e, "gemma4_moe": _gemma4_moe,
                       "apertus1p5_text": _apertus1p5_text, "jetmoe": _jetmoe,
-                      "kolibri1_1": _kolibri1_1})
+                      "kolibri1_1": _kolibri1_1, "bitnet": _bitnet, "bitnet_ternary": _bitnet})
 # arch -> how its saved folder is rewritten as checkpoints ship
 PUBLISHED_AS = {"exaone": _as_published_exaone, "nemotron_h": _as_published_nemotron_h,
                 "nemotron_h_moe": _as_published_nemotron_h, "nemotron_h_latent": _as_published_nemotron_h,
                 "kimi_linear": _as_published_kimi_linear,
-                "granitemoehybrid": _as_published_granite_hybrid, "granitemoehybrid_dense": _as_published_granite_hybrid}
+                "granitemoehybrid": _as_published_granite_hybrid, "granitemoehybrid_dense": _as_published_granite_hybrid,
+                "bitnet_ternary": _as_published_bitnet}
 
 
 def make_model(arch: str, out: Path, vocab_size: int = 320, seed: int = 0) -> Path:

@@ -58,6 +58,7 @@ SUPPORTED = {
     "olmo_hybrid": "OLMo Hybrid (Gated DeltaNet and OLMo 3's attention)",
     "deepseek_v32": "DeepSeek-V3.2 (up to its index_topk)", "glm_moe_dsa": "GLM-5 (GLM-MoE-DSA; up to its index_topk)",
     "gemma4_text": "Gemma 4 (text: E2B, E4B with per-layer embeddings and KV-shared layers, 31B, 26B-A4B)",
+    "bitnet": "BitNet b1.58 (ternary weights, int8 activations)",
 }
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 GEMMA = ("gemma", "gemma2", "gemma3_text", "vaultgemma")  # norms that multiply by 1 + w, embeddings times sqrt(hidden)
@@ -110,6 +111,7 @@ def from_transformers(model: Any) -> Checkpoint:
     config = model.config
     check_supported(config.model_type)
     state = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
+    state.update(_ternary_weights(model))  # (BitNet's quantized products: the weights they compute with)
     if config.model_type in _LEARNED:
         return _LEARNED[config.model_type](config, state)
     return _decoder(model, config, state)
@@ -680,6 +682,53 @@ def _kolibri1_1(config: Any) -> dict[str, Any]:
 
 def _apertus(config: Any) -> dict[str, Any]:  # a plain xIELU MLP, qk-norm per head
     return {"plain_mlp": True, "qk_norm": "head"}
+
+
+def _bitnet(config: Any) -> dict[str, Any]:
+    """BitNet b1.58: a Llama with norms before o and down (ModelSpec.sub_norms); as published (quantization_config
+    "bitnet") each layer's products take per-token int8 activations (ModelSpec.act_quant) and ternary weights
+    (_ternary_weights); its bf16 master weights (no quantization_config) are the same network with neither."""
+    quantized = _get(config, "quantization_config") is not None  # (its use_rms_norm refused before it loads)
+    return {"sub_norms": True, **({"act_quant": "int8_token"} if quantized else {})}
+
+
+BITNET_LINEARS = ("BitLinear", "AutoBitLinear")  # transformers' quantized products (integrations/bitnet.py)
+
+
+def _ternary_weights(model: Any) -> dict[str, np.ndarray]:
+    """A BitNet checkpoint's quantized products as the float weights they compute with, by state-dict name: a
+    BitLinear's packed 2-bit values (4 a byte, row blocks of out / 4, value + 1) over its weight_scale; an offline
+    AutoBitLinear's ternary weight times its weight_scale; an online one's master weight rounded as its forward rounds
+    it (to -1, 0, 1 times 1 / s, s = 1 / max(mean |W|, 1e-5), in torch: the same float arithmetic). Every decoder
+    product must be one of them (their inputs are rounded to int8 per token: ModelSpec.act_quant); {} for other
+    models."""
+    import torch
+
+    modules = dict(model.named_modules())
+    quantized = {name: m for name, m in modules.items() if type(m).__name__ in BITNET_LINEARS}
+    if not quantized:
+        return {}
+    plain = sorted(name for name, m in modules.items() if isinstance(m, torch.nn.Linear)
+                   and name not in quantized and name.startswith("model.layers."))
+    if plain:
+        _refuse("quantization_config.modules_to_not_convert", plain[0],
+                "llmc rounds every decoder product's input to int8 (a product left in float is not implemented)")
+    out = {}
+    for name, m in quantized.items():
+        w = m.weight.detach()
+        if type(m).__name__ == "BitLinear":
+            packed = w.cpu().numpy().astype(np.uint8)  # [out / 4, in]
+            values = np.concatenate([(packed >> (2 * i)) & 3 for i in range(4)], axis=0).astype(np.float32) - 1
+            weight = values[:m.out_features] / np.float32(m.weight_scale.detach().float().item())
+        elif getattr(m, "online_quant", False):
+            with torch.no_grad():
+                wf = w.float()
+                s = 1.0 / wf.abs().mean().clamp_(min=1e-5)
+                weight = ((wf * s).round().clamp(-1, 1) / s).numpy()
+        else:
+            weight = (w.float() * m.weight_scale.detach().float()).numpy()
+        out[f"{name}.weight"] = np.ascontiguousarray(weight, dtype=np.float32)
+    return out
 
 
 def _arcee(config: Any) -> dict[str, Any]:  # a plain squared-ReLU MLP
@@ -1683,6 +1732,7 @@ _WEIGHT_NAMES: dict[str, Callable[[Any, dict[str, np.ndarray]], dict[str, np.nda
 _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "gemma4_text": _gemma4, "qwen3": _qwen3, "phi": _phi, "gemma": _gemma, "gemma2": _gemma, "gemma3_text": _gemma, "smollm3": _smollm3,
     "cohere": _cohere, "cohere2": _cohere2, "nemotron": _nemotron, "arcee": _arcee, "apertus": _apertus,
+    "bitnet": _bitnet,
     "apertus1p5_text": _apertus,
     "exaone4": _exaone4,
     "glm": _glm, "glm4": _glm,
@@ -1809,6 +1859,9 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
             w[q + "attn_gate.weight"] = sd[attn + "gate_proj.weight"].T.copy()
         if spec.attn_sinks:  # GPT-OSS
             w[q + "attn.sinks"] = sd[attn + "sinks"]
+        if spec.sub_norms:  # BitNet
+            w[q + "attn_sub_norm.weight"] = sd[attn + "attn_sub_norm.weight"]
+            w[q + "mlp_sub_norm.weight"] = sd[p + "mlp.ffn_sub_norm.weight"]
         if spec.has_mlp(i):
             w.update(_mlp_weights(spec, sd, i))
     return w

@@ -291,7 +291,8 @@ def _dequantized(folder: Path, config: Any) -> dict[str, Any]:
     """from_pretrained's arguments for a pre-quantized checkpoint: MXFP4 (gpt-oss ships its experts so) dequantized
     as it loads (exactly: each 4-bit value times a power of two), and block-scaled FP8 (DeepSeek-V3 / R1, Kimi K2,
     MiniMax-M2, the "-FP8" releases: each e4m3 value times its block's fp32 scale), whatever kernels the machine
-    has. Other methods (GPTQ, AWQ, bitsandbytes, ...) are refused: llmc quantizes from the model's own weights."""
+    has; BitNet's ternary checkpoints as transformers builds them (their quantization is the model). Other methods
+    (GPTQ, AWQ, bitsandbytes, ...) are refused: llmc quantizes from the model's own weights."""
     qc = getattr(config, "quantization_config", None)
     if qc is None:
         return {}
@@ -301,13 +302,24 @@ def _dequantized(folder: Path, config: Any) -> dict[str, Any]:
         from transformers import Mxfp4Config  # type: ignore[attr-defined]
 
         return {"quantization_config": Mxfp4Config(dequantize=True)}
+    if method == "bitnet" and getattr(config, "model_type", None) == "bitnet":  # (BitNet b1.58: transformers' own
+        # BitLinear modules, whose weights llmc reads as they compute: arch._ternary_weights) their torch.compile'd
+        # helpers run eagerly: the same arithmetic, without a C++ compile of each on a CPU
+        import torch._dynamo
+
+        fields = qc if isinstance(qc, dict) else qc.to_dict()
+        if fields.get("use_rms_norm"):
+            raise UnsupportedModelError(f"{folder / 'config.json'}: config option quantization_config.use_rms_norm = "
+                                        "True is not supported: a norm inside every product is not implemented")
+        torch._dynamo.config.disable = True
+        return {}
     if method == "fp8":
         from transformers import FineGrainedFP8Config  # type: ignore[attr-defined]
 
         fields = qc if isinstance(qc, dict) else qc.to_dict()
         return {"quantization_config": FineGrainedFP8Config.from_dict({**fields, "dequantize": True})}
     raise InputError(f"{folder / 'config.json'}: quantization_config.quant_method {method!r} is not supported: "
-                     "llmc exports unquantized weights (and GGUF, MXFP4, FP8), and quantizes them itself (--quant)")
+                     "llmc exports unquantized weights (and GGUF, MXFP4, FP8, BitNet), and quantizes them itself (--quant)")
 
 
 def _check_weights_match(where: Path, info: dict[str, Any], num_layers: int) -> None:

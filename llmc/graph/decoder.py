@@ -212,6 +212,8 @@ def _attention(c: Ctx, i: int, h: str, attend: Callable[[int, str], str], rotary
     if m.attn_output_gate:  # (AFMoE: gated per element by the block's input)
         gate = {"sigmoid": "Sigmoid", "softplus": "Softplus"}[m.attn_gate_activation]
         heads = c.b.op("Mul", heads, c.b.op(gate, linear(c, h, f"{p}.attn_gate")))
+    if m.sub_norms:  # (BitNet) normed over all its heads before o
+        heads = norm(c, heads, f"{p}.attn_sub_norm")
     return heads
 
 
@@ -409,7 +411,10 @@ def _gated_mlp(c: Ctx, h: str, p: str, inner: int) -> str:
     if gated_tiles(c, f"{p}.gate_up"):  # one node: silu(h @ gate) * (h @ up)
         return linear(c, gated_product(c, h, f"{p}.gate_up"), f"{p}.down")
     gate, up = c.b.split(linear(c, h, f"{p}.gate_up"), [inner] * 2)
-    return linear(c, c.b.op("Mul", _activation(c, gate), up), f"{p}.down")
+    product = c.b.op("Mul", _activation(c, gate), up)
+    if c.m.sub_norms:  # (BitNet) normed before down
+        product = norm(c, product, f"{p}.mlp_sub_norm")
+    return linear(c, product, f"{p}.down")
 
 
 def _embed(c: Ctx) -> str:

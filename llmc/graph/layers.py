@@ -72,7 +72,10 @@ class Ctx:
 
 def linear(c: Ctx, x: str, name: str) -> str:
     """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits / MatMulQ4 / MatMulQ8 when quantized weights are present.
-    A layer being calibrated (GraphOptions.calibrate) computes both and mixes them by its entry of CALIBRATE_INPUT."""
+    A layer being calibrated (GraphOptions.calibrate) computes both and mixes them by its entry of CALIBRATE_INPUT.
+    A decoder layer's input is first rounded per token where the model says so (ModelSpec.act_quant: BitNet)."""
+    if c.m.act_quant and name.startswith("layers."):
+        x = token_int8(c, x)
     if name in c.opts.calibrate:
         b = c.b
         exact, low = _product(c, x, name, quantized=False), _product(c, x, name, quantized=True)
@@ -82,6 +85,17 @@ def linear(c: Ctx, x: str, name: str) -> str:
     if c.has(w + BF16TILES):
         return matmul_bf16(c, x, name)
     return _product(c, x, name, quantized=any(c.has(w + s) for s in (Q4TILES, Q8TILES, QWEIGHT)))
+
+
+def token_int8(c: Ctx, x: str) -> str:
+    """x rounded per token to the int8 grid of its largest |x| (ModelSpec.act_quant "int8_token": BitNet b1.58's
+    activation quantization), in fp32: round(x s) / s with s = 127 / max(max |x|, 1e-5); |x s| <= 127, so the
+    grid needs no clamp."""
+    b = c.b
+    xf = b.to_float32(x)
+    peak = b.op("Max", b.reduce_max(b.op("Abs", xf), -1), b.const(np.array(1e-5, np.float32)))
+    s = b.op("Div", b.const(np.array(127.0, np.float32)), peak)
+    return b.to_compute(b.op("Div", b.op("Round", b.op("Mul", xf, s)), s))
 
 
 def _product(c: Ctx, x: str, name: str, quantized: bool) -> str:

@@ -217,6 +217,21 @@ def test_16_bit_activations_on_the_8_bit_head_come_closer(tiny_llama: Built, tmp
         assert errors["int8-act16"] < errors["int8"] < 2e-2, errors
 
 
+@pytest.mark.parametrize("arch", ["llama", "llama3"])  # (a head tied to the embeddings, and one of its own)
+def test_a_layout_keeping_every_product_and_the_head_in_fp32_is_the_export(tiny_factory: Callable[[str], Built],
+                                                                             tmp_path: Path, arch: str) -> None:
+    built = tiny_factory(arch)
+    export = load_export(built.export_dir)
+    layout = tuple((n.removesuffix(".weight"), "fp32") for n in quantizable(
+        load_checkpoint(built.export_dir, export))) + (("lm_head", "fp32"),)
+    build_ort(BuildConfig(built.export_dir, tmp_path / "e", quant="int4", layout=layout, kv_dtype="float32"))
+    engine, reference = load_engine_dir(tmp_path / "e"), export_engine(export, built.export_dir)
+    ids = [3, 17, 29, 41, 5]
+    ours = engine.prefill([0], [ids], engine.new_kv_cache(1, 8))[0]
+    theirs = reference.prefill([0], [ids], reference.new_kv_cache(1, 8))[0]
+    assert float(np.abs(ours - theirs).max()) <= 1e-4
+
+
 def test_the_search_raises_a_fifth_more_then_everything_and_then_halves_the_gap() -> None:
     """Short of the target: 1.2x the layers, at least an eighth of the candidates more, never past them, every one
     in the last build allowed; after a build reaches the target, halfway back towards the last one short of it, while

@@ -82,6 +82,11 @@ def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
     weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
     out = quantize_weights(weights, names, quant, head="lm_head.weight", gated=gated)
+    if "lm_head.weight" in out:  # (a layout keeping the head in fp32: the graph's Gemm reads it as [V, Hd], the
+        # embeddings themselves where tied)
+        del out["lm_head.weight"]
+        if not ckpt.spec.tie_embeddings:
+            out["lm_head.weight"] = head
     for i in range(ckpt.spec.num_layers):  # the "ort" mixture lowering's stacked experts: QMoE's blocks
         prefix = f"layers.{i}"
         if f"{prefix}.{ORT_FC1}" in out:
