@@ -24,8 +24,7 @@ ARCHS = ("llama", "llama3", "mistral", "ministral", "qwen2", "gpt2", "gpt_bigcod
          "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lara_mini", "granitemoehybrid", "granitemoehybrid_dense",
          "bamba", "nemotron_h", "falcon_h1", "falcon_h1_normed", "kimi_linear",
          "olmo_hybrid", "nemotron_h_moe", "mamba2", "nemotron_h_latent", "mamba", "falcon_mamba", "jamba", "zamba2",
-         "gemma4_text", "gemma4_e", "gemma4_moe", "apertus1p5_text", "jetmoe", "kolibri1_1", "bitnet",
-         "bitnet_ternary")
+         "gemma4_text", "gemma4_e", "gemma4_moe", "apertus1p5_text", "jetmoe", "kolibri1_1", "bitnet")
 # Engines the parity tests run on (each exact to 1e-4): in place with GroupQueryAttention, the export's own graphs
 # (KV layout "concat"), in place with standard ONNX Attention + TensorScatter, and in place with llmc's own attention
 # operator over an fp32 cache (the library is built when llmc is installed), and "onnx-static": Attention over the

@@ -1020,11 +1020,11 @@ def _bitnet(tf: Any, common: dict[str, Any]) -> Any:  # norms before o and down 
     return _nudged(_auto(tf, "bitnet", **common, tie_word_embeddings=False))
 
 
-def _as_published_bitnet(out: Path, linear_class: str = "bitlinear", mode: str = "offline") -> None:
-    """The saved BitNet model as its ternary checkpoints ship (quantization_config "bitnet"): each decoder product's
-    weight rounded to -1, 0, 1 times 1 / s (s = 1 / mean |W|, BitNet's WeightQuant), stored as transformers' 2-bit
-    packing with its scale (BitLinear: s, divided by; an offline AutoBitLinear: 1 / s, multiplied by), or (online)
-    the master weight itself, which the model rounds as it runs."""
+def _as_published_bitnet(out: Path, linear_class: str = "autobitlinear", mode: str = "offline") -> None:
+    """The saved BitNet model as its ternary checkpoints ship (quantization_config "bitnet"; bitnet-b1.58-2B-4T: an
+    offline AutoBitLinear): each decoder product's weight rounded to -1, 0, 1 times 1 / s (s = 1 / mean |W|, BitNet's
+    WeightQuant), stored as transformers' 2-bit packing with its scale in bf16 (BitLinear: s, divided by; an offline
+    AutoBitLinear: 1 / s, multiplied by), or (online) the master weight itself, which the model rounds as it runs."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers.integrations.bitnet import pack_weights
@@ -1035,7 +1035,7 @@ def _as_published_bitnet(out: Path, linear_class: str = "bitlinear", mode: str =
             s = 1.0 / value.abs().mean().clamp(min=1e-5)
             weights[key] = pack_weights((value * s).round().clamp(-1, 1))
             scale = s if linear_class == "bitlinear" else 1.0 / s
-            weights[key.removesuffix("weight") + "weight_scale"] = scale.reshape(1).to(torch.float32)
+            weights[key.removesuffix("weight") + "weight_scale"] = scale.reshape(1).to(torch.bfloat16)
         else:
             weights[key] = value
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})

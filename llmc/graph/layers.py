@@ -73,9 +73,8 @@ class Ctx:
 def linear(c: Ctx, x: str, name: str) -> str:
     """x @ W (+ bias); W [K, N] as MatMul, or MatMulNBits / MatMulQ4 / MatMulQ8 when quantized weights are present.
     A layer being calibrated (GraphOptions.calibrate) computes both and mixes them by its entry of CALIBRATE_INPUT.
-    A decoder layer's input is first rounded per token where the model says so (ModelSpec.act_quant: BitNet)."""
-    if c.m.act_quant and name.startswith("layers."):
-        x = token_int8(c, x)
+    A decoder layer's input is rounded per token where the model says so (ModelSpec.act_quant: BitNet), by llmc's
+    4- and 8-bit operators themselves (act_rows), else in the graph first (token_int8)."""
     if name in c.opts.calibrate:
         b = c.b
         exact, low = _product(c, x, name, quantized=False), _product(c, x, name, quantized=True)
@@ -85,6 +84,12 @@ def linear(c: Ctx, x: str, name: str) -> str:
     if c.has(w + BF16TILES):
         return matmul_bf16(c, x, name)
     return _product(c, x, name, quantized=any(c.has(w + s) for s in (Q4TILES, Q8TILES, QWEIGHT)))
+
+
+def rounds_input(c: Ctx, name: str) -> bool:
+    """The linear layer's input is rounded to int8 per token first (ModelSpec.act_quant "int8_token": BitNet's
+    decoder products, not its head)."""
+    return c.m.act_quant == "int8_token" and name.startswith("layers.")
 
 
 def token_int8(c: Ctx, x: str) -> str:
@@ -102,6 +107,8 @@ def _product(c: Ctx, x: str, name: str, quantized: bool) -> str:
     b, w = c.b, f"{name}.weight"
     if quantized and (c.has(w + Q4TILES) or c.has(w + Q8TILES)):
         return matmul_tiles(c, x, name, gated=False)
+    if rounds_input(c, name):
+        x = token_int8(c, x)
     if quantized:
         q = c.opts.quant
         assert q is not None, f"{w} is quantized but no QuantSpec was given"
@@ -188,6 +195,9 @@ def matmul_tiles(c: Ctx, x: str, name: str, gated: bool) -> str:
     q = c.opts.quant
     act_bits = q.act_bits_of(name) if q is not None else 8
     attrs: dict[str, Any] = {"act_bits": act_bits} if act_bits != 8 else {}
+    if rounds_input(c, name):  # (BitNet) each row on its own int8 grid: the model's own integers (two levels would
+        # add nothing to an input that is int8)
+        attrs = {"act_rows": 1}
     if c.opts.calibrate:  # a calibration graph scores decode's arithmetic, whose rows are int8 (not the prompts')
         attrs["int8_prompts"] = 1
     elif name == "lm_head" and act_bits == 16 and head_window(c.m):
@@ -201,6 +211,8 @@ def matmul_bf16(c: Ctx, x: str, name: str, gated: bool = False) -> str:
     gated: silu(x @ gate) * (x @ up)."""
     b, w = c.b, f"{name}.weight" + (BF16TILES_GATED if gated else BF16TILES)
     _, pairs, _ = c.ckpt.weights[w].shape
+    if rounds_input(c, name):
+        x = token_int8(c, x)
     bias = f"{name}.bias"
     attrs = {"gated": 1} if gated else {}
     return b.op("MatMulBF16", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []), domain=LLMC_DOMAIN,

@@ -133,13 +133,13 @@ def quantize_rows(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray
     return (_pack(q.reshape(*lead, n, k), bits), np.ascontiguousarray(scales.astype(np.float32)), _pack(zero, bits))
 
 
-def ternary_blocks(w: np.ndarray, axis: int) -> np.ndarray:
-    """Which blocks (reduced along `axis`) hold only -h, 0 and h, both -h and h among them (BitNet's ternary weights
-    times their scale): their grid is then scale h over min -h, q in {0, 1, 2}, where the usual (max - min) / 15 step
-    would put 0 between two levels."""
-    lo, hi = w.min(axis=axis, keepdims=True), w.max(axis=axis, keepdims=True)
-    on_grid = np.all((w == lo) | (w == 0) | (w == hi), axis=axis)
-    return on_grid & (np.squeeze(lo, axis) == -np.squeeze(hi, axis)) & (np.squeeze(hi, axis) > 0)
+def ternary_blocks(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which blocks (reduced along `axis`) hold only values of -h, 0 and h, h = their largest |w| > 0 (BitNet's
+    ternary weights times their scale), and h: their grid is then scale h over min -h, q in {0, 1, 2}, where the usual
+    (max - min) / 15 step puts 0 between two levels (-h, 0 and h), or off its fp16 multiple of the step (-h and 0)."""
+    h = np.abs(w).max(axis=axis)
+    edge = np.expand_dims(h, axis)
+    return np.all((w == edge) | (w == 0) | (w == -edge), axis=axis) & (h > 0), h
 
 
 def _symmetric(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +189,8 @@ def quantize(w_kn: np.ndarray, spec: QuantSpec, name: str = "weight") -> dict[st
         if spec.scheme == "symmetric" or err <= 1e-5 * max(float(np.abs(w).max()), 1e-12):
             return {QWEIGHT: _pack(q, spec.bits), SCALES: scales.reshape(-1)}
     lo, hi = w.min(axis=2), w.max(axis=2)  # [N, blocks]
-    scales = np.where(ternary_blocks(w, 2), hi, (hi - lo) / qmax)  # (a ternary block: 0 exact)
+    ternary, h = ternary_blocks(w, 2)
+    scales = np.where(ternary, h, (hi - lo) / qmax)  # (a ternary block: q = (w - min) / h, 0 exact)
     scales[scales == 0] = 1.0
     q = np.clip(np.rint((w - lo[..., None]) / scales[..., None]), 0, qmax).astype(np.uint8)
     offsets = lo + 2 ** (spec.bits - 1) * scales  # [N, blocks]: cancels the kernel's implicit zero point
@@ -230,8 +231,8 @@ def pack_q4_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     tiles = n_pad // TILE
     lo = wb.min(axis=1).astype(np.float16)  # [blocks, N]
     scales = ((wb.max(axis=1) - lo.astype(np.float32)) / 15).astype(np.float16)
-    ternary = ternary_blocks(wb, 1)  # (BitNet's: -h, 0 and h as q = 0, 1, 2 over scale h, 0 exact)
-    scales[ternary] = wb.max(axis=1)[ternary].astype(np.float16)
+    ternary, h = ternary_blocks(wb, 1)  # (BitNet's: -h, 0 and h as q = 0, 1, 2 over scale h, 0 exact)
+    scales[ternary] = h[ternary].astype(np.float16)
     lo[ternary] = -scales[ternary]
     scales[scales == 0] = 1.0
     q = np.clip(np.rint((wb - lo.astype(np.float32)[:, None]) / scales.astype(np.float32)[:, None]), 0, 15)
@@ -281,8 +282,8 @@ def pack_q8_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     symmetric = np.all((q8 * d[:, None]).astype(np.float32) == wb, axis=1) & (np.abs(q8).max(axis=1) <= 127)
     lo = wb.min(axis=1).astype(np.float16).astype(np.float32)
     step = ((wb.max(axis=1) - lo) / 255).astype(np.float16).astype(np.float32)
-    ternary = ternary_blocks(wb, 1)  # (BitNet's: -h, 0 and h as q = 0, 1, 2 over scale h)
-    step[ternary] = wb.max(axis=1)[ternary].astype(np.float16).astype(np.float32)
+    ternary, h = ternary_blocks(wb, 1)  # (BitNet's: -h, 0 and h as q = 0, 1, 2 over scale h)
+    step[ternary] = h[ternary].astype(np.float16).astype(np.float32)
     lo[ternary] = -step[ternary]
     scale, low = np.where(symmetric, d, np.where(step > 0, step, 1)), np.where(symmetric, -128 * d, lo)
     q = np.clip(np.rint((wb - low[:, None]) / np.where(scale > 0, scale, 1)[:, None]), 0, 255).astype(np.uint8)

@@ -145,15 +145,16 @@ def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gated: boo
 
 def _session(library: Path, k: int, n: int, packed: np.ndarray, bias: np.ndarray | None, gated: bool,
              threads: int, told: int | None, act_bits: int | None = None, op: str = "MatMulQ4",
-             int8_prompts: int | None = None, own_pool: bool = False, window: float | None = None) -> object:
+             int8_prompts: int | None = None, own_pool: bool = False, window: float | None = None,
+             act_rows: int | None = None) -> object:
     """A one-node session; `told` is the thread count the library is given (llmc.threads), None for none;
     `act_bits`, `int8_prompts`, `window` None: the node has no such attribute; own_pool: on llmc's pool of `told`
     threads."""
     import onnxruntime as ort
 
     inputs = ["x", "w"] + (["bias"] if bias is not None else [])
-    attrs = {name: v for name, v in (("act_bits", act_bits), ("int8_prompts", int8_prompts), ("window", window))
-             if v is not None}
+    attrs = {name: v for name, v in (("act_bits", act_bits), ("int8_prompts", int8_prompts), ("window", window),
+                                     ("act_rows", act_rows)) if v is not None}
     node = helper.make_node(op, inputs, ["y"], domain="ai.llmc", K=k, N=n, gated=int(gated), **attrs)
     inits = [numpy_helper.from_array(packed, "w")] + ([numpy_helper.from_array(bias, "bias")] if bias is not None
                                                       else [])
@@ -208,6 +209,39 @@ def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.Monk
     exact = x.astype(np.float64) @ w + (bias if bias is not None else 0)
     if not gated:
         assert np.abs(y - exact).max() < 0.05 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("op", ["MatMulQ4", "MatMulQ8"])
+@pytest.mark.parametrize(("batch", "seq"), [(1, 1), (3, 1), (2, 20)])  # (40 rows: past AMX-BF16's, which it skips)
+def test_act_rows_are_bitnet_s_integers(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, op: str,
+                                        batch: int, seq: int) -> None:
+    """act_rows 1: each row of x on one int8 grid, q = round(x * (127 / max(max |x|, 1e-5))), as transformers'
+    BitLinear rounds its input; on ternary weights (-h, 0, h) the product is then the model's integer dot products
+    times h and the row's scale, to float32's sums. The default grid per block of 32 misses them."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    k, n, h = 256, 96, np.float32(0.0390625)  # (h exact in fp16)
+    t = RNG.integers(-1, 2, size=(k, n)).astype(np.float32)
+    x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
+    x[..., :32] *= 0.01  # a first block far below the row's largest: its own grid would be finer
+    if batch * seq > 1:
+        x[-1, -1] = 0.0  # a row of zeros: its grid at 1e-5
+    inv = np.float32(127) / np.maximum(np.abs(x).max(axis=-1, keepdims=True), np.float32(1e-5))
+    q = np.rint(x * inv)  # (in float32, as transformers: ties to even alike)
+    want = (q.astype(np.float64) @ t.astype(np.float64)) * float(h) / inv.astype(np.float64)
+    packed = (pack_q4_tiles if op == "MatMulQ4" else pack_q8_tiles)(t * h)
+    y = _session(llmc_ops, k, n, packed, None, False, 2, 2, op=op, act_rows=1).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    blocks = _session(llmc_ops, k, n, packed, None, False, 2, 2, op=op).run(None, {"x": x})[0]
+    assert np.abs(blocks - want).max() > 1e-3 * np.abs(want).max()
+
+
+def test_act_rows_is_refused_where_it_does_not_apply(llmc_ops: Path) -> None:
+    w = pack_q4_tiles(_q4_1_like(64, 32))
+    for act_bits, rows in [(16, 1), (8, 2)]:
+        with pytest.raises(Exception, match=rf"MatMulQ4: act_rows {rows}: must be 0 \(a grid per block\) or 1"):
+            _session(llmc_ops, 64, 32, w, None, False, 2, 2, act_bits, act_rows=rows)
 
 
 @pytest.mark.parametrize("path", list(PATHS))

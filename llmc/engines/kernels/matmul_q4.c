@@ -137,14 +137,16 @@ static inline __attribute__((always_inline)) int32_t quantize_block(const float*
  * x's blocks are consecutive across rows (block mb = m blocks + b at x + 32 mb), so they go in groups of QGROUP. */
 static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_args* a, int levels, int8_t* xq,
                                                                      float* xscale, float* xsum, float* xsum1,
-                                                                     int64_t first, int64_t end) {
-  int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K;
+                                                                     const float* row_amax, int64_t first,
+                                                                     int64_t end) {
+  int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K, kb = a->K / LLMC_Q4_BLOCK;
   for (int64_t b0 = first; b0 < end; b0 += QGROUP) {
     int g = n - b0 < QGROUP ? (int)(n - b0) : QGROUP;
     const float* x = a->x + b0 * LLMC_Q4_BLOCK;
     int8_t* q = xq + b0 * LLMC_Q4_BLOCK;
     float amax[QGROUP], sum[QGROUP], r[QGROUP * LLMC_Q4_BLOCK];
     group_stats(x, g, amax);
+    for (int j = 0; row_amax && j < g; j++) amax[j] = row_amax[(b0 + j) / kb]; /* act_rows: the row's grid */
     for (int j = 0; j < g; j++) {
       const float* v = x + j * LLMC_Q4_BLOCK;
       int8_t* qj = q + j * LLMC_Q4_BLOCK;
@@ -177,9 +179,9 @@ static inline __attribute__((always_inline)) void quantize_blocks(const llmc_q4_
  * depend on their order: the same bits. Compiled from the C, the calls of a decode step (one row: 18 or 48 blocks
  * each, 121 products) took ~1 ns a value in the calling thread while the pool's other threads waited. */
 __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))) static void quantize_blocks512(
-    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, float* xsum1, int64_t first,
-    int64_t end) {
-  int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K;
+    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, float* xsum1, const float* row_amax,
+    int64_t first, int64_t end) {
+  int64_t n = a->M * (a->K / LLMC_Q4_BLOCK), xq_level = a->M * a->K, kb = a->K / LLMC_Q4_BLOCK;
   const __m512 magic = _mm512_set1_ps(12582912.f); /* round_small's 1.5 * 2^23 */
   const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
   for (int64_t b = first; b < end; b++) {
@@ -189,7 +191,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))
       __m512 mx = _mm512_setzero_ps(); /* max(f, mx): mx where f is NaN, as block_stats' f > mx ? f : mx */
       for (int h = 0; h < 2; h++)
         mx = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v[h]), abs_bits)), mx);
-      float amax = _mm512_reduce_max_ps(mx);
+      float amax = row_amax ? row_amax[b / kb] : _mm512_reduce_max_ps(mx); /* act_rows: the row's grid */
       float s = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
       __m512i q[2];
       for (int h = 0; h < 2; h++) { /* q as the int8 it is stored as (a NaN's INT_MIN truncates to 0, as in C) */
@@ -209,9 +211,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), optimize("fp-contract=off"))
   }
 }
 __attribute__((target("avx2"), optimize("fp-contract=off"))) static void quantize_blocks256(
-    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, float* xsum1, int64_t first,
-    int64_t end) {
-  quantize_blocks(a, levels, xq, xscale, xsum, xsum1, first, end);
+    const llmc_q4_args* a, int levels, int8_t* xq, float* xscale, float* xsum, float* xsum1, const float* row_amax,
+    int64_t first, int64_t end) {
+  quantize_blocks(a, levels, xq, xscale, xsum, xsum1, row_amax, first, end);
 }
 #endif
 
@@ -220,6 +222,7 @@ typedef struct {
   int levels, path;
   int8_t* xq;
   float *xscale, *xsum, *xsum1; /* xsum1: the first level's block sums alone, or NULL (see window_pass) */
+  const float* row_amax;        /* act_rows: each row's grid (max(max |x[m]|, 1e-5)); NULL: each block's own */
   size_t tasks;
 } quantize_job;
 
@@ -232,15 +235,15 @@ static void quantize_task(void* data, size_t t) {
   end = end < n ? end : n;
 #ifdef LLMC_X86
   if (q->path == LLMC_Q4_VNNI) {
-    quantize_blocks512(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, first, end);
+    quantize_blocks512(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, q->row_amax, first, end);
     return;
   }
   if (q->path == LLMC_Q4_AVX2) {
-    quantize_blocks256(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, first, end);
+    quantize_blocks256(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, q->row_amax, first, end);
     return;
   }
 #endif
-  quantize_blocks(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, first, end);
+  quantize_blocks(q->a, q->levels, q->xq, q->xscale, q->xsum, q->xsum1, q->row_amax, first, end);
 }
 
 /* x's blocks quantized, QUANTIZE_SPLIT_ROWS rows or more split over the pool's threads (in one thread a 128-token
@@ -250,8 +253,17 @@ static void quantize_task(void* data, size_t t) {
  * noise). */
 #define QUANTIZE_SPLIT_ROWS 8
 static void quantize_rows(const llmc_q4_args* a, int levels, int path, int8_t* xq, float* xscale, float* xsum,
-                          float* xsum1, llmc_parallel_fn parallel, void* parallel_ctx) {
-  quantize_job q = {a, levels, path, xq, xscale, xsum, xsum1, 1};
+                          float* xsum1, float* row_amax, llmc_parallel_fn parallel, void* parallel_ctx) {
+  for (int64_t m = 0; row_amax && m < a->M; m++) { /* act_rows: max(max |x[m]|, 1e-5), NaNs skipped as
+                                                     * block_stats skips them */
+    float mx = 1e-5f;
+    for (int64_t k = 0; k < a->K; k++) {
+      float v = fabsf(a->x[m * a->K + k]);
+      mx = v > mx ? v : mx;
+    }
+    row_amax[m] = mx;
+  }
+  quantize_job q = {a, levels, path, xq, xscale, xsum, xsum1, row_amax, 1};
   if (parallel && a->threads > 1 && a->M >= QUANTIZE_SPLIT_ROWS) {
     q.tasks = (size_t)a->threads;
     parallel(parallel_ctx, quantize_task, q.tasks, &q);
@@ -893,9 +905,15 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
              (double)a->window, a->act_bits, a->gated);
     return msg;
   }
+  if (a->act_rows != 0 && (a->act_rows != 1 || a->act_bits == 16)) {
+    snprintf(msg, sizeof msg, "act_rows %d must be 0 (a grid per block) or 1 (a grid per row, act_bits 8; got %d)",
+             a->act_rows, a->act_bits);
+    return msg;
+  }
   if (a->M <= 0) return NULL;
   int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = dot_path();
-  int wide = path == LLMC_Q4_VNNI && !a->int8_prompts && a->M >= LLMC_Q4_WIDE_ROWS && tiles_allowed();
+  int wide = path == LLMC_Q4_VNNI && !a->int8_prompts && !a->act_rows && a->M >= LLMC_Q4_WIDE_ROWS &&
+             tiles_allowed();
   int windowed = levels == 2 && a->window > 0.f && !wide && a->M >= LLMC_Q4_WINDOW_ROWS;
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
   int64_t pairs = (a->N + UNIT_COLS - 1) / UNIT_COLS, row_block = wide ? wide_row_block(a->M, a->K) : a->M;
@@ -912,7 +930,7 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   size_t expand_bytes = (size_t)a->K * 32 * sizeof(uint16_t);
   size_t bytes = wide ? xb_bytes + 64 + (size_t)tasks * expand_bytes
                       : (size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
-                            sizeof(float) * (size_t)(a->M * blocks);
+                            sizeof(float) * (size_t)(a->M * blocks) + (a->act_rows ? sizeof(float) * (size_t)a->M : 0);
   int64_t tiles = (a->N + LLMC_Q4_TILE - 1) / LLMC_Q4_TILE;
   if (windowed) /* the first level's block sums, then each row's tiles in its window */
     bytes += sizeof(float) * (size_t)(a->M * blocks) + sizeof(int32_t) * (size_t)(a->M * tiles);
@@ -949,7 +967,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     float* xsum = xscale + levels * a->M * blocks;
     int8_t* xq = (int8_t*)(xsum + a->M * blocks);
     float* xsum1 = windowed ? (float*)(xq + levels * a->M * a->K) : NULL;
-    quantize_rows(a, levels, path, xq, xscale, xsum, xsum1, parallel, parallel_ctx);
+    float* row_amax = a->act_rows ? (float*)(xq + levels * a->M * a->K) : NULL; /* (never windowed: act_bits 8) */
+    quantize_rows(a, levels, path, xq, xscale, xsum, xsum1, row_amax, parallel, parallel_ctx);
     j.xq = xq, j.xscale = xscale, j.xsum = windowed ? xsum1 : xsum;
     if (windowed) { /* every tile at the first level first: act_bits 8's values */
       j.levels = 1;

@@ -78,6 +78,10 @@ typedef struct {
                       * decode computes); 0: from LLMC_Q4_WIDE_ROWS rows on they may take AMX-BF16 (below) */
   float window;      /* act_bits 16, not gated: the second level only within this margin of a row's largest value
                       * (above); 0: everywhere */
+  int act_rows;      /* 1 (act_bits 8): each row of x quantized on one grid for all its blocks, xscale = max(max
+                      * |x[m]|, 1e-5) / 127 and xq = round(x * (127 / that max)) (BitNet's per-token int8
+                      * activations, as transformers computes them: the model's own integers, so the products are
+                      * its integer dot products times the weights' scales); never the AMX-BF16 path. 0: per block */
 } llmc_q4_args;
 
 /* Returns NULL on success, else a message naming the value and its limit. */

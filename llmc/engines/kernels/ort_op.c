@@ -31,7 +31,8 @@
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with gated = 1 (silu(gate) * up). Attributes: K, N, gated;
  * optional act_bits (default 8: int8 activations; 16: two int8 levels, ~15 bits, twice the integer work), window
  * (float, default 0; act_bits 16 without a gate: the second level only for the tiles within this margin of each
- * row's largest output, from LLMC_Q4_WINDOW_ROWS rows on: the LM head's batches).
+ * row's largest output, from LLMC_Q4_WINDOW_ROWS rows on: the LM head's batches), act_rows (default 0; 1, act_bits
+ * 8: each row of A on one int8 grid, BitNet's per-token activations).
  *
  * MatMulBF16 (matmul_bf16.h): A [..., K] fp32, B bfloat16 [ceil(N / 16), K / 2, 32] (the packed tiles), bias [N]
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with the optional gated = 1 (silu(gate) * up, its tiles
@@ -454,7 +455,7 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
 
 typedef struct {
   const OrtApi* api;
-  int64_t K, N, gated, act_bits, int8_prompts;
+  int64_t K, N, gated, act_bits, int8_prompts, act_rows;
   float window; /* MatMulQ4 / MatMulQ8 with act_bits 16: the second level's margin (matmul_q4.h) */
   int threads;
   int pool_threads; /* as Kernel's */
@@ -511,6 +512,15 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
       char msg[128];
       snprintf(msg, sizeof msg, "%s: act_bits %lld: must be 8 (int8 activations) or 16 (two int8 levels)", name,
                (long long)k->act_bits);
+      s = fail(api, ERR_INVALID_ARGUMENT, msg);
+    }
+  }
+  if (!s) {
+    k->act_rows = optional_int(api, info, "act_rows", 0);
+    if (k->act_rows != 0 && (k->act_rows != 1 || k->act_bits != 8)) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "%s: act_rows %lld: must be 0 (a grid per block) or 1 (a grid per row, act_bits 8)",
+               name, (long long)k->act_rows);
       s = fail(api, ERR_INVALID_ARGUMENT, msg);
     }
   }
@@ -572,7 +582,7 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
     llmc_q4_args a = {.M = M, .K = k->K, .N = k->N, .gated = (int)k->gated, .x = (const float*)data[MM_A],
                       .w = (const uint8_t*)data[MM_B], .bias = (const float*)data[MM_BIAS], .y = (float*)out_data,
                       .threads = k->threads, .act_bits = (int)k->act_bits, .bits = k->bits,
-                      .int8_prompts = (int)k->int8_prompts, .window = k->window};
+                      .int8_prompts = (int)k->int8_prompts, .window = k->window, .act_rows = (int)k->act_rows};
     err = llmc_q4_matmul(&a, run_parallel, &pool);
   }
   return outcome(&pool, name, err);
