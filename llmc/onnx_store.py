@@ -4,6 +4,7 @@ and the safety check every loader runs."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +59,12 @@ class WeightFile:
         self._file.close()
 
 
-def make_model(graph: onnx.GraphProto, weights: WeightFile, used: list[str], opset: int,
+def make_model(graph: onnx.GraphProto, weights: WeightFile | Mapping[str, TensorProto], used: list[str], opset: int,
                extra_opsets: dict[str, int] | None = None) -> onnx.ModelProto:
-    graph.initializer.extend(weights.proto(n) for n in used)
+    """The model of `graph` with its weights `used` pointing into a weight file (one being written, or the
+    initializers a written graph already points with)."""
+    proto = weights.proto if isinstance(weights, WeightFile) else weights.__getitem__
+    graph.initializer.extend(proto(n) for n in used)
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="llmc")
     model.ir_version = 10 if opset <= 21 else 11  # IR 10 for opset <= 21: ONNX Runtime >= 1.17, TensorRT 10

@@ -9,7 +9,8 @@ can be configured with that llmc does not implement is refused, naming the optio
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -729,6 +730,33 @@ def _ternary_weights(model: Any) -> dict[str, np.ndarray]:
             weight = (w.float() * m.weight_scale.detach().float()).numpy()
         out[f"{name}.weight"] = np.ascontiguousarray(weight, dtype=np.float32)
     return out
+
+
+@contextmanager
+def without_rounding() -> Iterator[None]:
+    """transformers' BitNet products with their inputs as they are (no int8 rounding), while in the block: the
+    network ModelSpec.act_quant "" describes, which an export's graphs without their rounding must match exactly."""
+    import torch
+    from transformers.integrations import bitnet
+
+    def unrounded(self: Any, x: Any, num_bits: int = 8) -> tuple[Any, Any]:  # (BitLinear: y / (1 * weight_scale))
+        return x, torch.ones((), dtype=x.dtype)
+
+    def as_it_is(x: Any) -> Any:  # (AutoBitLinear's ActQuant)
+        return x
+
+    saved = [(cls, name, cls.__dict__.get(name)) for cls, name in ((bitnet.ActQuant, "apply"),
+                                                                     (bitnet.BitLinear, "activation_quant"))]
+    setattr(bitnet.ActQuant, "apply", as_it_is)  # noqa: B010 - (mypy: a method assigned)
+    setattr(bitnet.BitLinear, "activation_quant", unrounded)  # noqa: B010
+    try:
+        yield
+    finally:
+        for cls, name, own in saved:  # (ActQuant's apply is torch.autograd.Function's: inherited again)
+            if own is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, own)
 
 
 def _arcee(config: Any) -> dict[str, Any]:  # a plain squared-ReLU MLP

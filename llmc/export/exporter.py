@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +85,10 @@ def _export_into(work: Path, src: sources.ModelSource, cfg: ExportConfig, progre
         golden_file=GOLDEN_FILE, tools=tool_versions(), files={},
     )
     progress.step("checking the graphs against transformers (ONNX Runtime)")
-    parity = _check_parity(work, manifest, golden, loaded.model)
+    if ckpt.spec.act_quant:
+        parity = _check_rounded(work, manifest, golden, loaded.model, prompt, ckpt, cfg.opset)
+    else:
+        parity = _check_parity(work, manifest, golden, loaded.model)
     progress.step("writing manifest")
     files = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
     manifest = ExportManifest(**{**manifest.__dict__, "files": files, "parity": parity})
@@ -161,6 +164,36 @@ def _check_parity(work: Path, manifest: ExportManifest, golden: Golden, model: o
                             f"logits are {own:.2e} from them (at most {limit:.2e} allowed)")
         result.update(float64_diff=ours, transformers_fp32_error=own)
     return result
+
+
+def _check_rounded(work: Path, manifest: ExportManifest, golden: Golden, model: object, prompt: list[int],
+                   ckpt: Checkpoint, opset: int) -> dict[str, float]:
+    """A model that rounds its products' inputs to int8 (ModelSpec.act_quant: BitNet). A rounding parts two fp32
+    computations of it by one int8 step of one value wherever that value lies at a tie (k + 1/2), and at billions of
+    parameters some always does: so its graphs are checked as every export's with the rounding taken out on both
+    sides (the same graphs, every weight, norm and attention, but for the rounding, and transformers' products on
+    their inputs as they are), and the rounded graphs' figures against the golden outputs (the model as it is) are
+    recorded beside, under "rounded_". The rounding itself: tests/export/test_bitnet.py."""
+    from llmc.engines.ort.build import export_engine
+    from llmc.export.arch import without_rounding
+    from llmc.runtime.verify import check_golden
+
+    plain = replace(manifest.model, act_quant="")
+    files = {kind: replace(getattr(manifest, kind), file=f"unrounded-{getattr(manifest, kind).file}")
+             for kind in ("prefill", "decode")}
+    for kind, spec in files.items():  # (their weights: the rounded graphs' own, in the same weights file)
+        placed = {t.name: t for t in onnx.load(str(work / getattr(manifest, kind).file),
+                                               load_external_data=False).graph.initializer}
+        graph, used = build_graph(Checkpoint(plain, ckpt.weights), spec, manifest.dtype, opset)
+        onnx.save(make_model(graph, placed, used, opset), str(work / spec.file))
+    try:
+        with without_rounding():
+            result = _check_parity(work, replace(manifest, model=plain, **files), make_golden(model, prompt), model)
+    finally:
+        for spec in files.values():
+            (work / spec.file).unlink()
+    rounded = check_golden(export_engine(manifest, work), golden)
+    return {**result, **{f"rounded_{k}": v for k, v in rounded.items()}}
 
 
 def _float64_logits(model: object, golden: Golden) -> np.ndarray | None:

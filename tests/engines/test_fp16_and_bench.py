@@ -163,6 +163,24 @@ def test_bench_prefills_every_run_in_full(tiny_llama: Built, monkeypatch: pytest
     assert len(hits) == 6 and hits == [0] * 6
 
 
+@pytest.mark.parametrize(("block", "batch", "prompt", "new"), [(64, 8, 96, 32), (64, 4, 200, 8), (16, 8, 128, 128),
+                                                               (64, 1, 64, 64)])
+def test_the_bench_s_kv_budget_admits_its_whole_batch(block: int, batch: int, prompt: int, new: int) -> None:
+    """The scheduler admits a prompt while a block of headroom a running row stays free (scheduler.decode_headroom):
+    the bench's budget (whole MiB, as it asks for it) lets every row in, and each grows to its length."""
+    from llmc.runtime.block_manager import BlockManager
+
+    per_token = 40960  # (a bitnet-2B-shaped engine of 8 layers: 5 KV heads of 128, fp32)
+    budget_mb = engine_bench.kv_bytes_for(per_token, block, batch, prompt + new) // 2**20 + 1
+    blocks = BlockManager(budget_mb * 2**20 // (per_token * block), block)
+    tables = []
+    for row in range(batch):
+        got = blocks.admit(list(range(1000 * row, 1000 * row + prompt)), headroom=row)
+        assert got is not None, f"row {row} of {batch} not admitted"
+        tables.append(got[0])
+    assert blocks.num_free >= batch * (blocks.blocks_for(prompt + new) - blocks.blocks_for(prompt))
+
+
 def test_bench_timed_runs_write_only_kv_blocks_written_before(tiny_llama: Built,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first round every run reuses blocks earlier runs wrote (their pages mapped, as a server's are): a

@@ -90,13 +90,14 @@ def test_the_byte_budget_leaves_out_the_raises_it_cannot_afford(search: Precisio
     ckpt = load_checkpoint(tiny_llama.export_dir, export)
     spec = QuantSpec(4, kernel="llmc")
     ranked = list(search.order)
-    kept = _affordable(ckpt, spec, search.names, search.sensitivities, ranked, 1.15)
+    kept, extras = _affordable(ckpt, spec, search.names, search.sensitivities, ranked, 1.15)
     assert 0 < len(kept) < len(ranked) and kept == [i for i in ranked if i in kept]
     base = sum(a.nbytes for n in search.names for a in quantize_as(_float_weight(ckpt, n), "w", spec.precision_of(n), spec).values())
     extra = extra_bytes(ckpt, spec, tuple((search.names[i], search.sensitivities[i].raise_to) for i in kept))
-    assert extra <= 0.15 * base
+    assert extra <= 0.15 * base and sum(extras.values()) == extra  # (what search.extra_bytes adds up)
     # no room: only the raises that cost no bytes (the 8-bit head's 16-bit activations)
-    assert _affordable(ckpt, spec, search.names, search.sensitivities, ranked, 1.0) == [search.names.index("lm_head")]
+    assert _affordable(ckpt, spec, search.names, search.sensitivities, ranked, 1.0)[0] == [
+        search.names.index("lm_head")]
 
 
 def test_a_quality_target_build_reaches_it_and_records_the_layout(tiny_llama: Built, tmp_path: Path) -> None:

@@ -97,8 +97,17 @@ def test_each_form_of_the_products_follows_transformers(tmp_path: Path, linear_c
     hf_dir = make_model("bitnet", tmp_path / "hf")
     _as_published_bitnet(hf_dir, linear_class, mode)
     export(ExportConfig(model=str(hf_dir), out_dir=tmp_path / "export"))
-    m = load_export(tmp_path / "export").model
+    export_manifest = load_export(tmp_path / "export")
+    m = export_manifest.model
     assert (m.sub_norms, m.act_quant, m.activation) == (True, "int8_token", "relu2")
+    # the export's own check: its graphs without their rounding against transformers' products without theirs, and
+    # the rounded graphs' figures beside (exporter._check_rounded); transformers' modules as they were after it
+    parity = export_manifest.parity
+    assert parity["max_abs_diff"] <= 1e-4 and parity["rounded_top1_agreement"] == 1.0
+    assert not [f for f in (tmp_path / "export").iterdir() if f.name.startswith("unrounded")]
+    from transformers.integrations import bitnet
+
+    assert "apply" not in bitnet.ActQuant.__dict__ and bitnet.BitLinear.activation_quant.__name__ != "unrounded"
     sequences = _sequences(_reference_model(hf_dir))
     for attention in ("gqa", "llmc"):
         out = tmp_path / attention
@@ -199,3 +208,17 @@ def test_a_4_bit_engine_computes_the_model_s_integers(tiny_factory: Callable[[st
     build_ort(BuildConfig(built.export_dir, tmp_path / "usual", force=True, quant=Quant.int4, matmul=MatMul.llmc,
                           layout=(("lm_head", "fp32"),), allow_divergence=True))
     assert _follows(tmp_path / "usual", sequences) > 1e-2
+
+
+def test_the_precision_search_leaves_the_ternary_products_alone(tiny_factory: Callable[[str], Built]) -> None:
+    """A BitNet product on ternary weights is exact at 4 bits and its input int8 as the model's: no raise brings it
+    closer, so the search's only candidate is the head (the bf16 master weights' products are candidates)."""
+    from llmc.engines.ort.graphs import load_checkpoint, quantizable
+    from llmc.engines.ort.quality import gains_nothing
+
+    for arch, candidates in (("bitnet_ternary", 0), ("bitnet", 8)):
+        export_dir = tiny_factory(arch).export_dir
+        ckpt = load_checkpoint(export_dir, load_export(export_dir))
+        names = [n for n in quantizable(ckpt) if n != "lm_head.weight"]
+        assert len(names) == 8 and sum(not gains_nothing(ckpt, n) for n in names) == candidates, arch
+

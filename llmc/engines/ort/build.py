@@ -138,7 +138,7 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
     _clear(work)
     if cfg.quant is Quant.none or cfg.quality_target <= 0 or cfg.layout:
         return _build_into(work, export_dir, export, cfg, progress)
-    from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch
+    from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, gains_nothing
     from llmc.engines.registry import load_engine_dir
     from llmc.runtime.tokenizer import Tokenizer
     from llmc.runtime.verify import VERIFY_PROMPTS, compare_engines, encode_prompt
@@ -150,10 +150,11 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
     assert spec is not None
     reference = export_engine(export, export_dir, threads)
     tok = Tokenizer.from_dir(export_dir)
-    names = [n.removesuffix(".weight") for n in quantizable(ckpt)] + ["lm_head"]
+    names = [n.removesuffix(".weight") for n in quantizable(ckpt) if not gains_nothing(ckpt, n)] + ["lm_head"]
     library = library_path() if cfg.uses_llmc_ops() else None
     search = PrecisionSearch(ckpt, names, spec, reference, [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS],
                              library, threads, cfg.quality_bytes, cfg.moe.value)
+    del ckpt  # (the float weights: the builds below read the export themselves)
     target = cfg.quality_target
     verify_prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
 
@@ -171,6 +172,7 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
         return manifest, report, None if cfg.allow_divergence else _divergence(manifest, work)
 
     k, short, reached = search.first_k(target), -1, None
+    search.release()  # (a 1B-parameter model's calibration graph and a build beside it passed 23 GB)
     for builds in range(1, MAX_QUALITY_BUILDS + 1):
         manifest, report, why = measured(k)
         if why is None:
@@ -191,13 +193,12 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
         k = reached
         manifest, report, _ = measured(k)
     from llmc.bench.limits import weight_bytes_per_step
-    from llmc.engines.ort.quality import extra_bytes
 
     layout = search.layout(k)
     bytes_now = weight_bytes_per_step(work, manifest)
     quality = {"target": target, "max_bytes_ratio": cfg.quality_bytes, "raised": dict(layout), "candidates": len(names), **report,
                "weight_bytes_per_step": bytes_now,
-               "base_weight_bytes_per_step": bytes_now - extra_bytes(ckpt, spec, layout),
+               "base_weight_bytes_per_step": bytes_now - search.extra_bytes(k),
                "sensitivity": {s.name: round(s.kl, 8) for s in search.sensitivities}}
     manifest = replace(manifest, settings=replace(manifest.settings, quality=quality))
     save(manifest, work)

@@ -26,7 +26,15 @@ from llmc.graph import io_names
 from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import build_graph
 from llmc.graph.layers import CALIBRATE_INPUT, CALIBRATE_POSITIONS, GraphOptions
-from llmc.graph.quant import Q4TILES, QuantSpec, dequantize, quantize_as, unpack_q4_tiles
+from llmc.graph.quant import (
+    Q4TILES,
+    TILE_BLOCK,
+    QuantSpec,
+    dequantize,
+    quantize_as,
+    ternary_blocks,
+    unpack_q4_tiles,
+)
 from llmc.manifest import GraphSpec, TensorSpec
 from llmc.onnx_store import WeightFile, make_model
 
@@ -60,13 +68,23 @@ class PrecisionSearch:
         self.names = names
         sequences = _continuations(reference, prompts)
         self._tmp = tempfile.TemporaryDirectory()  # the calibration graph's files, for the session's lifetime
-        self._session = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads, moe)
+        self._session: Any = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads, moe)
         self._feeds = _feeds(ckpt, sequences)
         self._reference = self._logprobs(np.zeros(len(names), np.float32))
         self.sensitivities = [Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec))
                               for i, n in enumerate(names)]
         ranked = sorted(range(len(names)), key=lambda i: -self.sensitivities[i].kl)
-        self.order = _affordable(ckpt, spec, names, self.sensitivities, ranked, max_bytes_ratio)
+        self.order, self._extra = _affordable(ckpt, spec, names, self.sensitivities, ranked, max_bytes_ratio)
+
+    def release(self) -> None:
+        """Let the calibration graph's session and files go (their memory: every layer at both precisions) once
+        first_k has been asked; layout() and extra_bytes() still answer."""
+        self._session = None
+        self._tmp.cleanup()
+
+    def extra_bytes(self, k: int) -> int:
+        """The weight bytes layout(k) adds to the engine with every layer at its base precision."""
+        return sum(self._extra[i] for i in self.order[:k])
 
     def layout(self, k: int) -> tuple[tuple[str, str], ...]:
         """The k most sensitive layers at their raised precision."""
@@ -100,19 +118,31 @@ class PrecisionSearch:
         return float((np.exp(self._reference) * (self._reference - test)).sum(-1).mean())
 
 
+def gains_nothing(ckpt: Checkpoint, name: str) -> bool:
+    """A layer no raise can bring closer to the model: a BitNet product (its input rounded to int8 per token by the
+    model, and by llmc's operators as the model does: ModelSpec.act_quant) whose weights are ternary in every block
+    of 32 (held exactly on the 4-bit grids: quant.ternary_blocks). The search leaves it at the base precision."""
+    w = ckpt.weights[name]
+    if not (ckpt.spec.act_quant and name.startswith("layers.")) or w.shape[0] % TILE_BLOCK:
+        return False
+    k, n = w.shape
+    return bool(ternary_blocks(w.reshape(k // TILE_BLOCK, TILE_BLOCK, n), 1)[0].all())
+
+
 def _affordable(ckpt: Checkpoint, spec: QuantSpec, names: list[str], sens: list[Sensitivity], ranked: list[int],
-                max_ratio: float) -> list[int]:
+                max_ratio: float) -> tuple[list[int], dict[int, int]]:
     """The ranked layers, less those whose raise would take the weight bytes past `max_ratio` times every layer
-    at the base precision (taken in rank order)."""
+    at the base precision (taken in rank order), and the bytes each kept one's raise adds."""
     base = sum(a.nbytes for n in names for a in quantize_as(_float_weight(ckpt, n), "w", spec.precision_of(n),
                                                               spec).values())
-    budget, kept = (max_ratio - 1.0) * base, []
+    budget, kept, extras = (max_ratio - 1.0) * base, [], {}
     for i in ranked:
         extra = extra_bytes(ckpt, spec, ((names[i], sens[i].raise_to),))
         if extra <= budget:
             kept.append(i)
+            extras[i] = extra
             budget -= extra
-    return kept
+    return kept, extras
 
 
 def _one_hot(n: int, i: int) -> np.ndarray:
