@@ -137,9 +137,9 @@ def ternary_blocks(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     """Which blocks (reduced along `axis`) hold only values of -h, 0 and h, h = their largest |w| > 0 (BitNet's
     ternary weights times their scale), and h: their grid is then scale h over min -h, q in {0, 1, 2}, where the usual
     (max - min) / 15 step puts 0 between two levels (-h, 0 and h), or off its fp16 multiple of the step (-h and 0)."""
-    h = np.abs(w).max(axis=axis)
-    edge = np.expand_dims(h, axis)
-    return np.all((w == edge) | (w == 0) | (w == -edge), axis=axis) & (h > 0), h
+    a = np.abs(w)
+    h = a.max(axis=axis)
+    return np.all((a == np.expand_dims(h, axis)) | (a == 0), axis=axis) & (h > 0), h
 
 
 def _symmetric(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
