@@ -4,6 +4,7 @@ and the safety check every loader runs."""
 from __future__ import annotations
 
 import hashlib
+import mmap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -33,10 +34,10 @@ class WeightFile:
         proto.name = name
         proto.data_type = helper.np_dtype_to_tensor_dtype(data.dtype)
         proto.dims.extend(data.shape)
-        self.point(proto, data.tobytes())
+        self.point(proto, data.reshape(-1).view(np.uint8).data)  # (its bytes as a memoryview, not a copy)
         self._protos[name] = proto
 
-    def point(self, proto: TensorProto, raw: bytes) -> None:
+    def point(self, proto: TensorProto, raw: bytes | memoryview) -> None:
         """Make `proto` refer to `raw` in this file, writing it only if the same bytes are not there yet."""
         key = hashlib.sha256(raw).digest()
         if key not in self._placed:
@@ -48,7 +49,8 @@ class WeightFile:
         proto.ClearField("raw_data")
         del proto.external_data[:]
         proto.data_location = TensorProto.EXTERNAL
-        for k, v in (("location", self.path.name), ("offset", str(self._placed[key])), ("length", str(len(raw)))):
+        length = raw.nbytes if isinstance(raw, memoryview) else len(raw)
+        for k, v in (("location", self.path.name), ("offset", str(self._placed[key])), ("length", str(length))):
             entry = proto.external_data.add()
             entry.key, entry.value = k, v
 
@@ -88,6 +90,45 @@ def to_numpy(proto: TensorProto, base_dir: Path) -> np.ndarray:
         raise ManifestError(f"{Path(base_dir) / where}: cannot read tensor {proto.name!r} "
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}); the "
                             "file is damaged: write it again with the stage that made it") from None
+
+
+MAPPABLE = frozenset(np.dtype(t) for t in ("float32", "float16", "float64", "int8", "uint8", "int16", "uint16", "int32",
+                                            "uint32", "int64", "uint64", "bool"))
+
+
+class MappedFiles:
+    """Read-only views of initializers' external data, each file mapped once (page cache: nothing copied into the
+    process's own memory, and shared with every other reader of the file, ONNX Runtime's sessions included)."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = Path(base_dir)
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def array(self, proto: TensorProto) -> np.ndarray:
+        """The initializer's values as a read-only view of its file; a tensor that cannot be mapped as it is (inline
+        data, a type numpy does not hold natively) is read as to_numpy reads it."""
+        info = {e.key: e.value for e in proto.external_data}
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(proto.data_type)) if proto.data_type else None
+        if proto.data_location != TensorProto.EXTERNAL or "location" not in info or dtype not in MAPPABLE:
+            return to_numpy(proto, self.base_dir)
+        count = int(np.prod(proto.dims, dtype=np.int64))
+        offset, length = int(info.get("offset", 0)), int(info.get("length", count * dtype.itemsize))
+        path = self.base_dir / info["location"]
+        try:
+            region = self._maps.get(info["location"]) or self._map(info["location"], path)
+        except (OSError, ValueError):  # missing or empty: to_numpy's one-line error
+            return to_numpy(proto, self.base_dir)
+        if length != count * dtype.itemsize or offset + length > len(region):
+            raise ManifestError(f"{path}: tensor {proto.name!r} needs bytes {offset} .. {offset + length} as "
+                                f"{list(proto.dims)} of {dtype}, the file holds {len(region)} bytes; the file is "
+                                "damaged: write it again with the stage that made it")
+        return np.frombuffer(region, dtype, count, offset).reshape(tuple(proto.dims))
+
+    def _map(self, location: str, path: Path) -> mmap.mmap:
+        with open(path, "rb") as f:
+            region = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps[location] = region
+        return region
 
 
 def load_graph(path: Path) -> onnx.ModelProto:

@@ -26,6 +26,7 @@ nibble first), scales [N * K' / block] fp32 (K' = K, or K + the offset rows when
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,11 @@ KERNELS = ("ort", "llmc")
 # -act16: 16-bit activations (two 8-bit levels, x ~ s1 q1 + s2 q2) on the same weights; -fp32act: fp32 ones
 PRECISIONS = ("int4", "int4-act16", "int4-fp32act", "int8", "int8-act16", "fp32")
 TILE, TILE_BLOCK = 16, 32  # MatMulQ4: 16 columns per tile, blocks of 32 along K
+# Columns a tile packer quantizes at a time (a multiple of a tile pair's 32): its float temporaries, 3-4x the
+# weight's fp32 bytes, stay a few times one slice's. A 151,936-token head's 8-bit tiles took 3.95 GB of them at
+# once, beside the 0.93 GB head and its contiguous transposed copy (measured); a slice of a transposed view is
+# copied on its own, so the head goes in as embed.T.
+COLUMN_CHUNK = 8192
 
 
 @dataclass(frozen=True)
@@ -221,11 +227,20 @@ def _gate_up_tiles(w: np.ndarray, inverse: bool = False) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(shape).transpose(0, 2, 1, 3).reshape(k, n))
 
 
+def _by_columns(pack: Callable[[np.ndarray, bool, str], np.ndarray], w_kn: np.ndarray, name: str) -> np.ndarray:
+    """A tile packer's result for W [K, N], COLUMN_CHUNK columns at a time: its tile pairs are independent and
+    come in column order, so the slices' results stack along their first axis."""
+    return np.concatenate([pack(w_kn[:, c:c + COLUMN_CHUNK], False, name)
+                           for c in range(0, w_kn.shape[1], COLUMN_CHUNK)], axis=0)
+
+
 def pack_q4_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -> np.ndarray:
     """W [K, N] -> MatMulQ4's packed tiles [ceil(N / 32), K / 32, 640] uint8 (pairs of 16-column tiles side by side,
     per block of 32 along K; matmul_q4.h): q in 0..15 with w = scale * q + min, scale and min fp16 (min = the
     block's minimum: GGUF Q4_1's numbers come back as they were). `gated`: W = [gate | up] of a SwiGLU MLP, its
     tiles interleaved."""
+    if not gated and w_kn.shape[1] > COLUMN_CHUNK:
+        return _by_columns(pack_q4_tiles, w_kn, name)
     wb = _tile_blocks(w_kn, gated, name, "4-bit")
     blocks, _, n_pad = wb.shape
     tiles = n_pad // TILE
@@ -274,6 +289,8 @@ def pack_q8_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     (d = max |w| / 127 in fp16, w = d * q8) is stored as scale d, min -128 d; any other as its own grid, min = the
     block's minimum and scale = (max - min) / 255 (a 4-bit grid's d / 17). Chunk c of a tile's block holds k = 4 c ..
     4 c + 3 of its 16 columns, then the 16 scales and 16 mins."""
+    if not gated and w_kn.shape[1] > COLUMN_CHUNK:
+        return _by_columns(pack_q8_tiles, w_kn, name)
     wb = _tile_blocks(w_kn, gated, name, "8-bit")
     blocks, _, n_pad = wb.shape
     tiles = n_pad // TILE
@@ -373,17 +390,23 @@ def compact_table(w: np.ndarray, name: str) -> dict[str, np.ndarray]:
     fp32 copy (its Gemm's, prepacked) is no longer held twice."""
     w = np.ascontiguousarray(w, dtype=np.float32)
     v, h = w.shape
+    rows = max(1, (COLUMN_CHUNK << 12) // max(h, 1))  # (a slice at a time, as the tile packers: their temporaries)
     if h % 32 == 0:
-        blocks = w.reshape(v, h // 32, 32)
-        d = (np.abs(blocks).max(-1) / 127.0).astype(np.float16)
-        d32 = d.astype(np.float32)
-        safe = np.where(d32 > 0, d32, 1.0)[..., None]
-        q = np.rint(blocks / safe)
-        if np.all(np.isfinite(d32)) and np.all(np.abs(q) <= 127) and np.array_equal(
-                (q * d32[..., None]).astype(np.float32), blocks):
-            return {name + EMBED_Q8: q.astype(np.int8).reshape(v, h), name + EMBED_Q8_SCALES: d}
+        q8, d = np.empty((v, h), np.int8), np.empty((v, h // 32), np.float16)
+        for r in range(0, v, rows):
+            blocks = w[r:r + rows].reshape(-1, h // 32, 32)
+            d[r:r + rows] = (np.abs(blocks).max(-1) / 127.0).astype(np.float16)
+            d32 = d[r:r + rows].astype(np.float32)
+            q = np.rint(blocks / np.where(d32 > 0, d32, 1.0)[..., None])
+            if not (np.all(np.isfinite(d32)) and np.all(np.abs(q) <= 127)
+                    and np.array_equal((q * d32[..., None]).astype(np.float32), blocks)):
+                break
+            q8[r:r + rows] = q.reshape(-1, h)
+        else:
+            return {name + EMBED_Q8: q8, name + EMBED_Q8_SCALES: d}
+        del q8, d
     bits = w.view(np.uint32)
-    if not np.any(bits & 0xFFFF):
+    if not any(np.any(bits[r:r + rows] & 0xFFFF) for r in range(0, v, rows)):
         import ml_dtypes  # onnx's own dependency: the numpy dtype onnx stores as BFLOAT16
 
         return {name + EMBED_BF16: (bits >> 16).astype(np.uint16).view(ml_dtypes.bfloat16)}

@@ -105,15 +105,30 @@ def _scores(refs: list[tuple[np.ndarray, list[int]]], candidates: list[np.ndarra
             "positions": float(sum(a.size for a in agree))}
 
 
-def compare_engines(reference: Engine, candidate: Engine, prompts: list[list[int]], steps: int = 32,
-                    together: bool = False) -> dict[str, Any]:
+Trace = tuple[np.ndarray, list[int]]  # next-token logits [steps + 1, V] along a greedy continuation, and its tokens
+
+
+def reference_traces(reference: Engine, prompts: list[list[int]], steps: int = 32) -> list[Trace]:
+    """The reference's greedy continuation of each prompt and its next-token logits along it: what compare_to
+    scores a candidate against (computed once, the reference engine can go before the candidates come)."""
+    return [_trace(reference, p, None, steps) for p in prompts]
+
+
+def compare_to(refs: list[Trace], candidate: Engine, prompts: list[list[int]], together: bool = False) -> dict[str, Any]:
     """Top-1 agreement and mean KL(reference || candidate) of next-token distributions along the reference's own
-    greedy continuations, and the mean length over which the candidate's greedy output matches the reference's.
-    The candidate runs each prompt alone; `together` also runs them all as one batch, the same scores under the key
-    "together" (an engine whose rows depend on their batch, as a windowed head's do, differs there)."""
-    refs = [_trace(reference, p, None, steps) for p in prompts]
+    greedy continuations (`refs`, from reference_traces on the same prompts), and the mean length over which the
+    candidate's greedy output matches the reference's. The candidate runs each prompt alone; `together` also runs
+    them all as one batch, the same scores under the key "together" (an engine whose rows depend on their batch, as
+    a windowed head's do, differs there)."""
+    steps = len(refs[0][1]) if refs else 0
     report: dict[str, Any] = _scores(refs, [_trace(candidate, p, tokens, steps)[0]
                                             for p, (_, tokens) in zip(prompts, refs)], steps)
     if together:
         report["together"] = _scores(refs, _together(candidate, prompts, [t for _, t in refs], steps), steps)
     return report
+
+
+def compare_engines(reference: Engine, candidate: Engine, prompts: list[list[int]], steps: int = 32,
+                    together: bool = False) -> dict[str, Any]:
+    """compare_to over the reference's traces of `prompts`, `steps` tokens each."""
+    return compare_to(reference_traces(reference, prompts, steps), candidate, prompts, together)

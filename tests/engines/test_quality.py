@@ -15,7 +15,7 @@ from conftest import Built
 from llmc.engines.kernels import library_path
 from llmc.engines.ort.build import MAX_QUALITY_BUILDS, BuildConfig, build_ort, export_engine, next_raise
 from llmc.engines.ort.graphs import load_checkpoint, quantizable
-from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, _float_weight
+from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, _float_weight, continuations
 from llmc.engines.registry import load_engine_dir
 from llmc.graph.layers import HEAD_WINDOW, head_window
 from llmc.graph.quant import QuantSpec, quantize_as
@@ -31,8 +31,9 @@ def search(tiny_llama: Built) -> PrecisionSearch:
     names = [n.removesuffix(".weight") for n in quantizable(ckpt)] + ["lm_head"]
     tok = Tokenizer.from_dir(tiny_llama.export_dir)
     reference = export_engine(export, tiny_llama.export_dir)
-    return PrecisionSearch(ckpt, names, QuantSpec(4, kernel="llmc"), reference,
-                           [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS], library_path(), 1,
+    return PrecisionSearch(ckpt, names, QuantSpec(4, kernel="llmc"),
+                           continuations(reference, [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS]),
+                           library_path(), 1,
                            max_bytes_ratio=10.0)  # no byte budget: every layer a candidate
 
 
@@ -60,8 +61,14 @@ def test_the_calibration_graph_scores_decode_arithmetic(search: PrecisionSearch)
     """Its rows are whole sequences, which the operators could run on a prompt's AMX-BF16 tiles: every llmc
     product asks for the int8 arithmetic decode computes (the one whose sensitivity the raises are for)."""
     graph = onnx.load(str(Path(search._tmp.name) / "calibration.onnx"), load_external_data=False).graph
-    nodes = [n for n in graph.node if n.op_type in ("MatMulQ4", "MatMulQ8")]
+    nodes = [n for n in _all_nodes(graph) if n.op_type in ("MatMulQ4", "MatMulQ8")]
     assert nodes and all({a.name: a.i for a in n.attribute}.get("int8_prompts") == 1 for n in nodes)
+
+
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The graph's nodes and those of its If branches."""
+    return [m for n in graph.node for m in [n, *(x for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
+                                                 for x in _all_nodes(a.g))]]
 
 
 def test_each_layer_has_a_sensitivity_and_raising_all_of_them_is_the_model(search: PrecisionSearch) -> None:
@@ -141,7 +148,7 @@ def test_a_layout_that_leaves_the_golden_answer_is_short_of_the_target(tiny_llam
     from llmc.engines.ort import build as build_mod
     from llmc.runtime import verify
 
-    monkeypatch.setattr(verify, "compare_engines", lambda *a, **k: {"top1_agreement": 1.0})  # top-1 always met
+    monkeypatch.setattr(verify, "compare_to", lambda *a, **k: {"top1_agreement": 1.0})  # top-1 always met
     gate_calls: list[int] = []
     leaves_first = "the engine's greedy continuation of the golden prompt leaves the model's at token 1 of 8"
 

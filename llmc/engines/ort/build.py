@@ -88,10 +88,18 @@ def engine_manifest(export: ExportManifest, export_dir: Path, backend: str, prec
     )
 
 
+class ExportEngine(OrtEngine):
+    """The exported graphs as an engine: the reference that exports, builds and llmc verify check against, not one
+    to serve. Its float products run on the weights as the file maps them (OrtEngineBase.prepack): it then holds
+    no copy of the model of its own, beside the transformers model an export checks or the engines a build makes."""
+
+    prepack = False
+
+
 def export_engine(export: ExportManifest, export_dir: Path, threads: int = 0) -> OrtEngine:
     """An engine straight over the exported graphs (used to check an export before it is complete)."""
     manifest = engine_manifest(export, export_dir, "ort", export.dtype, EngineSettings(threads=threads), files={})
-    return OrtEngine(manifest, export_dir, EngineOptions(threads=threads))
+    return ExportEngine(manifest, export_dir, EngineOptions(threads=threads))
 
 
 def build_ort(cfg: BuildConfig, progress: Progress | None = None) -> EngineManifest:
@@ -138,32 +146,35 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
     _clear(work)
     if cfg.quant is Quant.none or cfg.quality_target <= 0 or cfg.layout:
         return _build_into(work, export_dir, export, cfg, progress)
-    from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, gains_nothing
+    from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, continuations, gains_nothing
     from llmc.engines.registry import load_engine_dir
     from llmc.runtime.tokenizer import Tokenizer
-    from llmc.runtime.verify import VERIFY_PROMPTS, compare_engines, encode_prompt
+    from llmc.runtime.verify import VERIFY_PROMPTS, compare_to, encode_prompt, reference_traces
 
     threads = cfg.threads or default_threads()
+    progress.step("tracing the model's greedy answers to the calibration and verify prompts (the fp32 export)")
+    tok = Tokenizer.from_dir(export_dir)
+    verify_prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
+    reference = export_engine(export, export_dir, threads)
+    sequences = continuations(reference, [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS])
+    refs = reference_traces(reference, verify_prompts)
+    del reference  # (traced once: no session of the float model beside the calibration graph and the builds)
     progress.step(f"measuring each linear layer's sensitivity to {cfg.quant.value} (calibration prompts)")
     ckpt = with_moe_weights(load_checkpoint(export_dir, export), cfg.moe.value)
     spec = cfg.quant_spec()
     assert spec is not None
-    reference = export_engine(export, export_dir, threads)
-    tok = Tokenizer.from_dir(export_dir)
     names = [n.removesuffix(".weight") for n in quantizable(ckpt) if not gains_nothing(ckpt, n)] + ["lm_head"]
     library = library_path() if cfg.uses_llmc_ops() else None
-    search = PrecisionSearch(ckpt, names, spec, reference, [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS],
-                             library, threads, cfg.quality_bytes, cfg.moe.value)
+    search = PrecisionSearch(ckpt, names, spec, sequences, library, threads, cfg.quality_bytes, cfg.moe.value)
     del ckpt  # (the float weights: the builds below read the export themselves)
     target = cfg.quality_target
-    verify_prompts = [encode_prompt(tok, p) for p in VERIFY_PROMPTS]
 
     def measured(k: int) -> tuple[EngineManifest, dict[str, float], str | None]:
         """The engine with the k most sensitive layers raised, its llmc verify report, and why it falls short of the
         target (None: it does not)."""
         _clear(work)
         manifest = _build_into(work, export_dir, export, replace(cfg, layout=search.layout(k)), progress)
-        report = compare_engines(reference, load_engine_dir(work, EngineOptions(threads=threads)), verify_prompts)
+        report = compare_to(refs, load_engine_dir(work, EngineOptions(threads=threads)), verify_prompts)
         if report["top1_agreement"] < target:
             return manifest, report, f"below {target:.1%}"
         # the golden gate is part of the target: a layout that meets the top-1 agreement but leaves the model's

@@ -26,7 +26,7 @@ from llmc.graph.quant import (
     quantize_weights,
 )
 from llmc.manifest import ExportManifest, GraphSpec, KVSpec
-from llmc.onnx_store import WeightFile, check_external_paths, load_graph, make_model, to_numpy
+from llmc.onnx_store import MappedFiles, WeightFile, check_external_paths, load_graph, make_model
 
 LINEAR_SUFFIXES = (".qkv.weight", ".o.weight", ".gate_up.weight", ".down.weight", ".fc.weight", ".proj.weight",
                    ".up.weight", ".moe_latent_in.weight", ".moe_latent_out.weight",  # (ungated and latent experts:
@@ -47,14 +47,17 @@ WHOLE_BLOCKS = (".mamba_x.weight", ".mamba_dt.weight", "ple_proj.weight", ".ple_
 
 
 def load_checkpoint(export_dir: Path, export: ExportManifest) -> Checkpoint:
-    """Canonical weights by name, read back from the export's graphs (their initializers point into weights.bin)."""
+    """Canonical weights by name, read back from the export's graphs (their initializers point into weights.bin):
+    read-only views of the file's mapping, so a build holds the float weights in the page cache, not as a copy of
+    its own (a 0.5 B-parameter model's 2 GB: measured)."""
     weights: dict[str, np.ndarray] = {}
+    files = MappedFiles(export_dir)
     for spec in (export.prefill, export.decode):
         check_external_paths(export_dir / spec.file)  # also reads the graph: a damaged file is a clear error
         model = load_graph(export_dir / spec.file)
         for init in model.graph.initializer:
             if init.data_location == onnx.TensorProto.EXTERNAL and init.name not in weights:
-                weights[init.name] = to_numpy(init, export_dir)
+                weights[init.name] = files.array(init)
     return Checkpoint(export.model, weights)
 
 
@@ -80,7 +83,7 @@ def quantized(ckpt: Checkpoint, quant: QuantSpec) -> Checkpoint:
     gated = tuple(n for n in names if _swiglu_gate_up(ckpt, n))
     weights = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in ckpt.weights.items()}
     head = weights["embed.weight" if ckpt.spec.tie_embeddings else "lm_head.weight"]
-    weights["lm_head.weight"] = np.ascontiguousarray(head.T)  # [Hd, V], quantized below, not stored as float
+    weights["lm_head.weight"] = head.T  # [Hd, V], quantized below (a view: the packers copy a slice at a time)
     out = quantize_weights(weights, names, quant, head="lm_head.weight", gated=gated)
     if "lm_head.weight" in out:  # (a layout keeping the head in fp32: the graph's Gemm reads it as [V, Hd], the
         # embeddings themselves where tied)

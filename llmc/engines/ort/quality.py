@@ -6,8 +6,9 @@ raised, so that the engine's answers agree with the model's (`--quality-target`,
    layer. A layer's sensitivity is the mean next-token KL(model || this) with only that layer at low precision.
 2. Rank the layers by it; a raised layer keeps its own low-precision weights where those are exact (GGUF's own
    4-bit grid: then the int8 activations are all the error) and takes wider activations (16-bit in llmc's 4-bit
-   operator, the same bytes; fp32 in MatMulNBits), else it goes to 8-bit weights with fp32 activations. The calibration graph predicts the agreement with the k most sensitive layers raised; the smallest k
-   that reaches the target is the first layout tried.
+   operator, the same bytes; fp32 in MatMulNBits), else it goes to 8-bit weights with fp32 activations. The
+   calibration graph predicts the agreement with the k most sensitive layers raised; the smallest k that reaches
+   the target is the first layout tried.
 3. The build makes that engine and measures it as llmc verify does; short of the target, more layers are raised.
 """
 
@@ -61,12 +62,11 @@ class PrecisionSearch:
     """Calibration of one checkpoint at one QuantSpec: every candidate layer's sensitivity, and the layouts that
     raise the k most sensitive."""
 
-    def __init__(self, ckpt: Checkpoint, names: list[str], spec: QuantSpec, reference: Engine,
-                 prompts: list[list[int]], library: Path | None, threads: int, max_bytes_ratio: float = 1.15,
-                 moe: str = "standard") -> None:
+    def __init__(self, ckpt: Checkpoint, names: list[str], spec: QuantSpec, sequences: list[list[int]],
+                 library: Path | None, threads: int, max_bytes_ratio: float = 1.15, moe: str = "standard") -> None:
+        """`sequences`: the calibration prompts, each followed by the model's greedy continuation (continuations)."""
         self.spec = spec
         self.names = names
-        sequences = _continuations(reference, prompts)
         self._tmp = tempfile.TemporaryDirectory()  # the calibration graph's files, for the session's lifetime
         self._session: Any = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads, moe)
         self._feeds = _feeds(ckpt, sequences)
@@ -151,8 +151,8 @@ def _one_hot(n: int, i: int) -> np.ndarray:
     return x
 
 
-def _continuations(reference: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    """Each prompt followed by the model's greedy continuation (from the fp32 export)."""
+def continuations(reference: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt followed by the model's greedy continuation (from the fp32 export): PrecisionSearch's sequences."""
     from llmc.runtime.verify import greedy_trace
 
     return [p + greedy_trace(reference, p, CONTINUATION)[1] for p in prompts]
@@ -181,7 +181,7 @@ def _raise_to(ckpt: Checkpoint, name: str, spec: QuantSpec) -> str:
 def _float_weight(ckpt: Checkpoint, name: str) -> np.ndarray:
     if name == "lm_head":
         m = ckpt.spec
-        return np.ascontiguousarray(ckpt.weights["embed.weight" if m.tie_embeddings else "lm_head.weight"].T)
+        return ckpt.weights["embed.weight" if m.tie_embeddings else "lm_head.weight"].T  # (a view: see COLUMN_CHUNK)
     return ckpt.weights[name + ".weight"]
 
 
@@ -217,6 +217,10 @@ def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tm
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
+    # the float products run on the weights as the file maps them: a packed copy of its own would hold the model
+    # once more (2 GB of a 0.5 B-parameter model's build), and each product here has every scored sequence's
+    # ~240 rows to pack its weights for
+    so.add_session_config_entry("session.disable_prepacking", "1")
     if library is not None:
         register(so, library, threads)
     return ort.InferenceSession(str(tmp / spec_g.file), so, providers=["CPUExecutionProvider"])
