@@ -71,6 +71,19 @@ def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
                                                  for x in _all_nodes(a.g))]]
 
 
+def test_a_run_computes_each_calibrated_layer_at_one_precision(search: PrecisionSearch) -> None:
+    """Each candidate is an If on its entry of the calibration input: its low-precision product in one branch, its
+    exact one in the other, so a run computes every layer once (not both ways and mixed)."""
+    graph = onnx.load(str(Path(search._tmp.name) / "calibration.onnx"), load_external_data=False).graph
+    branches = [n for n in graph.node if n.op_type == "If"]
+    assert len(branches) == len(search.names)
+    for node in branches:
+        low, exact = ({a.name: a.g for a in node.attribute}[k] for k in ("then_branch", "else_branch"))
+        assert any(n.op_type in ("MatMulQ4", "MatMulQ8", "MatMulNBits") for n in _all_nodes(low))
+        assert {n.op_type for n in _all_nodes(exact)} & {"MatMul", "Gemm"}
+        assert not {n.op_type for n in _all_nodes(exact)} & {"MatMulQ4", "MatMulQ8", "MatMulNBits"}
+
+
 def test_each_layer_has_a_sensitivity_and_raising_all_of_them_is_the_model(search: PrecisionSearch) -> None:
     assert len(search.sensitivities) == 2 * 4 + 1 and all(s.kl >= 0 for s in search.sensitivities)
     assert sorted(s.kl for s in search.sensitivities)[-1] > 0  # 4 bits change something

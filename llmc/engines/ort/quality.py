@@ -2,8 +2,8 @@
 raised, so that the engine's answers agree with the model's (`--quality-target`, llmc verify's top-1 agreement).
 
 1. Calibrate: the fp32 export's greedy continuations of a calibration prompt set (not llmc verify's), scored in one
-   graph where every linear layer computes both its exact and its low-precision product, mixed by a 0/1 input per
-   layer. A layer's sensitivity is the mean next-token KL(model || this) with only that layer at low precision.
+   graph where every linear layer is an If between its exact and its low-precision product, chosen by a 0/1 input
+   per layer (layers.calibrated). A layer's sensitivity is the mean next-token KL(model || this) with only that layer at low precision.
 2. Rank the layers by it; a raised layer keeps its own low-precision weights where those are exact (GGUF's own
    4-bit grid: then the int8 activations are all the error) and takes wider activations (16-bit in llmc's 4-bit
    operator, the same bytes; fp32 in MatMulNBits), else it goes to 8-bit weights with fp32 activations. The
