@@ -84,6 +84,17 @@ def test_a_run_computes_each_calibrated_layer_at_one_precision(search: Precision
         assert not {n.op_type for n in _all_nodes(exact)} & {"MatMulQ4", "MatMulQ8", "MatMulNBits"}
 
 
+def test_the_calibration_graph_reads_the_float_weights_where_the_export_maps_them(search: PrecisionSearch) -> None:
+    """The candidates' exact weights and the embedding are inputs of the calibration graph, fed the checkpoint's
+    read-only views of the export's file each run: its own file holds no second copy of them."""
+    graph = onnx.load(str(Path(search._tmp.name) / "calibration.onnx"), load_external_data=False).graph
+    inputs, stored = {i.name for i in graph.input}, {i.name for i in graph.initializer}
+    fed = {n for n in search._feeds if n.endswith(".weight")}
+    assert {n + ".weight" for n in search.names if n != "lm_head"} | {"embed.weight"} == fed
+    assert fed <= inputs and not fed & stored
+    assert all(not search._feeds[n].flags.writeable for n in fed)  # (views of the mapping, not copies)
+
+
 def test_each_layer_has_a_sensitivity_and_raising_all_of_them_is_the_model(search: PrecisionSearch) -> None:
     assert len(search.sensitivities) == 2 * 4 + 1 and all(s.kl >= 0 for s in search.sensitivities)
     assert sorted(s.kl for s in search.sensitivities)[-1] > 0  # 4 bits change something

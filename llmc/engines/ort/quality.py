@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from llmc.engines.base import Engine
 from llmc.graph import io_names
@@ -63,13 +64,15 @@ class PrecisionSearch:
     raise the k most sensitive."""
 
     def __init__(self, ckpt: Checkpoint, names: list[str], spec: QuantSpec, sequences: list[list[int]],
-                 library: Path | None, threads: int, max_bytes_ratio: float = 1.15, moe: str = "standard") -> None:
-        """`sequences`: the calibration prompts, each followed by the model's greedy continuation (continuations)."""
+                 library: Path | None, threads: int, max_bytes_ratio: float = 1.15, moe: str = "standard",
+                 scratch: Path | None = None) -> None:
+        """`sequences`: the calibration prompts, each followed by the model's greedy continuation (continuations);
+        `scratch`: the folder the calibration graph's files go in (the build's work folder: removed with it)."""
         self.spec = spec
         self.names = names
-        self._tmp = tempfile.TemporaryDirectory()  # the calibration graph's files, for the session's lifetime
-        self._session: Any = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads, moe)
-        self._feeds = _feeds(ckpt, sequences)
+        self._tmp = tempfile.TemporaryDirectory(dir=scratch)  # the calibration graph's files, for the session's life
+        self._session, weights = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads, moe)
+        self._feeds = {**_feeds(ckpt, sequences), **weights}
         self._reference = self._logprobs(np.zeros(len(names), np.float32))
         self.sensitivities = [Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec))
                               for i, n in enumerate(names)]
@@ -79,7 +82,7 @@ class PrecisionSearch:
     def release(self) -> None:
         """Let the calibration graph's session and files go (their memory: every layer at both precisions) once
         first_k has been asked; layout() and extra_bytes() still answer."""
-        self._session = None
+        self._session, self._feeds = None, {}
         self._tmp.cleanup()
 
     def extra_bytes(self, k: int) -> int:
@@ -186,9 +189,12 @@ def _float_weight(ckpt: Checkpoint, name: str) -> np.ndarray:
 
 
 def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tmp: Path, library: Path | None,
-                         threads: int, moe: str = "standard") -> Any:
+                         threads: int, moe: str = "standard") -> tuple[Any, dict[str, np.ndarray]]:
     """The decomposed decode graph (logits at every position, an empty past) with every candidate layer in both
-    precisions."""
+    precisions, and the weights each run feeds it: the candidates' exact weights and the embedding, the checkpoint's
+    own arrays (the export's file as mapped: load_checkpoint) read where they are, as graph inputs. The graph's own
+    file holds the rest: the low-precision forms, a tied head's transpose, the small weights its fusions want
+    constant. (Written there too, the float weights took a second copy of the model on disk and in the page cache.)"""
     import onnxruntime as ort
 
     from llmc.engines.kernels import register
@@ -206,6 +212,11 @@ def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tm
     spec_g = GraphSpec(base.file, (*base.inputs, *extra), (logits, *base.outputs[1:]), base.logits)
     opts = GraphOptions(attention="decomposed", quant=spec, calibrate=tuple(names), moe=moe)  # the engine's mixture
     graph, used = build_graph(Checkpoint(m, weights), spec_g, "float32", 17, opts)
+    own = [n + ".weight" for n in names] + ["embed.weight"]
+    fed = {n: weights[n] for n in own if n in used and weights[n] is ckpt.weights.get(n) and weights[n].flags.c_contiguous}
+    graph.input.extend(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+                       for n, a in fed.items())
+    used = [n for n in used if n not in fed]
     store = WeightFile(tmp / "weights.bin")
     try:
         for n in used:
@@ -223,7 +234,7 @@ def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tm
     so.add_session_config_entry("session.disable_prepacking", "1")
     if library is not None:
         register(so, library, threads)
-    return ort.InferenceSession(str(tmp / spec_g.file), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(tmp / spec_g.file), so, providers=["CPUExecutionProvider"]), fed
 
 
 def _feeds(ckpt: Checkpoint, sequences: list[list[int]]) -> dict[str, np.ndarray]:
