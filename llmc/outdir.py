@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
@@ -42,7 +43,8 @@ def atomic_dir(out: Path, source: Path, what: str) -> Iterator[Path]:
         raise InputError(f"output {out} cannot be made: {above} is a file")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        _remove_abandoned(out)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
     except OSError as e:  # a file in the path, a read-only or virtual file system (/proc), no permission
         raise InputError(f"output {out} cannot be made: {e.strerror or e} ({e.filename or out.parent})") from None
     try:
@@ -54,3 +56,23 @@ def atomic_dir(out: Path, source: Path, what: str) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def _remove_abandoned(out: Path) -> None:
+    """Remove the work folders of earlier runs for `out` whose process is gone (killed outright: SIGKILL, the OOM
+    killer, a power cut), which no handler could remove: a build's can hold a copy of the model's weights."""
+    prefix = f".{out.name}.partial-"
+    for folder in out.parent.glob(glob.escape(prefix) + "*"):
+        pid = folder.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)) and folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return True

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,9 +30,10 @@ def user_errors(fn: F) -> F:
         except LlmcError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(code=1) from None
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(code=130) from None
+        except KeyboardInterrupt as e:
+            terminated = isinstance(e, Terminated)
+            typer.echo("terminated" if terminated else "interrupted", err=True)
+            raise typer.Exit(code=143 if terminated else 130) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -45,6 +48,17 @@ def version_callback(value: bool) -> None:
 def main(version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
                                       help="Print the version and exit.")) -> None:
     """llmc: export -> build -> run."""
+    if threading.current_thread() is threading.main_thread():  # (signal handlers belong to the main thread)
+        signal.signal(signal.SIGTERM, _terminated)  # (llmc serve's server installs its own when it starts)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (kill, a pipeline's timeout, a container stopping) ends a command as Ctrl-C does: its partial output
+    folder and temporary files are removed on the way out, not left behind; exit code 143 (128 + SIGTERM)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated
 
 
 COMMAND_MODULES = ("export_cmd", "build_cmd", "run_cmd", "verify_cmd", "bench_cmd", "serve_cmd", "deploy_cmd")

@@ -228,3 +228,25 @@ def test_serve_log_level_is_one_of_uvicorn_s_and_a_wrong_one_is_refused(monkeypa
     assert result.exit_code == 2 and seen == [] and "Traceback" not in result.output  # (was a ValueError)
     assert "'bogus' is not one of" in result.output and "'trace'" in result.output
     assert _cli("serve", engine_dir, "--log-level", "trace").exit_code == 0 and seen == ["trace"]
+
+
+def test_a_terminated_build_leaves_no_partial_output(tmp_path: Path, tiny_llama: Built) -> None:
+    """SIGTERM (a pipeline's timeout, a container stopping) mid-build: exit 143 and "terminated", the work folder
+    and the precision search's calibration files (inside it) removed, the output folder never made."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "engine"
+    child = subprocess.Popen([sys.executable, "-m", "llmc.cli.main", "build", str(tiny_llama.export_dir), "-o",
+                              str(out), "--quant", "int4"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(p.is_dir() for w in tmp_path.glob(".engine.partial-*") for p in w.iterdir()):  # (calibrating)
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read() if child.stderr else ""
+        time.sleep(0.02)
+    child.send_signal(signal.SIGTERM)
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1] == "terminated" and "Traceback" not in stderr
+    assert not out.exists() and not list(tmp_path.iterdir())
