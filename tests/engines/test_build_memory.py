@@ -72,6 +72,17 @@ def test_the_export_engine_holds_no_packed_copy(tiny_llama: Built) -> None:
                     options.get_session_config_entry("session.disable_prepacking")
             else:
                 assert options.get_session_config_entry("session.disable_prepacking") == "1"
+    # both sessions run on one mapping of the export's file, each tensor given to ONNX Runtime where it lies
+    held = lean._mapped._held  # type: ignore[union-attr]
+    files = MappedFiles(tiny_llama.export_dir)
+    inits = {i.name: i for spec in (export.prefill, export.decode)
+             for i in load_graph(tiny_llama.export_dir / spec.file).graph.initializer if i.external_data}
+    assert len(held) == len({tuple(e.value for e in i.external_data) for i in inits.values()})
+    embed = inits["embed.weight"]
+    key = next(k for k in held if k[1] == int({e.key: e.value for e in embed.external_data}["offset"]))
+    assert np.array_equal(held[key].numpy().view(np.float32), files.array(embed))
+    assert held[key].data_ptr() == lean._mapped._files.array(embed).ctypes.data  # type: ignore[union-attr]  # (no copy)
+    assert packed._mapped is None  # type: ignore[attr-defined]
     prompt = [5, 9, 14, 3, 8]
     runs = []
     for engine in (lean, packed):

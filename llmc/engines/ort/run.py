@@ -11,7 +11,7 @@ import numpy as np
 
 from llmc.engines.base import Engine, EngineOptions, KVCache
 from llmc.engines.host_kv import HostKVCache
-from llmc.engines.ort.weights import StreamedWeights
+from llmc.engines.ort.weights import MappedWeights, StreamedWeights
 from llmc.engines.ort.weights import enabled as huge_pages_enabled
 from llmc.engines.steps import StepCore, StepLayout, StepRows
 from llmc.errors import BackendUnavailableError, EngineError, ManifestError
@@ -53,11 +53,12 @@ def uses_own_pool(graph: Any, threads: int) -> bool:
 
 def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None = None,
                  providers: Sequence[Any] = (CPU_PROVIDER,), weights: StreamedWeights | None = None,
-                 prepack: bool = True) -> object:
+                 prepack: bool = True, mapped: MappedWeights | None = None) -> object:
     """One ONNX Runtime session; `library`: llmc's operator library to register, when the graph uses it;
     `providers`: the execution providers in ONNX Runtime's form (ort-cuda: CUDA first); `weights`: where llmc's
     operators' weights are held in huge pages (weights.py), shared by the engine's sessions; `prepack`: False
-    leaves ONNX Runtime's float products on the weights as the file maps them (see OrtEngineBase.prepack)."""
+    leaves ONNX Runtime's float products on the weights as the file maps them (see OrtEngineBase.prepack), `mapped`
+    the mapping they are given from (shared by the engine's sessions)."""
     try:
         import onnxruntime as ort
     except ImportError:  # pragma: no cover - onnxruntime is a runtime dependency
@@ -77,6 +78,8 @@ def make_session(path: Path, spec: GraphSpec, threads: int, library: Path | None
     so.log_severity_level = 3
     if not prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
+    if mapped is not None:
+        mapped.add_to(so, graph)
     if library is not None:
         from llmc.engines.kernels import register
 
@@ -120,12 +123,13 @@ class OrtEngineBase(Engine):
 
         library = engine_library(manifest.settings, self.directory)
         self._weights = StreamedWeights() if library is not None and huge_pages_enabled() else None
+        self._mapped = None if self.prepack or library is not None else MappedWeights(self.directory)
         self._prefill = make_session(self.directory / manifest.prefill.file, manifest.prefill, self.threads,
-                                     library, self.providers, self._weights, self.prepack)
+                                     library, self.providers, self._weights, self.prepack, self._mapped)
         # one graph for both (in-place engines): one session, so the weights are prepacked and held once
         self._decode = self._prefill if manifest.decode == manifest.prefill else make_session(
             self.directory / manifest.decode.file, manifest.decode, self.threads, library, self.providers,
-            self._weights, self.prepack)
+            self._weights, self.prepack, self._mapped)
         self._past_names = manifest.kv.names("past")
         self._state_names = manifest.kv.state_names("past")  # (per-sequence states beside the KV cache: LFM2's)
 

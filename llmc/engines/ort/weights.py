@@ -27,7 +27,7 @@ import numpy as np
 from onnx import helper
 
 from llmc.errors import ManifestError
-from llmc.onnx_store import load_graph
+from llmc.onnx_store import MappedFiles, load_graph
 
 STREAMED_OPS = ("MatMulQ4", "MatMulQ8", "MatMulBF16")
 DOMAIN = "ai.llmc"
@@ -122,3 +122,30 @@ class StreamedWeights:
         finally:
             for f in files.values():
                 f.close()
+
+
+class MappedWeights:
+    """An engine's weights as its folder's files map them, one mapping for all its sessions, each tensor given to
+    ONNX Runtime as it lies there (SessionOptions.add_initializer): the weights of an engine that prepacks nothing
+    (OrtEngineBase.prepack False). Left to itself, ONNX Runtime maps the file once a session, and the process's
+    resident memory counts each mapping's pages: an fp32 1.5 B-parameter export's check read 23.8 GB of a 23 GB
+    machine that way, for 6.2 GB of weights."""
+
+    def __init__(self, directory: Path) -> None:
+        self._files = MappedFiles(directory)
+        self._held: dict[tuple[str, int, int], Any] = {}  # (file, offset, length) -> OrtValue over the mapping
+
+    def add_to(self, session_options: Any, graph: Any) -> None:
+        import onnxruntime as ort
+
+        for proto in graph.graph.initializer:
+            info = {e.key: e.value for e in proto.external_data}
+            if proto.data_location != proto.EXTERNAL or "location" not in info:
+                continue
+            key = (info["location"], int(info.get("offset", 0)), int(info.get("length", -1)))
+            if key not in self._held:
+                array = self._files.array(proto)
+                array = array.view(np.dtype(f"u{array.dtype.itemsize}")) if array.dtype.itemsize in (1, 2, 4, 8) \
+                    else array
+                self._held[key] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, proto.data_type)
+            session_options.add_initializer(proto.name, self._held[key])
