@@ -3,7 +3,8 @@ raised, so that the engine's answers agree with the model's (`--quality-target`,
 
 1. Calibrate: the fp32 export's greedy continuations of a calibration prompt set (not llmc verify's), scored in one
    graph where every linear layer is an If between its exact and its low-precision product, chosen by a 0/1 input
-   per layer (layers.calibrated). A layer's sensitivity is the mean next-token KL(model || this) with only that layer at low precision.
+   per layer (layers.calibrated). A layer's sensitivity is the mean next-token KL(model || this) with only that
+   layer at low precision.
 2. Rank the layers by it; a raised layer keeps its own low-precision weights where those are exact (GGUF's own
    4-bit grid: then the int8 activations are all the error) and takes wider activations (16-bit in llmc's 4-bit
    operator, the same bytes; fp32 in MatMulNBits), else it goes to 8-bit weights with fp32 activations. The
@@ -213,7 +214,8 @@ def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tm
     opts = GraphOptions(attention="decomposed", quant=spec, calibrate=tuple(names), moe=moe)  # the engine's mixture
     graph, used = build_graph(Checkpoint(m, weights), spec_g, "float32", 17, opts)
     own = [n + ".weight" for n in names] + ["embed.weight"]
-    fed = {n: weights[n] for n in own if n in used and weights[n] is ckpt.weights.get(n) and weights[n].flags.c_contiguous}
+    fed = {n: weights[n] for n in own
+           if n in used and weights[n] is ckpt.weights.get(n) and weights[n].flags.c_contiguous}
     graph.input.extend(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
                        for n, a in fed.items())
     used = [n for n in used if n not in fed]
