@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,7 +46,7 @@ def atomic_dir(out: Path, source: Path, what: str) -> Iterator[Path]:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         _remove_abandoned(out)
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{_stamp()}-", dir=out.parent))
     except OSError as e:  # a file in the path, a read-only or virtual file system (/proc), no permission
         raise InputError(f"output {out} cannot be made: {e.strerror or e} ({e.filename or out.parent})") from None
     try:
@@ -58,13 +60,22 @@ def atomic_dir(out: Path, source: Path, what: str) -> Iterator[Path]:
         raise
 
 
+def _stamp(pid: int | None = None) -> str:
+    """PID-HOST of a work folder's process: its pid and a short hash of this machine's name (an output folder on a
+    shared file system: another machine's pids are not ours to judge)."""
+    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+    return f"{os.getpid() if pid is None else pid}-{host}"
+
+
 def _remove_abandoned(out: Path) -> None:
-    """Remove the work folders of earlier runs for `out` whose process is gone (killed outright: SIGKILL, the OOM
-    killer, a power cut), which no handler could remove: a build's can hold a copy of the model's weights."""
+    """Remove the work folders of earlier runs for `out` on this machine whose process is gone (killed outright:
+    SIGKILL, the OOM killer, a power cut), which no handler could remove: a build's can hold a copy of the model's
+    weights."""
     prefix = f".{out.name}.partial-"
     for folder in out.parent.glob(glob.escape(prefix) + "*"):
-        pid = folder.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)) and folder.is_dir():
+        pid, _, rest = folder.name[len(prefix):].partition("-")
+        if (pid.isdigit() and int(pid) != os.getpid() and rest.startswith(_stamp(int(pid)).partition("-")[2] + "-")
+                and not _alive(int(pid)) and folder.is_dir()):
             shutil.rmtree(folder, ignore_errors=True)
 
 
