@@ -57,9 +57,17 @@ def test_a_mapped_tensor_past_the_file_end_is_a_one_line_error(tiny_llama: Built
         MappedFiles(tmp_path).array(init)
 
 
-def test_the_export_engine_holds_no_packed_copy(tiny_llama: Built) -> None:
-    """The reference engine's sessions run ONNX Runtime's float products on the mapped weights (no prepacked copy
-    a session); its logits are the prepacked engine's over the same graphs to float rounding."""
+def test_a_small_export_engine_prepacks_as_a_served_engine_does(tiny_llama: Built) -> None:
+    engine = export_engine(load_export(tiny_llama.export_dir), tiny_llama.export_dir)
+    assert isinstance(engine, ExportEngine) and engine.prepack and engine._mapped is None
+
+
+def test_the_export_engine_of_a_large_model_holds_no_packed_copy(tiny_llama: Built,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past PREPACK_MAX_BYTES of weights the reference engine's sessions run ONNX Runtime's float products on the
+    mapped weights (no prepacked copy a session); its logits are the prepacked engine's over the same graphs to
+    float rounding."""
+    monkeypatch.setattr(ExportEngine, "PREPACK_MAX_BYTES", 0)  # (the tiny model as a large one)
     export = load_export(tiny_llama.export_dir)
     lean = export_engine(export, tiny_llama.export_dir)
     packed = load_engine_dir(tiny_llama.engine("concat"))
