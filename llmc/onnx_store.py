@@ -38,7 +38,8 @@ class WeightFile:
         self._protos[name] = proto
 
     def point(self, proto: TensorProto, raw: bytes | memoryview) -> None:
-        """Make `proto` refer to `raw` in this file, writing it only if the same bytes are not there yet."""
+        """Make `proto` refer to `raw` in this file (bytes, or a 1-D memoryview of them), writing it only if the same
+        bytes are not there yet."""
         key = hashlib.sha256(raw).digest()
         if key not in self._placed:
             offset = self._file.tell()
@@ -49,8 +50,7 @@ class WeightFile:
         proto.ClearField("raw_data")
         del proto.external_data[:]
         proto.data_location = TensorProto.EXTERNAL
-        length = raw.nbytes if isinstance(raw, memoryview) else len(raw)
-        for k, v in (("location", self.path.name), ("offset", str(self._placed[key])), ("length", str(length))):
+        for k, v in (("location", self.path.name), ("offset", str(self._placed[key])), ("length", str(len(raw)))):
             entry = proto.external_data.add()
             entry.key, entry.value = k, v
 

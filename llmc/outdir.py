@@ -46,7 +46,7 @@ def atomic_dir(out: Path, source: Path, what: str) -> Iterator[Path]:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         _remove_abandoned(out)
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{_stamp()}-", dir=out.parent))
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-{_host()}-", dir=out.parent))
     except OSError as e:  # a file in the path, a read-only or virtual file system (/proc), no permission
         raise InputError(f"output {out} cannot be made: {e.strerror or e} ({e.filename or out.parent})") from None
     try:
@@ -60,11 +60,10 @@ def atomic_dir(out: Path, source: Path, what: str) -> Iterator[Path]:
         raise
 
 
-def _stamp(pid: int | None = None) -> str:
-    """PID-HOST of a work folder's process: its pid and a short hash of this machine's name (an output folder on a
-    shared file system: another machine's pids are not ours to judge)."""
-    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-    return f"{os.getpid() if pid is None else pid}-{host}"
+def _host() -> str:
+    """A short hash of this machine's name: a work folder's PID-HOST stamp (an output folder on a shared file
+    system: another machine's pids are not ours to judge)."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def _remove_abandoned(out: Path) -> None:
@@ -74,8 +73,8 @@ def _remove_abandoned(out: Path) -> None:
     prefix = f".{out.name}.partial-"
     for folder in out.parent.glob(glob.escape(prefix) + "*"):
         pid, _, rest = folder.name[len(prefix):].partition("-")
-        if (pid.isdigit() and int(pid) != os.getpid() and rest.startswith(_stamp(int(pid)).partition("-")[2] + "-")
-                and not _alive(int(pid)) and folder.is_dir()):
+        if (pid.isdigit() and int(pid) != os.getpid() and rest.startswith(_host() + "-") and not _alive(int(pid))
+                and folder.is_dir()):
             shutil.rmtree(folder, ignore_errors=True)
 
 

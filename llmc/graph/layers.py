@@ -95,12 +95,10 @@ def calibrated(c: Ctx, x: str, name: str) -> str:
     for quantized in (True, False):
         outer, b.nodes = b.nodes, []
         try:
-            y = _product(c, x, name, quantized=quantized)
+            out = b.op("Identity", _product(c, x, name, quantized=quantized))  # (the branch's output: its own name)
             body = b.nodes
         finally:
             b.nodes = outer
-        out = b.op("Identity", y)  # (a branch's output: a name of its own, its node moved into the branch below)
-        body.append(b.nodes.pop())
         branches.append(helper.make_graph(body, f"{name}.{'low' if quantized else 'exact'}", [],
                                           [helper.make_tensor_value_info(out, b.onnx_dtype, None)]))
     return b.op("If", b.op("Greater", share, b.const(np.array(0.5, np.float32))), then_branch=branches[0],

@@ -390,7 +390,7 @@ def compact_table(w: np.ndarray, name: str) -> dict[str, np.ndarray]:
     fp32 copy (its Gemm's, prepacked) is no longer held twice."""
     w = np.ascontiguousarray(w, dtype=np.float32)
     v, h = w.shape
-    rows = max(1, (COLUMN_CHUNK << 12) // max(h, 1))  # (a slice at a time, as the tile packers: their temporaries)
+    rows = COLUMN_CHUNK  # (rows a slice at a time, as the tile packers take columns: their temporaries)
     if h % 32 == 0:
         q8, d = np.empty((v, h), np.int8), np.empty((v, h // 32), np.float16)
         for r in range(0, v, rows):
