@@ -40,6 +40,7 @@ from llmc.graph.layers import (
 from llmc.graph.linear_attention import gated_delta_net, kimi_delta_attention, mamba, short_conv
 from llmc.graph.moe import moe_mlp
 from llmc.graph.quant import BF16TILES, EMBED_BF16, EMBED_Q8, EMBED_Q8_SCALES, Q4TILES, Q8TILES, QWEIGHT
+from llmc.graph.resume import resumable
 from llmc.manifest import GraphSpec
 
 __all__ = ["LLMC_DOMAIN", "MS", "GraphOptions", "build_graph"]
@@ -72,6 +73,9 @@ def build_graph(ckpt: Checkpoint, spec: GraphSpec, dtype: str, opset: int,
     _lm_head(c, h)
     graph = helper.make_graph(b.nodes, spec.file.removesuffix(".onnx"), [_value_info(t) for t in spec.inputs],
                               [_value_info(t) for t in spec.outputs], initializer=list(b.constants.values()))
+    if opts.resume:
+        resumable(graph, c.blocks, {n: helper.np_dtype_to_tensor_dtype(ckpt.weights[n].dtype)
+                                    for n in b.weights_used})
     return graph, b.weights_used
 
 
@@ -102,6 +106,7 @@ def _layers(c: Ctx, x: str, attend: Callable[[int, str], str], last_token: Calla
     query_scale = _query_scale(c) if m.query_scale_beta else None
     narrowed = False
     for i in range(m.num_layers):
+        c.blocks.append(len(c.b.nodes))
         p = f"layers.{i}"
         if narrow and last_token is not None and m.shares_kv(i) and not narrowed:
             x, h, narrowed = last_token(x), last_token(h), True

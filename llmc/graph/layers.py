@@ -4,7 +4,7 @@ MatMulQ4 / MatMulQ8) and norms. Shapes in comments: B batch, S new tokens, Hd hi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,7 @@ class GraphOptions:
     paged: bool = False  # "llmc" attention: KV block pools addressed through io_names.BLOCK_TABLE
     key_tiles: bool = False  # "llmc" attention: keys in groups of 16 positions as [D][16] (KVSpec.key_tiles)
     calibrate: tuple[str, ...] = ()  # linear layers at either precision, as CALIBRATE_INPUT says (calibrated)
+    resume: bool = False  # calibration: every block but the last an If on resume.CALIBRATE_START (resume.py)
     moe: str = "loop"  # mixture-of-experts lowering (llmc/graph/moe.py): "loop" (standard ops, the picked experts
     # only: the export), "ort" (com.microsoft.MoE: ONNX Runtime engines), "dense" (no control flow: TensorRT)
     llmc_norms: bool = False  # fuse_norms' RMSNorms as llmc's SkipRMSNorm (fp32 graphs with llmc's operators)
@@ -65,6 +66,7 @@ class Ctx:
     opts: GraphOptions
     with_past: bool
     inputs: frozenset[str] = frozenset()  # the graph's input names
+    blocks: list[int] = field(default_factory=list)  # where each decoder block's nodes begin (resume.py)
 
     def has(self, name: str) -> bool:
         return name in self.ckpt.weights

@@ -15,10 +15,19 @@ from conftest import Built
 from llmc.engines.kernels import library_path
 from llmc.engines.ort.build import MAX_QUALITY_BUILDS, BuildConfig, build_ort, export_engine, next_raise
 from llmc.engines.ort.graphs import load_checkpoint, quantizable
-from llmc.engines.ort.quality import CALIBRATION_PROMPTS, PrecisionSearch, _float_weight, continuations
+from llmc.engines.ort.quality import (
+    CALIBRATION_PROMPTS,
+    PrecisionSearch,
+    _float_weight,
+    _one_hot,
+    continuations,
+)
 from llmc.engines.registry import load_engine_dir
+from llmc.graph import decoder
 from llmc.graph.layers import HEAD_WINDOW, head_window
+from llmc.graph.moe import with_moe_weights
 from llmc.graph.quant import QuantSpec, quantize_as
+from llmc.graph.resume import CALIBRATE_START, NotResumable
 from llmc.manifest import ModelSpec, load_export
 from llmc.runtime.tokenizer import Tokenizer
 from llmc.runtime.verify import VERIFY_PROMPTS, compare_engines, encode_prompt
@@ -75,8 +84,8 @@ def test_a_run_computes_each_calibrated_layer_at_one_precision(search: Precision
     """Each candidate is an If on its entry of the calibration input: its low-precision product in one branch, its
     exact one in the other, so a run computes every layer once (not both ways and mixed)."""
     graph = onnx.load(str(Path(search._tmp.name) / "calibration.onnx"), load_external_data=False).graph
-    branches = [n for n in graph.node if n.op_type == "If"]
-    assert len(branches) == len(search.names)
+    branches = [n for n in _all_nodes(graph) if n.op_type == "If" and not n.name.startswith("block")]
+    assert len(branches) == len(search.names)  # (the blocks' Ifs aside: test_resume)
     for node in branches:
         low, exact = ({a.name: a.g for a in node.attribute}[k] for k in ("then_branch", "else_branch"))
         assert any(n.op_type in ("MatMulQ4", "MatMulQ8", "MatMulNBits") for n in _all_nodes(low))
@@ -93,6 +102,47 @@ def test_the_calibration_graph_reads_the_float_weights_where_the_export_maps_the
     assert {n + ".weight" for n in search.names if n != "lm_head"} | {"embed.weight"} == fed
     assert fed <= inputs and not fed & stored
     assert all(not search._feeds[n].flags.writeable for n in fed)  # (views of the mapping, not copies)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma4_e", "jamba", "mixtral"])
+def test_a_run_starts_at_its_first_low_layer_s_block_and_scores_what_a_whole_run_does(
+        tiny_factory: Callable[[str], Built], arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block but the last is an If on where the run starts (llmc/graph/resume.py): a layer's sensitivity run
+    computes its own block on, from what the all-exact run's earlier blocks handed on (Gemma 4 E2B's shared KV
+    caches and per-layer inputs, Jamba's Mamba layers and experts among them). The sensitivities are those of runs
+    through every block, to the bit; a graph whose blocks cannot be made resumable runs whole."""
+    built = tiny_factory(arch)
+    export = load_export(built.export_dir)
+    ckpt = with_moe_weights(load_checkpoint(built.export_dir, export), "standard")
+    names = [n.removesuffix(".weight") for n in quantizable(ckpt)] + ["lm_head"]
+    tok = Tokenizer.from_dir(built.export_dir)
+    sequences = continuations(export_engine(export, built.export_dir),
+                              [encode_prompt(tok, p) for p in CALIBRATION_PROMPTS[:2]])
+
+    def search() -> PrecisionSearch:
+        return PrecisionSearch(ckpt, names, QuantSpec(4, kernel="llmc"), sequences, library_path(), 1,
+                               max_bytes_ratio=10.0, moe="standard")
+
+    resumed = search()
+    graph = onnx.load(str(Path(resumed._tmp.name) / "calibration.onnx"), load_external_data=False).graph
+    blocks = [n for n in graph.node if n.op_type == "If" and n.name.startswith("block")]
+    assert len(blocks) == export.model.num_layers - 1
+    starts = [int(resumed._run_feeds(_one_hot(len(names), i))[CALIBRATE_START]) for i in range(len(names))]
+    last = export.model.num_layers - 1  # (the head's runs start at the last block; Gemma 4's per-layer inputs'
+    # projection, before the first, at the first)
+    assert starts == [int(n.split(".")[1]) if n.startswith("layers.") else last if n == "lm_head" else 0
+                      for n in names]
+    monkeypatch.setattr(decoder, "resumable", _not_resumable)
+    whole = search()
+    assert CALIBRATE_START not in whole._run_feeds(_one_hot(len(names), 0))
+    assert [s.kl for s in resumed.sensitivities] == [s.kl for s in whole.sensitivities]
+    assert resumed.predicted_top1(3) == whole.predicted_top1(3)
+    resumed.release()
+    whole.release()
+
+
+def _not_resumable(*_: object) -> None:
+    raise NotResumable("a value of a type not known")
 
 
 def test_each_layer_has_a_sensitivity_and_raising_all_of_them_is_the_model(search: PrecisionSearch) -> None:

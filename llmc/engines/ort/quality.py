@@ -4,7 +4,8 @@ raised, so that the engine's answers agree with the model's (`--quality-target`,
 1. Calibrate: the fp32 export's greedy continuations of a calibration prompt set (not llmc verify's), scored in one
    graph where every linear layer is an If between its exact and its low-precision product, chosen by a 0/1 input
    per layer (layers.calibrated). A layer's sensitivity is the mean next-token KL(model || this) with only that
-   layer at low precision.
+   layer at low precision. Such a run starts at that layer's block: the blocks before it compute what the all-exact
+   run did, which handed on their outputs (graph/resume.py), so a run costs about half the model.
 2. Rank the layers by it; a raised layer keeps its own low-precision weights where those are exact (GGUF's own
    4-bit grid: then the int8 activations are all the error) and takes wider activations (16-bit in llmc's 4-bit
    operator, the same bytes; fp32 in MatMulNBits), else it goes to 8-bit weights with fp32 activations. The
@@ -16,7 +17,7 @@ raised, so that the engine's answers agree with the model's (`--quality-target`,
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ from llmc.graph.quant import (
     ternary_blocks,
     unpack_q4_tiles,
 )
-from llmc.manifest import GraphSpec, TensorSpec
+from llmc.graph.resume import CALIBRATE_START, RESUME_PREFIX, NotResumable
+from llmc.manifest import GraphSpec, ModelSpec, TensorSpec
 from llmc.onnx_store import WeightFile, make_model
 
 CALIBRATION_PROMPTS = (  # (each run of the calibration graph scores them all: keep it short)
@@ -72,9 +74,19 @@ class PrecisionSearch:
         self.spec = spec
         self.names = names
         self._tmp = tempfile.TemporaryDirectory(dir=scratch)  # the calibration graph's files, for the session's life
-        self._session, weights = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library, threads, moe)
+        self._session, weights, handed = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library,
+                                                              threads, moe)
         self._feeds = {**_feeds(ckpt, sequences), **weights}
-        self._reference = self._logprobs(np.zeros(len(names), np.float32))
+        self._blocks = [_block(ckpt.spec, n) for n in names] if handed is not None else None
+        # the all-exact run, which returns what each block hands on: the later runs start at their first low layer's
+        # block with those fed (resume.py); this one skips no block, so what it is fed there is never read
+        handed = handed or {}
+        self._feeds.update((RESUME_PREFIX + v, np.zeros(0, helper.tensor_dtype_to_np_dtype(t)))
+                           for v, t in handed.items())
+        logits, *outs = self._session.run([io_names.LOGITS, *handed], self._run_feeds(np.zeros(len(names),
+                                                                                               np.float32)))
+        self._feeds.update((RESUME_PREFIX + v, a) for v, a in zip(handed, outs, strict=True))
+        self._reference = _log_softmax(logits)
         self.sensitivities = [Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec))
                               for i, n in enumerate(names)]
         ranked = sorted(range(len(names)), key=lambda i: -self.sensitivities[i].kl)
@@ -111,15 +123,33 @@ class PrecisionSearch:
             lo, hi = (lo, mid) if self.predicted_top1(mid) >= target else (mid, hi)
         return hi
 
+    def _run_feeds(self, low: np.ndarray) -> dict[str, np.ndarray]:
+        """The feeds of a run with `low`'s layers at low precision: it starts at the block of its first."""
+        if self._blocks is None:
+            return {**self._feeds, CALIBRATE_INPUT: low}
+        first = min((b for b, x in zip(self._blocks, low, strict=True) if x > 0.5), default=0)
+        return {**self._feeds, CALIBRATE_INPUT: low, CALIBRATE_START: np.array(first, np.int64)}
+
     def _logprobs(self, low: np.ndarray) -> np.ndarray:
-        logits = self._session.run([io_names.LOGITS], {**self._feeds, CALIBRATE_INPUT: low})[0]
-        x = logits[0].astype(np.float64)  # [N, V]: the scored positions
-        x -= x.max(-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+        return _log_softmax(self._session.run([io_names.LOGITS], self._run_feeds(low))[0])
 
     def _kl(self, low: np.ndarray) -> float:
         test = self._logprobs(low)
         return float((np.exp(self._reference) * (self._reference - test)).sum(-1).mean())
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits[0].astype(np.float64)  # [N, V]: the scored positions
+    x -= x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _block(m: ModelSpec, name: str) -> int:
+    """The block a candidate layer is in (the head: after the last), so the first a run with it low must compute."""
+    parts = name.split(".")
+    if parts[0] == "layers" and parts[1].isdigit():
+        return int(parts[1])
+    return m.num_layers - 1 if name == "lm_head" else 0
 
 
 def gains_nothing(ckpt: Checkpoint, name: str) -> bool:
@@ -190,12 +220,14 @@ def _float_weight(ckpt: Checkpoint, name: str) -> np.ndarray:
 
 
 def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tmp: Path, library: Path | None,
-                         threads: int, moe: str = "standard") -> tuple[Any, dict[str, np.ndarray]]:
-    """The decomposed decode graph (logits at every position, an empty past) with every candidate layer in both
-    precisions, and the weights each run feeds it: the candidates' exact weights and the embedding, the checkpoint's
-    own arrays (the export's file as mapped: load_checkpoint) read where they are, as graph inputs. The graph's own
-    file holds the rest: the low-precision forms, a tied head's transpose, the small weights its fusions want
-    constant. (Written there too, the float weights took a second copy of the model on disk and in the page cache.)"""
+                         threads: int, moe: str = "standard") -> tuple[Any, dict[str, np.ndarray], dict[str, int] | None]:
+    """The decomposed decode graph (logits at the scored positions, an empty past, no present outputs) with every
+    candidate layer in both precisions and its blocks resumable (resume.py), the weights each run feeds it, and the
+    values its blocks hand on (name: ONNX element type). The weights fed are the candidates' exact weights and the
+    embedding, the checkpoint's own arrays (the export's file as mapped: load_checkpoint) read where they are, as
+    graph inputs. The graph's own file holds the rest: the low-precision forms, a tied head's transpose, the small
+    weights its fusions want constant. (Written there too, the float weights took a second copy of the model on disk
+    and in the page cache.) The values are None where the blocks could not be made resumable."""
     import onnxruntime as ort
 
     from llmc.engines.kernels import register
@@ -210,9 +242,16 @@ def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tm
     base = io_names.decode_spec(m, kv, file="calibration.onnx")
     extra = (TensorSpec(CALIBRATE_INPUT, "float32", (len(names),)), TensorSpec(CALIBRATE_POSITIONS, "int64", ("n", 2)))
     logits = TensorSpec(io_names.LOGITS, "float32", (1, "n", m.logits_size))  # only the scored positions
-    spec_g = GraphSpec(base.file, (*base.inputs, *extra), (logits, *base.outputs[1:]), base.logits)
-    opts = GraphOptions(attention="decomposed", quant=spec, calibrate=tuple(names), moe=moe)  # the engine's mixture
-    graph, used = build_graph(Checkpoint(m, weights), spec_g, "float32", 17, opts)
+    spec_g = GraphSpec(base.file, (*base.inputs, *extra), (logits,), base.logits)
+    opts = GraphOptions(attention="decomposed", quant=spec, calibrate=tuple(names), moe=moe,  # the engine's mixture
+                        resume=True)
+    try:
+        graph, used = build_graph(Checkpoint(m, weights), spec_g, "float32", 17, opts)
+    except NotResumable:  # (every run then computes every block)
+        opts = replace(opts, resume=False)
+        graph, used = build_graph(Checkpoint(m, weights), spec_g, "float32", 17, opts)
+    handed = {i.name.removeprefix(RESUME_PREFIX): i.type.tensor_type.elem_type for i in graph.input
+              if i.name.startswith(RESUME_PREFIX)} if opts.resume else None
     own = [n + ".weight" for n in names] + ["embed.weight"]
     fed = {n: weights[n] for n in own
            if n in used and weights[n] is ckpt.weights.get(n) and weights[n].flags.c_contiguous}
@@ -236,7 +275,7 @@ def _calibration_session(ckpt: Checkpoint, names: list[str], spec: QuantSpec, tm
     so.add_session_config_entry("session.disable_prepacking", "1")
     if library is not None:
         register(so, library, threads)
-    return ort.InferenceSession(str(tmp / spec_g.file), so, providers=["CPUExecutionProvider"]), fed
+    return ort.InferenceSession(str(tmp / spec_g.file), so, providers=["CPUExecutionProvider"]), fed, handed
 
 
 def _feeds(ckpt: Checkpoint, sequences: list[list[int]]) -> dict[str, np.ndarray]:
