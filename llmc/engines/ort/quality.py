@@ -187,9 +187,9 @@ def _one_hot(n: int, i: int) -> np.ndarray:
 
 def continuations(reference: Engine, prompts: list[list[int]]) -> list[list[int]]:
     """Each prompt followed by the model's greedy continuation (from the fp32 export): PrecisionSearch's sequences."""
-    from llmc.runtime.verify import greedy_trace
+    from llmc.runtime.verify import greedy_traces
 
-    return [p + greedy_trace(reference, p, CONTINUATION)[1] for p in prompts]
+    return [p + tokens for p, (_, tokens) in zip(prompts, greedy_traces(reference, prompts, CONTINUATION), strict=True)]
 
 
 def _raise_to(ckpt: Checkpoint, name: str, spec: QuantSpec) -> str:
