@@ -125,7 +125,7 @@ def uses(node: onnx.NodeProto) -> set[str]:
 
 def value_dtypes(graph: onnx.GraphProto, known: dict[str, int] | None = None) -> dict[str, int]:
     """Each value's element type, from the graph's inputs and initializers forward: a comparison's is bool, a
-    Cast's its `to`, a Constant's its tensor's, an If's its then-branch's; every other op (llmc's and ONNX Runtime's
+    Cast's its `to`, a Constant's its tensor's, an If's or a Loop's as their subgraph declares; every other op (llmc's and ONNX Runtime's
     contrib ops among them) gives its outputs the type of its first input (Where: its second), but for the few
     whose later outputs differ (_OTHER_OUTPUTS)."""
     types = {**(known or {}), **{v.name: v.type.tensor_type.elem_type for v in graph.input}}
@@ -147,8 +147,12 @@ def value_dtypes(graph: onnx.GraphProto, known: dict[str, int] | None = None) ->
             kind = attrs["value"].t.data_type if "value" in attrs else None
         elif node.op_type == "ConstantOfShape":
             kind = attrs["value"].t.data_type if "value" in attrs else TensorProto.FLOAT
-        elif node.op_type == "If":
-            kind = attrs["then_branch"].g.output[0].type.tensor_type.elem_type or None
+        elif node.op_type in ("If", "Loop"):  # (each output as its branch's or body's; a Loop's body first
+            # returns its condition)
+            body = attrs["then_branch" if node.op_type == "If" else "body"].g.output[node.op_type == "Loop":]
+            types.update((o, b.type.tensor_type.elem_type) for o, b in zip(node.output, body, strict=False)
+                         if o and b.type.tensor_type.elem_type)
+            continue
         else:
             source = node.input[1] if node.op_type == "Where" else (node.input[0] if node.input else "")
             kind = types.get(source)

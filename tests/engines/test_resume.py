@@ -33,6 +33,12 @@ def _graph() -> tuple[onnx.GraphProto, list[int]]:
     return graph, [1, 6, 8]
 
 
+def _typed_outputs(*types: int) -> onnx.GraphProto:
+    """A subgraph declaring outputs of these element types (its nodes do not matter to value_dtypes)."""
+    return helper.make_graph([], "body", [], [helper.make_tensor_value_info(f"o{k}", t, None)
+                                              for k, t in enumerate(types)])
+
+
 def _session(graph: onnx.GraphProto) -> ort.InferenceSession:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -77,7 +83,11 @@ def test_element_types_follow_the_ops_and_unknown_ones_stop_the_wrapping() -> No
              helper.make_node("Cast", ["lt"], ["lt16"], to=TensorProto.FLOAT16),
              helper.make_node("TopK", ["x", "k"], ["top", "idx"]), helper.make_node("Where", ["lt", "w", "x"], ["wh"]),
              helper.make_node("MatMulQ4", ["x", "w"], ["q"], domain="ai.llmc"),
-             helper.make_node("Add", ["unseen", "x"], ["u"])]
+             helper.make_node("Add", ["unseen", "x"], ["u"]),
+             helper.make_node("If", ["lt"], ["i_f", "i_b"], then_branch=_typed_outputs(TensorProto.FLOAT16,
+                                                                                      TensorProto.BOOL)),
+             helper.make_node("Loop", ["k", "lt"], ["l_carried"], body=_typed_outputs(TensorProto.BOOL,
+                                                                                     TensorProto.INT32))]
     graph = helper.make_graph(nodes, "types", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])], [],
                               initializer=[numpy_helper.from_array(np.array([2], np.int64), "k")])
     types = value_dtypes(graph, {"w": TensorProto.FLOAT})
@@ -85,6 +95,8 @@ def test_element_types_follow_the_ops_and_unknown_ones_stop_the_wrapping() -> No
     assert (types["top"], types["idx"], types["wh"], types["q"]) == (TensorProto.FLOAT, TensorProto.INT64,
                                                                       TensorProto.FLOAT, TensorProto.FLOAT)
     assert "u" not in types  # (its first input's type is not known: a graph input not declared, a weight not given)
+    assert (types["i_f"], types["i_b"], types["l_carried"]) == (TensorProto.FLOAT16, TensorProto.BOOL,
+                                                                 TensorProto.INT32)
     plain, starts = _graph()
     del plain.input[:]  # x's type now unknown: nothing block 0 makes from it can be typed
     with pytest.raises(NotResumable, match="block 0 hands on 'a'"):
