@@ -100,15 +100,15 @@ def test_the_export_engine_of_a_large_model_holds_no_packed_copy(tiny_llama: Bui
     assert np.abs(runs[0] - runs[1]).max() < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["llama", "jamba", "gemma4_e"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "jamba", "gemma4_e"])
 def test_the_reference_traces_its_prompts_as_one_batch_and_each_as_if_alone(tiny_factory: Callable[[str], Built],
                                                                             arch: str) -> None:
     """The build's (and llmc verify's) greedy traces of the fp32 export run the prompts as one batch, right-padded
-    to the longest (Jamba's Mamba states, Gemma 4 E2B's shared caches too): each row's tokens and logits are those
-    of its prompt run alone."""
+    to the longest (Mistral's window shorter than the longest, Jamba's Mamba states, Gemma 4 E2B's shared caches
+    too): each row's tokens and logits are those of its prompt run alone."""
     built = tiny_factory(arch)
     reference = export_engine(load_export(built.export_dir), built.export_dir)
-    prompts = [[5, 9, 14], [7, 7, 2, 30, 4, 8, 8, 9, 10], [11]]
+    prompts = [[5, 9, 14], [7, 7, 2, 30, 4, 8, 8, 9, 10] + [3] * 12, [11]]  # (21 tokens: past the 16-token window)
     for prompt, (logits, tokens) in zip(prompts, reference_traces(reference, prompts, steps=6), strict=True):
         kv = reference.new_kv_cache(1, len(prompt) + 7)
         alone = [reference.prefill([0], [prompt], kv)[0]]
