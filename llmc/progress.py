@@ -10,9 +10,15 @@ from typing import Protocol
 class Progress(Protocol):
     def step(self, message: str) -> None: ...
 
+    def detail(self, message: str) -> None:
+        """How far the current step has got (a long one: a 1.5 B-parameter model's sensitivities take 10 minutes)."""
+
 
 class Quiet:
     def step(self, message: str) -> None:
+        pass
+
+    def detail(self, message: str) -> None:
         pass
 
 
@@ -29,3 +35,6 @@ class ConsoleSteps:
         self.total = max(self.total, self.n)
         elapsed = time.perf_counter() - self.t0
         print(f"{self.prefix}[{self.n}/{self.total}] {message}  ({elapsed:.1f}s)", file=sys.stderr, flush=True)
+
+    def detail(self, message: str) -> None:
+        print(f"{self.prefix}      {message}", file=sys.stderr, flush=True)

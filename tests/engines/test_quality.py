@@ -3,6 +3,7 @@ most sensitive layers until llmc verify's top-1 agreement reaches the target."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from conftest import Built
 
 from llmc.engines.kernels import library_path
+from llmc.engines.ort import quality
 from llmc.engines.ort.build import MAX_QUALITY_BUILDS, BuildConfig, build_ort, export_engine, next_raise
 from llmc.engines.ort.graphs import load_checkpoint, quantizable
 from llmc.engines.ort.quality import (
@@ -141,6 +143,32 @@ def test_a_run_starts_at_its_first_low_layer_s_block_and_scores_what_a_whole_run
     whole.release()
 
 
+def test_the_sensitivity_step_tells_how_far_it_has_got(tiny_llama: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long search (10 minutes at 1.5 B parameters) says every REPORT_EVERY seconds how many layers it has
+    measured and about how long the rest take."""
+    monkeypatch.setattr(quality, "REPORT_EVERY", 0.0)
+    export = load_export(tiny_llama.export_dir)
+    ckpt = load_checkpoint(tiny_llama.export_dir, export)
+    names = [n.removesuffix(".weight") for n in quantizable(ckpt)] + ["lm_head"]
+
+    class Details:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def step(self, message: str) -> None:
+            raise AssertionError("the search has no steps of its own")
+
+        def detail(self, message: str) -> None:
+            self.lines.append(message)
+
+    details = Details()
+    PrecisionSearch(ckpt, names, QuantSpec(4, kernel="llmc"), [[5, 9, 14] + [7] * 20], library_path(), 1,
+                    progress=details).release()
+    assert len(details.lines) == len(names) - 1  # (not after the last)
+    for k, line in enumerate(details.lines, 1):
+        assert re.fullmatch(rf"{k} of {len(names)} layers measured in \d+ s, about \d+ s left", line), line
+
+
 def _not_resumable(*_: object) -> None:
     raise NotResumable("a value of a type not known")
 
@@ -238,6 +266,9 @@ def test_a_layout_that_leaves_the_golden_answer_is_short_of_the_target(tiny_llam
 
         def step(self, message: str) -> None:
             self.messages.append(message)
+
+        def detail(self, message: str) -> None:
+            pass
 
     def raised(out: str, allow: bool, steps: Steps | None = None) -> int:
         gate_calls.clear()

@@ -175,7 +175,7 @@ def _build_checked(work: Path, export_dir: Path, export: ExportManifest, cfg: Bu
     names = [n.removesuffix(".weight") for n in quantizable(ckpt) if not gains_nothing(ckpt, n)] + ["lm_head"]
     library = library_path() if cfg.uses_llmc_ops() else None
     search = PrecisionSearch(ckpt, names, spec, sequences, library, threads, cfg.quality_bytes, cfg.moe.value,
-                             scratch=work)
+                             scratch=work, progress=progress)
     del ckpt  # (the float weights: the builds below read the export themselves)
     target = cfg.quality_target
 

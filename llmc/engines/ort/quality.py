@@ -17,6 +17,7 @@ raised, so that the engine's answers agree with the model's (`--quality-target`,
 from __future__ import annotations
 
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from llmc.graph.quant import (
 from llmc.graph.resume import CALIBRATE_START, RESUME_PREFIX, NotResumable
 from llmc.manifest import GraphSpec, ModelSpec, TensorSpec
 from llmc.onnx_store import WeightFile, make_model
+from llmc.progress import Progress, Quiet
 
 CALIBRATION_PROMPTS = (  # (each run of the calibration graph scores them all: keep it short)
     "Describe how a bicycle works.",
@@ -53,6 +55,7 @@ CALIBRATION_PROMPTS = (  # (each run of the calibration graph scores them all: k
 )
 CONTINUATION = 16  # greedy tokens of the model scored after each calibration prompt
 EXACT_WEIGHTS = 1e-4  # relative error below which a layer's low-precision weights count as the model's own
+REPORT_EVERY = 30.0  # seconds between the sensitivity step's progress lines
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,10 @@ class PrecisionSearch:
 
     def __init__(self, ckpt: Checkpoint, names: list[str], spec: QuantSpec, sequences: list[list[int]],
                  library: Path | None, threads: int, max_bytes_ratio: float = 1.15, moe: str = "standard",
-                 scratch: Path | None = None) -> None:
+                 scratch: Path | None = None, progress: Progress | None = None) -> None:
         """`sequences`: the calibration prompts, each followed by the model's greedy continuation (continuations);
-        `scratch`: the folder the calibration graph's files go in (the build's work folder: removed with it)."""
+        `scratch`: the folder the calibration graph's files go in (the build's work folder: removed with it);
+        `progress`: told how many layers have been measured and what is left, every REPORT_EVERY seconds."""
         self.spec = spec
         self.names = names
         self._tmp = tempfile.TemporaryDirectory(dir=scratch)  # the calibration graph's files, for the session's life
@@ -87,8 +91,12 @@ class PrecisionSearch:
                                                                                                np.float32)))
         self._feeds.update((RESUME_PREFIX + v, a) for v, a in zip(handed, outs, strict=True))
         self._reference = _log_softmax(logits)
-        self.sensitivities = [Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec))
-                              for i, n in enumerate(names)]
+        report = _Remaining(progress or Quiet(), [ckpt.spec.num_layers - b + 1 for b in self._blocks]
+                            if self._blocks is not None else [1] * len(names))
+        self.sensitivities = []
+        for i, n in enumerate(names):
+            self.sensitivities.append(Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec)))
+            report.done(i)
         ranked = sorted(range(len(names)), key=lambda i: -self.sensitivities[i].kl)
         self.order, self._extra = _affordable(ckpt, spec, names, self.sensitivities, ranked, max_bytes_ratio)
 
@@ -136,6 +144,30 @@ class PrecisionSearch:
     def _kl(self, low: np.ndarray) -> float:
         test = self._logprobs(low)
         return float((np.exp(self._reference) * (self._reference - test)).sum(-1).mean())
+
+
+class _Remaining:
+    """The sensitivity runs' progress, told every REPORT_EVERY seconds: how many are done and, from the time so far,
+    about how long the rest take (each run's cost counted as the blocks it computes, one more for the head)."""
+
+    def __init__(self, progress: Progress, costs: list[int]) -> None:
+        self.progress, self.costs = progress, costs
+        self.start = self.last = time.monotonic()
+        self.spent = 0
+
+    def done(self, i: int) -> None:
+        self.spent += self.costs[i]
+        now = time.monotonic()
+        if now - self.last < REPORT_EVERY or i + 1 == len(self.costs):
+            return
+        self.last = now
+        left = (now - self.start) * (sum(self.costs) - self.spent) / self.spent
+        self.progress.detail(f"{i + 1} of {len(self.costs)} layers measured in {_minutes(now - self.start)}, "
+                             f"about {_minutes(left)} left")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
