@@ -91,8 +91,8 @@ class PrecisionSearch:
                                                                                                np.float32)))
         self._feeds.update((RESUME_PREFIX + v, a) for v, a in zip(handed, outs, strict=True))
         self._reference = _log_softmax(logits)
-        report = _Remaining(progress or Quiet(), [ckpt.spec.num_layers - b + 1 for b in self._blocks]
-                            if self._blocks is not None else [1] * len(names))
+        report = _Remaining(progress or Quiet(), [ckpt.spec.num_layers - b for b in self._blocks]
+                            if self._blocks is not None else [ckpt.spec.num_layers] * len(names))
         self.sensitivities = []
         for i, n in enumerate(names):
             self.sensitivities.append(Sensitivity(n, self._kl(_one_hot(len(names), i)), _raise_to(ckpt, n, spec)))
@@ -147,22 +147,28 @@ class PrecisionSearch:
 
 
 class _Remaining:
-    """The sensitivity runs' progress, told every REPORT_EVERY seconds: how many are done and, from the time so far,
-    about how long the rest take (each run's cost counted as the blocks it computes, one more for the head)."""
+    """The sensitivity runs' progress, told every REPORT_EVERY seconds: how many are done and about how long the rest
+    take, from the runs timed so far as a fixed part (the embedding, the head) plus a part per block computed."""
 
-    def __init__(self, progress: Progress, costs: list[int]) -> None:
-        self.progress, self.costs = progress, costs
-        self.start = self.last = time.monotonic()
-        self.spent = 0
+    def __init__(self, progress: Progress, blocks: list[int]) -> None:
+        self.progress, self.blocks = progress, blocks
+        self.start = self.last = self.previous = time.monotonic()
+        self.times: list[float] = []
 
     def done(self, i: int) -> None:
-        self.spent += self.costs[i]
         now = time.monotonic()
-        if now - self.last < REPORT_EVERY or i + 1 == len(self.costs):
+        self.times.append(now - self.previous)
+        self.previous = now
+        if now - self.last < REPORT_EVERY or i + 1 == len(self.blocks):
             return
         self.last = now
-        left = (now - self.start) * (sum(self.costs) - self.spent) / self.spent
-        self.progress.detail(f"{i + 1} of {len(self.costs)} layers measured in {_minutes(now - self.start)}, "
+        done, rest = np.array(self.blocks[:i + 1], np.float64), np.array(self.blocks[i + 1:], np.float64)
+        if np.ptp(done) > 0:  # (runs from different blocks: fixed + per-block cost fitted)
+            per_block, fixed = np.polyfit(done, self.times, 1)
+            left = float(np.maximum(fixed + per_block * rest, 0.0).sum())
+        else:
+            left = float(np.mean(self.times)) * len(rest)
+        self.progress.detail(f"{i + 1} of {len(self.blocks)} layers measured in {_minutes(now - self.start)}, "
                              f"about {_minutes(left)} left")
 
 
