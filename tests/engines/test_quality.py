@@ -21,8 +21,8 @@ from llmc.engines.ort.quality import (
     CALIBRATION_PROMPTS,
     PrecisionSearch,
     _float_weight,
-    _one_hot,
     continuations,
+    measured_together,
 )
 from llmc.engines.registry import load_engine_dir
 from llmc.graph import decoder
@@ -166,7 +166,40 @@ def test_the_sensitivity_step_tells_how_far_it_has_got(tiny_llama: Built, monkey
                     progress=details).release()
     assert len(details.lines) == len(names) - 1  # (not after the last)
     for k, line in enumerate(details.lines, 1):
-        assert re.fullmatch(rf"{k} of {len(names)} layers measured in \d+ s, about \d+ s left", line), line
+        assert re.fullmatch(rf"{k} of {len(names)} runs in \d+ s, about \d+ s left", line), line
+
+
+def test_a_layer_s_experts_are_measured_together_in_one_run(tiny_factory: Callable[[str], Built],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixture's experts (many, each seeing a few calibration tokens) are measured as one group per layer and
+    product: one run with all of them low, its KL each one's sensitivity; every other layer alone."""
+    assert measured_together(["layers.0.qkv", "layers.0.experts.0.gate_up", "layers.0.experts.1.gate_up",
+                              "layers.0.experts.0.down", "layers.0.experts.1.down", "layers.0.shared_expert.down",
+                              "layers.1.experts.0.gate_up", "lm_head"]) == [[0], [1, 2], [3, 4], [5], [6], [7]]
+    built = tiny_factory("mixtral")
+    export = load_export(built.export_dir)
+    ckpt = with_moe_weights(load_checkpoint(built.export_dir, export), "standard")
+    names = [n.removesuffix(".weight") for n in quantizable(ckpt)] + ["lm_head"]
+    runs: list[np.ndarray] = []
+    kl = PrecisionSearch._kl
+    monkeypatch.setattr(PrecisionSearch, "_kl", lambda self, low: (runs.append(low.copy()), kl(self, low))[1])
+    search = PrecisionSearch(ckpt, names, QuantSpec(4, kernel="llmc"), [[5, 9, 14] + [7] * 20], library_path(), 1,
+                             moe="standard")
+    groups = measured_together(names)
+    assert len(runs) == len(groups) < len(names)  # (2 layers x (qkv, o, 4 experts' gate_up, their down) + the head:
+    # 9 runs for 21 candidates)
+    for group, low in zip(groups, runs, strict=True):
+        assert set(np.flatnonzero(low)) == set(group)
+        assert len({search.sensitivities[i].kl for i in group}) == 1
+    experts = [i for i, n in enumerate(names) if ".experts." in n]
+    assert experts and all(len(g) == export.model.num_experts for g in groups if g[0] in experts)
+    search.release()
+
+
+def _one_hot(n: int, i: int) -> np.ndarray:
+    x = np.zeros(n, np.float32)
+    x[i] = 1.0
+    return x
 
 
 def _not_resumable(*_: object) -> None:
