@@ -5,7 +5,8 @@ raised, so that the engine's answers agree with the model's (`--quality-target`,
    graph where every linear layer is an If between its exact and its low-precision product, chosen by a 0/1 input
    per layer (layers.calibrated). A layer's sensitivity is the mean next-token KL(model || this) with only that
    layer at low precision. Such a run starts at that layer's block: the blocks before it compute what the all-exact
-   run did, which handed on their outputs (graph/resume.py), so a run costs about half the model.
+   run did, which handed on their outputs (graph/resume.py), so a run costs about half the model. A layer's
+   experts are measured in one run together (measured_together).
 2. Rank the layers by it; a raised layer keeps its own low-precision weights where those are exact (GGUF's own
    4-bit grid: then the int8 activations are all the error) and takes wider activations (16-bit in llmc's 4-bit
    operator, the same bytes; fp32 in MatMulNBits), else it goes to 8-bit weights with fp32 activations. The
