@@ -51,7 +51,8 @@ VERIFY_PROMPTS = (
 )
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Log-probabilities over the last axis, in float64."""
     x = x.astype(np.float64)
     m = x.max(axis=-1, keepdims=True)
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
@@ -102,7 +103,7 @@ def _scores(refs: list[tuple[np.ndarray, list[int]]], candidates: list[np.ndarra
     for (ref_logits, ref_tokens), cand_logits in zip(refs, candidates):
         ref_top, cand_top = ref_logits.argmax(-1), cand_logits.argmax(-1)
         agree.append(ref_top == cand_top)
-        p_log, q_log = _log_softmax(ref_logits), _log_softmax(cand_logits)
+        p_log, q_log = log_softmax(ref_logits), log_softmax(cand_logits)
         kls.append((np.exp(p_log) * (p_log - q_log)).sum(-1))
         diverge = np.nonzero(cand_top[:-1] != np.array(ref_tokens))[0]
         match.append(int(diverge[0]) if diverge.size else steps)

@@ -301,7 +301,7 @@ def test_a_layout_that_leaves_the_golden_answer_is_short_of_the_target(tiny_llam
             self.messages.append(message)
 
         def detail(self, message: str) -> None:
-            pass
+            self.messages.append(message)
 
     def raised(out: str, allow: bool, steps: Steps | None = None) -> int:
         gate_calls.clear()
@@ -319,6 +319,11 @@ def test_a_layout_that_leaves_the_golden_answer_is_short_of_the_target(tiny_llam
         f"top-1 100.0% with {first} layers raised: {leaves_first}; raising more",
         f"top-1 100.0% with {first + 2} layers raised: reaches 99.0%; trying fewer"]
     assert not any("ONNX Runtime's operators instead" in m for m in steps.messages)
+    # (the build hands its progress to the search: with REPORT_EVERY at 0, a line after every run but the last)
+    monkeypatch.setattr(quality, "REPORT_EVERY", 0.0)
+    steps = Steps()
+    raised("reported", True, steps)
+    assert [m.split(" runs in ")[0] for m in steps.messages if " runs in " in m] == [f"{k} of 9" for k in range(1, 9)]
 
 
 @pytest.mark.parametrize("matmul", ["ort", "llmc"])

@@ -47,6 +47,7 @@ from llmc.graph.resume import CALIBRATE_START, RESUME_PREFIX, NotResumable
 from llmc.manifest import GraphSpec, ModelSpec, TensorSpec
 from llmc.onnx_store import WeightFile, make_model
 from llmc.progress import Progress, Quiet
+from llmc.runtime.verify import greedy_traces, log_softmax
 
 CALIBRATION_PROMPTS = (  # (each run of the calibration graph scores them all: keep it short)
     "Describe how a bicycle works.",
@@ -84,7 +85,8 @@ class PrecisionSearch:
         self._session, weights, handed = _calibration_session(ckpt, names, spec, Path(self._tmp.name), library,
                                                               threads, moe)
         self._feeds = {**_feeds(ckpt, sequences), **weights}
-        self._blocks = [_block(ckpt.spec, n) for n in names] if handed is not None else None
+        self._resumes = handed is not None  # (else every run computes every block)
+        self._blocks = [_block(ckpt.spec, n) for n in names]
         # the all-exact run, which returns what each block hands on: the later runs start at their first low layer's
         # block with those fed (resume.py); this one skips no block, so what it is fed there is never read
         handed = handed or {}
@@ -93,9 +95,9 @@ class PrecisionSearch:
         logits, *outs = self._session.run([io_names.LOGITS, *handed], self._run_feeds(np.zeros(len(names),
                                                                                                np.float32)))
         self._feeds.update((RESUME_PREFIX + v, a) for v, a in zip(handed, outs, strict=True))
-        self._reference = _log_softmax(logits)
+        self._reference = log_softmax(logits[0])  # [N, V]: the scored positions
         groups = measured_together(names)
-        starts = self._blocks or [0] * len(names)
+        starts = self._blocks if self._resumes else [0] * len(names)
         report = _Remaining(progress or Quiet(), [ckpt.spec.num_layers - starts[g[0]] for g in groups],
                             whole=ckpt.spec.num_layers, after=1 + math.ceil(math.log2(len(names) + 1)))
         kls = np.zeros(len(names))
@@ -141,13 +143,13 @@ class PrecisionSearch:
 
     def _run_feeds(self, low: np.ndarray) -> dict[str, np.ndarray]:
         """The feeds of a run with `low`'s layers at low precision: it starts at the block of its first."""
-        if self._blocks is None:
+        if not self._resumes:
             return {**self._feeds, CALIBRATE_INPUT: low}
         first = min((b for b, x in zip(self._blocks, low, strict=True) if x > 0.5), default=0)
         return {**self._feeds, CALIBRATE_INPUT: low, CALIBRATE_START: np.array(first, np.int64)}
 
     def _logprobs(self, low: np.ndarray) -> np.ndarray:
-        return _log_softmax(self._session.run([io_names.LOGITS], self._run_feeds(low))[0])
+        return log_softmax(self._session.run([io_names.LOGITS], self._run_feeds(low))[0][0])
 
     def _kl(self, low: np.ndarray) -> float:
         test = self._logprobs(low)
@@ -197,12 +199,6 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits[0].astype(np.float64)  # [N, V]: the scored positions
-    x -= x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
 def _block(m: ModelSpec, name: str) -> int:
     """The block a candidate layer is in (the head: after the last), so the first a run with it low must compute."""
     parts = name.split(".")
@@ -240,8 +236,6 @@ def _affordable(ckpt: Checkpoint, spec: QuantSpec, names: list[str], sens: list[
 
 def continuations(reference: Engine, prompts: list[list[int]]) -> list[list[int]]:
     """Each prompt followed by the model's greedy continuation (from the fp32 export): PrecisionSearch's sequences."""
-    from llmc.runtime.verify import greedy_traces
-
     return [p + tokens for p, (_, tokens) in zip(prompts, greedy_traces(reference, prompts, CONTINUATION), strict=True)]
 
 
