@@ -19,13 +19,10 @@ from llmc.graph.quant import (
     BLOCKSUM_SCALES,
     BLOCKSUMS,
     OFFSETS,
-    Q4TILES,
-    Q4TILES_GATED,
-    Q8TILES,
-    Q8TILES_GATED,
     QWEIGHT,
     SCALES,
     TILE_BLOCK,
+    TILE_OPS,
     QuantSpec,
     bits_of,
 )
@@ -82,7 +79,7 @@ def linear(c: Ctx, x: str, name: str) -> str:
     w = f"{name}.weight"
     if c.has(w + BF16TILES):
         return matmul_bf16(c, x, name)
-    return _product(c, x, name, quantized=any(c.has(w + s) for s in (Q4TILES, Q8TILES, QWEIGHT)))
+    return _product(c, x, name, quantized=c.has(w + QWEIGHT) or _tiles(c, name, gated=False) is not None)
 
 
 def calibrated(c: Ctx, x: str, name: str) -> str:
@@ -126,7 +123,7 @@ def token_int8(c: Ctx, x: str) -> str:
 
 def _product(c: Ctx, x: str, name: str, quantized: bool) -> str:
     b, w = c.b, f"{name}.weight"
-    if quantized and (c.has(w + Q4TILES) or c.has(w + Q8TILES)):
+    if quantized and _tiles(c, name, gated=False) is not None:
         return matmul_tiles(c, x, name, gated=False)
     if rounds_input(c, name):
         x = token_int8(c, x)
@@ -186,8 +183,13 @@ def gelu_tanh(b: GraphBuilder, x: str) -> str:
 
 
 def gated_tiles(c: Ctx, name: str) -> bool:
-    """Whether a SwiGLU gate/up layer is stored in a gated form of llmc's tiles (4-, 8-bit or bf16)."""
-    return any(c.has(f"{name}.weight" + s) for s in (Q4TILES_GATED, Q8TILES_GATED, BF16TILES_GATED))
+    """Whether a SwiGLU gate/up layer is stored in a gated form of llmc's tiles (2-, 4-, 8-bit or bf16)."""
+    return c.has(f"{name}.weight" + BF16TILES_GATED) or _tiles(c, name, gated=True) is not None
+
+
+def _tiles(c: Ctx, name: str, gated: bool) -> str | None:
+    """The suffix of the layer's weights in llmc's integer tiles (quant.TILE_OPS), or None."""
+    return next((s + "_gated" * gated for s in TILE_OPS if c.has(f"{name}.weight" + s + "_gated" * gated)), None)
 
 
 def gated_product(c: Ctx, x: str, name: str) -> str:
@@ -205,12 +207,13 @@ def head_window(m: ModelSpec) -> float:
 
 
 def matmul_tiles(c: Ctx, x: str, name: str, gated: bool) -> str:
-    """ai.llmc.MatMulQ4 / MatMulQ8 over the packed 4- or 8-bit tiles, the bias inside; gated: silu(x @ gate) *
-    (x @ up)."""
-    b, w = c.b, f"{name}.weight"
-    eight = c.has(w + (Q8TILES_GATED if gated else Q8TILES))
-    w += (Q8TILES_GATED if gated else Q8TILES) if eight else (Q4TILES_GATED if gated else Q4TILES)
-    _, blocks, _ = c.ckpt.weights[w].shape
+    """ai.llmc.MatMulQ4 / MatMulQ8 / MatMulQ2 over the packed 4-, 8- or 2-bit tiles, the bias inside; gated:
+    silu(x @ gate) * (x @ up)."""
+    suffix = _tiles(c, name, gated)
+    assert suffix is not None, f"{name} has no integer tiles"
+    b, w, op = c.b, f"{name}.weight" + suffix, TILE_OPS[suffix.removesuffix("_gated")]
+    _, rows, _ = c.ckpt.weights[w].shape
+    blocks = rows - (op == "MatMulQ2")  # (its first row: the columns' scales and mins)
     bias = f"{name}.bias"
     n = _out_width(c.m, name)
     q = c.opts.quant
@@ -223,7 +226,7 @@ def matmul_tiles(c: Ctx, x: str, name: str, gated: bool) -> str:
         attrs["int8_prompts"] = 1
     elif name == "lm_head" and act_bits == 16 and head_window(c.m):
         attrs["window"] = head_window(c.m)
-    return b.op("MatMulQ8" if eight else "MatMulQ4", x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []),
+    return b.op(op, x, b.weight(w), *([b.weight(bias)] if c.has(bias) else []),
                 domain=LLMC_DOMAIN, K=blocks * TILE_BLOCK, N=n, gated=int(gated), **attrs)
 
 

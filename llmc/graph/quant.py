@@ -18,7 +18,9 @@ reads (llmc/engines/kernels/matmul_q4.h): one node per linear layer, the min exa
 up projections in one node with the gate applied (`gated`: their tiles alternate); 8-bit layers (the head, --quant
 int8, layers a quality target raised) as 8-bit scale + min blocks in the same tiles, for ai.llmc.MatMulQ8: a GGUF
 Q8_0 block (the tied head of a Q8_0 embedding) and a 4-bit grid (a raised GGUF Q4_1 layer) come back as they were
-(up to an fp16 scale of d / 17).
+(up to an fp16 scale of d / 17). A 4-bit layer whose every column holds only -h, 0 and h (BitNet b1.58's ternary
+weights times their scale) goes to ai.llmc.MatMulQ2 instead: the same values as 2 bits a weight with one fp32 scale
+and min a column (2.03 bits a weight where the 4-bit tiles take 5), the same products.
 
 Layout for W [K, N] used as x @ W: qweight [N, K' / block, block * bits / 8] uint8 (4-bit: two values a byte, low
 nibble first), scales [N * K' / block] fp32 (K' = K, or K + the offset rows when folded), offsets [blocks, N] fp32.
@@ -39,6 +41,9 @@ BF16TILES, BF16TILES_GATED = ".bf16tiles", ".bf16tiles_gated"  # llmc's MatMulBF
 EMBED_Q8, EMBED_Q8_SCALES, EMBED_BF16 = ".q8", ".q8scales", ".bf16"  # the embedding's lookup table, compact
 Q4TILES, Q4TILES_GATED = ".q4tiles", ".q4tiles_gated"  # llmc's MatMulQ4 layout (gated: SwiGLU gate/up tiles)
 Q8TILES, Q8TILES_GATED = ".q8tiles", ".q8tiles_gated"  # llmc's MatMulQ8 layout
+Q2TILES, Q2TILES_GATED = ".q2tiles", ".q2tiles_gated"  # llmc's MatMulQ2 layout (ternary columns)
+# llmc's integer tile operators by their weights' suffix (a gated layer's: the suffix + "_gated")
+TILE_OPS = {Q4TILES: "MatMulQ4", Q8TILES: "MatMulQ8", Q2TILES: "MatMulQ2"}
 SCHEMES = ("auto", "folded", "minmax", "symmetric")
 KERNELS = ("ort", "llmc")
 # A linear layer's precision: 4-bit weights with int8 activations (MatMulQ4, or MatMulNBits at the spec's accuracy),
@@ -146,6 +151,15 @@ def ternary_blocks(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     a = np.abs(w)
     h = a.max(axis=axis)
     return np.all((a == np.expand_dims(h, axis)) | (a == 0), axis=axis) & (h > 0), h
+
+
+def ternary_columns(w: np.ndarray, axis: int = 0) -> bool:
+    """Whether every column of w (its values along `axis`) holds only -h, 0 and h, h its own largest |w| (BitNet's
+    ternary weights times their scale, or a column of zeros): MatMulQ2 holds them exactly."""
+    a = np.abs(np.asarray(w, np.float32))
+    peak = a.max(axis=axis, keepdims=True)
+    first = np.take(a, range(min(64, a.shape[axis])), axis=axis)  # (most weights fail on their first rows: cheap)
+    return bool(np.all((first == peak) | (first == 0)) and np.all((a == peak) | (a == 0)))
 
 
 def _symmetric(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -310,6 +324,39 @@ def pack_q8_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     return _pairs(np.concatenate([values, *grid], axis=2))
 
 
+def pack_q2_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -> np.ndarray:
+    """W [K, N] of ternary columns (`ternary_columns`) -> MatMulQ2's packed tiles [ceil(N / 32), K / 32 + 1, 256]
+    uint8 (matmul_q4.h): w = scale * q + min with q in 0..3 and one fp32 scale and min a column (h and -h: q = 0, 1,
+    2 for -h, 0, h); each tile's first row its 16 scales and 16 mins, then per block of 32 along K two chunks of 64
+    bytes, byte 4 j + i of chunk c holding k = 16 c + 4 s + i of column j in bits 2 s, 2 s + 1."""
+    if not gated and w_kn.shape[1] > COLUMN_CHUNK:
+        return _by_columns(pack_q2_tiles, w_kn, name)
+    wb = _tile_blocks(w_kn, gated, name, "2-bit")
+    blocks, _, n_pad = wb.shape
+    tiles = n_pad // TILE
+    h = np.abs(wb).max(axis=(0, 1))  # [N padded]
+    if not ternary_columns(wb.reshape(-1, n_pad)):
+        raise ValueError(f"{name}: MatMulQ2 holds ternary columns only (-h, 0 and h a column)")
+    q = (np.rint(wb / np.where(h > 0, h, 1)) + 1).astype(np.uint8).reshape(blocks, 2, 4, 4, tiles, TILE)  # k = 16 c + 4 s + i
+    values = q[:, :, 0] | q[:, :, 1] << 2 | q[:, :, 2] << 4 | q[:, :, 3] << 6  # [b, c, i, t, j]
+    values = values.transpose(3, 0, 1, 4, 2).reshape(tiles, blocks, 2 * 64)
+    grid = np.concatenate([h.reshape(tiles, TILE), -h.reshape(tiles, TILE)], axis=1).astype(np.float32)
+    return _pairs(np.concatenate([grid.view(np.uint8)[:, None, :], values], axis=1))  # from [tiles, blocks + 1, 128]
+
+
+def unpack_q2_tiles(packed: np.ndarray, n: int, gated: bool = False) -> np.ndarray:
+    """MatMulQ2's packed tiles -> the W [K, N] fp32 they hold."""
+    per_tile = _per_tile(packed)
+    tiles, rows, _ = per_tile.shape
+    blocks = rows - 1
+    grid = per_tile[:, 0].copy().view(np.float32)  # [t, 32]: 16 scales, 16 mins
+    v = per_tile[:, 1:].reshape(tiles, blocks, 2, TILE, 4)  # [t, b, c, j, i]
+    q = np.stack([(v >> 2 * s) & 3 for s in range(4)], axis=3)  # [t, b, c, s, j, i]
+    q = q.transpose(1, 2, 3, 5, 0, 4).reshape(blocks * TILE_BLOCK, tiles * TILE).astype(np.float32)
+    w = (q * grid[:, :TILE].reshape(-1) + grid[:, TILE:].reshape(-1))[:, :n]
+    return _gate_up_tiles(w, inverse=True) if gated else w
+
+
 def unpack_q8_tiles(packed: np.ndarray, n: int, gated: bool = False) -> np.ndarray:
     """MatMulQ8's packed tiles -> the W [K, N] fp32 they hold."""
     per_tile = _per_tile(packed)
@@ -373,6 +420,9 @@ def quantize_as(w: np.ndarray, name: str, precision: str, spec: QuantSpec, gated
     if precision == "fp32":
         return {name: w}
     bits = int(precision.removeprefix("int").split("-")[0])
+    if spec.kernel == "llmc" and precision != "int4-fp32act" and name != "lm_head.weight" and ternary_columns(w):
+        # (the same values in fewer bytes, at any precision of llmc's tiles)
+        return {name + (Q2TILES_GATED if gated else Q2TILES): pack_q2_tiles(w, gated, name)}
     if precision in ("int4", "int4-act16") and spec.q4_tiles(4):
         return {name + (Q4TILES_GATED if gated else Q4TILES): pack_q4_tiles(w, gated, name)}
     if precision in ("int8", "int8-act16") and spec.q8_tiles(8):

@@ -1,4 +1,4 @@
-"""llmc's 4-bit and 8-bit operators (ai.llmc.MatMulQ4, ai.llmc.MatMulQ8): the packed layouts, the operators against
+"""llmc's 4-, 8- and 2-bit operators (ai.llmc.MatMulQ4, MatMulQ8, MatMulQ2): the packed layouts, the operators against
 a numpy reference through ONNX Runtime (AVX-512 VNNI, AVX2 and portable paths, 1 to 14 rows, padded widths, bias,
 the SwiGLU gate, with and without the session's thread count, int8 or two-level 16-bit activations), and `llmc
 build --quant int4|int8 --matmul llmc` engines end to end."""
@@ -21,14 +21,19 @@ from llmc.engines.ort.build import BuildConfig, build_ort
 from llmc.engines.registry import load_engine_dir
 from llmc.errors import InputError
 from llmc.graph.quant import (
+    Q2TILES,
+    Q2TILES_GATED,
     Q4TILES,
     Q4TILES_GATED,
     Q8TILES,
     QuantSpec,
+    pack_q2_tiles,
     pack_q4_tiles,
     pack_q8_tiles,
     quantize_weights,
+    ternary_columns,
     to_bf16_bits,
+    unpack_q2_tiles,
     unpack_q4_tiles,
     unpack_q8_tiles,
 )
@@ -112,6 +117,40 @@ def test_8_bit_packing_random_weights_is_bounded_by_the_grid() -> None:
     assert np.all(err <= step[:, None, :] * 0.51 + 1e-3 * step[:, None, :] * 255)  # half a step (+ fp16 rounding)
     zeros = np.zeros((64, 32), np.float32)  # a block of zeros: scale 0, values 0
     np.testing.assert_array_equal(unpack_q8_tiles(pack_q8_tiles(zeros), 32), zeros)
+
+
+def _ternary(k: int, n: int) -> np.ndarray:
+    """BitNet's weights: -h, 0 and h in each column, h its own (fp32, not fp16-exact: MatMulQ2 keeps it)."""
+    h = RNG.uniform(0.01, 0.1, n).astype(np.float32)
+    return (RNG.integers(-1, 2, (k, n)) * h).astype(np.float32)
+
+
+@pytest.mark.parametrize(("k", "n", "gated"), [(64, 24, False), (96, 40, False), (64, 64, True), (576, 192, True)])
+def test_2_bit_packing_keeps_ternary_columns_exactly(k: int, n: int, gated: bool) -> None:
+    w = _ternary(k, n)
+    w[:, 3] = 0.0  # a column of zeros: scale and min 0
+    packed = pack_q2_tiles(w, gated)
+    assert packed.shape == (-(-n // 32), k // 32 + 1, 256) and packed.dtype == np.uint8
+    np.testing.assert_array_equal(unpack_q2_tiles(packed, n, gated), w)
+
+
+def test_2_bit_tiles_take_ternary_columns_only() -> None:
+    w = _ternary(64, 32)
+    assert ternary_columns(w) and ternary_columns(np.zeros((64, 32), np.float32))
+    w[40, 5] *= 0.5  # one value off its column's -h, 0, h (past the first rows the quick look reads)
+    assert not ternary_columns(w)
+    with pytest.raises(ValueError, match="MatMulQ2 holds ternary columns only"):
+        pack_q2_tiles(w)
+    blocks = np.concatenate([_ternary(32, 16), 3 * _ternary(32, 16)])  # ternary blocks of two scales a column
+    assert not ternary_columns(blocks)
+    spec = QuantSpec(4, kernel="llmc")
+    parts = quantize_weights({"t.weight": _ternary(64, 32), "b.weight": blocks, "g.weight": _ternary(64, 64)},
+                             ["t.weight", "b.weight", "g.weight"], spec, gated=("g.weight",))
+    assert set(parts) == {"t.weight" + Q2TILES, "b.weight" + Q4TILES, "g.weight" + Q2TILES_GATED}
+    eight = quantize_weights({"t.weight": _ternary(64, 32)}, ["t.weight"], QuantSpec(8, kernel="llmc"))
+    assert set(eight) == {"t.weight" + Q2TILES}  # (--quant int8 too: the same values in fewer bytes)
+    ort = quantize_weights({"t.weight": _ternary(64, 32)}, ["t.weight"], QuantSpec(4, kernel="ort"))
+    assert "t.weight" + Q2TILES not in ort  # (MatMulNBits engines keep their forms)
 
 
 def _int8_level(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -212,7 +251,7 @@ def test_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("op", ["MatMulQ4", "MatMulQ8"])
+@pytest.mark.parametrize("op", ["MatMulQ4", "MatMulQ8", "MatMulQ2"])
 @pytest.mark.parametrize(("batch", "seq"), [(1, 1), (3, 1), (2, 20)])  # (40 rows: past AMX-BF16's, which it skips)
 def test_act_rows_are_bitnet_s_integers(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, op: str,
                                         batch: int, seq: int) -> None:
@@ -230,7 +269,7 @@ def test_act_rows_are_bitnet_s_integers(llmc_ops: Path, monkeypatch: pytest.Monk
     inv = np.float32(127) / np.maximum(np.abs(x).max(axis=-1, keepdims=True), np.float32(1e-5))
     q = np.rint(x * inv)  # (in float32, as transformers: ties to even alike)
     want = (q.astype(np.float64) @ t.astype(np.float64)) * float(h) / inv.astype(np.float64)
-    packed = (pack_q4_tiles if op == "MatMulQ4" else pack_q8_tiles)(t * h)
+    packed = {"MatMulQ4": pack_q4_tiles, "MatMulQ8": pack_q8_tiles, "MatMulQ2": pack_q2_tiles}[op](t * h)
     y = _session(llmc_ops, k, n, packed, None, False, 2, 2, op=op, act_rows=1).run(None, {"x": x})[0]
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
     blocks = _session(llmc_ops, k, n, packed, None, False, 2, 2, op=op).run(None, {"x": x})[0]
@@ -242,6 +281,38 @@ def test_act_rows_is_refused_where_it_does_not_apply(llmc_ops: Path) -> None:
     for act_bits, rows in [(16, 1), (8, 2)]:
         with pytest.raises(Exception, match=rf"MatMulQ4: act_rows {rows}: must be 0 \(a grid per block\) or 1"):
             _session(llmc_ops, 64, 32, w, None, False, 2, 2, act_bits, act_rows=rows)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("act_bits", [8, 16])
+@pytest.mark.parametrize(("threads", "told"), [(2, 2), (1, 1), (2, 8)])
+@pytest.mark.parametrize(("k", "n", "batch", "seq", "gated", "with_bias"), CASES)
+def test_2_bit_operator_matches_the_reference_and_the_4_bit_one(
+        llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str, act_bits: int, threads: int, told: int, k: int,
+        n: int, batch: int, seq: int, gated: bool, with_bias: bool) -> None:
+    """MatMulQ2 over ternary columns computes what MatMulQ4 computes over the same weights (each block's dot
+    products summed before the column's one scale, not after each block's: float32's rounding apart)."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    w = _ternary(k, n).astype(np.float16).astype(np.float32)  # (h exact in fp16: the 4-bit tiles' too)
+    bias = RNG.standard_normal(n).astype(np.float32) if with_bias else None
+    x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
+    x[0, 0, :32] = 0.0  # an all-zero block: scale 0
+    y2, y4 = (_session(llmc_ops, k, n, pack(w, gated), bias, gated, threads, told, act_bits, op=op).run(None, {"x": x})[0]
+              for pack, op in ((pack_q2_tiles, "MatMulQ2"), (pack_q4_tiles, "MatMulQ4")))
+    expected = _reference(x, w, bias, gated, act_bits)
+    assert y2.shape == expected.shape == (batch, seq, n // 2 if gated else n)
+    np.testing.assert_allclose(y2, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+    np.testing.assert_allclose(y2, y4, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_2_bit_operator_names_its_shapes_and_takes_no_window(llmc_ops: Path) -> None:
+    packed = pack_q2_tiles(_ternary(64, 32))
+    session = _session(llmc_ops, 64, 32, packed, None, False, 2, 2, op="MatMulQ2")
+    with pytest.raises(Exception, match=r"MatMulQ2: expected A \[\.\.\., 64\], B \[1, 3, 256\]"):
+        session.run(None, {"x": np.zeros((1, 1, 32), np.float32)})
+    with pytest.raises(Exception, match=r"MatMulQ2: window 4: must be a finite margin >= 0, and 0 unless"):
+        _session(llmc_ops, 64, 32, packed, None, False, 2, 2, 16, op="MatMulQ2", window=4.0)
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -294,7 +365,8 @@ def test_8_bit_operator_matches_the_reference(llmc_ops: Path, monkeypatch: pytes
 
 
 @pytest.mark.parametrize("path", ["native", "avx2"])
-@pytest.mark.parametrize(("op", "act_bits"), [("MatMulQ4", 8), ("MatMulQ4", 16), ("MatMulQ8", 8), ("MatMulQ8", 16)])
+@pytest.mark.parametrize(("op", "act_bits"), [("MatMulQ4", 8), ("MatMulQ4", 16), ("MatMulQ8", 8), ("MatMulQ8", 16),
+                                             ("MatMulQ2", 8)])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch, path: str,
                                                         op: str, act_bits: int, batch: int) -> None:
@@ -306,8 +378,8 @@ def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypat
     for name, value in PATHS[path].items():
         monkeypatch.setenv(name, value)
     k, n = 1536, 96
-    w = _q4_1_like(k, n)
-    packed = pack_q4_tiles(w, False) if op == "MatMulQ4" else pack_q8_tiles(w, False)
+    w = _ternary(k, n) if op == "MatMulQ2" else _q4_1_like(k, n)
+    packed = {"MatMulQ4": pack_q4_tiles, "MatMulQ8": pack_q8_tiles, "MatMulQ2": pack_q2_tiles}[op](w, False)
     x = RNG.standard_normal((batch, 1, k)).astype(np.float32)
     y = {}
     for level in ("l1", "l2", "l2x3"):
@@ -316,7 +388,7 @@ def test_weight_prefetches_into_l1_or_l2_change_no_bit(llmc_ops: Path, monkeypat
         y[level] = _session(llmc_ops, k, n, packed, None, False, 2, 2, act_bits, op=op).run(None, {"x": x})[0]
     np.testing.assert_array_equal(y["l1"], y["l2"])
     np.testing.assert_array_equal(y["l1"], y["l2x3"])
-    held = w if op == "MatMulQ4" else unpack_q8_tiles(packed, n, False)
+    held = unpack_q8_tiles(packed, n, False) if op == "MatMulQ8" else w
     expected = _reference(x, held, None, False, act_bits)
     np.testing.assert_allclose(y["l2"], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 

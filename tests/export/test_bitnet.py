@@ -189,20 +189,22 @@ def test_ternary_blocks_keep_zero_exact_on_every_grid() -> None:
 
 def test_a_4_bit_engine_computes_the_model_s_integers(tiny_factory: Callable[[str], Built], tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """llmc's 4-bit tiles hold the ternary weights on their own grid (scale h, exact in fp16 for an offline
-    AutoBitLinear's bf16 scale) and round each row's input to int8 themselves (act_rows: the model's own integers), so
-    with the head kept in fp32 the engine follows transformers to float32's sums; on the usual grid (each 0 between two
-    levels) it is not."""
+    """llmc's 2-bit tiles hold the ternary weights as they are (MatMulQ2: a scale h and min -h a column, in fp32),
+    and the 4-bit tiles on their own grid (scale h, exact in fp16 for an offline AutoBitLinear's bf16 scale); both
+    round each row's input to int8 themselves (act_rows: the model's own integers), so with the head kept in fp32 the
+    engine follows transformers to float32's sums; on the usual 4-bit grid (each 0 between two levels) it is not."""
     built = tiny_factory("bitnet_ternary")
     sequences = _sequences(_reference_model(built.hf_dir))
     config = BuildConfig(built.export_dir, tmp_path / "int4", force=True, quant=Quant.int4, matmul=MatMul.llmc,
                          layout=(("lm_head", "fp32"),))
-    build_ort(config)
-    nodes = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False).graph.node
-    products = [n for n in nodes if n.op_type == "MatMulQ4"]
-    assert len(products) == 8 and all({a.name: a.i for a in n.attribute}.get("act_rows") == 1 for n in products)
-    assert not [n for n in nodes if n.op_type == "Round"]  # (the operators round the inputs: no graph rounding)
-    assert _follows(tmp_path / "int4", sequences) <= 1e-4
+    for op in ("MatMulQ2", "MatMulQ4"):
+        build_ort(config)
+        nodes = onnx.load(str(tmp_path / "int4" / "model.onnx"), load_external_data=False).graph.node
+        products = [n for n in nodes if n.op_type == op]
+        assert len(products) == 8 and all({a.name: a.i for a in n.attribute}.get("act_rows") == 1 for n in products)
+        assert not [n for n in nodes if n.op_type == "Round"]  # (the operators round the inputs: no graph rounding)
+        assert _follows(tmp_path / "int4", sequences) <= 1e-4, op
+        monkeypatch.setattr(quant, "ternary_columns", lambda w, axis=0: False)  # (next: the 4-bit tiles)
     monkeypatch.setattr(quant, "ternary_blocks", lambda w, axis: (np.zeros(np.delete(w.shape, axis), bool),
                                                                   np.abs(w).max(axis=axis)))
     build_ort(BuildConfig(built.export_dir, tmp_path / "usual", force=True, quant=Quant.int4, matmul=MatMul.llmc,

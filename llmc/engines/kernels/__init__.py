@@ -1,12 +1,12 @@
 """llmc's own ONNX Runtime CPU operators: `ai.llmc.CachedAttention` (attention_kernel.c), `ai.llmc.MatMulQ4`
-(matmul_q4.c) and `ai.llmc.MatMulBF16` (matmul_bf16.c; each file says why it exists).
+(matmul_q4.c, with MatMulQ8 and MatMulQ2) and `ai.llmc.MatMulBF16` (matmul_bf16.c; each file says why it exists).
 
 They are built with the package (setup.py: one shared library, `_llmc_ops*.so`, beside these sources) when llmc is
 installed, so `llmc build` and a deployment need no compiler. An engine that uses them records the library's
 contract version (ops_version.h) and refuses a library of another version at load; engines of llmc 0.1 carry their
 own compiled copy in their folder and keep using it. The library talks to ONNX Runtime only through the versioned
 C API table it is handed at registration (no link against ONNX Runtime), and picks its code path at run time from
-the CPU it runs on: AVX-512 (VNNI for MatMulQ4/Q8, BF16 or AVX-512F for MatMulBF16, AMX-BF16 for prompts), AVX2 or
+the CPU it runs on: AVX-512 (VNNI for MatMulQ4/Q8/Q2, BF16 or AVX-512F for MatMulBF16, AMX-BF16 for prompts), AVX2 or
 portable C (LLMC_KERNELS_GENERIC=1 forces the portable ones, LLMC_KERNELS_AVX2=1 the AVX2 ones, LLMC_KERNELS_NO_BF16=1
 MatMulBF16's AVX-512F one, LLMC_KERNELS_NO_AMX=1 no tiles), and where its streaming prefetches of weights and cached
 keys put the lines (prefetch.h: L2 on x86, on AMD's CPUs the 4-bit and 8-bit products' weights at three distances;

@@ -1,4 +1,4 @@
-/* 4-bit and 8-bit weight matrix products (see matmul_q4.h for the contract and the packed layouts).
+/* 4-, 8- and 2-bit weight matrix products (see matmul_q4.h for the contract and the packed layouts).
  *
  * Why it exists: ONNX Runtime's MatMulNBits has no per-block minimum (GGUF Q4_1's "scale + min"), so llmc's int4
  * graphs had to add it with extra nodes, and its int8-activation kernel unpacks the 4-bit weights once per row of
@@ -18,6 +18,10 @@
  * 0..255 (vpdpbusd's unsigned operand), and the same epilogue (its scale and min per block and column). ONNX
  * Runtime's MatMulNBits, which ran them before, unpacks its weights once per row of x: SmolLM2's head took 3.4-5.6
  * ms at batch 8 against 1.5 here (0.9 against 0.8 at batch 1; docs/operators.md).
+ *
+ * 2-bit weights (bits 2, ai.llmc.MatMulQ2: BitNet's ternary layers) too: each 64-byte load is four registers of q in
+ * 0..3 (a shift and a mask each), and the blocks' scaled dot products are summed before the column's one scale and
+ * min meet them (the tiles hold those once, not per block).
  */
 #include "matmul_q4.h"
 
@@ -54,12 +58,13 @@ typedef struct {
   int64_t units, blocks; /* units: the work items (tile pairs; wide: row blocks x tile pairs) */
   int64_t pairs;         /* tile pairs */
   int64_t row_block;     /* wide: rows of x per work item (their bf16 rows stay in L2 across the pairs) */
-  int bits;            /* the weights': 4 or 8 */
-  int64_t tile_bytes;  /* LLMC_Q4_TILE_BYTES or LLMC_Q8_TILE_BYTES */
+  int bits;            /* the weights': 4, 8 or 2 */
+  int64_t tile_bytes;  /* LLMC_Q4_TILE_BYTES, LLMC_Q8_TILE_BYTES or LLMC_Q2_TILE_BYTES */
   int levels;          /* int8 activation levels: 1 (act_bits 8) or 2 (act_bits 16); wide: one bf16 level */
   const int8_t* xq;    /* [levels][M, K]: level l at xq + l M K */
   const float* xscale; /* [levels][M, blocks]: level l at xscale + l M blocks */
   const float* xsum;   /* [M, blocks]: the block sums of x as quantized, sum_l xscale_l sum(xq_l) */
+  const float* xrow;   /* bits 2: [M], each row's xsum over its blocks (the min's term, once a row) */
   int path;      /* LLMC_Q4_VNNI, LLMC_Q4_AVX2 or LLMC_Q4_PORTABLE (the dot products' path for few rows) */
   int wide;      /* this call runs on AMX-BF16 (prompts): xb, not xq */
   int prefetch;  /* where the weights' streaming prefetches go (prefetch.h: llmc_prefetch_mode) */
@@ -81,6 +86,17 @@ typedef struct part {
 /* Tile t's block b in the packed weights (tiles of `bytes` a block). */
 static inline const uint8_t* tile_block(const uint8_t* w, int64_t blocks, int64_t t, int64_t b, int64_t bytes) {
   return w + ((t / 2 * blocks + b) * 2 + t % 2) * bytes;
+}
+
+/* Tile t's block b of `bits`-bit weights (bits 2: each pair's first row is its columns' scales and mins). */
+static inline const uint8_t* block_at(const uint8_t* w, int64_t blocks, int64_t t, int64_t b, int64_t bytes,
+                                      const int bits) {
+  return bits == 2 ? tile_block(w, blocks + 1, t, b + 1, bytes) : tile_block(w, blocks, t, b, bytes);
+}
+
+/* bits 2: tile t's 16 fp32 scales, then its 16 fp32 mins. */
+static inline const float* q2_grid(const uint8_t* w, int64_t blocks, int64_t t) {
+  return (const float*)tile_block(w, blocks + 1, t, 0, LLMC_Q2_TILE_BYTES);
 }
 
 /* ---------------------------------------------------------------- activations */
@@ -346,8 +362,9 @@ static inline __attribute__((always_inline)) void tile_generic(const job* j, int
                                                                float* acc) {
   const llmc_q4_args* a = j->a;
   int64_t blocks = j->blocks, xq_level = a->M * a->K, xs_level = a->M * blocks;
+  float dsum[LLMC_Q4_TILE] = {0}; /* bits 2: sum_b d, scaled once (the scale is the column's for all of K) */
   for (int64_t b = 0; b < blocks; b++) {
-    const uint8_t* p = tile_block(a->w, blocks, t, b, j->tile_bytes);
+    const uint8_t* p = block_at(a->w, blocks, t, b, j->tile_bytes, j->bits);
     const int8_t* xq = j->xq + m * a->K + b * LLMC_Q4_BLOCK;
     int64_t mb = m * blocks + b;
     float xsum = j->xsum[mb];
@@ -359,6 +376,10 @@ static inline __attribute__((always_inline)) void tile_generic(const job* j, int
         if (j->bits == 8)
           for (int chunk = 0; chunk < 8; chunk++)
             for (int i = 0; i < 4; i++) dot += p[chunk * 64 + c * 4 + i] * r[4 * chunk + i];
+        else if (j->bits == 2)
+          for (int chunk = 0; chunk < 2; chunk++)
+            for (int sh = 0; sh < 4; sh++)
+              for (int i = 0; i < 4; i++) dot += ((p[chunk * 64 + c * 4 + i] >> (2 * sh)) & 3) * r[16 * chunk + 4 * sh + i];
         else
           for (int chunk = 0; chunk < 4; chunk++)
             for (int i = 0; i < 4; i++) {
@@ -367,9 +388,17 @@ static inline __attribute__((always_inline)) void tile_generic(const job* j, int
             }
         d += j->xscale[l * xs_level + mb] * (float)dot;
       }
+      if (j->bits == 2) {
+        dsum[c] += d;
+        continue;
+      }
       const uint8_t* grid = p + (j->bits == 8 ? 512 : 256); /* 16 scales, then 16 mins */
       acc[c] += half_to_float(grid + 2 * c) * d + half_to_float(grid + 32 + 2 * c) * xsum;
     }
+  }
+  if (j->bits == 2) {
+    const float* grid = q2_grid(a->w, blocks, t);
+    for (int c = 0; c < LLMC_Q4_TILE; c++) acc[c] += grid[c] * dsum[c] + grid[LLMC_Q4_TILE + c] * j->xrow[m];
   }
 }
 
@@ -409,25 +438,47 @@ static inline int32_t load4(const int8_t* p) {
 static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j, int64_t m0, int64_t t0, int slot,
                                                                      float* buf, const int RM, const int NT,
                                                                      const int L, const int BITS) {
-  const int64_t tile_bytes = BITS == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
+  const int64_t tile_bytes = BITS == 8 ? LLMC_Q8_TILE_BYTES : BITS == 2 ? LLMC_Q2_TILE_BYTES : LLMC_Q4_TILE_BYTES;
   const int64_t blocks = j->blocks, K = j->a->K, xq_level = j->a->M * K, xs_level = j->a->M * blocks;
   const int8_t* xq = j->xq + m0 * K;
   const float* xscale = j->xscale + m0 * blocks;
   const float* xsum = j->xsum + m0 * blocks;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), low2 = _mm512_set1_epi8(0x03);
   __m512 acc[4][2]; /* [RM][NT], as the largest fixed sizes: as VLAs they were stack memory */
   for (int m = 0; m < RM; m++)
     for (int t = 0; t < NT; t++) acc[m][t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; b++) {
     __m512i dot[2][4][2]; /* [L][RM][NT] */
+    /* bits 2, few rows: each shift's dot products their own chain, summed after the block (one chain took 8
+     * vpdpbusd a tile's block of 128 bytes in a row: at one row their latency, not the bytes, bound the loop) */
+    const int CHAINS = BITS != 2 || L != 1 ? 1 : RM * NT <= 2 ? 4 : RM * NT <= 4 ? 2 : 1;
+    __m512i more[3][4][2]; /* [chain - 1][RM][NT] (one level) */
     for (int l = 0; l < L; l++)
       for (int m = 0; m < RM; m++)
         for (int t = 0; t < NT; t++) dot[l][m][t] = _mm512_setzero_si512();
-    for (int c = 0; c < (BITS == 8 ? 8 : 4); c++)
+    for (int h = 0; h + 1 < CHAINS; h++)
+      for (int m = 0; m < RM; m++)
+        for (int t = 0; t < NT; t++) more[h][m][t] = _mm512_setzero_si512();
+    for (int c = 0; c < (BITS == 8 ? 8 : BITS == 2 ? 2 : 4); c++)
       for (int t = 0; t < NT; t++) {
-        const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + c * 64;
+        const uint8_t* p = block_at(j->a->w, blocks, t0 + t, b, tile_bytes, BITS) + c * 64;
         llmc_prefetch_stream(p, j->ahead, j->prefetch);
         __m512i raw = _mm512_loadu_si512(p);
+        if (BITS == 2) { /* four registers of 4 consecutive k x 16 columns, 2 bits each */
+          for (int sh = 0; sh < 4; sh++) {
+            __m512i q = _mm512_and_si512(sh ? _mm512_srli_epi16(raw, 2 * sh) : raw, low2);
+            for (int m = 0; m < RM; m++)
+              for (int l = 0; l < L; l++) {
+                const int8_t* r = xq + l * xq_level + m * K + b * LLMC_Q4_BLOCK + 16 * c + 4 * sh;
+                int chain = sh % CHAINS;
+                if (chain)
+                  more[chain - 1][m][t] = _mm512_dpbusd_epi32(more[chain - 1][m][t], q, _mm512_set1_epi32(load4(r)));
+                else
+                  dot[l][m][t] = _mm512_dpbusd_epi32(dot[l][m][t], q, _mm512_set1_epi32(load4(r)));
+              }
+          }
+          continue;
+        }
         if (BITS == 8) { /* one register of 4 consecutive k x 16 columns */
           for (int m = 0; m < RM; m++)
             for (int l = 0; l < L; l++) {
@@ -445,7 +496,18 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
             dot[l][m][t] = _mm512_dpbusd_epi32(dot[l][m][t], hi, _mm512_set1_epi32(load4(r + 4)));
           }
       }
-    for (int t = 0; t < NT; t++) {
+    for (int h = 0; h + 1 < CHAINS; h++)
+      for (int m = 0; m < RM; m++)
+        for (int t = 0; t < NT; t++) dot[0][m][t] = _mm512_add_epi32(dot[0][m][t], more[h][m][t]);
+    for (int t = 0; BITS == 2 && t < NT; t++) /* the column's scale for all of K: the blocks' d summed first */
+      for (int m = 0; m < RM; m++) {
+        __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[0][m][t]), _mm512_set1_ps(xscale[m * blocks + b]));
+        for (int l = 1; l < L; l++)
+          d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[l][m][t]),
+                              _mm512_set1_ps(xscale[l * xs_level + m * blocks + b]), d);
+        acc[m][t] = _mm512_add_ps(acc[m][t], d);
+      }
+    for (int t = 0; BITS != 2 && t < NT; t++) {
       const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + (BITS == 8 ? 512 : 256);
       llmc_prefetch_stream(p, j->ahead, j->prefetch); /* the block's scale and min line, as its values' lines */
       __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
@@ -459,6 +521,12 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
         acc[m][t] = _mm512_fmadd_ps(min, _mm512_set1_ps(xsum[m * blocks + b]), acc[m][t]);
       }
     }
+  }
+  for (int t = 0; BITS == 2 && t < NT; t++) {
+    const float* grid = q2_grid(j->a->w, blocks, t0 + t);
+    __m512 scale = _mm512_loadu_ps(grid), min = _mm512_loadu_ps(grid + LLMC_Q4_TILE);
+    for (int m = 0; m < RM; m++)
+      acc[m][t] = _mm512_fmadd_ps(acc[m][t], scale, _mm512_mul_ps(min, _mm512_set1_ps(j->xrow[m0 + m])));
   }
   for (int m = 0; m < RM; m++)
     for (int t = 0; t < NT; t++) _mm512_storeu_ps(buf + m * UNIT_COLS + (slot + t) * LLMC_Q4_TILE, acc[m][t]);
@@ -483,9 +551,10 @@ static inline __attribute__((always_inline)) TARGET void unit_vnni_levels(const 
 
 /* Unit u through levels_fn(j, u, L, BITS) expanded with the job's activation levels and weight bits as constants
  * (each path's unit_*_levels is written once and inlined four ways). */
-#define BY_LEVELS_AND_BITS(levels_fn, j, u)                                          \
-  ((j)->bits == 8 ? ((j)->levels == 2 ? levels_fn(j, u, 2, 8) : levels_fn(j, u, 1, 8)) \
-                  : ((j)->levels == 2 ? levels_fn(j, u, 2, 4) : levels_fn(j, u, 1, 4)))
+#define BY_LEVELS_AND_BITS(levels_fn, j, u)                                                  \
+  ((j)->bits == 8   ? ((j)->levels == 2 ? levels_fn(j, u, 2, 8) : levels_fn(j, u, 1, 8))   \
+   : (j)->bits == 2 ? ((j)->levels == 2 ? levels_fn(j, u, 2, 2) : levels_fn(j, u, 1, 2)) \
+                    : ((j)->levels == 2 ? levels_fn(j, u, 2, 4) : levels_fn(j, u, 1, 4)))
 
 static TARGET void unit_vnni(const job* j, int64_t u) { BY_LEVELS_AND_BITS(unit_vnni_levels, j, u); }
 
@@ -501,9 +570,10 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
                                                                       float* buf, const int RM, const int NT,
                                                                       const int L, const int BITS) {
   const int64_t blocks = j->blocks, K = j->a->K, xq_level = j->a->M * K, xs_level = j->a->M * blocks;
-  const int64_t tile_bytes = BITS == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
+  const int64_t tile_bytes = BITS == 8 ? LLMC_Q8_TILE_BYTES : BITS == 2 ? LLMC_Q2_TILE_BYTES : LLMC_Q4_TILE_BYTES;
   const int8_t* xq = j->xq + m0 * K;
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), zero8 = _mm256_set1_epi8((char)0x80);
+  const __m256i low2 = _mm256_set1_epi8(0x03);
   __m256 acc[2][2][2]; /* [RM][NT][2] */
   for (int m = 0; m < RM; m++)
     for (int t = 0; t < NT; t++) acc[m][t][0] = acc[m][t][1] = _mm256_setzero_ps();
@@ -513,12 +583,24 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
     for (int l = 0; l < L; l++)
       for (int m = 0; m < RM; m++)
         for (int t = 0; t < NT; t++) dot[l][m][t][0] = dot[l][m][t][1] = _mm256_setzero_si256();
-    for (int c = 0; c < (BITS == 8 ? 8 : 4); c++)
+    for (int c = 0; c < (BITS == 8 ? 8 : BITS == 2 ? 2 : 4); c++)
       for (int t = 0; t < NT; t++) {
-        const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + c * 64;
+        const uint8_t* p = block_at(j->a->w, blocks, t0 + t, b, tile_bytes, BITS) + c * 64;
         llmc_prefetch_stream(p, j->ahead, j->prefetch);
         for (int h = 0; h < 2; h++) {
           __m256i raw = _mm256_loadu_si256((const __m256i*)(p + 32 * h));
+          if (BITS == 2) { /* 8 pairs of q (0..3) x int8 a block per column pair: |sums| <= 8 x 762 */
+            for (int sh = 0; sh < 4; sh++) {
+              __m256i q = _mm256_and_si256(sh ? _mm256_srli_epi16(raw, 2 * sh) : raw, low2);
+              for (int m = 0; m < RM; m++)
+                for (int l = 0; l < L; l++) {
+                  const int8_t* r = xq + l * xq_level + m * K + b * LLMC_Q4_BLOCK + 16 * c + 4 * sh;
+                  dot[l][m][t][h] = _mm256_add_epi16(dot[l][m][t][h],
+                                                     _mm256_maddubs_epi16(q, _mm256_set1_epi32(load4(r))));
+                }
+            }
+            continue;
+          }
           if (BITS == 8) {
             __m256i w = _mm256_xor_si256(raw, zero8), aw = _mm256_abs_epi8(w);
             for (int m = 0; m < RM; m++)
@@ -540,7 +622,18 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
             }
         }
       }
-    for (int t = 0; t < NT; t++) {
+    for (int t = 0; BITS == 2 && t < NT; t++) /* the column's scale for all of K: the blocks' d summed first */
+      for (int h = 0; h < 2; h++)
+        for (int m = 0; m < RM; m++) {
+          int64_t mb = (m0 + m) * blocks + b;
+          __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[0][m][t][h], ones)),
+                                   _mm256_set1_ps(j->xscale[mb]));
+          for (int l = 1; l < L; l++)
+            d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[l][m][t][h], ones)),
+                                _mm256_set1_ps(j->xscale[l * xs_level + mb]), d);
+          acc[m][t][h] = _mm256_add_ps(acc[m][t][h], d);
+        }
+    for (int t = 0; BITS != 2 && t < NT; t++) {
       const uint8_t* p = tile_block(j->a->w, blocks, t0 + t, b, tile_bytes) + (BITS == 8 ? 512 : 256);
       llmc_prefetch_stream(p, j->ahead, j->prefetch); /* the block's scale and min line, as its values' lines */
       for (int h = 0; h < 2; h++) {
@@ -557,6 +650,14 @@ static inline __attribute__((always_inline)) TARGET2 void tiles_avx2(const job* 
           acc[m][t][h] = _mm256_fmadd_ps(min, _mm256_set1_ps(j->xsum[mb]), acc[m][t][h]);
         }
       }
+    }
+  }
+  for (int t = 0; BITS == 2 && t < NT; t++) {
+    const float* grid = q2_grid(j->a->w, blocks, t0 + t);
+    for (int h = 0; h < 2; h++) {
+      __m256 scale = _mm256_loadu_ps(grid + 8 * h), min = _mm256_loadu_ps(grid + LLMC_Q4_TILE + 8 * h);
+      for (int m = 0; m < RM; m++)
+        acc[m][t][h] = _mm256_fmadd_ps(acc[m][t][h], scale, _mm256_mul_ps(min, _mm256_set1_ps(j->xrow[m0 + m])));
     }
   }
   for (int m = 0; m < RM; m++)
@@ -892,8 +993,12 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     snprintf(msg, sizeof msg, "act_bits %d must be 8 (int8 activations) or 16 (two int8 levels)", a->act_bits);
     return msg;
   }
-  if (a->bits != 0 && a->bits != 4 && a->bits != 8) {
-    snprintf(msg, sizeof msg, "bits %d must be 4 (scale + min blocks) or 8 (symmetric blocks)", a->bits);
+  if (a->bits != 0 && a->bits != 4 && a->bits != 8 && a->bits != 2) {
+    snprintf(msg, sizeof msg, "bits %d must be 4 or 8 (scale + min blocks) or 2 (a scale and min a column)", a->bits);
+    return msg;
+  }
+  if (a->bits == 2 && a->window > 0.f) {
+    snprintf(msg, sizeof msg, "window %g applies to 4- and 8-bit weights, not 2-bit ones", (double)a->window);
     return msg;
   }
   if (!(a->window >= 0.f) || isinf(a->window)) {
@@ -911,8 +1016,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     return msg;
   }
   if (a->M <= 0) return NULL;
-  int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 ? 8 : 4, path = dot_path();
-  int wide = path == LLMC_Q4_VNNI && !a->int8_prompts && !a->act_rows && a->M >= LLMC_Q4_WIDE_ROWS &&
+  int levels = a->act_bits == 16 ? 2 : 1, bits = a->bits == 8 || a->bits == 2 ? a->bits : 4, path = dot_path();
+  int wide = path == LLMC_Q4_VNNI && !a->int8_prompts && !a->act_rows && bits != 2 && a->M >= LLMC_Q4_WIDE_ROWS &&
              tiles_allowed();
   int windowed = levels == 2 && a->window > 0.f && !wide && a->M >= LLMC_Q4_WINDOW_ROWS;
   int64_t blocks = a->K / LLMC_Q4_BLOCK;
@@ -930,7 +1035,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
   size_t expand_bytes = (size_t)a->K * 32 * sizeof(uint16_t);
   size_t bytes = wide ? xb_bytes + 64 + (size_t)tasks * expand_bytes
                       : (size_t)levels * ((size_t)(a->M * a->K) + sizeof(float) * (size_t)(a->M * blocks)) +
-                            sizeof(float) * (size_t)(a->M * blocks) + (a->act_rows ? sizeof(float) * (size_t)a->M : 0);
+                            sizeof(float) * (size_t)(a->M * blocks) + (a->act_rows ? sizeof(float) * (size_t)a->M : 0) +
+                            (bits == 2 ? sizeof(float) * (size_t)a->M : 0);
   int64_t tiles = (a->N + LLMC_Q4_TILE - 1) / LLMC_Q4_TILE;
   if (windowed) /* the first level's block sums, then each row's tiles in its window */
     bytes += sizeof(float) * (size_t)(a->M * blocks) + sizeof(int32_t) * (size_t)(a->M * tiles);
@@ -939,7 +1045,8 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     free(part_of);
     return "out of memory for the quantized activations";
   }
-  int64_t tile_bytes = bits == 8 ? LLMC_Q8_TILE_BYTES : LLMC_Q4_TILE_BYTES;
+  int64_t tile_bytes = bits == 8 ? LLMC_Q8_TILE_BYTES : bits == 2 ? LLMC_Q2_TILE_BYTES : LLMC_Q4_TILE_BYTES;
+  int64_t unit_bytes = (blocks + (bits == 2)) * 2 * tile_bytes; /* a tile pair's (bits 2: with its grid's row) */
   job j = {.a = a, .units = units, .blocks = blocks, .pairs = pairs, .row_block = row_block, .bits = bits,
            .tile_bytes = tile_bytes, .levels = levels, .path = path, .wide = wide, .parts = parts, .part = part_of};
   job j2; /* windowed: the second pass, at two levels over the tiles in each row's window */
@@ -969,6 +1076,15 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
     float* xsum1 = windowed ? (float*)(xq + levels * a->M * a->K) : NULL;
     float* row_amax = a->act_rows ? (float*)(xq + levels * a->M * a->K) : NULL; /* (never windowed: act_bits 8) */
     quantize_rows(a, levels, path, xq, xscale, xsum, xsum1, row_amax, parallel, parallel_ctx);
+    if (bits == 2) { /* (never windowed) */
+      float* xrow = (float*)(xq + levels * a->M * a->K) + (a->act_rows ? a->M : 0);
+      for (int64_t m = 0; m < a->M; m++) {
+        float total = 0.f;
+        for (int64_t b = 0; b < blocks; b++) total += xsum[m * blocks + b];
+        xrow[m] = total;
+      }
+      j.xrow = xrow;
+    }
     j.xq = xq, j.xscale = xscale, j.xsum = windowed ? xsum1 : xsum;
     if (windowed) { /* every tile at the first level first: act_bits 8's values */
       j.levels = 1;
@@ -985,7 +1101,7 @@ const char* llmc_q4_matmul(const llmc_q4_args* a, llmc_parallel_fn parallel, voi
       uint64_t front = (uint64_t)(units * p / parts), back = (uint64_t)(units * (p + 1) / parts);
       part_of[p].range = front | back << 32;
     }
-    if (!wide) llmc_ahead_before(a->w, blocks * 2 * tile_bytes, units, parts);
+    if (!wide) llmc_ahead_before(a->w, unit_bytes, units, parts);
     parallel(parallel_ctx, run_part, (size_t)parts, &j);
   } else if (!parallel || units < 2 || a->threads == 1) {
     for (int64_t u = 0; u < units; u++) run_unit(&j, u, 0);

@@ -1,5 +1,5 @@
 /* 4-bit and 8-bit weight x fp32 activation matrix products, weights in "scale + min" blocks (GGUF Q4_1's form; 8
- * bits hold GGUF Q8_0's symmetric blocks too, and a 4-bit grid's).
+ * bits hold GGUF Q8_0's symmetric blocks too, and a 4-bit grid's), and 2-bit ones with a scale and min a column.
  *
  * W [K, N] (used as y = x @ W) in blocks of 32 along K: w[k, n] = scale[b, n] * q[k, n] + min[b, n], q in 0..15,
  * scale and min fp16. Packed offline (llmc/graph/quant.py, pack_q4_tiles) in tiles of 16 columns, two tiles side by
@@ -20,6 +20,16 @@
  * tiles of 16 columns and pairs of them: uint8 [ceil(N / 32), K / 32, 1152]; tile t, block b at byte
  * ((t / 2 * blocks + b) * 2 + t % 2) * 576:
  *   8 chunks of 64 bytes; chunk c, byte 4 j + i: q[32 b + 4 c + i, 16 t + j]; then 16 fp16 scales, 16 fp16 mins.
+ *
+ * bits 2 (ai.llmc.MatMulQ2: BitNet b1.58's ternary layers, each column's values -h, 0 and h): w[k, n] = scale[n] *
+ * q[k, n] + min[n], q in 0..3, one fp32 scale and min per column for all of K (ternary: scale h, min -h, q = 0, 1,
+ * 2), in the same tiles of 16 columns and pairs of them: uint8 [ceil(N / 32), K / 32 + 1, 256]; pair row 0 holds
+ * each tile's 16 fp32 scales and 16 fp32 mins (tile t at byte (t % 2) * 128), row b + 1 tile t's block b at byte
+ * (t % 2) * 128:
+ *   2 chunks of 64 bytes; chunk c, byte 4 j + i, bits 2 s .. 2 s + 1 (s = 0..3): q[32 b + 16 c + 4 s + i, 16 t + j].
+ * 2.03 bits a weight where 4-bit tiles take 5: a decode step of a ternary model reads 0.4x the layers' bytes. The
+ * products: y[m, n] = scale[n] * sum_b sum_l xscale_l[m, b] (q . xq_l)[m, b, n] + min[n] * sum_b xsum[m, b].
+ * Never the AMX-BF16 path (every row takes the int8 dot products).
  *
  * Prompts (LLMC_Q4_WIDE_ROWS rows or more, where the CPU has AMX-BF16 and the OS grants its tiles, int8_prompts 0):
  * each work unit's weights are expanded once per call to w = scale q + min rounded to bf16, and x is rounded to
@@ -59,6 +69,9 @@
 #define LLMC_Q4_PAIR_BYTES (2 * LLMC_Q4_TILE_BYTES)
 #define LLMC_Q8_TILE_BYTES 576 /* bits 8: 512 bytes of 8-bit values, 16 fp16 scales, 16 fp16 mins */
 #define LLMC_Q8_PAIR_BYTES (2 * LLMC_Q8_TILE_BYTES)
+#define LLMC_Q2_TILE_BYTES 128 /* bits 2: 128 bytes of 2-bit values a tile's block; its first row 16 fp32 scales, 16
+                                * fp32 mins */
+#define LLMC_Q2_PAIR_BYTES (2 * LLMC_Q2_TILE_BYTES)
 #define LLMC_Q4_WIDE_ROWS 32 /* rows from which a product may take AMX-BF16 (see above) */
 #ifndef LLMC_Q4_WINDOW_ROWS
 #define LLMC_Q4_WINDOW_ROWS 2 /* rows from which a window takes effect (see above) */
@@ -73,7 +86,8 @@ typedef struct {
   float* y;          /* [M, N], gated [M, N / 2] */
   int threads;       /* the pool's threads: each streams one contiguous part of W; 0 = unknown: units claimed */
   int act_bits;      /* the activations' precision: 8 (one int8 level; 0 means 8) or 16 (two int8 levels) */
-  int bits;          /* the weights': 4 (LLMC_Q4_TILE_BYTES a tile's block; 0 means 4) or 8 (LLMC_Q8_TILE_BYTES) */
+  int bits;          /* the weights': 4 (LLMC_Q4_TILE_BYTES a tile's block; 0 means 4), 8 (LLMC_Q8_TILE_BYTES) or 2
+                      * (LLMC_Q2_TILE_BYTES, a row of scales and mins first) */
   int int8_prompts;  /* 1: prompts too take the int8 arithmetic above (the calibration graph, which measures what
                       * decode computes); 0: from LLMC_Q4_WIDE_ROWS rows on they may take AMX-BF16 (below) */
   float window;      /* act_bits 16, not gated: the second level only within this margin of a row's largest value

@@ -19,10 +19,11 @@
  * element); 22: CachedAttention's kv_shared attribute (a layer reading another layer's cache: Gemma 4's KV-shared
  * layers) and its present outputs optional; 23: CachedAttention's index_topk / index_local / index_sink /
  * index_heads attributes (Kolibri 1.1's indexed attention: each query's keys chosen by routing scores); 24: MatMulQ4 /
- * MatMulQ8's act_rows attribute (each row of x on one int8 grid: BitNet's per-token activations) */
-#define LLMC_OPS_VERSION "24"
+ * MatMulQ8's act_rows attribute (each row of x on one int8 grid: BitNet's per-token activations); 25: MatMulQ2 (2-bit
+ * weights with a scale and min a column: BitNet's ternary layers) */
+#define LLMC_OPS_VERSION "25"
 /* The versions whose graphs this library still runs: 6, 7 and 8 only added an optional input, an operator and an
  * optional attribute; 9 and 12 changed no graph, 10, 13 and 14 added an optional attribute, 11 an operator, 15 an
- * optional input, 16 only shapes that 15 refused, 17 an optional attribute, 18 an operator, 19 an optional attribute, 20 a shape 19 refused, 21 an optional input, 22, 23 and 24 optional attributes. */
-#define LLMC_OPS_SERVES "5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24"
+ * optional input, 16 only shapes that 15 refused, 17 an optional attribute, 18 an operator, 19 an optional attribute, 20 a shape 19 refused, 21 an optional input, 22, 23 and 24 optional attributes, 25 an operator. */
+#define LLMC_OPS_SERVES "5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25"
 #endif

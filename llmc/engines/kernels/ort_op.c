@@ -34,6 +34,10 @@
  * row's largest output, from LLMC_Q4_WINDOW_ROWS rows on: the LM head's batches), act_rows (default 0; 1, act_bits
  * 8: each row of A on one int8 grid, BitNet's per-token activations).
  *
+ * MatMulQ8, MatMulQ2: MatMulQ4's inputs and attributes over 8-bit tiles, B uint8 [ceil(N / 32), K / 32, 1152], and
+ * over 2-bit ones (a scale and min a column for all of K: BitNet's ternary layers), B uint8 [ceil(N / 32), K / 32 +
+ * 1, 256] (its first row the scales and mins); MatMulQ2 takes no window.
+ *
  * MatMulBF16 (matmul_bf16.h): A [..., K] fp32, B bfloat16 [ceil(N / 16), K / 2, 32] (the packed tiles), bias [N]
  * fp32 (optional) -> Y [..., N] fp32, or [..., N / 2] with the optional gated = 1 (silu(gate) * up, its tiles
  * alternating as MatMulQ4's). Attributes: K, N; optional gated (default 0).
@@ -460,7 +464,8 @@ typedef struct {
   int threads;
   int pool_threads; /* as Kernel's */
   int bf16; /* MatMulBF16, else MatMulQ4 / MatMulQ8 */
-  int bits; /* MatMulQ4 4, MatMulQ8 8 */
+  int bits; /* MatMulQ4 4, MatMulQ8 8, MatMulQ2 2 */
+  const char* name; /* the operator's */
 } MatMulKernel;
 
 enum { MM_A, MM_B, MM_BIAS, MM_INPUTS };
@@ -485,6 +490,7 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   k->bf16 = ((const LlmcOp*)op)->kv_type == T_BFLOAT16;
   k->bits = ((const LlmcOp*)op)->bits;
   const char* name = ((const LlmcOp*)op)->name;
+  k->name = name;
   GetAttributeInt64_t get = (GetAttributeInt64_t)SLOT(api, KernelInfoGetAttribute_int64);
   OrtStatus* s = get(info, "K", &k->K);
   if (!s) s = get(info, "N", &k->N);
@@ -526,7 +532,8 @@ static OrtStatus* mm_create_kernel(const OrtCustomOp* op, const OrtApi* api, con
   }
   if (!s) {
     k->window = optional_float(api, info, "window", 0.f);
-    if (!(k->window >= 0.f) || isinf(k->window) || (k->window > 0.f && (k->act_bits != 16 || k->gated))) {
+    if (!(k->window >= 0.f) || isinf(k->window) ||
+        (k->window > 0.f && (k->act_bits != 16 || k->gated || k->bits == 2))) {
       char msg[160];
       snprintf(msg, sizeof msg, "%s: window %g: must be a finite margin >= 0, and 0 unless act_bits is 16 without "
                "a gate (act_bits %lld, gated %lld)", name, (double)k->window, (long long)k->act_bits,
@@ -550,12 +557,15 @@ static OrtStatus* mm_compute(void* kernel, OrtKernelContext* ctx) {
   int rank[MM_INPUTS];
   CHECK(inputs(api, ctx, MM_INPUTS, data, dims, rank));
   char msg[256];
-  const char* name = k->bf16 ? "MatMulBF16" : k->bits == 8 ? "MatMulQ8" : "MatMulQ4";
-  /* B's shape: Q4 / Q8 [pairs of tiles, blocks, pair bytes]; bf16 [tiles, K / 2, 32] */
+  const char* name = k->name;
+  /* B's shape: Q4 / Q8 / Q2 [pairs of tiles, blocks (Q2: + its grid's row), pair bytes]; bf16 [tiles, K / 2, 32] */
   int64_t b0 = k->bf16 ? (k->N + LLMC_BF16_TILE - 1) / LLMC_BF16_TILE
                        : (k->N + 2 * LLMC_Q4_TILE - 1) / (2 * LLMC_Q4_TILE);
-  int64_t b1 = k->bf16 ? k->K / 2 : k->K / LLMC_Q4_BLOCK;
-  int64_t b2 = k->bf16 ? 2 * LLMC_BF16_TILE : k->bits == 8 ? LLMC_Q8_PAIR_BYTES : LLMC_Q4_PAIR_BYTES;
+  int64_t b1 = k->bf16 ? k->K / 2 : k->K / LLMC_Q4_BLOCK + (k->bits == 2);
+  int64_t b2 = k->bf16     ? 2 * LLMC_BF16_TILE
+               : k->bits == 8 ? LLMC_Q8_PAIR_BYTES
+               : k->bits == 2 ? LLMC_Q2_PAIR_BYTES
+                              : LLMC_Q4_PAIR_BYTES;
   if (rank[MM_A] < 1 || dims[MM_A][rank[MM_A] - 1] != k->K || rank[MM_B] != 3 || dims[MM_B][0] != b0 ||
       dims[MM_B][1] != b1 || dims[MM_B][2] != b2 ||
       (rank[MM_BIAS] >= 0 && (rank[MM_BIAS] != 1 || dims[MM_BIAS][0] != k->N))) {
@@ -786,7 +796,7 @@ static LlmcOp make_delta_rule_op(void) {
   return op;
 }
 
-#define N_OPS 8
+#define N_OPS 9
 #define MAX_THREADS 256
 /* one set per thread count and pool (ONNX Runtime's, llmc's): ONNX Runtime keeps pointers to them */
 static LlmcOp op_sets[2][MAX_THREADS + 1][N_OPS];
@@ -911,6 +921,7 @@ EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase
     ops[5] = make_matmul_op("MatMulQ8", T_UINT8, 8);
     ops[6] = make_norm_op();
     ops[7] = make_delta_rule_op();
+    ops[8] = make_matmul_op("MatMulQ2", T_UINT8, 2);
     for (int i = 0; i < N_OPS; i++) ops[i].threads = threads, ops[i].own_pool = own;
   }
   /* One domain object per registration: ONNX Runtime keeps a pointer to it in the session options. */

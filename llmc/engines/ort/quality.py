@@ -35,12 +35,14 @@ from llmc.graph.checkpoint import Checkpoint
 from llmc.graph.decoder import build_graph
 from llmc.graph.layers import CALIBRATE_INPUT, CALIBRATE_POSITIONS, GraphOptions
 from llmc.graph.quant import (
+    Q2TILES,
     Q4TILES,
     TILE_BLOCK,
     QuantSpec,
     dequantize,
     quantize_as,
     ternary_blocks,
+    unpack_q2_tiles,
     unpack_q4_tiles,
 )
 from llmc.graph.resume import CALIBRATE_START, RESUME_PREFIX, NotResumable
@@ -251,6 +253,8 @@ def _raise_to(ckpt: Checkpoint, name: str, spec: QuantSpec) -> str:
     parts = quantize_as(w, "w", base, spec)
     if "w" + Q4TILES in parts:
         back = unpack_q4_tiles(parts["w" + Q4TILES], w.shape[1])
+    elif "w" + Q2TILES in parts:  # (ternary columns: exact)
+        back = unpack_q2_tiles(parts["w" + Q2TILES], w.shape[1])
     else:
         back = dequantize({k.removeprefix("w"): v for k, v in parts.items()}, spec.for_bits(4))
     err = float(np.linalg.norm(back - w) / max(float(np.linalg.norm(w)), 1e-30))

@@ -1,4 +1,4 @@
-"""The weights llmc's own operators stream (MatMulQ4, MatMulQ8, MatMulBF16), held by llmc in 2 MB pages.
+"""The weights llmc's own operators stream (MatMulQ4, MatMulQ8, MatMulQ2, MatMulBF16), held by llmc in 2 MB pages.
 
 Left to itself, ONNX Runtime maps an engine's weights.bin or copies its tensors into its heap, in 4 KB pages either
 way. A decode step streams every weight once: ~100 MB for SmolLM2's int4 engine, a new page every 4 KB, and each
@@ -29,7 +29,7 @@ from onnx import helper
 from llmc.errors import ManifestError
 from llmc.onnx_store import MappedFiles, load_graph
 
-STREAMED_OPS = ("MatMulQ4", "MatMulQ8", "MatMulBF16")
+STREAMED_OPS = ("MatMulQ4", "MatMulQ8", "MatMulQ2", "MatMulBF16")
 DOMAIN = "ai.llmc"
 ALIGN = 64
 
