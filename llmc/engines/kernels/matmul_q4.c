@@ -447,16 +447,20 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
   __m512 acc[4][2]; /* [RM][NT], as the largest fixed sizes: as VLAs they were stack memory */
   for (int m = 0; m < RM; m++)
     for (int t = 0; t < NT; t++) acc[m][t] = _mm512_setzero_ps();
+  __m512i dot[2][4][2]; /* [L][RM][NT] */
+  /* bits 2, few rows: each shift's dot products their own chain, summed after the block (one chain took 8
+   * vpdpbusd a tile's block of 128 bytes in a row: at one row their latency, not the bytes, bound the loop) */
+  const int CHAINS = BITS != 2 || L != 1 ? 1 : RM * NT <= 2 ? 4 : RM * NT <= 4 ? 2 : 1;
+  __m512i more[3][4][2]; /* [chain - 1][RM][NT] (one level) */
+  /* bits 2 on one grid a row (act_rows): x's scale is the row's in every block, and the column's scale and min are
+   * its own for all of K, so the integer dot products run on over all of K and meet the scales once (a block's
+   * conversion and scaling were 3 of every 11 operations of 8 rows) */
+  const int whole = BITS == 2 && L == 1 && j->a->act_rows;
   for (int64_t b = 0; b < blocks; b++) {
-    __m512i dot[2][4][2]; /* [L][RM][NT] */
-    /* bits 2, few rows: each shift's dot products their own chain, summed after the block (one chain took 8
-     * vpdpbusd a tile's block of 128 bytes in a row: at one row their latency, not the bytes, bound the loop) */
-    const int CHAINS = BITS != 2 || L != 1 ? 1 : RM * NT <= 2 ? 4 : RM * NT <= 4 ? 2 : 1;
-    __m512i more[3][4][2]; /* [chain - 1][RM][NT] (one level) */
-    for (int l = 0; l < L; l++)
+    for (int l = 0; (b == 0 || !whole) && l < L; l++)
       for (int m = 0; m < RM; m++)
         for (int t = 0; t < NT; t++) dot[l][m][t] = _mm512_setzero_si512();
-    for (int h = 0; h + 1 < CHAINS; h++)
+    for (int h = 0; (b == 0 || !whole) && h + 1 < CHAINS; h++)
       for (int m = 0; m < RM; m++)
         for (int t = 0; t < NT; t++) more[h][m][t] = _mm512_setzero_si512();
     for (int c = 0; c < (BITS == 8 ? 8 : BITS == 2 ? 2 : 4); c++)
@@ -496,6 +500,7 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
             dot[l][m][t] = _mm512_dpbusd_epi32(dot[l][m][t], hi, _mm512_set1_epi32(load4(r + 4)));
           }
       }
+    if (whole) continue;
     for (int h = 0; h + 1 < CHAINS; h++)
       for (int m = 0; m < RM; m++)
         for (int t = 0; t < NT; t++) dot[0][m][t] = _mm512_add_epi32(dot[0][m][t], more[h][m][t]);
@@ -522,6 +527,12 @@ static inline __attribute__((always_inline)) TARGET void tiles_vnni(const job* j
       }
     }
   }
+  for (int t = 0; whole && t < NT; t++)
+    for (int m = 0; m < RM; m++) {
+      __m512i sum = dot[0][m][t];
+      for (int h = 0; h + 1 < CHAINS; h++) sum = _mm512_add_epi32(sum, more[h][m][t]);
+      acc[m][t] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(xscale[m * blocks]));
+    }
   for (int t = 0; BITS == 2 && t < NT; t++) {
     const float* grid = q2_grid(j->a->w, blocks, t0 + t);
     __m512 scale = _mm512_loadu_ps(grid), min = _mm512_loadu_ps(grid + LLMC_Q4_TILE);
