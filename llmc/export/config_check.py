@@ -79,9 +79,11 @@ def check_config(config: dict[str, Any], where: str) -> None:
                              f"{config['qk_rope_head_dim']}")
         if config.get("q_lora_rank") is not None:
             _positive(config, "q_lora_rank", where)
+    quantization = config.get("quantization_config")
+    bitnet = isinstance(quantization, dict) and quantization.get("quant_method") == "bitnet"
     _check_size(where, vocab, hidden, dims["layers"], heads * head_dim, kv_heads * head_dim,
                 int(inner) + _experts_width(config, where),
-                tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")))
+                tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")), copies=3 if bitnet else 1)
 
 
 def _experts_width(config: dict[str, Any], where: str) -> int:
@@ -163,14 +165,22 @@ def _check_rope(name: str, params: dict[str, Any], where: str) -> None:
             raise InputError(f"{where}: {name} {key} must be a positive number, got {value!r}")
 
 
-def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: int, inner: int, tied: bool) -> None:
-    """Export holds the model in fp32 (torch) while it writes the graphs' weights: it must fit in memory."""
+def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: int, inner: int, tied: bool,
+                copies: int = 1) -> None:
+    """Export holds the model in fp32 (torch) while it writes the graphs' weights: it must fit in memory. `copies`:
+    how many fp32 copies of the decoder layers' weights it holds at once (a BitNet checkpoint's 3: transformers'
+    unpacked ternary weights, the floats they compute with, the graphs' own: its export of 2.4 B parameters was
+    killed by the kernel past 24 GB on a 23 GiB machine, measured)."""
     import psutil
 
     per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inner
-    params = vocab * hidden * (1 if tied else 2) + layers * per_layer
-    need, have = 4 * params, psutil.virtual_memory().total
+    embeddings = vocab * hidden * (1 if tied else 2)
+    params = embeddings + layers * per_layer
+    need, have = 4 * (embeddings + copies * layers * per_layer), psutil.virtual_memory().total
     if need > have:
+        held = ("the model in fp32" if copies == 1 else
+                f"a BitNet checkpoint's decoder products {copies} times in fp32: transformers' unpacked weights, "
+                "the floats they compute with, the graphs' own")
         raise InputError(f"{where}: these dimensions make a model of {params / 1e9:.3g} B parameters, "
-                         f"{need / 2**30:,.1f} GiB in fp32, more than this machine's {have / 2**30:.1f} GiB of memory "
-                         "(export holds the model in fp32)")
+                         f"{need / 2**30:,.1f} GiB in fp32 as export holds it, more than this machine's "
+                         f"{have / 2**30:.1f} GiB of memory (export holds {held})")
