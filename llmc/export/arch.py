@@ -726,6 +726,14 @@ def _ternary_weights(model: Any) -> dict[str, np.ndarray]:
                 wf = w.float()
                 s = 1.0 / wf.abs().mean().clamp_(min=1e-5)
                 weight = ((wf * s).round().clamp(-1, 1) / s).numpy()
+        elif w.dtype == torch.float32:  # an offline AutoBitLinear (ternary w times weight_scale) as loaded: the scale
+            # folded into its weight in place, where a product of its own held the layer twice more (bitnet-b1.58-2B-4T's
+            # export was killed past 24 GB on a 23 GiB machine): w s is exact for w in {-1, 0, 1}, and the module then
+            # sums x (w s) for (x w) s, the same to float32's rounding
+            with torch.no_grad():
+                w.mul_(m.weight_scale.detach().float())
+                m.weight_scale.fill_(1.0)
+            weight = w.numpy()
         else:
             weight = (w.float() * m.weight_scale.detach().float()).numpy()
         out[f"{name}.weight"] = np.ascontiguousarray(weight, dtype=np.float32)

@@ -83,7 +83,7 @@ def check_config(config: dict[str, Any], where: str) -> None:
     bitnet = isinstance(quantization, dict) and quantization.get("quant_method") == "bitnet"
     _check_size(where, vocab, hidden, dims["layers"], heads * head_dim, kv_heads * head_dim,
                 int(inner) + _experts_width(config, where),
-                tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")), copies=3 if bitnet else 1)
+                tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")), copies=2 if bitnet else 1)
 
 
 def _experts_width(config: dict[str, Any], where: str) -> int:
@@ -168,9 +168,9 @@ def _check_rope(name: str, params: dict[str, Any], where: str) -> None:
 def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: int, inner: int, tied: bool,
                 copies: int = 1) -> None:
     """Export holds the model in fp32 (torch) while it writes the graphs' weights: it must fit in memory. `copies`:
-    how many fp32 copies of the decoder layers' weights it holds at once (a BitNet checkpoint's 3: transformers'
-    unpacked ternary weights, the floats they compute with, the graphs' own: its export of 2.4 B parameters was
-    killed by the kernel past 24 GB on a 23 GiB machine, measured)."""
+    how many fp32 copies of the decoder layers' weights it holds at once (a BitNet checkpoint's 2: transformers'
+    unpacked ternary weights, which are the floats they compute with once their scales are folded in, and the
+    graphs' own)."""
     import psutil
 
     per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inner
@@ -179,8 +179,8 @@ def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: in
     need, have = 4 * (embeddings + copies * layers * per_layer), psutil.virtual_memory().total
     if need > have:
         held = ("the model in fp32" if copies == 1 else
-                f"a BitNet checkpoint's decoder products {copies} times in fp32: transformers' unpacked weights, "
-                "the floats they compute with, the graphs' own")
+                f"a BitNet checkpoint's decoder products {copies} times in fp32: transformers' unpacked weights and "
+                "the graphs' own")
         raise InputError(f"{where}: these dimensions make a model of {params / 1e9:.3g} B parameters, "
                          f"{need / 2**30:,.1f} GiB in fp32 as export holds it, more than this machine's "
                          f"{have / 2**30:.1f} GiB of memory (export holds {held})")
