@@ -80,10 +80,13 @@ def check_config(config: dict[str, Any], where: str) -> None:
         if config.get("q_lora_rank") is not None:
             _positive(config, "q_lora_rank", where)
     quantization = config.get("quantization_config")
-    bitnet = isinstance(quantization, dict) and quantization.get("quant_method") == "bitnet"
+    copies = 1
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "bitnet":  # (its master weights, rounded
+        # as the model runs, are a third copy where online)
+        copies = 3 if quantization.get("quantization_mode") == "online" else 2
     _check_size(where, vocab, hidden, dims["layers"], heads * head_dim, kv_heads * head_dim,
                 int(inner) + _experts_width(config, where),
-                tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")), copies=2 if bitnet else 1)
+                tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")), copies=copies)
 
 
 def _experts_width(config: dict[str, Any], where: str) -> int:
@@ -170,7 +173,7 @@ def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: in
     """Export holds the model in fp32 (torch) while it writes the graphs' weights: it must fit in memory. `copies`:
     how many fp32 copies of the decoder layers' weights it holds at once (a BitNet checkpoint's 2: transformers'
     unpacked ternary weights, which are the floats they compute with once their scales are folded in, and the
-    graphs' own)."""
+    graphs' own; 3 with online quantization: the master weights, their rounded floats, the graphs')."""
     import psutil
 
     per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inner
@@ -179,8 +182,8 @@ def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: in
     need, have = 4 * (embeddings + copies * layers * per_layer), psutil.virtual_memory().total
     if need > have:
         held = ("the model in fp32" if copies == 1 else
-                f"a BitNet checkpoint's decoder products {copies} times in fp32: transformers' unpacked weights and "
-                "the graphs' own")
+                f"a BitNet checkpoint's decoder products {copies} times in fp32: transformers' weights"
+                f"{', their rounded floats' if copies == 3 else ''} and the graphs' own")
         raise InputError(f"{where}: these dimensions make a model of {params / 1e9:.3g} B parameters, "
                          f"{need / 2**30:,.1f} GiB in fp32 as export holds it, more than this machine's "
                          f"{have / 2**30:.1f} GiB of memory (export holds {held})")

@@ -249,3 +249,9 @@ def test_a_bitnet_export_too_large_for_the_machine_is_refused_counting_its_copie
                                          r"machine's 16\.0 GiB .*decoder products 2 times in fp32"):
         check_config(config, "config.json")
     check_config({k: v for k, v in config.items() if k != "quantization_config"}, "config.json")  # (9 GiB: fits)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=20 * 2**30))
+    check_config(config, "config.json")
+    online = {**config, "quantization_config": {**config["quantization_config"], "quantization_mode": "online"}}
+    with pytest.raises(InputError, match=r"24\.5 GiB in fp32 as export holds it, more than this machine's 20\.0 GiB .*3 "
+                                         r"times in fp32: transformers' weights, their rounded floats and the graphs'"):
+        check_config(online, "config.json")  # (the master weights as well)
