@@ -8,14 +8,14 @@ from typing import Any
 
 import onnx
 
-from llmc.graph.quant import BLOCKSUMS, OFFSETS
+from llmc.graph.quant import BLOCKSUMS, OFFSETS, TILE_OPS
 from llmc.manifest import EngineManifest, EngineSettings
 from llmc.onnx_store import load_graph
 
 # Measured on the development machine (2 cores): ~35 GB/s memory bandwidth. Override with --bandwidth-gbs.
 DEFAULT_BANDWIDTH_GBS = 35.0
 WEIGHT_OPS = {"MatMul", "MatMulNBits", "Gemm", "FusedMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
-              "MatMulQ4", "MatMulQ8", "MatMulQ2", "MatMulBF16", "MoE"}  # llmc's own operators (ai.llmc), ONNX Runtime's mixture of experts
+              *TILE_OPS.values(), "MatMulBF16", "MoE"}  # llmc's own operators (ai.llmc), ONNX Runtime's mixture of experts
 
 
 def weight_bytes_per_step(engine_dir: Path, manifest: EngineManifest) -> int:
@@ -130,7 +130,7 @@ def prefill_flops(engine_dir: Path, manifest: EngineManifest, prompt_len: int) -
         attrs = {a.name: a.i for a in node.attribute}
         if len(node.input) > 1 and node.input[1].endswith((BLOCKSUMS, OFFSETS)):  # a quantized layer's offset terms
             continue
-        if node.op_type in ("MatMulQ4", "MatMulQ8", "MatMulQ2", "MatMulBF16", "MatMulNBits"):
+        if node.op_type in (*TILE_OPS.values(), "MatMulBF16", "MatMulNBits"):
             macs = float(attrs["K"] * attrs["N"])
         elif node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and len(dims.get(node.input[1], ())) == 2:
             k, n = dims[node.input[1]][::-1] if attrs.get("transB") else dims[node.input[1]]

@@ -156,10 +156,13 @@ def ternary_blocks(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
 def ternary_columns(w: np.ndarray, axis: int = 0) -> bool:
     """Whether every column of w (its values along `axis`) holds only -h, 0 and h, h its own largest |w| (BitNet's
     ternary weights times their scale, or a column of zeros): MatMulQ2 holds them exactly."""
-    a = np.abs(np.asarray(w, np.float32))
-    peak = a.max(axis=axis, keepdims=True)
-    first = np.take(a, range(min(64, a.shape[axis])), axis=axis)  # (most weights fail on their first rows: cheap)
-    return bool(np.all((first == peak) | (first == 0)) and np.all((a == peak) | (a == 0)))
+    w = np.asarray(w, np.float32)
+    for rows in (np.abs(np.take(w, range(min(64, w.shape[axis])), axis=axis)), None):  # (a column's first values
+        # hold one magnitude besides 0 where it is ternary: most weights fail there, before the whole is read)
+        a = np.abs(w) if rows is None else rows
+        if not np.all((a == a.max(axis=axis, keepdims=True)) | (a == 0)):
+            return False
+    return True
 
 
 def _symmetric(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:

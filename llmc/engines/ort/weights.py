@@ -27,9 +27,10 @@ import numpy as np
 from onnx import helper
 
 from llmc.errors import ManifestError
+from llmc.graph.quant import TILE_OPS
 from llmc.onnx_store import MappedFiles, load_graph
 
-STREAMED_OPS = ("MatMulQ4", "MatMulQ8", "MatMulQ2", "MatMulBF16")
+STREAMED_OPS = (*TILE_OPS.values(), "MatMulBF16")
 DOMAIN = "ai.llmc"
 ALIGN = 64
 
