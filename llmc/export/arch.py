@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from llmc.errors import UnsupportedModelError
+from llmc.export.release import LayerRelease
 from llmc.graph.checkpoint import INV_FREQ, INV_FREQ_LOCAL, INV_FREQ_LONG, XIELU, Checkpoint
 from llmc.manifest import ModelSpec
 
@@ -115,7 +116,7 @@ def from_transformers(model: Any) -> Checkpoint:
     state.update(_ternary_weights(model))  # (BitNet's quantized products: the weights they compute with)
     if config.model_type in _LEARNED:
         return _LEARNED[config.model_type](config, state)
-    return _decoder(model, config, state)
+    return _decoder(model, config, state, LayerRelease(model, state))
 
 
 # -- the RoPE decoders ------------------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ def _common_checks(config: Any, sd: dict[str, np.ndarray]) -> None:
         _refuse("use_bidirectional_attention", bidirectional, "llmc builds causal decoders")
 
 
-def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
+def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray], release: LayerRelease) -> Checkpoint:
     mt = BUILT_AS.get(config.model_type, config.model_type)  # (the family whose modules transformers built)
     sd = _WEIGHT_NAMES.get(mt, lambda c, sd: sd)(config, sd)
     _common_checks(config, sd)
@@ -162,6 +163,7 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     else:
         rope, rope_weights = _rope(model, config, head_dim)
         sd = _partial_rotary_halves(model, config, sd, head_dim)
+    release.watch(sd)
     fields: dict[str, Any] = dict(
         family="llama", hf_architecture=type(model).__name__, hidden_size=int(config.hidden_size), num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -177,7 +179,7 @@ def _decoder(model: Any, config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     if mt in (*MLA, "kimi_linear"):
         fields.update(_mla(model, config))
     spec = ModelSpec(**fields)
-    w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron", *ZERO_CENTRED_NORMS))
+    w = _decoder_weights(spec, sd, fold_norm_offset=mt in (*GEMMA, "nemotron", *ZERO_CENTRED_NORMS), release=release)
     w.update(rope_weights)
     if spec.per_layer_input_size:
         w.update(_per_layer_embedding_weights(spec, sd))
@@ -1821,8 +1823,10 @@ _QUIRKS: dict[str, Callable[[Any], dict[str, Any]]] = {
 }
 
 
-def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offset: bool) -> dict[str, np.ndarray]:
-    """Canonical weights of a RoPE decoder; `fold_norm_offset`: the checkpoint's norms multiply by 1 + w (Gemma)."""
+def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offset: bool,
+                     release: LayerRelease | None = None) -> dict[str, np.ndarray]:
+    """Canonical weights of a RoPE decoder; `fold_norm_offset`: the checkpoint's norms multiply by 1 + w (Gemma);
+    `release`: transformers' copy of each layer's products let go once the layer's own are made."""
     def norm(name: str) -> np.ndarray:
         return sd[name] + np.float32(1.0) if fold_norm_offset else sd[name]
 
@@ -1842,7 +1846,7 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
               "sandwich": {"input_layernorm": "norm1", "pre_feedforward_layernorm": "norm2",
                            "post_attention_layernorm": "post_attn_norm", "post_feedforward_layernorm": "post_mlp_norm"},
               "post": {"post_attention_layernorm": "post_attn_norm", "post_feedforward_layernorm": "post_mlp_norm"}}
-    for i in range(spec.num_layers):
+    for i in _each_layer(spec.num_layers, w, release):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         one_block = not (spec.has_mixer(i) and spec.has_mlp(i))  # (Nemotron-H's) a mixer or an MLP, on norm1
         for theirs, ours in places[spec.layout(i)].items():
@@ -1901,6 +1905,15 @@ def _decoder_weights(spec: ModelSpec, sd: dict[str, np.ndarray], fold_norm_offse
         if spec.has_mlp(i):
             w.update(_mlp_weights(spec, sd, i))
     return w
+
+
+def _each_layer(layers: int, w: dict[str, np.ndarray], release: LayerRelease | None) -> Iterator[int]:
+    """range(layers), handing each layer's weights to `release` once the loop's body is done with it (continue
+    included)."""
+    for i in range(layers):
+        yield i
+        if release is not None:
+            release.layer(i, w)
 
 
 def _moa_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:

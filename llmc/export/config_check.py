@@ -82,8 +82,8 @@ def check_config(config: dict[str, Any], where: str) -> None:
     quantization = config.get("quantization_config")
     copies = 1
     if isinstance(quantization, dict) and quantization.get("quant_method") == "bitnet":  # (its master weights, rounded
-        # as the model runs, are a third copy where online)
-        copies = 3 if quantization.get("quantization_mode") == "online" else 2
+        # as the model runs, are a second copy where online)
+        copies = 2 if quantization.get("quantization_mode") == "online" else 1
     _check_size(where, vocab, hidden, dims["layers"], heads * head_dim, kv_heads * head_dim,
                 int(inner) + _experts_width(config, where),
                 tied=bool(config.get("tie_word_embeddings", config.get("model_type") == "gpt2")), copies=copies)
@@ -171,9 +171,9 @@ def _check_rope(name: str, params: dict[str, Any], where: str) -> None:
 def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: int, inner: int, tied: bool,
                 copies: int = 1) -> None:
     """Export holds the model in fp32 (torch) while it writes the graphs' weights: it must fit in memory. `copies`:
-    how many fp32 copies of the decoder layers' weights it holds at once (a BitNet checkpoint's 2: transformers'
-    unpacked ternary weights, which are the floats they compute with once their scales are folded in, and the
-    graphs' own; 3 with online quantization: the master weights, their rounded floats, the graphs')."""
+    how many fp32 copies of the decoder layers' weights it holds at once: one (transformers' copy of each layer is
+    let go once the graphs' own are made: release.py), two where a BitNet checkpoint quantizes online (its master
+    weights, and the graphs' rounded floats)."""
     import psutil
 
     per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inner
@@ -182,8 +182,8 @@ def _check_size(where: str, vocab: int, hidden: int, layers: int, q: int, kv: in
     need, have = 4 * (embeddings + copies * layers * per_layer), psutil.virtual_memory().total
     if need > have:
         held = ("the model in fp32" if copies == 1 else
-                f"a BitNet checkpoint's decoder products {copies} times in fp32: transformers' weights"
-                f"{', their rounded floats' if copies == 3 else ''} and the graphs' own")
+                "an online BitNet checkpoint's decoder products twice in fp32: its master weights and their rounded "
+                "floats")
         raise InputError(f"{where}: these dimensions make a model of {params / 1e9:.3g} B parameters, "
                          f"{need / 2**30:,.1f} GiB in fp32 as export holds it, more than this machine's "
                          f"{have / 2**30:.1f} GiB of memory (export holds {held})")

@@ -107,7 +107,7 @@ def _write_graphs(work: Path, ckpt: Checkpoint, graphs: dict[str, GraphSpec], cf
     routers = float32_weights(ckpt.spec)  # (GLM-4.5's: transformers keeps them in fp32)
     try:
         for name, array in ckpt.weights.items():
-            weights.add(name, array if name in ROPE_TABLES or name in routers else array.astype(np_dtype))
+            weights.add(name, array if name in ROPE_TABLES or name in routers else array.astype(np_dtype, copy=False))
     finally:
         weights.close()
     for spec in graphs.values():
