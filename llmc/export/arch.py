@@ -114,9 +114,10 @@ def from_transformers(model: Any) -> Checkpoint:
     check_supported(config.model_type)
     state = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
     state.update(_ternary_weights(model))  # (BitNet's quantized products: the weights they compute with)
+    release = LayerRelease(model, state)
     if config.model_type in _LEARNED:
-        return _LEARNED[config.model_type](config, state)
-    return _decoder(model, config, state, LayerRelease(model, state))
+        return _LEARNED[config.model_type](config, state, release)
+    return _decoder(model, config, state, release)
 
 
 # -- the RoPE decoders ------------------------------------------------------------------------------------------
@@ -2033,7 +2034,8 @@ def _mlp_weights(spec: ModelSpec, sd: dict[str, np.ndarray], i: int) -> dict[str
 
 # -- GPT-2 --------------------------------------------------------------------------------------------------------
 
-def _gpt2(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
+def _gpt2(config: Any, sd: dict[str, np.ndarray], release: LayerRelease) -> Checkpoint:
+    """GPT-2: its Conv1D weights are [in, out] already, held as they are (nothing to release)."""
     sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
     if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "reorder_and_upcast_attn", False):
         raise UnsupportedModelError("GPT-2 variants with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn")
@@ -2072,10 +2074,11 @@ def _gpt2(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     return Checkpoint(spec, w)
 
 
-def _gpt_bigcode(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
+def _gpt_bigcode(config: Any, sd: dict[str, np.ndarray], release: LayerRelease) -> Checkpoint:
     """StarCoder / SantaCoder: GPT-2 with nn.Linear weights, one KV head (`multi_query`), an optional unscaled
     attention and an untied head."""
     sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
+    release.watch(sd)
     heads, hidden = int(config.n_head), int(config.n_embd)
     head_dim = hidden // heads
     kv_heads = 1 if config.multi_query else heads
@@ -2090,7 +2093,7 @@ def _gpt_bigcode(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
         attention_scale=0.0 if config.scale_attn_weights else 1.0)
     w = {"embed.weight": sd["wte.weight"], "pos_embed.weight": sd["wpe.weight"], "norm.weight": sd["ln_f.weight"],
          "norm.bias": sd["ln_f.bias"], **({} if tied else {"lm_head.weight": sd["lm_head.weight"]})}
-    for i in range(spec.num_layers):
+    for i in _each_layer(spec.num_layers, w, release):
         p = f"h.{i}."
         for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2"), ("qkv", "attn.c_attn"), ("o", "attn.c_proj"),
                              ("fc", "mlp.c_fc"), ("proj", "mlp.c_proj")):
@@ -2106,7 +2109,7 @@ def _gpt_bigcode(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
 OPT_POSITION_OFFSET = 2  # OPT's position table starts 2 rows in (transformers' OPTLearnedPositionalEmbedding)
 
 
-def _opt(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
+def _opt(config: Any, sd: dict[str, np.ndarray], release: LayerRelease) -> Checkpoint:
     """OPT: learned positions (its table 2 rows in), LayerNorm, ReLU, separate q/k/v, biases."""
     if not config.do_layer_norm_before:
         _refuse("do_layer_norm_before", False, "norms after each block (OPT-350m) are not implemented")
@@ -2115,6 +2118,7 @@ def _opt(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     if _get(config, "_remove_final_layer_norm", False):
         _refuse("_remove_final_layer_norm", True, "llmc ends every decoder with its norm")
     sd = {k.removeprefix("model.decoder."): v for k, v in sd.items()}
+    release.watch(sd)
     hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
     tied = bool(_get(config, "tie_word_embeddings", True))
     spec = ModelSpec(
@@ -2130,7 +2134,7 @@ def _opt(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
          "norm.weight": sd.get("final_layer_norm.weight", ones),
          "norm.bias": sd.get("final_layer_norm.bias", zeros),
          **({} if tied else {"lm_head.weight": sd["lm_head.weight"]})}
-    for i in range(spec.num_layers):
+    for i in _each_layer(spec.num_layers, w, release):
         p = f"layers.{i}."  # (the same prefix in both namings, once "model.decoder." is off)
         for ours, theirs in (("norm1", "self_attn_layer_norm"), ("norm2", "final_layer_norm")):
             w[p + ours + ".weight"] = sd.get(p + theirs + ".weight", ones)  # (no elementwise affine: 1 and 0)
@@ -2146,7 +2150,7 @@ def _opt(config: Any, sd: dict[str, np.ndarray]) -> Checkpoint:
     return Checkpoint(spec, w)
 
 
-_LEARNED: dict[str, Callable[[Any, dict[str, np.ndarray]], Checkpoint]] = {
+_LEARNED: dict[str, Callable[[Any, dict[str, np.ndarray], LayerRelease], Checkpoint]] = {
     "gpt2": _gpt2, "gpt_bigcode": _gpt_bigcode, "opt": _opt}
 
 

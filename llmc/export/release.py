@@ -39,7 +39,7 @@ class LayerRelease:
                 and a.ndim >= 2 and a.dtype == np.float32 and a.flags.writeable]
         if not ours:
             return
-        here = re.compile(rf"(^|\.)layers\.{i}\.")
+        here = re.compile(rf"(^|\.)(layers|h)\.{i}\.")  # (GPT-2's family names its blocks h.i)
         for name, param in list(self.model.named_parameters()):
             if param.ndim < 2 or param.dtype != torch.float32 or not here.search(name) or param.device.type != "cpu":
                 continue

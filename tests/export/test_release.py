@@ -8,9 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-tf = pytest.importorskip("transformers")
+import torch
+import transformers as tf
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64)
@@ -23,11 +22,15 @@ def _model(kind: str) -> Any:
               "qwen2": lambda: tf.Qwen2Config(**COMMON),  # q/k/v biases
               "gemma": lambda: tf.GemmaConfig(**COMMON, head_dim=16),  # 1 + w norms (kept: folded)
               "mixtral": lambda: tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2),  # experts
+              "opt": lambda: tf.OPTConfig(vocab_size=128, hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+                                          num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=64),
+              "gpt_bigcode": lambda: tf.GPTBigCodeConfig(vocab_size=128, n_embd=64, n_layer=2, n_head=4,
+                                                         n_positions=64, multi_query=True),  # blocks named h.i
               }[kind]()
     return tf.AutoModelForCausalLM.from_config(config).eval()
 
 
-@pytest.mark.parametrize("kind", ["llama", "phi3", "qwen2", "gemma", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "phi3", "qwen2", "gemma", "mixtral", "opt", "gpt_bigcode"])
 def test_each_layer_product_is_held_once_and_computes_the_same(kind: str) -> None:
     from llmc.export.arch import from_transformers
 
@@ -35,7 +38,7 @@ def test_each_layer_product_is_held_once_and_computes_the_same(kind: str) -> Non
     ids = torch.arange(1, 17)[None]
     with torch.no_grad():
         before = model(ids).logits.numpy().copy()
-    products = {n for n, p in model.named_parameters() if p.ndim >= 2 and ".layers." in n}
+    products = {n for n, p in model.named_parameters() if p.ndim >= 2 and (".layers." in n or ".h." in n)}
     ckpt = from_transformers(model)
     ours = [a for a in ckpt.weights.values() if a.ndim >= 2]
     params = dict(model.named_parameters())
