@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmc.errors import InputError, UnsupportedModelError, one_line
+from llmc.export import gguf_read
 from llmc.export.arch import TEXT_FAMILY, TEXT_FIXED, VLM_WRAPPERS, check_supported
 from llmc.export.config_check import check_config
 from llmc.manifest import sha256_file
@@ -52,7 +53,7 @@ DEFAULT = DefaultModel(
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
 _NOT_TEXT = ("vision_config", "text_config", "model_type", "architectures", "transformers_version", "auto_map")
-GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
+GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 
 
 @dataclass(frozen=True)
@@ -216,9 +217,15 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     folder = src.path
     if src.kind == "gguf":
         folder, kwargs["gguf_file"] = src.path.parent, src.path.name
+        if (config := gguf_read.config_for(src.path, src.model_type)) is not None:
+            kwargs["config"] = config  # (what transformers' reader misses of this family: gguf_read)
     else:
         kwargs["use_safetensors"] = src.use_safetensors
-    tokenizer_kwargs = {k: v for k, v in kwargs.items() if k != "use_safetensors"}
+    tokenizer_kwargs = {k: v for k, v in kwargs.items() if k not in ("use_safetensors", "config")}
+    tokenizer_class: Any = AutoTokenizer
+    if "config" in kwargs:  # AutoTokenizer reads the file's config as transformers does (which fails on it) to pick
+        # a class; the generic fast tokenizer builds itself from the file's tokenizer keys alone
+        from transformers import PreTrainedTokenizerFast as tokenizer_class
     if src.kind == "hf":  # first: the tokenizer reads config.json too, and its faults are not the tokenizer's
         try:
             config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
@@ -227,7 +234,7 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
                              f"{one_line(e)})") from None
         kwargs.update(_dequantized(folder, config))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), **tokenizer_kwargs)
+        tokenizer = tokenizer_class.from_pretrained(str(folder), **tokenizer_kwargs)
     except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: JSON, tokenizers' or I/O errors
         where = src.path if src.kind == "gguf" else folder
         raise InputError(f"the tokenizer of {where} cannot be loaded ({type(e).__name__}: {one_line(e)})") from None
@@ -243,6 +250,8 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
         raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
                          f"{one_line(e)})") from None
     model, info = loaded
+    if src.kind == "gguf":
+        info["missing_keys"] = gguf_read.fill_missing(model, src.path, src.model_type, set(info.get("missing_keys") or ()))
     if src.wrapper:
         model = _language_model(model)
     _check_weights_match(where, info, int(model.config.num_hidden_layers))

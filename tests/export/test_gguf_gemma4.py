@@ -1,0 +1,84 @@
+"""Gemma 4 GGUF files as llama.cpp's converter writes them: read into the model they came from, exactly (the config
+and the tensors transformers' own GGUF reader misses: llmc/export/gguf_read.py), exported, and refused by name
+where the file does not say what the model is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gguf_files import write_gemma4
+from tiny_models import make_model
+
+from llmc.errors import InputError, UnsupportedModelError
+from llmc.export.exporter import ExportConfig, export
+from llmc.export.sources import load, resolve
+
+
+def _hf(arch: str, tmp: Path) -> tuple[Any, Path]:
+    from transformers import AutoModelForCausalLM
+
+    folder = make_model(arch, tmp / arch)
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
+                                                attn_implementation="eager").eval(), folder
+
+
+IDS = np.random.default_rng(0).integers(3, 320, 40).tolist()  # past the sliding window (8)
+
+
+@pytest.mark.parametrize("arch", ["gemma4_text", "gemma4_e", "gemma4_moe"])
+def test_a_gemma4_gguf_reads_as_the_model_it_came_from(tmp_path: Path, arch: str) -> None:
+    hf, folder = _hf(arch, tmp_path)
+    path = write_gemma4(hf, folder, tmp_path / f"{arch}.gguf")
+    src = resolve(str(path))
+    assert src.kind == "gguf" and src.model_type == "gemma4_text"
+    ours = load(src).model
+    c, mine = hf.config, ours.config
+    for key in ("layer_types", "num_kv_shared_layers", "attention_k_eq_v",
+                "hidden_size_per_layer_input", "use_double_wide_mlp", "enable_moe_block", "final_logit_softcapping",
+                "sliding_window", "tie_word_embeddings"):
+        assert getattr(mine, key) == getattr(c, key), key
+    for i in range(c.num_hidden_layers):
+        for key in ("head_dim", "num_key_value_heads"):
+            assert getattr(mine.per_layer_config[i], key) == getattr(c.per_layer_config[i], key), (i, key)
+    assert mine.rope_parameters["full_attention"]["partial_rotary_factor"] == 0.25
+    with torch.no_grad():
+        ref, got = hf(torch.tensor([IDS])).logits, ours(torch.tensor([IDS])).logits
+        for name, value in hf.state_dict().items():  # every weight, the scalars and experts among them
+            assert torch.equal(ours.state_dict()[name], value), name
+    assert float((got - ref).abs().max()) == 0.0
+
+
+def test_a_gemma4_gguf_exports(tmp_path: Path) -> None:
+    """E2B / E4B's form (per-layer embeddings, KV-shared layers, double-wide MLPs) from its GGUF to an engine that
+    computes the logits of the checkpoint it was converted from."""
+    from llmc.engines.ort.build import export_engine
+
+    hf, folder = _hf("gemma4_e", tmp_path)
+    path = write_gemma4(hf, folder, tmp_path / "e.gguf")
+    manifest = export(ExportConfig(str(path), tmp_path / "export"))
+    assert manifest.parity["max_abs_diff"] <= 1e-4 and manifest.parity["greedy_match"] == 8
+    engine = export_engine(manifest, tmp_path / "export")
+    with torch.no_grad():
+        ref = hf(torch.tensor([IDS])).logits[0, -1].numpy()
+    assert float(np.abs(engine.prefill([0], [IDS], engine.new_kv_cache(1, 64))[0] - ref).max()) <= 1e-4
+
+
+@pytest.mark.parametrize(("leave_out", "metadata", "error", "says"), [
+    (("rope_freqs.weight",), None, UnsupportedModelError, "without rope_freqs.weight"),
+    (("gemma4.attention.sliding_window_pattern",), None, UnsupportedModelError, "sliding_window_pattern"),
+    (("gemma4.attention.key_length_swa",), None, InputError, "without gemma4.attention.key_length_swa"),
+    ((), {"gemma4.attention.head_count_kv": [2, 1, 2, 2]}, UnsupportedModelError,
+     r"head_count_kv differs between full layers \(\[1, 2\]\)"),
+    ((), {"gemma4.attention.head_count_kv": [2, 1, 2]}, UnsupportedModelError, "has 3 values for 4 layers"),
+])
+def test_a_gemma4_gguf_that_does_not_say_what_the_model_is_is_refused(
+        tmp_path: Path, leave_out: tuple[str, ...], metadata: dict[str, Any] | None, error: type,
+        says: str) -> None:
+    hf, folder = _hf("gemma4_text", tmp_path)
+    path = write_gemma4(hf, folder, tmp_path / "m.gguf", leave_out=leave_out, metadata=metadata)
+    with pytest.raises(error, match=says):
+        export(ExportConfig(str(path), tmp_path / "export"))

@@ -1,0 +1,120 @@
+"""GGUF files of tiny models written as llama.cpp's `convert_hf_to_gguf.py` writes their families (metadata keys,
+tensor names and layouts), in F32 so that a reader's result can be compared exactly with the model it came from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _tokenizer(writer: Any, folder: Path, vocab_size: int) -> None:
+    """The tiny models' byte-level BPE as llama.cpp's `_set_vocab_gpt2` writes one (tokens, types, merges)."""
+    import gguf
+
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    added = {t["content"]: t["id"] for t in spec["added_tokens"]}
+    tokens: list[str | None] = [None] * vocab_size
+    for text, i in {**spec["model"]["vocab"], **added}.items():
+        tokens[i] = text
+    types = [gguf.TokenType.CONTROL if t in added else gguf.TokenType.NORMAL for t in tokens]
+    for i, t in enumerate(tokens):
+        if t is None:
+            tokens[i], types[i] = f"[PAD{i}]", gguf.TokenType.UNUSED
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]])
+    writer.add_bos_token_id(added["<|im_start|>"])
+    writer.add_eos_token_id(added["<|im_end|>"])
+    writer.add_pad_token_id(added["<|endoftext|>"])
+
+
+def write_gemma4(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...] = (),
+                 metadata: dict[str, Any] | None = None) -> Path:
+    """A transformers Gemma4ForCausalLM (saved with its tokenizer in `folder`) as llama.cpp's `Gemma4Model` writes
+    it: norms as they are (Gemma 4's are not 1 + w), the per-layer head counts and feed-forward widths as arrays
+    where they differ, the full layers' rotary fraction as `rope_freqs` (1 for a rotated pair, 1e30 for the rest),
+    `layer_scalar` and the experts under `.weight` names, the router's scale and each expert's scale as `.scale`
+    tensors of `ffn_gate_inp` and `ffn_down_exps`. `leave_out` drops metadata keys or tensors by name, `metadata`
+    replaces keys' values (of the same type): the files llmc must refuse."""
+    import gguf
+
+    c = model.config
+    n = c.num_hidden_layers
+    full = c.layer_types.index("full_attention")
+    local = c.layer_types.index("sliding_attention")
+    head, head_local = int(c.per_layer_config[full].head_dim), int(c.per_layer_config[local].head_dim)
+    kv_full, kv_local = (int(c.per_layer_config[i].num_key_value_heads) for i in (full, local))
+    sliding = [t == "sliding_attention" for t in c.layer_types]
+    shared = c.num_kv_shared_layers or 0
+    w = gguf.GGUFWriter(str(out), "gemma4")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(n)
+    if c.use_double_wide_mlp:
+        w.add_feed_forward_length([c.intermediate_size * (2 if i >= n - shared else 1) for i in range(n)])
+    else:
+        w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    if kv_full != kv_local:
+        w.add_head_count_kv([kv_local if s else kv_full for s in sliding])
+    else:
+        w.add_head_count_kv(kv_local)
+    rope = c.rope_parameters
+    w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if c.enable_moe_block:
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.top_k_experts)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_key_length(head)
+    w.add_value_length(head)
+    w.add_key_length_swa(head_local)
+    w.add_value_length_swa(head_local)
+    if c.final_logit_softcapping:
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    w.add_sliding_window(c.sliding_window)
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(c.hidden_size_per_layer_input or 0)
+    w.add_sliding_window_pattern(sliding)
+    w.add_rope_dimension_count(head)
+    w.add_rope_dimension_count_swa(int(head_local * rope["sliding_attention"].get("partial_rotary_factor", 1.0)))
+    _tokenizer(w, folder, c.vocab_size)
+    rotated = int(head * rope["full_attention"]["partial_rotary_factor"] / 2)
+    if "rope_freqs.weight" not in leave_out:
+        w.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (head // 2 - rotated), dtype=np.float32))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, n)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        values = tensor.detach().float().numpy()
+        bid = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith("router.scale"):
+            w.add_tensor(f"blk.{bid}.ffn_gate_inp.scale", values)
+            continue
+        if name.endswith("router.per_expert_scale"):
+            w.add_tensor(f"blk.{bid}.ffn_down_exps.scale", values)
+            continue
+        if name.endswith(("per_dim_scale", "layer_scalar")) or (".experts." in name and not name.endswith(".weight")):
+            name += ".weight"
+        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if mapped is None:
+            raise ValueError(f"gguf has no name for {name}")
+        if mapped in leave_out:
+            continue
+        w.add_tensor(mapped, values.reshape(1) if values.ndim == 0 else values)
+    kv = w.kv_data[0]
+    for key, value in (metadata or {}).items():
+        kv[key] = gguf.GGUFValue(value=value, type=kv[key].type, sub_type=kv[key].sub_type)
+    for key in leave_out:
+        kv.pop(key, None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
