@@ -108,6 +108,14 @@ def write_gemma4(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...]
         if mapped in leave_out:
             continue
         w.add_tensor(mapped, values.reshape(1) if values.ndim == 0 else values)
+    _finish(w, leave_out, metadata)
+    return out
+
+
+def _finish(w: Any, leave_out: tuple[str, ...], metadata: dict[str, Any] | None) -> None:
+    """Metadata keys replaced (same types) or left out, then the file written."""
+    import gguf
+
     kv = w.kv_data[0]
     for key, value in (metadata or {}).items():
         kv[key] = gguf.GGUFValue(value=value, type=kv[key].type, sub_type=kv[key].sub_type)
@@ -117,4 +125,77 @@ def write_gemma4(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...]
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def round_experts_mxfp4(model: Any) -> None:
+    """A gpt-oss model's expert weights rounded in place to MXFP4 in the rows the file stores them in (each row's
+    blocks of 32 along its inputs), so that a file of MXFP4 experts holds exactly the model's values."""
+    import gguf
+    import torch
+    from gguf.quants import dequantize, quantize
+
+    kind = gguf.GGMLQuantizationType.MXFP4
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                rows = p.detach().numpy().transpose(0, 2, 1)
+                rounded = dequantize(quantize(np.ascontiguousarray(rows), kind), kind).reshape(rows.shape)
+                p.copy_(torch.from_numpy(np.ascontiguousarray(rounded.transpose(0, 2, 1))))
+
+
+def write_gpt_oss(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...] = (), mxfp4: bool = False) -> Path:
+    """A transformers GptOssForCausalLM as llama.cpp's `GptOssModel` writes an unquantized one: each layer's experts
+    transposed to rows of outputs, the interleaved gate / up columns (and biases) split into `ffn_gate_exps` and
+    `ffn_up_exps`, the sinks as `attn_sinks.weight`, yarn as the `rope.scaling.*` keys (the layer pattern, the
+    SwiGLU limit and yarn's truncation are the family's, not in the file); `mxfp4`: the experts' weights in MXFP4, as
+    published (round them first: `round_experts_mxfp4`)."""
+    import gguf
+
+    c = model.config
+    rope = c.rope_parameters
+    w = gguf.GGUFWriter(str(out), "gpt-oss")
+    for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
+                       (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
+                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
+                       (w.add_rope_scaling_type, gguf.RopeScalingType.YARN), (w.add_rope_scaling_factor, rope["factor"]),
+                       (w.add_rope_scaling_orig_ctx_len, rope["original_max_position_embeddings"]),
+                       (w.add_rope_scaling_yarn_beta_fast, rope["beta_fast"]),
+                       (w.add_rope_scaling_yarn_beta_slow, rope["beta_slow"]), (w.add_rope_freq_base, rope["rope_theta"]),
+                       (w.add_layer_norm_rms_eps, c.rms_norm_eps), (w.add_expert_count, c.num_local_experts),
+                       (w.add_expert_used_count, c.num_experts_per_tok), (w.add_key_length, c.head_dim),
+                       (w.add_value_length, c.head_dim), (w.add_sliding_window, c.sliding_window),
+                       (w.add_expert_feed_forward_length, c.intermediate_size)):
+        add(value)
+    _tokenizer(w, folder, c.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, c.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        values = tensor.detach().float().numpy()
+        parts: list[tuple[str, np.ndarray]] = []
+        if name.endswith("experts.gate_up_proj"):  # [E, H, 2I] -> [E, 2I, H], gate rows even, up rows odd
+            rows = values.transpose(0, 2, 1)
+            parts = [(name.replace("gate_up_proj", "gate_proj.weight"), rows[:, ::2]),
+                     (name.replace("gate_up_proj", "up_proj.weight"), rows[:, 1::2])]
+        elif name.endswith("experts.gate_up_proj_bias"):
+            parts = [(name.replace("gate_up_proj_bias", "gate_proj.bias"), values[..., ::2]),
+                     (name.replace("gate_up_proj_bias", "up_proj.bias"), values[..., 1::2])]
+        elif name.endswith("experts.down_proj"):
+            parts = [(name + ".weight", values.transpose(0, 2, 1))]
+        elif name.endswith("experts.down_proj_bias"):
+            parts = [(name.replace("down_proj_bias", "down_proj.bias"), values)]
+        elif name.endswith("sinks"):
+            parts = [(name + ".weight", values)]
+        else:
+            parts = [(name, values)]
+        for hf_name, array in parts:
+            mapped = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            if mapped is None:
+                raise ValueError(f"gguf has no name for {hf_name}")
+            if mxfp4 and array.ndim == 3:
+                kind = gguf.GGMLQuantizationType.MXFP4
+                w.add_tensor(mapped, gguf.quants.quantize(np.ascontiguousarray(array), kind), raw_dtype=kind)
+            else:
+                w.add_tensor(mapped, np.ascontiguousarray(array))
+    _finish(w, leave_out, None)
     return out

@@ -1,21 +1,23 @@
-"""What transformers' GGUF reader leaves out of a family, read from the file as llama.cpp's converter writes it.
+"""GGUF files of the families transformers' GGUF reader gets wrong, read by llmc as llama.cpp's converter
+(`convert_hf_to_gguf.py`) writes them.
 
 transformers reads a GGUF file's config from a table of metadata keys and its tensors by mapping the model's own
-parameter names through gguf's name table. For Gemma 4 both fall short of the files llama.cpp writes
-(`convert_hf_to_gguf.py`, `Gemma4Model`):
+parameter names through gguf's name table. For two families people deploy from GGUF both fall short:
 
-- the config: per-layer KV head counts (`attention.head_count_kv` as an array: 31B and 26B-A4B) fail transformers'
-  config validation; the sliding layers' head size (`attention.key_length_swa`), the layer pattern
-  (`attention.sliding_window_pattern`), the KV-shared layers, the per-layer embeddings' width, the mixture's sizes,
-  the doubled MLPs of the shared layers (`feed_forward_length` as an array), keys-as-values (no `attn_v` on the full
-  layers) and the full layers' rotary fraction (the `rope_freqs` tensor) are not read at all, so the class defaults
-  (E2B's, or none of the checkpoints') would stand in for them;
-- the tensors: a layer's scalar (`layer_scalar`, written `blk.N.layer_output_scale.weight`), the stacked experts
-  (`ffn_gate_up_exps.weight`, `ffn_down_exps.weight`) and the router's two scales (`ffn_gate_inp.scale`,
-  `ffn_down_exps.scale`) carry a suffix transformers' map does not look for, so they would stay as initialized.
+- **Gemma 4** (`Gemma4Model`): per-layer KV head counts and feed-forward widths (arrays in the file: 31B, 26B-A4B,
+  E2B / E4B) fail transformers' config validation; the sliding layers' head size (`attention.key_length_swa`), the
+  layer pattern (`attention.sliding_window_pattern`), the KV-shared layers, the per-layer embeddings' width, the
+  mixture's sizes, keys-as-values (no `attn_v` on the full layers) and the full layers' rotary fraction (the
+  `rope_freqs` tensor: 1 for a rotated pair) are not read at all, so the class defaults would stand in for them;
+  each layer's scalar (`layer_output_scale.weight`), the stacked experts and the router's two `.scale` tensors carry
+  names transformers' map does not look for.
+- **gpt-oss** (`GptOssModel`): transformers parses the file's yarn keys wrongly and stops (and would rotate with
+  yarn's truncation, which gpt-oss does not use); the experts are stored transposed with gate and up split (`ffn_gate_exps`, `ffn_up_exps`,
+  their biases too), the sinks as `attn_sinks.weight`, none of which its map finds.
 
-`config_for` builds the config from the file; `fill_missing` copies those tensors in. Whatever the file does not say
-(the activation, biases) is the family's as every Gemma 4 checkpoint has it: the class defaults.
+`load_model` builds the config from the file's keys (`config_for`), the model from it, and reads every weight from
+the file itself. What a file does not say (Gemma 4's activation, gpt-oss's SwiGLU limit, layer pattern and yarn
+without truncation) is the family's as every checkpoint has it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from llmc.errors import InputError, UnsupportedModelError
+from llmc.errors import InputError, UnsupportedModelError, one_line
 
 GEMMA4 = "gemma4"
+GPT_OSS = "gpt-oss"
 
 
 def _fields(reader: Any, arch: str) -> dict[str, Any]:
@@ -126,7 +129,7 @@ def _gemma4_config(reader: Any, path: Path) -> Any:
         rope_parameters={"sliding_attention": sliding_rope,
                          "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 2 * rotated / head,
                                             "rope_theta": float(f.get("rope.freq_base", 1_000_000.0))}},
-        **_special_ids(reader))
+        **_special_ids(reader, ("<turn|>", "<|tool_response>")))
     if per_layer:
         table = tensors.get("per_layer_token_embd.weight")
         if table is None:
@@ -140,9 +143,9 @@ def _gemma4_config(reader: Any, path: Path) -> Any:
     return Gemma4TextConfig(**config)
 
 
-def _special_ids(reader: Any) -> dict[str, Any]:
-    """BOS, pad and every end of generation the file names: its EOS, its end-of-turn, and Gemma 4's end of a turn
-    and of a tool's response where the vocabulary has them (as the checkpoints' generation config lists them)."""
+def _special_ids(reader: Any, ends: tuple[str, ...]) -> dict[str, Any]:
+    """BOS, pad and every end of generation the file names: its EOS, its end-of-turn, and the family's other ends
+    (`ends`, by their text) where the vocabulary has them, as the checkpoints' generation configs list them."""
     def scalar(key: str) -> int | None:
         field = reader.fields.get(key)
         return None if field is None else int(field.parts[field.data[0]][0])
@@ -150,7 +153,7 @@ def _special_ids(reader: Any) -> dict[str, Any]:
     tokens = reader.fields["tokenizer.ggml.tokens"]
     text = {bytes(tokens.parts[i]).decode(errors="replace"): k for k, i in enumerate(tokens.data)}
     eos = [i for i in (scalar("tokenizer.ggml.eos_token_id"), scalar("tokenizer.ggml.eot_token_id"),
-                       text.get("<turn|>"), text.get("<|tool_response>")) if i is not None]
+                       *(text.get(t) for t in ends)) if i is not None]
     out: dict[str, Any] = {"eos_token_id": list(dict.fromkeys(eos)) or None}
     for name, key in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("pad_token_id", "tokenizer.ggml.padding_token_id")):
         if (value := scalar(key)) is not None:
@@ -158,54 +161,142 @@ def _special_ids(reader: Any) -> dict[str, Any]:
     return out
 
 
+def _gpt_oss_config(reader: Any, path: Path) -> Any:
+    from transformers import GptOssConfig
+
+    f = _fields(reader, GPT_OSS)
+    scaling = f.get("rope.scaling.type", "none")
+    if scaling != "yarn":
+        raise UnsupportedModelError(f"{path}: {GPT_OSS}.rope.scaling.type {scaling!r}: gpt-oss rotates with yarn")
+    rope = {"rope_type": "yarn", "rope_theta": float(f["rope.freq_base"]), "factor": float(f["rope.scaling.factor"]),
+            "original_max_position_embeddings": int(f["rope.scaling.original_context_length"]),
+            "beta_fast": float(f.get("rope.scaling.yarn_beta_fast", 32.0)),
+            "beta_slow": float(f.get("rope.scaling.yarn_beta_slow", 1.0)), "truncate": False}
+    tensors = {t.name for t in reader.tensors}
+    return GptOssConfig(
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data), hidden_size=int(f["embedding_length"]),
+        num_hidden_layers=int(f["block_count"]), intermediate_size=int(f["expert_feed_forward_length"]),
+        num_attention_heads=int(f["attention.head_count"]), num_key_value_heads=int(f["attention.head_count_kv"]),
+        head_dim=int(f["attention.key_length"]), num_local_experts=int(f["expert_count"]),
+        num_experts_per_tok=int(f["expert_used_count"]), sliding_window=int(f["attention.sliding_window"]),
+        rms_norm_eps=float(f["attention.layer_norm_rms_epsilon"]), max_position_embeddings=int(f["context_length"]),
+        tie_word_embeddings="output.weight" not in tensors, rope_parameters=rope,
+        **_special_ids(reader, ("<|return|>", "<|call|>")))
+
+
+_CONFIGS = {"gemma4_text": (GEMMA4, "Gemma 4", _gemma4_config), "gpt_oss": (GPT_OSS, "gpt-oss", _gpt_oss_config)}
+FAMILIES = frozenset(_CONFIGS)  # the model types whose GGUF files llmc reads itself
+
+
 def config_for(path: Path, model_type: str) -> Any | None:
     """The transformers config of a GGUF file whose family transformers' reader gets wrong (None: its own)."""
-    if model_type != "gemma4_text":
+    if model_type not in _CONFIGS:
         return None
     import gguf
 
+    arch, family, build = _CONFIGS[model_type]
     try:
-        return _gemma4_config(gguf.GGUFReader(str(path)), path)
-    except KeyError as e:  # a key every Gemma 4 file of llama.cpp's converter has
+        return build(gguf.GGUFReader(str(path)), path)
+    except KeyError as e:  # a key every file of llama.cpp's converter has
         key = str(e.args[0])
-        raise InputError(f"{path}: a Gemma 4 GGUF without "
-                         f"{key if key.startswith('tokenizer.') else GEMMA4 + '.' + key}") from None
+        raise InputError(f"{path}: a {family} GGUF without "
+                         f"{key if key.startswith('tokenizer.') else arch + '.' + key}") from None
 
 
-def _gemma4_name(key: str, names: Any) -> str | None:
+def _gemma4_names(key: str, names: Any) -> list[str]:
+    """Where a Gemma 4 parameter may be in the file: gguf's name table (a scalar or a stack of experts under a
+    `.weight` name, as the converter renames them), the router's two scales as `.scale` tensors."""
+    parts = key.split(".")
+    if len(parts) >= 4 and parts[1] == "layers":
+        if key.endswith(".router.scale"):
+            return [f"blk.{parts[2]}.ffn_gate_inp.scale"]
+        if key.endswith(".router.per_expert_scale"):
+            return [f"blk.{parts[2]}.ffn_down_exps.scale"]
+    found = (names.get_name(key, try_suffixes=(".weight", ".bias")), names.get_name(key + ".weight",
+                                                                                   try_suffixes=(".weight",)))
+    return [n for n in found if n]
+
+
+def _gpt_oss_values(key: str, read: Any) -> np.ndarray | None:
+    """A gpt-oss layer's experts and sinks from the file: its gate and up rows interleaved back into columns (and
+    biases), its down rows transposed back."""
     parts = key.split(".")
     if len(parts) < 4 or parts[1] != "layers":
         return None
-    bid = parts[2]
-    if key.endswith(".router.scale"):
-        return f"blk.{bid}.ffn_gate_inp.scale"
-    if key.endswith(".router.per_expert_scale"):
-        return f"blk.{bid}.ffn_down_exps.scale"
-    return names.get_name(key + ".weight", try_suffixes=(".weight",))
+    blk = f"blk.{parts[2]}"
+    if key.endswith("experts.gate_up_proj") or key.endswith("experts.gate_up_proj_bias"):
+        kind = "bias" if key.endswith("_bias") else "weight"
+        gate, up = read(f"{blk}.ffn_gate_exps.{kind}"), read(f"{blk}.ffn_up_exps.{kind}")
+        if gate is None or up is None or gate.shape != up.shape:
+            return None
+        if kind == "weight":  # [E, I, H] rows -> [E, H, 2I] columns
+            gate, up = gate.transpose(0, 2, 1), up.transpose(0, 2, 1)
+        both = np.empty(gate.shape[:-1] + (2 * gate.shape[-1],), dtype=np.float32)
+        both[..., ::2], both[..., 1::2] = gate, up
+        return both
+    if key.endswith("experts.down_proj"):
+        rows = read(f"{blk}.ffn_down_exps.weight")
+        return None if rows is None else rows.transpose(0, 2, 1)
+    if key.endswith("experts.down_proj_bias"):
+        return read(f"{blk}.ffn_down_exps.bias")
+    if key.endswith("self_attn.sinks"):
+        return read(f"{blk}.attn_sinks.weight")
+    return None
 
 
-def fill_missing(model: Any, path: Path, model_type: str, missing: set[str]) -> set[str]:
-    """Copy the tensors transformers' map missed from the file into `model`; the keys still missing."""
-    if model_type != "gemma4_text" or not missing:
-        return missing
+def _gpt_oss_name(key: str, names: Any) -> str | None:
+    return names.get_name(key, try_suffixes=(".weight", ".bias"))
+
+
+def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any, dict[str, Any]] | None:
+    """The fp32 transformers model of a GGUF file of a family transformers' reader gets wrong, every weight read
+    from the file here (None: transformers reads this family itself), and the weights the file does not hold (as
+    transformers' loading info names them).
+
+    transformers' own loader is not called: it parses a gpt-oss file's yarn keys wrongly and stops, and a Gemma 4
+    file's config fails its validation before a tensor is read."""
+    config = config_for(path, model_type)
+    if config is None:
+        return None
     import gguf
     import torch
     from gguf.quants import dequantize
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
+    try:
+        with no_init_weights():  # (every weight is read below; buffers computed from the config are kept)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                     **({"attn_implementation": attention} if attention else {}))
+    except Exception as e:  # a value transformers cannot build the model from
+        raise InputError(f"transformers cannot build the model of {path} ({type(e).__name__}: {one_line(e)})") \
+            from None
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA4, int(model.config.num_hidden_layers))
-    held = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    left = set()
-    for key in sorted(missing):
-        name = _gemma4_name(key, names)
-        t = tensors.get(name) if name else None
-        target = held.get(key)
-        if t is None or target is None or int(np.prod(t.shape)) != target.numel():
-            left.add(key)
-            continue
-        values = dequantize(t.data, t.tensor_type).reshape(tuple(target.shape))
-        with torch.no_grad():
-            target.copy_(torch.from_numpy(np.array(values, dtype=np.float32)))
-    return left
 
+    def read(name: str | None) -> np.ndarray | None:
+        t = tensors.get(name) if name else None
+        if t is None:
+            return None
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+            tuple(int(d) for d in reversed(t.shape)))  # (GGUF's dims run innermost first)
+
+    arch = gguf.MODEL_ARCH.GEMMA4 if model_type == "gemma4_text" else gguf.MODEL_ARCH.GPT_OSS
+    names = gguf.get_tensor_name_map(arch, int(config.num_hidden_layers))
+    held = model.state_dict(keep_vars=True)
+    missing = set()
+    for key, target in held.items():
+        if key == "lm_head.weight" and config.tie_word_embeddings:
+            continue  # (the embeddings, tied)
+        if model_type == "gemma4_text":
+            values = read(next((n for n in _gemma4_names(key, names) if n in tensors), None))
+        else:
+            values = _gpt_oss_values(key, read)
+            values = read(_gpt_oss_name(key, names)) if values is None else values
+        if values is None or values.size != target.numel():
+            missing.add(key)
+            continue
+        with torch.no_grad():
+            target.copy_(torch.from_numpy(np.array(values, dtype=np.float32).reshape(tuple(target.shape))))
+    model.tie_weights()
+    return model.eval(), {"missing_keys": missing}

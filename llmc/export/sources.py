@@ -53,7 +53,7 @@ DEFAULT = DefaultModel(
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
 _NOT_TEXT = ("vision_config", "text_config", "model_type", "architectures", "transformers_version", "auto_map")
-GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
+GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 
 
 @dataclass(frozen=True)
@@ -217,14 +217,12 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     folder = src.path
     if src.kind == "gguf":
         folder, kwargs["gguf_file"] = src.path.parent, src.path.name
-        if (config := gguf_read.config_for(src.path, src.model_type)) is not None:
-            kwargs["config"] = config  # (what transformers' reader misses of this family: gguf_read)
     else:
         kwargs["use_safetensors"] = src.use_safetensors
-    tokenizer_kwargs = {k: v for k, v in kwargs.items() if k not in ("use_safetensors", "config")}
+    tokenizer_kwargs = {k: v for k, v in kwargs.items() if k != "use_safetensors"}
     tokenizer_class: Any = AutoTokenizer
-    if "config" in kwargs:  # AutoTokenizer reads the file's config as transformers does (which fails on it) to pick
-        # a class; the generic fast tokenizer builds itself from the file's tokenizer keys alone
+    if src.kind == "gguf" and src.model_type in gguf_read.FAMILIES:  # AutoTokenizer reads the file's config as
+        # transformers does (which fails on it) to pick a class; the generic one builds itself from the file's keys
         from transformers import PreTrainedTokenizerFast as tokenizer_class
     if src.kind == "hf":  # first: the tokenizer reads config.json too, and its faults are not the tokenizer's
         try:
@@ -242,16 +240,17 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     auto: Any = AutoModelForCausalLM
     if src.wrapper:
         from transformers import AutoModelForImageTextToText as auto  # type: ignore[no-redef]
-    try:
-        loaded: Any = auto.from_pretrained(  # (with loading info: a (model, info) pair)
-            str(folder), dtype=torch.float32, **kwargs, output_loading_info=True, ignore_mismatched_sizes=True,
-            **({"attn_implementation": attention} if attention else {}))
-    except Exception as e:  # a value transformers cannot build a model from (an unknown activation, ...)
-        raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
-                         f"{one_line(e)})") from None
+    # (a family whose GGUF files transformers' reader gets wrong is read by llmc: gguf_read)
+    loaded: Any = gguf_read.load_model(src.path, src.model_type, attention) if src.kind == "gguf" else None
+    if loaded is None:
+        try:
+            loaded = auto.from_pretrained(  # (with loading info: a (model, info) pair)
+                str(folder), dtype=torch.float32, **kwargs, output_loading_info=True, ignore_mismatched_sizes=True,
+                **({"attn_implementation": attention} if attention else {}))
+        except Exception as e:  # a value transformers cannot build a model from (an unknown activation, ...)
+            raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
+                             f"{one_line(e)})") from None
     model, info = loaded
-    if src.kind == "gguf":
-        info["missing_keys"] = gguf_read.fill_missing(model, src.path, src.model_type, set(info.get("missing_keys") or ()))
     if src.wrapper:
         model = _language_model(model)
     _check_weights_match(where, info, int(model.config.num_hidden_layers))

@@ -1,6 +1,6 @@
-"""Gemma 4 GGUF files as llama.cpp's converter writes them: read into the model they came from, exactly (the config
-and the tensors transformers' own GGUF reader misses: llmc/export/gguf_read.py), exported, and refused by name
-where the file does not say what the model is."""
+"""Gemma 4 and gpt-oss GGUF files as llama.cpp's converter writes them: read into the model they came from, exactly
+(the config and the tensors transformers' own GGUF reader misses: llmc/export/gguf_read.py), exported, and refused
+by name where the file does not say what the model is."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from gguf_files import write_gemma4
+from gguf_files import round_experts_mxfp4, write_gemma4, write_gpt_oss
 from tiny_models import make_model
 
 from llmc.errors import InputError, UnsupportedModelError
@@ -81,4 +81,60 @@ def test_a_gemma4_gguf_that_does_not_say_what_the_model_is_is_refused(
     hf, folder = _hf("gemma4_text", tmp_path)
     path = write_gemma4(hf, folder, tmp_path / "m.gguf", leave_out=leave_out, metadata=metadata)
     with pytest.raises(error, match=says):
+        export(ExportConfig(str(path), tmp_path / "export"))
+
+
+def _gpt_oss(tmp: Path) -> tuple[Any, Path]:
+    """A tiny gpt-oss with the family's values of what its GGUF does not carry: the SwiGLU limit (7), yarn without
+    truncation, sliding and full layers alternating."""
+    import transformers as tf
+    from tiny_models import make_tokenizer
+
+    torch.manual_seed(0)
+    rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 64}
+    model = tf.GptOssForCausalLM(tf.GptOssConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8, rope_parameters=rope,
+        tie_word_embeddings=False))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.mul_(4.0) if p.dim() >= 2 else p.normal_(0.0, 2.0) if name.endswith("sinks") else None
+    folder = tmp / "gpt_oss"
+    model.save_pretrained(str(folder))
+    make_tokenizer(folder, 320)
+    return model.eval(), folder
+
+
+@pytest.mark.parametrize("mxfp4", [False, True])
+def test_a_gpt_oss_gguf_reads_as_the_model_it_came_from(tmp_path: Path, mxfp4: bool) -> None:
+    """Its experts in F32, or in MXFP4 as published (the model's own rounded to it first)."""
+    from llmc.engines.ort.build import export_engine
+
+    hf, folder = _gpt_oss(tmp_path)
+    if mxfp4:
+        round_experts_mxfp4(hf)
+    path = write_gpt_oss(hf, folder, tmp_path / "gpt-oss.gguf", mxfp4=mxfp4)
+    src = resolve(str(path))
+    assert src.model_type == "gpt_oss"
+    ours = load(src).model
+    assert ours.config.rope_parameters == hf.config.rope_parameters
+    assert ours.config.layer_types == hf.config.layer_types and ours.config.swiglu_limit == 7.0
+    with torch.no_grad():
+        for name, value in hf.state_dict().items():  # the experts, their biases and the sinks among them
+            assert torch.equal(ours.state_dict()[name], value), name
+        assert float((ours(torch.tensor([IDS])).logits - hf(torch.tensor([IDS])).logits).abs().max()) == 0.0
+    manifest = export(ExportConfig(str(path), tmp_path / "export"))
+    assert manifest.parity["max_abs_diff"] <= 1e-4
+    engine = export_engine(manifest, tmp_path / "export")
+    with torch.no_grad():
+        ref = hf(torch.tensor([IDS])).logits[0, -1].numpy()
+    assert float(np.abs(engine.prefill([0], [IDS], engine.new_kv_cache(1, 64))[0] - ref).max()) <= 1e-4
+
+
+def test_a_gpt_oss_gguf_without_yarn_is_refused(tmp_path: Path) -> None:
+    hf, folder = _gpt_oss(tmp_path)
+    path = write_gpt_oss(hf, folder, tmp_path / "gpt-oss.gguf", leave_out=("gpt-oss.rope.scaling.type",))
+    with pytest.raises(UnsupportedModelError, match="rope.scaling.type 'none': gpt-oss rotates with yarn"):
         export(ExportConfig(str(path), tmp_path / "export"))
