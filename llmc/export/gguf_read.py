@@ -12,8 +12,8 @@ parameter names through gguf's name table. For two families people deploy from G
   each layer's scalar (`layer_output_scale.weight`), the stacked experts and the router's two `.scale` tensors carry
   names transformers' map does not look for.
 - **gpt-oss** (`GptOssModel`): transformers parses the file's yarn keys wrongly and stops (and would rotate with
-  yarn's truncation, which gpt-oss does not use); the experts are stored transposed with gate and up split (`ffn_gate_exps`, `ffn_up_exps`,
-  their biases too), the sinks as `attn_sinks.weight`, none of which its map finds.
+  yarn's truncation, which gpt-oss does not use); the experts are stored transposed with gate and up split
+  (`ffn_gate_exps`, `ffn_up_exps`, their biases too), the sinks as `attn_sinks.weight`, none of which its map finds.
 
 `load_model` builds the config from the file's keys (`config_for`), the model from it, and reads every weight from
 the file itself. What a file does not say (Gemma 4's activation, gpt-oss's SwiGLU limit, layer pattern and yarn
@@ -284,7 +284,7 @@ def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any,
     arch = gguf.MODEL_ARCH.GEMMA4 if model_type == "gemma4_text" else gguf.MODEL_ARCH.GPT_OSS
     names = gguf.get_tensor_name_map(arch, int(config.num_hidden_layers))
     held = model.state_dict(keep_vars=True)
-    missing = set()
+    missing, mismatched = set(), []
     for key, target in held.items():
         if key == "lm_head.weight" and config.tie_word_embeddings:
             continue  # (the embeddings, tied)
@@ -293,10 +293,14 @@ def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any,
         else:
             values = _gpt_oss_values(key, read)
             values = read(_gpt_oss_name(key, names)) if values is None else values
-        if values is None or values.size != target.numel():
+        if values is None:
             missing.add(key)
             continue
+        shape = tuple(target.shape)
+        if values.size != target.numel() or (values.ndim > 1 and values.shape != shape):  # (a scalar: [] or [1])
+            mismatched.append((key, values.shape, shape))
+            continue
         with torch.no_grad():
-            target.copy_(torch.from_numpy(np.array(values, dtype=np.float32).reshape(tuple(target.shape))))
+            target.copy_(torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape)))
     model.tie_weights()
-    return model.eval(), {"missing_keys": missing}
+    return model.eval(), {"missing_keys": missing, "mismatched_keys": mismatched}

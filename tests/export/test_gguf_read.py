@@ -74,6 +74,9 @@ def test_a_gemma4_gguf_exports(tmp_path: Path) -> None:
     ((), {"gemma4.attention.head_count_kv": [2, 1, 2, 2]}, UnsupportedModelError,
      r"head_count_kv differs between full layers \(\[1, 2\]\)"),
     ((), {"gemma4.attention.head_count_kv": [2, 1, 2]}, UnsupportedModelError, "has 3 values for 4 layers"),
+    ((), {"gemma4.attention.key_length_swa": 8}, InputError,  # (the sliding layers' heads are 16 wide)
+     r"does not match the weights: model.layers.0.self_attn.k_norm.weight is \[16\] in the weights, \[8\] by the "
+     r"config \(12 tensors differ\)"),
 ])
 def test_a_gemma4_gguf_that_does_not_say_what_the_model_is_is_refused(
         tmp_path: Path, leave_out: tuple[str, ...], metadata: dict[str, Any] | None, error: type,
