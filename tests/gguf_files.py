@@ -199,3 +199,107 @@ def write_gpt_oss(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...
                 w.add_tensor(mapped, np.ascontiguousarray(array))
     _finish(w, leave_out, None)
     return out
+
+
+def _llama3_divisors(rope: dict[str, Any], dim: int) -> np.ndarray:
+    """llama.cpp's `rope_freqs` for a llama3 rotary: each frequency's divisor (1, the factor, or the blend)."""
+    import math
+
+    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's reordering of a Llama q / k product's rows (each head's rotary halves interleaved)."""
+    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
+        weights.shape)
+
+
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+         "gemma3_text": "gemma3", "phi3": "phi3"}
+
+
+def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
+    """A transformers model of a family transformers' GGUF reader handles (Llama, Mistral, Qwen2, Qwen3, Gemma 2,
+    Gemma 3, Phi-3) as llama.cpp's converter writes it: the base metadata, the rotary's scaling as `rope.scaling.*`
+    keys (linear, yarn; Gemma 3's from its full layers' parameters), for llama3 as the `rope_freqs` divisors, for
+    Phi-3's longrope as its factor tensors, attention factor and original context (no type key); Llama's q / k rows
+    reordered; Gemma's norms stored as 1 + w; Gemma's soft-caps and window; Phi-3's rotated dims and window.
+    `metadata` replaces keys' values (of the same type)."""
+    import gguf
+
+    c = model.config
+    arch = ARCHS[c.model_type]
+    rope = dict(c.rope_parameters)
+    full = rope.get("full_attention", rope)
+    head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w = gguf.GGUFWriter(str(out), arch)
+    for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
+                       (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
+                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
+                       (w.add_rope_freq_base, full["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
+                       (w.add_key_length, head), (w.add_value_length, head)):
+        add(value)
+    if full.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    elif full.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(full["factor"])
+        w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
+    if "sliding_attention" in rope:
+        w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    if arch == "llama":
+        w.add_rope_dimension_count(head)
+        if full.get("rope_type") == "llama3":
+            w.add_tensor("rope_freqs.weight", _llama3_divisors(full, head))
+    if arch == "phi3":
+        import math
+
+        rotated = int(full.get("partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
+        w.add_rope_dimension_count(rotated)
+        w.add_sliding_window(c.sliding_window or 0)
+        if full.get("rope_type") == "longrope":
+            orig = full["original_max_position_embeddings"]
+            w.add_rope_scaling_orig_ctx_len(orig)
+            scale = c.max_position_embeddings / orig
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+            w.add_tensor("rope_factors_long.weight", np.array(full["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(full["short_factor"], dtype=np.float32))
+    if arch.startswith("gemma"):
+        w.add_sliding_window(c.sliding_window)
+        if getattr(c, "attn_logit_softcapping", None):
+            w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        if getattr(c, "final_logit_softcapping", None):
+            w.add_final_logit_softcapping(c.final_logit_softcapping)
+    _tokenizer(w, folder, c.vocab_size)
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+                                     c.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        values = tensor.detach().float().numpy()
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            values = _permute(values, c.num_attention_heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            values = _permute(values, c.num_key_value_heads)
+        elif arch.startswith("gemma") and name.endswith("norm.weight"):
+            values = values + 1
+        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if mapped is None:
+            raise ValueError(f"gguf has no name for {name}")
+        w.add_tensor(mapped, np.ascontiguousarray(values))
+    _finish(w, (), metadata)
+    return out

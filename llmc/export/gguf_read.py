@@ -1,8 +1,12 @@
-"""GGUF files of the families transformers' GGUF reader gets wrong, read by llmc as llama.cpp's converter
-(`convert_hf_to_gguf.py`) writes them.
+"""GGUF files read as llama.cpp's converter (`convert_hf_to_gguf.py`) writes them and llama.cpp reads them, where
+transformers' GGUF reader (which llmc's GGUF route otherwise uses) reads another model or none.
 
 transformers reads a GGUF file's config from a table of metadata keys and its tensors by mapping the model's own
-parameter names through gguf's name table. For two families people deploy from GGUF both fall short:
+parameter names through gguf's name table. It reads no rotary scaling at all: a Llama 3.x file (its llama3 scaling
+written only as the `rope_freqs` divisors), a Gemma 3 4B-27B file (linear 8 on its full layers), a yarn Qwen or a
+longrope Phi-3 would load as another model, as would Gemma 2 / 3 27B (their query scale is not the head size) and
+Phi-4-mini (three quarters of each head rotated). `transformers_config` and `apply_rope_freqs` put those back for
+the families transformers reads. For two families people deploy from GGUF it falls short entirely:
 
 - **Gemma 4** (`Gemma4Model`): per-layer KV head counts and feed-forward widths (arrays in the file: 31B, 26B-A4B,
   E2B / E4B) fail transformers' config validation; the sliding layers' head size (`attention.key_length_swa`), the
@@ -304,3 +308,122 @@ def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any,
             target.copy_(torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape)))
     model.tie_weights()
     return model.eval(), {"missing_keys": missing, "mismatched_keys": mismatched}
+
+
+# ---------------------------------------------------------------- families transformers reads, corrected
+
+# llama.cpp's Gemma 2 / 3 scale the queries by n_embd / n_head at 27B (told by the layer count), by the head size
+# otherwise; the files carry neither query_pre_attn_scalar nor the size (llama-model.cpp)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3_text": 62}
+
+
+def _arch(reader: Any) -> str:
+    field = reader.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def _scaled_rope(f: dict[str, Any], tensors: dict[str, Any], path: Path, arch: str) -> dict[str, Any]:
+    """The rotary scaling the file's `rope.scaling.*` keys (and longrope's factor tensors) describe, as
+    transformers' rope_parameters; {} for none."""
+    kind = f.get("rope.scaling.type", "none")
+    key = f"{arch}.rope.scaling"
+    if kind == "none" and "rope_factors_long.weight" in tensors:  # (Phi-3's converter writes longrope's factors
+        kind = "longrope"  # and attention factor, not its type)
+    if kind == "none":
+        return {}
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(f["rope.scaling.factor"])}
+    if kind == "yarn":
+        for knob, default in (("yarn_ext_factor", -1.0), ("yarn_attn_factor", 1.0), ("yarn_log_multiplier", 0.0)):
+            if float(f.get(f"rope.scaling.{knob}", default)) != default:
+                raise UnsupportedModelError(f"{path}: {key}.{knob} {f[f'rope.scaling.{knob}']}: llmc reads yarn's "
+                                            "factor, original context and betas only")
+        return {"rope_type": "yarn", "factor": float(f["rope.scaling.factor"]),
+                "original_max_position_embeddings": int(f["rope.scaling.original_context_length"]),
+                "beta_fast": float(f.get("rope.scaling.yarn_beta_fast", 32.0)),
+                "beta_slow": float(f.get("rope.scaling.yarn_beta_slow", 1.0))}
+    if kind == "longrope":
+        long, short = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+        if long is None or short is None:
+            raise UnsupportedModelError(f"{path}: longrope without rope_factors_long / rope_factors_short")
+        params: dict[str, Any] = {
+            "rope_type": "longrope", "long_factor": [float(x) for x in np.asarray(long.data).ravel()],
+            "short_factor": [float(x) for x in np.asarray(short.data).ravel()],
+            "original_max_position_embeddings": int(f["rope.scaling.original_context_length"])}
+        if "rope.scaling.attn_factor" in f:
+            params["attention_factor"] = float(f["rope.scaling.attn_factor"])
+        return params
+    raise UnsupportedModelError(f"{path}: {key}.type {kind!r}: llmc reads linear, yarn and longrope scaling")
+
+
+def transformers_config(path: Path, model_type: str) -> Any:
+    """transformers' own config of a GGUF file of a family its reader handles, with what that reader drops put back
+    as llama.cpp reads the file: the rotary scaling of the `rope.scaling.*` keys (transformers reads none: a
+    Gemma 3 4B-27B file's linear 8 on its full layers, a yarn Qwen), the head size (`attention.key_length`: Qwen3's
+    is not in its table), the rotated share of a head (`rope.dimension_count`: Phi-4-mini's 0.75), Phi-3's window,
+    Gemma 2's soft-caps, Gemma 2 and 3's query scale (27B's is not its head size)."""
+    import gguf
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    reader = gguf.GGUFReader(str(path))
+    arch = _arch(reader)
+    f = _fields(reader, arch)
+    tensors = {t.name: t for t in reader.tensors}
+    if "attention.key_length" in f and getattr(config, "head_dim", None) is not None:  # (Qwen3's, not in
+        config.head_dim = int(f["attention.key_length"])  # transformers' table: its default 128 would stand)
+    for cap in ("attn_logit_softcapping", "final_logit_softcapping"):  # (Gemma 2's: the class defaults would stand)
+        if cap in f and hasattr(config, cap):
+            setattr(config, cap, float(f[cap]))
+    if config.model_type == "phi3" and "attention.sliding_window" in f:  # (0: none, as the converter writes Phi-4)
+        config.sliding_window = int(f["attention.sliding_window"]) or None
+    if config.model_type in _GEMMA_27B_LAYERS:
+        n = int(config.num_hidden_layers)
+        config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
+                                        if n == _GEMMA_27B_LAYERS[config.model_type] else int(config.head_dim))
+    try:
+        scaled = _scaled_rope(f, tensors, path, arch)
+    except KeyError as e:
+        raise InputError(f"{path}: rotary scaling without {arch}.{e.args[0]}") from None
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    head = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    if "rope.dimension_count" in f and int(f["rope.dimension_count"]) != head and "full_attention" not in params:
+        scaled["partial_rotary_factor"] = int(f["rope.dimension_count"]) / head  # (Phi-4-mini's 0.75: not read)
+    if scaled:
+        if "full_attention" in params:  # a table per layer type (Gemma 3): llama.cpp scales the full layers'
+            params["full_attention"] = {**params["full_attention"], **scaled}
+        else:
+            params.update(scaled)
+        config.rope_parameters = params
+    return config
+
+
+def apply_rope_freqs(model: Any, path: Path) -> None:
+    """A `rope_freqs` tensor (llama.cpp's per-frequency divisors: Llama 3.x's rotary scaling is written only so)
+    divides transformers' rotary frequencies, which its reader leaves unscaled; a file whose rotated dims
+    (`rope.dimension_count`) are not the model's is refused."""
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(str(path))
+    f = _fields(reader, _arch(reader))
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    rotary = getattr(base, "rotary_emb", None)
+    held = getattr(rotary, "inv_freq", None)
+    if held is None:
+        if freqs is not None:
+            raise UnsupportedModelError(f"{path}: rope_freqs.weight on a model without one rotary table")
+        return
+    if "rope.dimension_count" in f and int(f["rope.dimension_count"]) != 2 * held.numel():
+        raise UnsupportedModelError(f"{path}: {_arch(reader)}.rope.dimension_count {f['rope.dimension_count']} "
+                                    f"rotated dims, transformers' model rotates {2 * held.numel()}")
+    if freqs is None:
+        return
+    divisors = torch.from_numpy(np.array(freqs.data, dtype=np.float32).ravel())
+    if divisors.numel() != held.numel():
+        raise UnsupportedModelError(f"{path}: rope_freqs.weight has {divisors.numel()} factors for "
+                                    f"{held.numel()} rotary frequencies")
+    for name in ("inv_freq", "original_inv_freq"):
+        if (table := getattr(rotary, name, None)) is not None:
+            setattr(rotary, name, table / divisors.to(table.dtype))

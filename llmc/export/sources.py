@@ -244,6 +244,14 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     # (a family whose GGUF files transformers' reader gets wrong is read by llmc: gguf_read)
     loaded: Any = gguf_read.load_model(src.path, src.model_type, attention) if src.kind == "gguf" else None
     if loaded is None:
+        if src.kind == "gguf":  # (its config as transformers reads it, with what that drops put back: gguf_read)
+            try:
+                kwargs["config"] = gguf_read.transformers_config(src.path, src.model_type)
+            except (InputError, UnsupportedModelError):
+                raise
+            except Exception as e:  # transformers' own reading of the file's keys
+                raise InputError(f"transformers cannot read the config of {where} ({type(e).__name__}: "
+                                 f"{one_line(e)})") from None
         try:
             loaded = auto.from_pretrained(  # (with loading info: a (model, info) pair)
                 str(folder), dtype=torch.float32, **kwargs, output_loading_info=True, ignore_mismatched_sizes=True,
@@ -252,6 +260,8 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
             raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
                              f"{one_line(e)})") from None
     model, info = loaded
+    if src.kind == "gguf" and src.model_type not in gguf_read.FAMILIES:
+        gguf_read.apply_rope_freqs(model, src.path)
     if src.wrapper:
         model = _language_model(model)
     _check_weights_match(where, info, int(model.config.num_hidden_layers))

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from gguf_files import round_experts_mxfp4, write_gemma4, write_gpt_oss
+from gguf_files import round_experts_mxfp4, write_family, write_gemma4, write_gpt_oss
 from tiny_models import make_model
 
 from llmc.errors import InputError, UnsupportedModelError
@@ -140,4 +140,107 @@ def test_a_gpt_oss_gguf_without_yarn_is_refused(tmp_path: Path) -> None:
     hf, folder = _gpt_oss(tmp_path)
     path = write_gpt_oss(hf, folder, tmp_path / "gpt-oss.gguf", leave_out=("gpt-oss.rope.scaling.type",))
     with pytest.raises(UnsupportedModelError, match="rope.scaling.type 'none': gpt-oss rotates with yarn"):
+        export(ExportConfig(str(path), tmp_path / "export"))
+
+
+def _family(tmp: Path, name: str) -> tuple[Any, Path]:
+    """Tiny models of the families transformers' GGUF reader handles, with the values their files carry or that
+    llama.cpp takes for them (Gemma's query scale: the head size below 27B)."""
+    import transformers as tf
+    from tiny_models import make_tokenizer
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}
+    gemma3_rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    model = {
+        "llama3": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+        "qwen2_yarn": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, rope_parameters=yarn)),
+        "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)),
+        "gemma2": lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(
+            **common, head_dim=32, query_pre_attn_scalar=32, sliding_window=8, attn_logit_softcapping=5.0,
+            final_logit_softcapping=4.0, hidden_activation="gelu_pytorch_tanh")),
+        "phi3_longrope": lambda: tf.Phi3ForCausalLM(tf.Phi3Config(
+            **common, sliding_window=48, tie_word_embeddings=False, rope_parameters={
+                "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                "original_max_position_embeddings": 64, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0]})),
+        "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
+            **{**common, "num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
+            rope_parameters=gemma3_rope)),
+    }[name]()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+            elif p.dim() == 1:  # (norm weights away from 0 and 1)
+                p.add_(0.3 * torch.randn_like(p))
+    folder = tmp / name
+    model.save_pretrained(str(folder))
+    make_tokenizer(folder, 320)
+    return model.eval(), folder
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen2_yarn", "qwen3", "gemma2", "gemma3", "phi3_longrope"])
+def test_a_gguf_of_a_family_transformers_reads_is_the_model_it_came_from(tmp_path: Path, name: str) -> None:
+    """transformers' reader drops the rotary scaling (Llama 3's `rope_freqs`, a yarn or linear `rope.scaling`:
+    Gemma 3 4B-27B's full layers, Phi-3's longrope factors), Qwen3's head size, Gemma 2's soft-caps, Gemma's query
+    scale, Phi's rotated share and window; llmc puts them back. 100 positions: past the windows and past the
+    original contexts of yarn, llama3 and longrope (where its long factors take over)."""
+    hf, folder = _family(tmp_path, name)
+    path = write_family(hf, folder, tmp_path / f"{name}.gguf")
+    ours = load(resolve(str(path))).model
+    ids = torch.tensor([np.random.default_rng(1).integers(3, 320, 100).tolist()])
+    with torch.no_grad():
+        assert float((ours(ids).logits - hf(ids).logits).abs().max()) <= 1e-4
+
+
+def test_gemma_27b_files_scale_queries_by_hidden_over_heads(tmp_path: Path) -> None:
+    """llama.cpp tells a Gemma 3 27B file by its 62 layers and scales its queries by hidden / heads (168 for the
+    checkpoint, whose heads are 128 wide); below it by the head size."""
+    import transformers as tf
+    from tiny_models import make_tokenizer
+
+    from llmc.export.gguf_read import transformers_config
+
+    for layers, scale in ((62, 16), (6, 32)):
+        cfg = tf.Gemma3TextConfig(vocab_size=320, hidden_size=64, intermediate_size=32, num_hidden_layers=layers,
+                                  num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=8,
+                                  query_pre_attn_scalar=scale)
+        model = tf.Gemma3ForCausalLM(cfg)
+        folder = tmp_path / str(layers)
+        model.save_pretrained(str(folder))
+        make_tokenizer(folder, 320)
+        path = write_family(model, folder, tmp_path / f"{layers}.gguf")
+        assert transformers_config(path, "gemma3_text").query_pre_attn_scalar == scale
+
+
+def test_a_llama3_gguf_exports_with_its_rotary_scaling(tmp_path: Path) -> None:
+    """The engine of a Llama 3.x file (its scaling only in `rope_freqs`) computes the checkpoint's logits."""
+    from llmc.engines.ort.build import export_engine
+
+    hf, folder = _family(tmp_path, "llama3")
+    manifest = export(ExportConfig(str(write_family(hf, folder, tmp_path / "l.gguf")), tmp_path / "export"))
+    engine = export_engine(manifest, tmp_path / "export")
+    ids = np.random.default_rng(1).integers(3, 320, 100).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    assert float(np.abs(engine.prefill([0], [ids], engine.new_kv_cache(1, 128))[0] - ref).max()) <= 1e-4
+
+
+@pytest.mark.parametrize(("name", "metadata", "says"), [
+    ("qwen2_yarn", {"qwen2.rope.scaling.type": "dynamic"}, "qwen2.rope.scaling.type 'dynamic': llmc reads linear, "
+                                                          "yarn and longrope scaling"),
+    ("llama3", {"llama.rope.dimension_count": 8}, "llama.rope.dimension_count 8 rotated dims, transformers' model "
+                                                  "rotates 16"),
+])
+def test_a_gguf_whose_rotary_llmc_does_not_read_is_refused(tmp_path: Path, name: str, metadata: dict[str, Any],
+                                                          says: str) -> None:
+    hf, folder = _family(tmp_path, name)
+    path = write_family(hf, folder, tmp_path / "m.gguf", metadata=metadata)
+    with pytest.raises(UnsupportedModelError, match=says):
         export(ExportConfig(str(path), tmp_path / "export"))
