@@ -228,7 +228,7 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-         "gemma3_text": "gemma3", "phi3": "phi3"}
+         "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe"}
 
 
 def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
@@ -261,6 +261,10 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
         w.add_rope_scaling_orig_ctx_len(full["original_max_position_embeddings"])
     if "sliding_attention" in rope:
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    if getattr(c, "num_experts", None):
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if arch == "llama":
         w.add_rope_dimension_count(head)
         if full.get("rope_type") == "llama3":
@@ -297,6 +301,15 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
             values = _permute(values, c.num_key_value_heads)
         elif arch.startswith("gemma") and name.endswith("norm.weight"):
             values = values + 1
+        elif name.endswith("experts.gate_up_proj"):  # (the checkpoint's experts stacked: [E, I, H] each)
+            half = values.shape[1] // 2
+            blk = name.split(".")[2]
+            w.add_tensor(f"blk.{blk}.ffn_gate_exps.weight", np.ascontiguousarray(values[:, :half]))
+            w.add_tensor(f"blk.{blk}.ffn_up_exps.weight", np.ascontiguousarray(values[:, half:]))
+            continue
+        elif name.endswith("experts.down_proj"):
+            w.add_tensor(f"blk.{name.split('.')[2]}.ffn_down_exps.weight", np.ascontiguousarray(values))
+            continue
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if mapped is None:
             raise ValueError(f"gguf has no name for {name}")

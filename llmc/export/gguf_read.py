@@ -360,8 +360,9 @@ def transformers_config(path: Path, model_type: str) -> Any:
     """transformers' own config of a GGUF file of a family its reader handles, with what that reader drops put back
     as llama.cpp reads the file: the rotary scaling of the `rope.scaling.*` keys (transformers reads none: a
     Gemma 3 4B-27B file's linear 8 on its full layers, a yarn Qwen), the head size (`attention.key_length`: Qwen3's
-    is not in its table), the rotated share of a head (`rope.dimension_count`: Phi-4-mini's 0.75), Phi-3's window,
-    Gemma 2's soft-caps, Gemma 2 and 3's query scale (27B's is not its head size)."""
+    is not in its table), the experts' widths (Qwen2 / 3-MoE's), the rotated share of a head
+    (`rope.dimension_count`: Phi-4-mini's 0.75), Phi-3's window, Gemma 2's soft-caps, Gemma 2 and 3's query scale
+    (27B's is not its head size)."""
     import gguf
     from transformers import AutoConfig
 
@@ -375,6 +376,10 @@ def transformers_config(path: Path, model_type: str) -> Any:
     for cap in ("attn_logit_softcapping", "final_logit_softcapping"):  # (Gemma 2's: the class defaults would stand)
         if cap in f and hasattr(config, cap):
             setattr(config, cap, float(f[cap]))
+    for key, field in (("expert_feed_forward_length", "moe_intermediate_size"),  # (Qwen2 / 3-MoE's: not in its
+                       ("expert_shared_feed_forward_length", "shared_expert_intermediate_size")):  # tables)
+        if key in f and hasattr(config, field):
+            setattr(config, field, int(f[key]))
     if config.model_type == "phi3" and "attention.sliding_window" in f:  # (0: none, as the converter writes Phi-4)
         config.sliding_window = int(f["attention.sliding_window"]) or None
     if config.model_type in _GEMMA_27B_LAYERS:

@@ -21,7 +21,7 @@ from typing import Any
 
 from llmc.errors import InputError, UnsupportedModelError, one_line
 from llmc.export import gguf_read
-from llmc.export.arch import TEXT_FAMILY, TEXT_FIXED, VLM_WRAPPERS, check_supported
+from llmc.export.arch import SUPPORTED, TEXT_FAMILY, TEXT_FIXED, VLM_WRAPPERS, check_supported
 from llmc.export.config_check import check_config
 from llmc.manifest import sha256_file
 from llmc.paths import cache_dir
@@ -186,6 +186,14 @@ def check_safetensors(path: Path) -> None:
                              f"{json.dumps(t)[:80]}, its data must lie in the file's {data} bytes")
 
 
+def _gguf_readable(arch: str, model_type: str) -> bool:
+    """Whether llmc (gguf_read) or transformers' GGUF reader reads a file of this architecture."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return model_type in gguf_read.FAMILIES or arch in GGUF_CONFIG_MAPPING or \
+        model_type.removesuffix("_text") in GGUF_CONFIG_MAPPING
+
+
 def _gguf_source(path: Path, name: str) -> ModelSource:
     import gguf
 
@@ -196,6 +204,12 @@ def _gguf_source(path: Path, name: str) -> ModelSource:
     field = reader.fields.get("general.architecture")
     arch = bytes(field.parts[field.data[0]]).decode() if field else "?"
     model_type = GGUF_ARCHITECTURES.get(arch, arch)
+    if not _gguf_readable(arch, model_type):
+        family = arch.replace("-", "_")
+        hint = (f"; llmc builds {family} from its Hugging Face checkpoint: export that instead" if family in SUPPORTED
+                else "")
+        raise UnsupportedModelError(f"{path} is a GGUF file of architecture {arch!r}, which llmc does not read "
+                                    f"(neither it nor transformers' GGUF reader){hint}")
     check_supported(model_type)
     norms = reader.fields.get("mamba.ssm.dt_b_c_rms")  # (llama.cpp writes Falcon Mamba as "mamba" with this flag)
     if arch == "mamba" and norms is not None and bool(norms.parts[norms.data[0]][0]):

@@ -99,11 +99,32 @@ def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match="'bert' is not supported"):
+    says = "a GGUF file of architecture 'bert', which llmc does not read"
+    with pytest.raises(UnsupportedModelError, match=says):
         _export(path, tmp_path / "out")
-    with pytest.raises(UnsupportedModelError, match="'bert' is not supported"):  # a folder holding one .gguf
+    with pytest.raises(UnsupportedModelError, match=says):  # a folder holding one .gguf
         _export(tmp_path, tmp_path / "out")
     assert _leftovers(tmp_path, "out") == []
+
+
+@pytest.mark.parametrize(("arch", "family"), [("minimax-m2", "minimax_m2"), ("deepseek2", None)])
+def test_a_gguf_llmc_does_not_read_names_the_checkpoint_to_export(tmp_path: Path, arch: str, family: str | None) -> None:
+    """A family llmc builds from its Hugging Face checkpoint, whose GGUF files neither llmc nor transformers reads
+    (MiniMax-M2's, written "minimax-m2"), is refused pointing at the checkpoint, not as an unknown model type."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tensor("x", np.zeros(4, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    says = f"architecture '{arch}', which llmc does not read"
+    with pytest.raises(UnsupportedModelError, match=says + (f".*builds {family} from its Hugging Face checkpoint"
+                                                           if family else "")):
+        _export(path, tmp_path / "out")
 
 
 def test_a_falcon_mamba_gguf_is_refused_naming_its_norms(tmp_path: Path) -> None:

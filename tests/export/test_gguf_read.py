@@ -169,6 +169,9 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
                 "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                 "original_max_position_embeddings": 64, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                 "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 8.0]})),
+        "qwen3_moe": lambda: tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
+            **common, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+            norm_topk_prob=True, tie_word_embeddings=False)),
         "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
             **{**common, "num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
             rope_parameters=gemma3_rope)),
@@ -185,7 +188,8 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
     return model.eval(), folder
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen2_yarn", "qwen3", "gemma2", "gemma3", "phi3_longrope"])
+@pytest.mark.parametrize("name", ["llama3", "qwen2_yarn", "qwen3", "qwen3_moe", "gemma2", "gemma3",
+                                  "phi3_longrope"])
 def test_a_gguf_of_a_family_transformers_reads_is_the_model_it_came_from(tmp_path: Path, name: str) -> None:
     """transformers' reader drops the rotary scaling (Llama 3's `rope_freqs`, a yarn or linear `rope.scaling`:
     Gemma 3 4B-27B's full layers, Phi-3's longrope factors), Qwen3's head size, Gemma 2's soft-caps, Gemma's query
