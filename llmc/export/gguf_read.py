@@ -413,8 +413,9 @@ def apply_rope_freqs(model: Any, path: Path) -> None:
     reader = gguf.GGUFReader(str(path))
     f = _fields(reader, _arch(reader))
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    rotary = getattr(base, "rotary_emb", None)
+    from llmc.export.arch import _rotary
+
+    rotary = _rotary(model)
     held = getattr(rotary, "inv_freq", None)
     if held is None:
         if freqs is not None:
