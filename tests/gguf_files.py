@@ -72,6 +72,8 @@ def write_gemma4(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...]
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.top_k_experts)
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        if getattr(c, "shared_expert_intermediate_size", None):
+            w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
     w.add_key_length(head)
     w.add_value_length(head)
     w.add_key_length_swa(head_local)
@@ -228,7 +230,7 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-         "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe"}
+         "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 
 
 def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
@@ -265,6 +267,8 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        if getattr(c, "shared_expert_intermediate_size", None):
+            w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
     if arch == "llama":
         w.add_rope_dimension_count(head)
         if full.get("rope_type") == "llama3":
@@ -310,6 +314,8 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
         elif name.endswith("experts.down_proj"):
             w.add_tensor(f"blk.{name.split('.')[2]}.ffn_down_exps.weight", np.ascontiguousarray(values))
             continue
+        elif name.endswith("shared_expert_gate.weight"):  # (one row: llama.cpp loads it as [n_embd])
+            values = values.reshape(-1)
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if mapped is None:
             raise ValueError(f"gguf has no name for {name}")

@@ -172,6 +172,9 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
         "qwen3_moe": lambda: tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
             **common, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
             norm_topk_prob=True, tie_word_embeddings=False)),
+        "qwen2_moe": lambda: tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+            shared_expert_intermediate_size=80, norm_topk_prob=False, tie_word_embeddings=False)),
         "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
             **{**common, "num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
             rope_parameters=gemma3_rope)),
@@ -188,7 +191,7 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
     return model.eval(), folder
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen2_yarn", "qwen3", "qwen3_moe", "gemma2", "gemma3",
+@pytest.mark.parametrize("name", ["llama3", "qwen2_yarn", "qwen3", "qwen3_moe", "qwen2_moe", "gemma2", "gemma3",
                                   "phi3_longrope"])
 def test_a_gguf_of_a_family_transformers_reads_is_the_model_it_came_from(tmp_path: Path, name: str) -> None:
     """transformers' reader drops the rotary scaling (Llama 3's `rope_freqs`, a yarn or linear `rope.scaling`:
