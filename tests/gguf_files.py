@@ -248,6 +248,7 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
     full = rope.get("full_attention", rope)
     head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(out), arch)
+    w.add_name(f"tiny-{c.model_type}")  # (transformers reads a "llama" file named Mistral as Mistral)
     for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
                        (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
                        (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),

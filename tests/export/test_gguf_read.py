@@ -159,6 +159,7 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
         "llama3": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={
             "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+        "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**common, sliding_window=None)),
         "qwen2_yarn": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, rope_parameters=yarn)),
         "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)),
         "gemma2": lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(
@@ -191,7 +192,7 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
     return model.eval(), folder
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen2_yarn", "qwen3", "qwen3_moe", "qwen2_moe", "gemma2", "gemma3",
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2_yarn", "qwen3", "qwen3_moe", "qwen2_moe", "gemma2", "gemma3",
                                   "phi3_longrope"])
 def test_a_gguf_of_a_family_transformers_reads_is_the_model_it_came_from(tmp_path: Path, name: str) -> None:
     """transformers' reader drops the rotary scaling (Llama 3's `rope_freqs`, a yarn or linear `rope.scaling`:
@@ -201,6 +202,9 @@ def test_a_gguf_of_a_family_transformers_reads_is_the_model_it_came_from(tmp_pat
     hf, folder = _family(tmp_path, name)
     path = write_family(hf, folder, tmp_path / f"{name}.gguf")
     ours = load(resolve(str(path))).model
+    # (a Mistral file is read as Llama or as Mistral, never with MistralConfig's default window of 4,096: llama.cpp
+    # attends to every key of a "llama" file)
+    assert getattr(ours.config, "sliding_window", None) == getattr(hf.config, "sliding_window", None)
     ids = torch.tensor([np.random.default_rng(1).integers(3, 320, 100).tolist()])
     with torch.no_grad():
         assert float((ours(ids).logits - hf(ids).logits).abs().max()) <= 1e-4
