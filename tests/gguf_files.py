@@ -1,5 +1,6 @@
 """GGUF files of tiny models written as llama.cpp's `convert_hf_to_gguf.py` writes their families (metadata keys,
-tensor names and layouts), in F32 so that a reader's result can be compared exactly with the model it came from."""
+tensor names and layouts), in F32 (gpt-oss's experts also in MXFP4, as published) so that a reader's result can be
+compared exactly with the model it came from."""
 
 from __future__ import annotations
 
@@ -72,8 +73,6 @@ def write_gemma4(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...]
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.top_k_experts)
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
-        if getattr(c, "shared_expert_intermediate_size", None):
-            w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
     w.add_key_length(head)
     w.add_value_length(head)
     w.add_key_length_swa(head_local)
@@ -234,11 +233,13 @@ ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3
 
 
 def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
-    """A transformers model of a family transformers' GGUF reader handles (Llama, Mistral, Qwen2, Qwen3, Gemma 2,
-    Gemma 3, Phi-3) as llama.cpp's converter writes it: the base metadata, the rotary's scaling as `rope.scaling.*`
-    keys (linear, yarn; Gemma 3's from its full layers' parameters), for llama3 as the `rope_freqs` divisors, for
-    Phi-3's longrope as its factor tensors, attention factor and original context (no type key); Llama's q / k rows
-    reordered; Gemma's norms stored as 1 + w; Gemma's soft-caps and window; Phi-3's rotated dims and window.
+    """A transformers model of a family transformers' GGUF reader handles (Llama, Mistral, Qwen2, Qwen3, Qwen2 /
+    Qwen3-MoE, Gemma 2, Gemma 3, Phi-3) as llama.cpp's converter writes it: the base metadata; the experts stacked
+    per projection (their widths as `expert_*feed_forward_length`, the shared expert's gate as one row); the
+    rotary's scaling as `rope.scaling.*` keys (linear, yarn; Gemma 3's from its full layers' parameters), for llama3
+    as the `rope_freqs` divisors, for Phi-3's longrope as its factor tensors, attention factor and original context
+    (no type key); Llama's q / k rows reordered; Gemma's norms stored as 1 + w; Gemma's soft-caps and window;
+    Phi-3's rotated dims and window.
     `metadata` replaces keys' values (of the same type)."""
     import gguf
 
@@ -248,7 +249,7 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
     full = rope.get("full_attention", rope)
     head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(out), arch)
-    w.add_name(f"tiny-{c.model_type}")  # (transformers reads a "llama" file named Mistral as Mistral)
+    w.add_name(f"tiny-{c.model_type}")  # (transformers' older reader takes a "llama" file named Mistral as Mistral)
     for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
                        (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
                        (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
