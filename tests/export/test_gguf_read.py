@@ -1,6 +1,7 @@
-"""Gemma 4 and gpt-oss GGUF files as llama.cpp's converter writes them: read into the model they came from, exactly
-(the config and the tensors transformers' own GGUF reader misses: llmc/export/gguf_read.py), exported, and refused
-by name where the file does not say what the model is."""
+"""GGUF files as llama.cpp's converter writes them (tests/gguf_files.py) read into the model they came from
+(llmc/export/gguf_read.py): Gemma 4 and gpt-oss, which llmc reads itself, exactly; the families transformers' reader
+handles with what it drops put back (rotary scaling, head and expert sizes, soft-caps, Gemma's query scale); some
+exported through their engines; refused by name where the file does not say what the model is."""
 
 from __future__ import annotations
 
