@@ -229,17 +229,19 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
 
 
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-         "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+         "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe",
+         "lfm2": "lfm2"}
 
 
 def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
     """A transformers model of a family transformers' GGUF reader handles (Llama, Mistral, Qwen2, Qwen3, Qwen2 /
-    Qwen3-MoE, Gemma 2, Gemma 3, Phi-3) as llama.cpp's converter writes it: the base metadata; the experts stacked
+    Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, LFM2) as llama.cpp's converter writes it: the base metadata; the experts stacked
     per projection (their widths as `expert_*feed_forward_length`, the shared expert's gate as one row); the
     rotary's scaling as `rope.scaling.*` keys (linear, yarn; Gemma 3's from its full layers' parameters), for llama3
     as the `rope_freqs` divisors, for Phi-3's longrope as its factor tensors, attention factor and original context
     (no type key); Llama's q / k rows reordered; Gemma's norms stored as 1 + w; Gemma's soft-caps and window;
-    Phi-3's rotated dims and window.
+    Phi-3's rotated dims and window; LFM2's KV heads per layer (0 on a convolution), its computed MLP width, its
+    convolutions' taps as 2-D weights.
     `metadata` replaces keys' values (of the same type)."""
     import gguf
 
@@ -248,12 +250,19 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
     rope = dict(c.rope_parameters)
     full = rope.get("full_attention", rope)
     head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    ff = c.intermediate_size
+    if arch == "lfm2" and c.block_auto_adjust_ff_dim:  # (LFM2's MLP width as its converter computes it)
+        ff = int(c.block_ffn_dim_multiplier * int(2 * ff / 3))
+        ff = c.block_multiple_of * ((ff + c.block_multiple_of - 1) // c.block_multiple_of)
+    kv = ([c.num_key_value_heads if t != "conv" else 0 for t in c.layer_types] if arch == "lfm2"
+          else c.num_key_value_heads)
     w = gguf.GGUFWriter(str(out), arch)
     w.add_name(f"tiny-{c.model_type}")  # (transformers' older reader takes a "llama" file named Mistral as Mistral)
     for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
-                       (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_rope_freq_base, full["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
+                       (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, ff),
+                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, kv),
+                       (w.add_rope_freq_base, full["rope_theta"]),
+                       (w.add_layer_norm_rms_eps, getattr(c, "rms_norm_eps", None) or c.norm_eps),
                        (w.add_key_length, head), (w.add_value_length, head)):
         add(value)
     if full.get("rope_type") == "linear":
@@ -275,6 +284,9 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
         w.add_rope_dimension_count(head)
         if full.get("rope_type") == "llama3":
             w.add_tensor("rope_freqs.weight", _llama3_divisors(full, head))
+    if arch == "lfm2":
+        w.add_vocab_size(c.vocab_size)
+        w.add_shortconv_l_cache(c.conv_L_cache)
     if arch == "phi3":
         import math
 
@@ -318,6 +330,8 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
             continue
         elif name.endswith("shared_expert_gate.weight"):  # (one row: llama.cpp loads it as [n_embd])
             values = values.reshape(-1)
+        elif "conv.conv" in name and values.ndim == 3:  # (LFM2's [hidden, 1, L] as the 2-D its op takes)
+            values = values[:, 0]
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if mapped is None:
             raise ValueError(f"gguf has no name for {name}")

@@ -177,6 +177,9 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
         "qwen2_moe": lambda: tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
             **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
             shared_expert_intermediate_size=80, norm_topk_prob=False, tie_word_embeddings=False)),
+        "lfm2": lambda: tf.Lfm2ForCausalLM(tf.Lfm2Config(
+            **{**common, "num_hidden_layers": 3}, layer_types=["conv", "full_attention", "conv"],
+            block_multiple_of=32, norm_eps=1e-3)),  # (no conv biases, as published: transformers' reader misnames them)
         "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
             **{**common, "num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
             rope_parameters=gemma3_rope)),
@@ -193,7 +196,7 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
     return model.eval(), folder
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2_yarn", "qwen3", "qwen3_moe", "qwen2_moe", "gemma2", "gemma3",
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2_yarn", "qwen3", "qwen3_moe", "qwen2_moe", "lfm2", "gemma2", "gemma3",
                                   "phi3_longrope"])
 def test_a_gguf_of_a_family_transformers_reads_is_the_model_it_came_from(tmp_path: Path, name: str) -> None:
     """transformers' reader drops the rotary scaling (Llama 3's `rope_freqs`, a yarn or linear `rope.scaling`:
