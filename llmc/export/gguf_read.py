@@ -26,6 +26,7 @@ without truncation) is the family's as every checkpoint has it.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,26 @@ from llmc.errors import InputError, UnsupportedModelError, one_line
 
 GEMMA4 = "gemma4"
 GPT_OSS = "gpt-oss"
+
+
+@functools.lru_cache(maxsize=1)
+def _reader_of(path: str, stamp: tuple[int, int]) -> Any:
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+def open_file(path: Path) -> Any:
+    """The file's gguf reader, parsed once for the export's several readings of it (its metadata's parse takes
+    ~2 s for SmolLM2's 49 k tokens and merges; the arrays stay memory-mapped)."""
+    stat = path.stat()
+    return _reader_of(str(path), (stat.st_mtime_ns, stat.st_size))
+
+
+def architecture(reader: Any) -> str:
+    """`general.architecture`: the file's family as llama.cpp names it."""
+    field = reader.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
 
 
 def _fields(reader: Any, arch: str) -> dict[str, Any]:
@@ -196,11 +217,9 @@ def config_for(path: Path, model_type: str) -> Any | None:
     """The transformers config of a GGUF file whose family transformers' reader gets wrong (None: its own)."""
     if model_type not in _CONFIGS:
         return None
-    import gguf
-
     arch, family, build = _CONFIGS[model_type]
     try:
-        return build(gguf.GGUFReader(str(path)), path)
+        return build(open_file(path), path)
     except KeyError as e:  # a key every file of llama.cpp's converter has
         key = str(e.args[0])
         raise InputError(f"{path}: a {family} GGUF without "
@@ -248,10 +267,6 @@ def _gpt_oss_values(key: str, read: Any) -> np.ndarray | None:
     return None
 
 
-def _gpt_oss_name(key: str, names: Any) -> str | None:
-    return names.get_name(key, try_suffixes=(".weight", ".bias"))
-
-
 def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any, dict[str, Any]] | None:
     """The fp32 transformers model of a GGUF file of a family transformers' reader gets wrong, every weight read
     from the file here (None: transformers reads this family itself), and the weights the file does not hold (as
@@ -275,7 +290,7 @@ def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any,
     except Exception as e:  # a value transformers cannot build the model from
         raise InputError(f"transformers cannot build the model of {path} ({type(e).__name__}: {one_line(e)})") \
             from None
-    reader = gguf.GGUFReader(str(path))
+    reader = open_file(path)
     tensors = {t.name: t for t in reader.tensors}
 
     def read(name: str | None) -> np.ndarray | None:
@@ -296,7 +311,7 @@ def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any,
             values = read(next((n for n in _gemma4_names(key, names) if n in tensors), None))
         else:
             values = _gpt_oss_values(key, read)
-            values = read(_gpt_oss_name(key, names)) if values is None else values
+            values = read(names.get_name(key, try_suffixes=(".weight", ".bias"))) if values is None else values
         if values is None:
             missing.add(key)
             continue
@@ -315,11 +330,6 @@ def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any,
 # llama.cpp's Gemma 2 / 3 scale the queries by n_embd / n_head at 27B (told by the layer count), by the head size
 # otherwise; the files carry neither query_pre_attn_scalar nor the size (llama-model.cpp)
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3_text": 62}
-
-
-def _arch(reader: Any) -> str:
-    field = reader.fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode()
 
 
 def _scaled_rope(f: dict[str, Any], tensors: dict[str, Any], path: Path, arch: str) -> dict[str, Any]:
@@ -363,12 +373,11 @@ def transformers_config(path: Path, model_type: str) -> Any:
     is not in its table), the experts' widths (Qwen2 / 3-MoE's), the rotated share of a head
     (`rope.dimension_count`: Phi-4-mini's 0.75), Phi-3's window, Gemma 2's soft-caps, Gemma 2 and 3's query scale
     (27B's is not its head size)."""
-    import gguf
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    reader = gguf.GGUFReader(str(path))
-    arch = _arch(reader)
+    reader = open_file(path)
+    arch = architecture(reader)
     f = _fields(reader, arch)
     tensors = {t.name: t for t in reader.tensors}
     if "attention.key_length" in f and getattr(config, "head_dim", None) is not None:  # (Qwen3's, not in
@@ -407,11 +416,10 @@ def apply_rope_freqs(model: Any, path: Path) -> None:
     """A `rope_freqs` tensor (llama.cpp's per-frequency divisors: Llama 3.x's rotary scaling is written only so)
     divides transformers' rotary frequencies, which its reader leaves unscaled; a file whose rotated dims
     (`rope.dimension_count`) are not the model's is refused."""
-    import gguf
     import torch
 
-    reader = gguf.GGUFReader(str(path))
-    f = _fields(reader, _arch(reader))
+    reader = open_file(path)
+    f = _fields(reader, architecture(reader))
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     from llmc.export.arch import _rotary
 
@@ -422,7 +430,7 @@ def apply_rope_freqs(model: Any, path: Path) -> None:
             raise UnsupportedModelError(f"{path}: rope_freqs.weight on a model without one rotary table")
         return
     if "rope.dimension_count" in f and int(f["rope.dimension_count"]) != 2 * held.numel():
-        raise UnsupportedModelError(f"{path}: {_arch(reader)}.rope.dimension_count {f['rope.dimension_count']} "
+        raise UnsupportedModelError(f"{path}: {architecture(reader)}.rope.dimension_count {f['rope.dimension_count']} "
                                     f"rotated dims, transformers' model rotates {2 * held.numel()}")
     if freqs is None:
         return

@@ -195,14 +195,11 @@ def _gguf_readable(arch: str, model_type: str) -> bool:
 
 
 def _gguf_source(path: Path, name: str) -> ModelSource:
-    import gguf
-
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = gguf_read.open_file(path)
     except (ValueError, OSError) as e:
         raise InputError(f"{path} is not a readable GGUF file: {e}") from None
-    field = reader.fields.get("general.architecture")
-    arch = bytes(field.parts[field.data[0]]).decode() if field else "?"
+    arch = gguf_read.architecture(reader) if "general.architecture" in reader.fields else "?"
     model_type = GGUF_ARCHITECTURES.get(arch, arch)
     if not _gguf_readable(arch, model_type):
         family = arch.replace("-", "_")
