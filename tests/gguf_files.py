@@ -113,10 +113,13 @@ def write_gemma4(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...]
     return out
 
 
-def _finish(w: Any, leave_out: tuple[str, ...], metadata: dict[str, Any] | None) -> None:
-    """Metadata keys replaced (same types) or left out, then the file written."""
+def _finish(w: Any, leave_out: tuple[str, ...], metadata: dict[str, Any] | None,
+            extra: dict[str, np.ndarray] | None = None) -> None:
+    """Metadata keys replaced (same types) or left out, `extra` tensors added, then the file written."""
     import gguf
 
+    for name, values in (extra or {}).items():
+        w.add_tensor(name, values)
     kv = w.kv_data[0]
     for key, value in (metadata or {}).items():
         kv[key] = gguf.GGUFValue(value=value, type=kv[key].type, sub_type=kv[key].sub_type)
@@ -233,7 +236,8 @@ ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3
          "lfm2": "lfm2"}
 
 
-def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
+def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None,
+                 extra: dict[str, np.ndarray] | None = None) -> Path:
     """A transformers model of a family transformers' GGUF reader handles (Llama, Mistral, Qwen2, Qwen3, Qwen2 /
     Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, LFM2) as llama.cpp's converter writes it: the base metadata; the experts stacked
     per projection (their widths as `expert_*feed_forward_length`, the shared expert's gate as one row); the
@@ -242,7 +246,7 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
     (no type key); Llama's q / k rows reordered; Gemma's norms stored as 1 + w; Gemma's soft-caps and window;
     Phi-3's rotated dims and window; LFM2's KV heads per layer (0 on a convolution), its computed MLP width, its
     convolutions' taps as 2-D weights.
-    `metadata` replaces keys' values (of the same type)."""
+    `metadata` replaces keys' values (of the same type); `extra` adds tensors."""
     import gguf
 
     c = model.config
@@ -313,9 +317,9 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         values = tensor.detach().float().numpy()
-        if arch == "llama" and name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):  # (biases too)
             values = _permute(values, c.num_attention_heads)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             values = _permute(values, c.num_key_value_heads)
         elif arch.startswith("gemma") and name.endswith("norm.weight"):
             values = values + 1
@@ -336,5 +340,116 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
         if mapped is None:
             raise ValueError(f"gguf has no name for {name}")
         w.add_tensor(mapped, np.ascontiguousarray(values))
-    _finish(w, (), metadata)
+    _finish(w, (), metadata, extra)
+    return out
+
+
+CONVERTED = {"gpt2": "gpt2", "starcoder2": "starcoder2", "falcon": "falcon", "stablelm": "stablelm",
+             "nemotron": "nemotron", "mamba": "mamba"}
+
+
+def write_converted(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None,
+                    leave_out: tuple[str, ...] = ()) -> Path:
+    """GPT-2, StarCoder2, Falcon, StableLM, Nemotron and Mamba models as their converter classes write them:
+    - GPT-2 (`GPT2Model`): its own keys only (the context, 4 x the width as the MLP's); c_attn / c_proj / c_fc
+      transposed to rows of outputs; the attention's mask buffers left out;
+    - StarCoder2 (`TextModel`'s keys: the rotary base, the LayerNorm epsilon; no window);
+    - Falcon (`FalconModel`): context 2,048, 4 x the width, KV heads (1 for 7B's multi-query), the fused q / k / v
+      rows regrouped into all queries, all keys, all values ("jploski");
+    - StableLM (`StableLMModel`): the rotated dims, the LayerNorm epsilon, the parallel residual; 12B's per-head
+      q / k norms stacked into one [heads, head size] tensor each;
+    - Nemotron (`NemotronModel`): `TextModel`'s keys, the vocabulary size, both epsilon keys, the rotated dims
+      from hidden / heads, the rotary scaling's type; norms stored as 1 + w;
+    - Mamba (`MambaModel`): context 2^20, no heads, the four `ssm.*` sizes, the token list padded to a multiple of
+      8; A as -exp(A_log) under `ssm_a`, the convolution squeezed to [inner, taps].
+    `metadata` replaces keys' values, `leave_out` drops keys."""
+    import gguf
+
+    c = model.config
+    kind = c.model_type
+    arch = CONVERTED[kind]
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name(f"tiny-{kind}")
+    vocab = c.vocab_size
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    n_kv = int(getattr(c, "num_key_value_heads", 0) or 0)
+    if kind == "gpt2":
+        for add, value in ((w.add_block_count, c.n_layer), (w.add_context_length, c.n_positions),
+                           (w.add_embedding_length, c.n_embd), (w.add_feed_forward_length, 4 * c.n_embd),
+                           (w.add_head_count, c.n_head), (w.add_layer_norm_eps, c.layer_norm_epsilon)):
+            add(value)
+    elif kind == "falcon":
+        for add, value in ((w.add_context_length, 2048), (w.add_tensor_data_layout, "jploski"),
+                           (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, 4 * c.hidden_size),
+                           (w.add_block_count, c.num_hidden_layers), (w.add_head_count, c.num_attention_heads),
+                           (w.add_head_count_kv, n_kv), (w.add_layer_norm_eps, c.layer_norm_epsilon)):
+            add(value)
+    elif kind == "mamba":
+        vocab = -(c.vocab_size // -8) * 8
+        for add, value in ((w.add_context_length, 2**20), (w.add_embedding_length, c.hidden_size),
+                           (w.add_feed_forward_length, 0), (w.add_head_count, 0),
+                           (w.add_block_count, c.num_hidden_layers), (w.add_ssm_conv_kernel, c.conv_kernel),
+                           (w.add_ssm_inner_size, c.intermediate_size), (w.add_ssm_state_size, c.state_size),
+                           (w.add_ssm_time_step_rank, c.time_step_rank),
+                           (w.add_layer_norm_rms_eps, c.layer_norm_epsilon), (w.add_ssm_dt_b_c_rms, False)):
+            add(value)
+    else:  # TextModel's keys, then the family's
+        for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
+                           (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
+                           (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, n_kv)):
+            add(value)
+        head = c.hidden_size // c.num_attention_heads
+        rotated = int(rope.get("partial_rotary_factor", 1.0) * (head if kind == "stablelm" else c.hidden_size))
+        if kind == "starcoder2":
+            w.add_rope_freq_base(rope["rope_theta"])
+            w.add_layer_norm_eps(c.norm_epsilon)
+        elif kind == "stablelm":
+            w.add_rope_dimension_count(rotated)
+            w.add_parallel_residual(c.use_parallel_residual)
+            w.add_layer_norm_eps(c.layer_norm_eps)
+        else:  # nemotron
+            w.add_rope_freq_base(rope["rope_theta"])
+            w.add_layer_norm_rms_eps(c.norm_eps)
+            w.add_key_length(c.head_dim)
+            w.add_value_length(c.head_dim)
+            w.add_vocab_size(c.vocab_size)
+            w.add_layer_norm_eps(c.norm_eps)
+            w.add_rope_dimension_count(rotated // c.num_attention_heads)
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if rope.get("factor") else gguf.RopeScalingType.NONE)
+            if rope.get("factor"):
+                w.add_rope_scaling_factor(rope["factor"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _tokenizer(w, folder, vocab)
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+                                     c.num_hidden_layers)
+    state = model.state_dict()
+    for name, tensor in state.items():
+        if name == "lm_head.weight" and c.tie_word_embeddings or name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        values = tensor.detach().float().numpy()
+        if kind == "gpt2" and name.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
+            values = values.T
+        elif kind == "falcon" and "query_key_value" in name:
+            heads, head = c.num_attention_heads, c.hidden_size // c.num_attention_heads
+            grouped = values.reshape(n_kv, heads // n_kv + 2, head, -1)
+            values = np.concatenate((grouped[:, :-2].reshape(heads * head, -1), grouped[:, -2].reshape(n_kv * head, -1),
+                                     grouped[:, -1].reshape(n_kv * head, -1))).reshape(values.shape)
+        elif kind == "stablelm" and "layernorm.norms." in name:  # (stacked at the first head's weight)
+            if not name.endswith("norms.0.weight"):
+                continue
+            name = name[:name.index(".norms.")]
+            count = c.num_attention_heads if "q_layernorm" in name else n_kv
+            values = np.stack([state[f"{name}.norms.{h}.weight"].float().numpy() for h in range(count)])
+            name += ".weight"
+        elif kind == "nemotron" and name.endswith("norm.weight"):
+            values = values + 1
+        elif kind == "mamba" and name.endswith(".A_log"):
+            values = -np.exp(values)
+        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if mapped is None:
+            raise ValueError(f"gguf has no name for {name}")
+        if mapped.endswith("ssm_conv1d.weight"):
+            values = values.squeeze(1)
+        w.add_tensor(mapped, np.ascontiguousarray(values))
+    _finish(w, leave_out, metadata)
     return out

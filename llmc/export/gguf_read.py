@@ -27,7 +27,9 @@ without truncation) is the family's as every checkpoint has it.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -168,20 +170,45 @@ def _gemma4_config(reader: Any, path: Path) -> Any:
     return Gemma4TextConfig(**config)
 
 
-def _special_ids(reader: Any, ends: tuple[str, ...]) -> dict[str, Any]:
-    """BOS, pad and every end of generation the file names: its EOS, its end-of-turn, and the family's other ends
-    (`ends`, by their text) where the vocabulary has them, as the checkpoints' generation configs list them."""
-    def scalar(key: str) -> int | None:
-        field = reader.fields.get(key)
-        return None if field is None else int(field.parts[field.data[0]][0])
+# what llama.cpp ends a generation at (llama-vocab.cpp): the tokens the file names (EOS, end of turn, end of message;
+# the fill-in-the-middle pad, repository and file separators), those of these texts where the vocabulary has them,
+# and harmony's <|end|> left out where <|return|> and <|call|> are both there (gpt-oss ends a message with it)
+_END_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
+_END_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+              "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+_FIM_TEXTS = {"fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+              "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+              "fim_sep": ("<|file_sep|>",)}
 
+
+def _token_id(reader: Any, key: str) -> int | None:
+    field = reader.fields.get(key)
+    return None if field is None else int(field.parts[field.data[0]][0])
+
+
+def end_of_generation(reader: Any, ends: tuple[str, ...] = ()) -> list[int]:
+    """The token ids a generation ends at, as llama.cpp takes them from a GGUF file (which holds no generation
+    config: transformers' reader keeps its EOS alone, so a Llama 3 file whose EOS is <|end_of_text|> would run on
+    past <|eot_id|>): EOS first, then `ends` (a family's other ends, by their text) and llama.cpp's."""
     tokens = reader.fields["tokenizer.ggml.tokens"]
     text = {bytes(tokens.parts[i]).decode(errors="replace"): k for k, i in enumerate(tokens.data)}
-    eos = [i for i in (scalar("tokenizer.ggml.eos_token_id"), scalar("tokenizer.ggml.eot_token_id"),
-                       *(text.get(t) for t in ends)) if i is not None]
-    out: dict[str, Any] = {"eos_token_id": list(dict.fromkeys(eos)) or None}
+    named = {key: _token_id(reader, f"tokenizer.ggml.{key}_token_id") for key in _END_KEYS}
+    for key, texts in _FIM_TEXTS.items():
+        if named[key] is None:
+            named[key] = next((text[t] for t in texts if t in text), None)
+    ids = [named["eos"], *(text.get(t) for t in ends), *named.values(), *(text.get(t) for t in _END_TEXTS)]
+    out = list(dict.fromkeys(i for i in ids if i is not None and 0 <= i < len(tokens.data)))
+    if "<|return|>" in text and "<|call|>" in text and text.get("<|end|>") in out:
+        out.remove(text["<|end|>"])
+    return out
+
+
+def _special_ids(reader: Any, ends: tuple[str, ...]) -> dict[str, Any]:
+    """BOS, pad and every end of generation (`end_of_generation`, with the family's other `ends`, as the
+    checkpoints' generation configs list them)."""
+    out: dict[str, Any] = {"eos_token_id": end_of_generation(reader, ends) or None}
     for name, key in (("bos_token_id", "tokenizer.ggml.bos_token_id"), ("pad_token_id", "tokenizer.ggml.padding_token_id")):
-        if (value := scalar(key)) is not None:
+        if (value := _token_id(reader, key)) is not None:
             out[name] = value
     return out
 
@@ -366,13 +393,106 @@ def _scaled_rope(f: dict[str, Any], tensors: dict[str, Any], path: Path, arch: s
     raise UnsupportedModelError(f"{path}: {key}.type {kind!r}: llmc reads linear, yarn and longrope scaling")
 
 
+# a config's bias flags and the tensors that show them (Llama's and Nemotron's optional ones, Qwen3's; Mamba's
+# projections', StarCoder2's every product's): transformers' tables read none
+_ATTENTION, _MLP = ("attn_q", "attn_k", "attn_v", "attn_output"), ("ffn_gate", "ffn_up", "ffn_down")
+_BIASES = {"attention_bias": _ATTENTION, "mlp_bias": _MLP, "use_bias": ("ssm_in", "ssm_out", *_ATTENTION, *_MLP)}
+_FALCON_BIASES = ("attn_qkv.bias", "attn_output.bias", "ffn_up.bias", "ffn_down.bias")
+
+
+def _falcon_config(config: Any, f: dict[str, Any], tensors: dict[str, Any], path: Path) -> None:
+    """A Falcon file's model as llama.cpp builds it (src/models/falcon.cpp), which transformers' reader does not
+    read: its keys give neither the layer norms' epsilon (`attention.layer_norm_epsilon`) nor the MLP's width
+    (`feed_forward_length`: FalconConfig's is ffn_hidden_size), and it takes every file as Falcon-7B's form (one
+    KV head, one norm) and its head as tied. llama.cpp runs attention and MLP side by side off `attn_norm`, the
+    attention off `attn_norm_2` where a layer has one (40B / 180B), with `attention.head_count_kv` KV heads and
+    no linear biases; its head is `output` where the file has one."""
+    biases = sorted(n for n in tensors if n.endswith(_FALCON_BIASES))
+    if biases:  # (Falcon-RW's form, which llama.cpp's Falcon does not load: it has no place for them)
+        raise UnsupportedModelError(f"{path}: {biases[0]}: llama.cpp's Falcon has no linear biases")
+    heads = int(config.num_attention_heads)
+    kv = int(f.get("attention.head_count_kv", heads))
+    if kv < 1 or heads % kv:
+        raise UnsupportedModelError(f"{path}: falcon.attention.head_count_kv {kv} for {heads} heads")
+    two_norms = "blk.0.attn_norm_2.weight" in tensors
+    config.layer_norm_epsilon = float(f["attention.layer_norm_epsilon"])
+    config.ffn_hidden_size = int(f["feed_forward_length"])
+    config.tie_word_embeddings = "output.weight" not in tensors
+    config.bias, config.alibi, config.parallel_attn = False, False, True
+    if kv == 1 and not two_norms:  # Falcon-7B's: multi-query, one norm
+        config.new_decoder_architecture, config.multi_query, config.num_kv_heads = False, True, heads
+        config.num_ln_in_parallel_attn = None
+    else:  # the new decoder's q / k / v grouped per KV head: 40B / 180B (two norms), Falcon2-11B (one)
+        config.new_decoder_architecture, config.num_kv_heads = True, kv
+        config.num_ln_in_parallel_attn = 2 if two_norms else 1
+    config.num_key_value_heads = kv
+
+
+def undo_layouts(model: Any, path: Path, info: dict[str, Any]) -> None:
+    """Weights transformers' reader loads in llama.cpp's layout rather than the model's, or leaves out: Falcon's
+    fused q / k / v rows, which llama.cpp's converter reorders from one group per KV head (queries, key, value) to
+    all the queries, all the keys, all the values ("jploski"), back into groups (a Falcon file has no linear biases:
+    `_falcon_config`); StableLM 2 12B's per-head q / k LayerNorms, one `attn_q_norm` / `attn_k_norm` row per head in
+    the file, one module per head in transformers. `info`: transformers' loading info, less the weights read here."""
+    if model.config.model_type == "falcon":
+        _falcon_qkv(model)
+    elif model.config.model_type == "stablelm":
+        _stablelm_norms(model, path, info)
+
+
+def _falcon_qkv(model: Any) -> None:
+    import torch
+
+    config = model.config
+    if not config.new_decoder_architecture:
+        return  # (7B's multi-query layout is the file's)
+    heads, kv = int(config.num_attention_heads), int(config.num_kv_heads)
+    head = config.hidden_size // heads
+    for layer in model.transformer.h:
+        weight = layer.self_attention.query_key_value.weight
+        q, k, v = weight.detach().split([heads * head, kv * head, kv * head])
+        grouped = torch.cat((q.reshape(kv, heads // kv, head, -1), k.reshape(kv, 1, head, -1),
+                             v.reshape(kv, 1, head, -1)), dim=1)
+        with torch.no_grad():
+            weight.copy_(grouped.reshape(weight.shape))
+
+
+def _stablelm_norms(model: Any, path: Path, info: dict[str, Any]) -> None:
+    import torch
+    from gguf.quants import dequantize
+
+    if not model.config.qk_layernorm:
+        return
+    tensors = {t.name: t for t in open_file(path).tensors}
+    read: set[str] = set()
+    for i, layer in enumerate(model.model.layers):
+        for kind, module in (("q", layer.self_attn.q_layernorm), ("k", layer.self_attn.k_layernorm)):
+            t = tensors.get(f"blk.{i}.attn_{kind}_norm.weight")
+            if t is None:
+                continue  # (left missing: refused as such)
+            rows = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+                tuple(int(d) for d in reversed(t.shape)))
+            if rows.shape != (len(module.norms), module.dim):
+                raise UnsupportedModelError(f"{path}: blk.{i}.attn_{kind}_norm.weight is {list(rows.shape)}, "
+                                            f"[heads, head size] is {[len(module.norms), module.dim]}")
+            with torch.no_grad():
+                for h, norm in enumerate(module.norms):
+                    norm.weight.copy_(torch.tensor(rows[h]))
+                    read.add(f"model.layers.{i}.self_attn.{kind}_layernorm.norms.{h}.weight")
+    if info.get("missing_keys"):
+        info["missing_keys"] = set(info["missing_keys"]) - read
+
+
 def transformers_config(path: Path, model_type: str) -> Any:
     """transformers' own config of a GGUF file of a family its reader handles, with what that reader drops put back
     as llama.cpp reads the file: the rotary scaling of the `rope.scaling.*` keys (transformers reads none: a
     Gemma 3 4B-27B file's linear 8 on its full layers, a yarn Qwen), the head size (`attention.key_length`: Qwen3's
     is not in its table), the experts' widths (Qwen2 / 3-MoE's), the rotated share of a head
-    (`rope.dimension_count`: Phi-4-mini's 0.75), Phi-3's window, Gemma 2's soft-caps, Gemma 2 and 3's query scale
-    (27B's is not its head size)."""
+    (`rope.dimension_count`: Phi-4-mini's 0.75), the rotary base (`rope.freq_base`: StarCoder2's is not in its
+    table), Phi-3's window, Gemma 2's soft-caps, Gemma 2 and 3's query scale (27B's is not its head size), GPT-2's
+    positions and MLP width (`context_length`, `feed_forward_length`), the biases a file has (no key says so:
+    Nemotron's, Llama's, Mamba's projections'), Nemotron's LayerNorm epsilon, Falcon's form (`_falcon_config`),
+    StableLM 2 12B's q / k norms."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -389,8 +509,28 @@ def transformers_config(path: Path, model_type: str) -> Any:
                        ("expert_shared_feed_forward_length", "shared_expert_intermediate_size")):  # tables)
         if key in f and hasattr(config, field):
             setattr(config, field, int(f[key]))
+    for flag, names in _BIASES.items():  # (in no family's table: the class's default would load a file's biases
+        if hasattr(config, flag):  # unread, or refuse a file without them; llama.cpp adds each one the file has)
+            setattr(config, flag, any(f"blk.0.{name}.bias" in tensors for name in names))
+    if config.model_type == "nemotron" and "attention.layer_norm_epsilon" in f:  # (llama.cpp's key; transformers
+        config.norm_eps = float(f["attention.layer_norm_epsilon"])  # reads layer_norm_rms_epsilon, which the 2024
+        # converter did not write)
     if config.model_type == "phi3" and "attention.sliding_window" in f:  # (0: none, as the converter writes Phi-4)
         config.sliding_window = int(f["attention.sliding_window"]) or None
+    if config.model_type == "gpt2":  # (transformers reads the context as n_ctx, which GPT-2's model does not use,
+        # and no MLP width: 1,024 positions and 4 x the width would stand; llama.cpp sizes both by these keys)
+        if "context_length" in f:
+            config.n_positions = int(f["context_length"])
+        if "feed_forward_length" in f:
+            config.n_inner = int(f["feed_forward_length"])
+    if config.model_type == "falcon":
+        _falcon_config(config, f, tensors, path)
+    if config.model_type == "stablelm":  # (StableLM 2 12B's per-head q / k norms: transformers' reader drops them)
+        norms = {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"} & set(tensors)
+        if len(norms) == 1:
+            raise UnsupportedModelError(f"{path}: {next(iter(norms))} alone: transformers' StableLM norms both "
+                                        "queries and keys or neither")
+        config.qk_layernorm = bool(norms)
     if config.model_type in _GEMMA_27B_LAYERS:
         n = int(config.num_hidden_layers)
         config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
@@ -400,9 +540,13 @@ def transformers_config(path: Path, model_type: str) -> Any:
     except KeyError as e:
         raise InputError(f"{path}: rotary scaling without {arch}.{e.args[0]}") from None
     params = dict(getattr(config, "rope_parameters", None) or {})
-    head = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    if "rope.dimension_count" in f and int(f["rope.dimension_count"]) != head and "full_attention" not in params:
-        scaled["partial_rotary_factor"] = int(f["rope.dimension_count"]) / head  # (Phi-4-mini's 0.75: not read)
+    if "rope.dimension_count" in f and "full_attention" not in params:  # (none in a Mamba file: no heads)
+        head = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        if int(f["rope.dimension_count"]) != head:  # (Phi-4-mini's 0.75: not read)
+            scaled["partial_rotary_factor"] = int(f["rope.dimension_count"]) / head
+    base = f.get("rope.freq_base")  # (StarCoder2's 1e5-1e6: not in transformers' table, whose class default
+    if base is not None and "rope_theta" in params and float(params["rope_theta"]) != float(base):  # 10,000 would
+        scaled["rope_theta"] = float(base)  # stand; llama.cpp rotates by the file's base)
     if scaled:
         if "full_attention" in params:  # a table per layer type (Gemma 3): llama.cpp scales the full layers'
             params["full_attention"] = {**params["full_attention"], **scaled}
@@ -410,6 +554,44 @@ def transformers_config(path: Path, model_type: str) -> Any:
             params.update(scaled)
         config.rope_parameters = params
     return config
+
+
+# tensors llmc reads from the file itself (apply_rope_freqs, _scaled_rope), which transformers' map has no place for
+_READ_BY_LLMC = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
+_QK_NORMS = re.compile(r"blk\.\d+\.attn_[qk]_norm\.weight")  # (StableLM 2 12B's: undo_layouts)
+_EXPERTS = re.compile(r"(?P<name>.*\.ffn_(?:gate|down|up)_exps)\.weight$")
+
+
+def check_all_read(model: Any, path: Path) -> None:
+    """Refuses a file transformers' reader loaded without some of its tensors: its loader passes over a tensor its
+    name map has no place for, silently (a Nemotron file's biases, where the config it read says none), so the
+    model it built would not be the file's. The place of each tensor is found as that loader finds it (its name map
+    from the model's parameters; its experts' stacks; GPT-2's head)."""
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    reader = open_file(path)
+    arch = architecture(reader)
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=model.config.to_dict())
+    whole = SimpleNamespace(config=model.config, state_dict=model.state_dict, named_children=lambda: [])
+    places = get_gguf_hf_weights_map(whole, processor)  # (the whole model's names only: its walk through every
+    # submodule, for files of a base model's names, takes seconds)
+    unread = []
+    for tensor in reader.tensors:
+        name = tensor.name
+        experts = _EXPERTS.fullmatch(name)
+        if name in places or name in _READ_BY_LLMC or (experts is not None and experts["name"] in places) or \
+                (arch == "gpt2" and name == "output.weight") or (arch == "stablelm" and _QK_NORMS.fullmatch(name)):
+            continue
+        unread.append(name)
+    if unread:
+        shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4 else "")
+        raise UnsupportedModelError(f"{path}: transformers' GGUF reader builds a {model.config.model_type} model "
+                                    f"without {len(unread)} of the file's tensors ({shown}): it would not be the "
+                                    "file's model")
 
 
 def apply_rope_freqs(model: Any, path: Path) -> None:

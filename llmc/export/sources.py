@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmc.errors import InputError, UnsupportedModelError, one_line
-from llmc.export import gguf_read
+from llmc.export import gguf_read, gguf_vocab
 from llmc.export.arch import SUPPORTED, TEXT_FAMILY, TEXT_FIXED, VLM_WRAPPERS, check_supported
 from llmc.export.config_check import check_config
 from llmc.manifest import sha256_file
@@ -213,6 +213,7 @@ def _gguf_source(path: Path, name: str) -> ModelSource:
         raise UnsupportedModelError(f"{path} is a Falcon Mamba GGUF (mamba.ssm.dt_b_c_rms is true): transformers "
                                     "loads it as Mamba without its dt, B and C norms, a different model; export its "
                                     "Hugging Face checkpoint (falcon_mamba) instead")
+    gguf_vocab.check(reader, path)
     return ModelSource(name, path, "gguf", model_type)
 
 
@@ -248,6 +249,8 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     except Exception as e:  # a damaged tokenizer.json / tokenizer_config.json: JSON, tokenizers' or I/O errors
         where = src.path if src.kind == "gguf" else folder
         raise InputError(f"the tokenizer of {where} cannot be loaded ({type(e).__name__}: {one_line(e)})") from None
+    if src.kind == "gguf":  # (the split of text the file's vocabulary was made with: transformers' reader knows few)
+        gguf_vocab.apply(tokenizer, gguf_read.open_file(src.path), src.path)
     where = src.path if src.kind == "gguf" else folder / "config.json"
     auto: Any = AutoModelForCausalLM
     if src.wrapper:
@@ -271,8 +274,12 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
             raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
                              f"{one_line(e)})") from None
     model, info = loaded
-    if src.kind == "gguf" and src.model_type not in gguf_read.FAMILIES:
+    if src.kind == "gguf" and src.model_type not in gguf_read.FAMILIES:  # (gguf_read's own: in their configs)
+        # no generation config in the file: the ends llama.cpp takes from it
+        model.generation_config.eos_token_id = gguf_read.end_of_generation(gguf_read.open_file(src.path)) or None
+        gguf_read.check_all_read(model, src.path)
         gguf_read.apply_rope_freqs(model, src.path)
+        gguf_read.undo_layouts(model, src.path, info)
     if src.wrapper:
         model = _language_model(model)
     _check_weights_match(where, info, int(model.config.num_hidden_layers))

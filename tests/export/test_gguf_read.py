@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from gguf_files import round_experts_mxfp4, write_family, write_gemma4, write_gpt_oss
+from gguf_files import (
+    CONVERTED,
+    round_experts_mxfp4,
+    write_converted,
+    write_family,
+    write_gemma4,
+    write_gpt_oss,
+)
 from tiny_models import make_model
 
 from llmc.errors import InputError, UnsupportedModelError
@@ -156,6 +163,12 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}
     gemma3_rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    gpt2 = dict(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1, eos_token_id=2)
+    falcon = dict(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, bias=False,
+                  ffn_hidden_size=256, bos_token_id=1, eos_token_id=2)  # (4 x the width: the converter writes so)
+    quarter = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    mamba = dict(vocab_size=320, hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4,
+                 time_step_rank=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = {
         "llama3": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={
             "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -183,6 +196,31 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
         "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
             **{**common, "num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
             rope_parameters=gemma3_rope)),
+        "llama_bias": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common, attention_bias=True, mlp_bias=True)),
+        # the families whose converter classes write keys of their own (gguf_files.write_converted)
+        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(**gpt2)),  # (256 positions: transformers' default 1,024)
+        "gpt2_untied": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(**gpt2, tie_word_embeddings=False)),
+        "starcoder2": lambda: tf.Starcoder2ForCausalLM(tf.Starcoder2Config(  # (3B's rotary base)
+            **common, sliding_window=None, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 999999.4420358813})),
+        "starcoder2_15b": lambda: tf.Starcoder2ForCausalLM(tf.Starcoder2Config(
+            **common, sliding_window=None, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5,
+            tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e5})),
+        "falcon_7b": lambda: tf.FalconForCausalLM(tf.FalconConfig(**falcon, multi_query=True)),
+        "falcon_40b": lambda: tf.FalconForCausalLM(tf.FalconConfig(  # (and 180B: two norms, KV heads in groups)
+            **falcon, new_decoder_architecture=True, num_kv_heads=2, tie_word_embeddings=False)),
+        "falcon2_11b": lambda: tf.FalconForCausalLM(tf.FalconConfig(
+            **falcon, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1,
+            tie_word_embeddings=False)),
+        "stablelm2_1_6b": lambda: tf.StableLmForCausalLM(tf.StableLmConfig(
+            **common, use_qkv_bias=True, use_parallel_residual=False, rope_parameters=quarter)),
+        "stablelm2_12b": lambda: tf.StableLmForCausalLM(tf.StableLmConfig(
+            **common, use_parallel_residual=True, qk_layernorm=True, rope_parameters=quarter)),
+        "nemotron_bias": lambda: tf.NemotronForCausalLM(tf.NemotronConfig(
+            **common, attention_bias=True, mlp_bias=True, hidden_act="relu2",
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
+        "mamba": lambda: tf.MambaForCausalLM(tf.MambaConfig(**mamba)),  # (as published: no projection biases)
+        "mamba_biased": lambda: tf.MambaForCausalLM(tf.MambaConfig(**mamba, use_bias=True)),
     }[name]()
     with torch.no_grad():
         for p in model.parameters():
@@ -197,15 +235,21 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
 
 
 @pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2_yarn", "qwen3", "qwen3_moe", "qwen2_moe", "lfm2", "gemma2", "gemma3",
-                                  "phi3_longrope"])
+                                  "phi3_longrope", "llama_bias", "gpt2", "gpt2_untied", "starcoder2", "starcoder2_15b",
+                                  "falcon_7b", "falcon_40b", "falcon2_11b", "stablelm2_1_6b", "stablelm2_12b",
+                                  "nemotron_bias", "mamba", "mamba_biased"])
 def test_a_gguf_of_a_family_transformers_reads_is_the_model_it_came_from(tmp_path: Path, name: str) -> None:
     """transformers' reader drops the rotary scaling (Llama 3's `rope_freqs`, a yarn or linear `rope.scaling`:
-    Gemma 3 4B-27B's full layers, Phi-3's longrope factors), Qwen3's head size, Gemma 2's soft-caps, Gemma's query
-    scale, Phi's rotated share and window; llmc puts them back. 100 positions: past the windows and past the
-    original contexts of yarn, llama3 and longrope (where its long factors take over)."""
+    Gemma 3 4B-27B's full layers, Phi-3's longrope factors), the rotary base (StarCoder2's), Qwen3's head size,
+    Gemma 2's soft-caps, Gemma's query scale, Phi's rotated share and window, GPT-2's positions, the biases of
+    Llama, Nemotron and Mamba files, StableLM 2 12B's q / k norms, and reads every Falcon file as 7B's form with a
+    tied head and its q / k / v rows in llama.cpp's order; llmc puts them back. 100 positions: past the windows and
+    past the original contexts of yarn, llama3 and longrope (where its long factors take over)."""
     hf, folder = _family(tmp_path, name)
-    path = write_family(hf, folder, tmp_path / f"{name}.gguf")
+    writer = write_converted if hf.config.model_type in CONVERTED else write_family
+    path = writer(hf, folder, tmp_path / f"{name}.gguf")
     ours = load(resolve(str(path))).model
+    assert ours.config.tie_word_embeddings == hf.config.tie_word_embeddings  # (the export believes it)
     # (a Mistral file is read as Llama or as Mistral, never with MistralConfig's default window of 4,096: llama.cpp
     # attends to every key of a "llama" file)
     assert getattr(ours.config, "sliding_window", None) == getattr(hf.config, "sliding_window", None)
@@ -259,3 +303,26 @@ def test_a_gguf_whose_rotary_llmc_does_not_read_is_refused(tmp_path: Path, name:
     path = write_family(hf, folder, tmp_path / "m.gguf", metadata=metadata)
     with pytest.raises(UnsupportedModelError, match=says):
         export(ExportConfig(str(path), tmp_path / "export"))
+
+
+def test_a_gguf_with_tensors_transformers_reads_no_place_for_is_refused(tmp_path: Path) -> None:
+    """transformers' loader passes over a tensor its map has no place for (here q norms in a Llama file, which
+    llama.cpp refuses too): the model it built would not be the file's."""
+    hf, folder = _family(tmp_path, "mistral")
+    path = write_family(hf, folder, tmp_path / "m.gguf", extra={"blk.0.attn_q_norm.weight": np.ones(16, np.float32)})
+    with pytest.raises(UnsupportedModelError, match=r"without 1 of the file's tensors \(blk\.0\.attn_q_norm\.weight\)"):
+        load(resolve(str(path)))
+
+
+def test_a_falcon_gguf_with_linear_biases_is_refused(tmp_path: Path) -> None:
+    """Falcon-RW's form: llama.cpp's Falcon has no place for linear biases."""
+    import transformers as tf
+    from tiny_models import make_tokenizer
+
+    hf = tf.FalconForCausalLM(tf.FalconConfig(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                              ffn_hidden_size=256, bias=True, multi_query=True))
+    hf.save_pretrained(str(tmp_path / "f"))
+    make_tokenizer(tmp_path / "f", 320)
+    path = write_converted(hf, tmp_path / "f", tmp_path / "f.gguf")
+    with pytest.raises(UnsupportedModelError, match="attn_output.bias: llama.cpp's Falcon has no linear biases"):
+        load(resolve(str(path)))
