@@ -453,3 +453,40 @@ def write_converted(model: Any, folder: Path, out: Path, metadata: dict[str, Any
         w.add_tensor(mapped, np.ascontiguousarray(values))
     _finish(w, leave_out, metadata)
     return out
+
+
+# a tiny model's sizes for the round trips (320 tokens: the tiny tokenizer's)
+TINY = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def built(tmp: Path, name: str, model: Any) -> tuple[Any, Path]:
+    """A tiny model's weights moved off their start (products x4, norms and biases moved: each must show in the
+    logits), saved with the tiny tokenizer into tmp / name."""
+    import torch
+    from tiny_models import make_tokenizer
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+            else:
+                p.add_(0.3 * torch.randn_like(p))
+    folder = tmp / name
+    model.save_pretrained(str(folder))
+    make_tokenizer(folder, 320)
+    return model.eval(), folder
+
+
+def read_back(model: Any, path: Path, positions: int = 100) -> float:
+    """The largest logit difference between `model` and the model llmc reads from its GGUF file `path` (eager
+    attention) over `positions` random ids; the file must resolve to the model's family."""
+    import torch
+
+    from llmc.export.sources import load, resolve
+
+    src = resolve(str(path))
+    ours = load(src).model
+    ids = torch.tensor([np.random.default_rng(1).integers(3, 320, positions).tolist()])
+    with torch.no_grad():
+        return float((ours(ids).logits - model(ids).logits).abs().max())

@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -236,23 +239,6 @@ def _gpt_oss_config(reader: Any, path: Path) -> Any:
         **_special_ids(reader, ("<|return|>", "<|call|>")))
 
 
-_CONFIGS = {"gemma4_text": (GEMMA4, "Gemma 4", _gemma4_config), "gpt_oss": (GPT_OSS, "gpt-oss", _gpt_oss_config)}
-FAMILIES = frozenset(_CONFIGS)  # the model types whose GGUF files llmc reads itself
-
-
-def config_for(path: Path, model_type: str) -> Any | None:
-    """The transformers config of a GGUF file whose family transformers' reader gets wrong (None: its own)."""
-    if model_type not in _CONFIGS:
-        return None
-    arch, family, build = _CONFIGS[model_type]
-    try:
-        return build(open_file(path), path)
-    except KeyError as e:  # a key every file of llama.cpp's converter has
-        key = str(e.args[0])
-        raise InputError(f"{path}: a {family} GGUF without "
-                         f"{key if key.startswith('tokenizer.') else arch + '.' + key}") from None
-
-
 def _gemma4_names(key: str, names: Any) -> list[str]:
     """Where a Gemma 4 parameter may be in the file: gguf's name table (a scalar or a stack of experts under a
     `.weight` name, as the converter renames them), the router's two scales as `.scale` tensors."""
@@ -294,22 +280,170 @@ def _gpt_oss_values(key: str, read: Any) -> np.ndarray | None:
     return None
 
 
-def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any, dict[str, Any]] | None:
-    """The fp32 transformers model of a GGUF file of a family transformers' reader gets wrong, every weight read
-    from the file here (None: transformers reads this family itself), and the weights the file does not hold (as
-    transformers' loading info names them).
+@dataclass
+class GGUFFile:
+    """A GGUF file as llmc's reader sees it: its `arch.*` keys (without the prefix), its tensors by name, and which
+    of them have been read (every one must be: `load_model`)."""
 
-    transformers' own loader is not called: it parses a gpt-oss file's yarn keys wrongly and stops, and a Gemma 4
-    file's config fails its validation before a tensor is read."""
+    path: Path
+    reader: Any
+    arch: str
+    keys: dict[str, Any]
+    tensors: dict[str, Any]
+    used: set[str] = dataclass_field(default_factory=set)
+
+    @classmethod
+    def open(cls, path: Path) -> GGUFFile:
+        reader = open_file(path)
+        arch = architecture(reader)
+        return cls(path, reader, arch, _fields(reader, arch), {t.name: t for t in reader.tensors})
+
+    @functools.cached_property
+    def names(self) -> Any:
+        """gguf's name table of the file's architecture: a transformers parameter's name -> the file's."""
+        import gguf
+
+        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.arch)
+        return gguf.get_tensor_name_map(arch, int(self.keys["block_count"]))
+
+    def named(self, key: str) -> np.ndarray | None:
+        """A transformers parameter's values under the name gguf's table gives it; None if not there."""
+        return self.read(self.names.get_name(key, try_suffixes=(".weight", ".bias")))
+
+    def read(self, name: str | None) -> np.ndarray | None:
+        """A tensor's values as fp32 in numpy's order of dims (GGUF's run innermost first); None if not there."""
+        from gguf.quants import dequantize
+
+        t = self.tensors.get(name) if name else None
+        if t is None:
+            return None
+        self.used.add(t.name)
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+            tuple(int(d) for d in reversed(t.shape)))
+
+
+@dataclass(frozen=True)
+class Family:
+    """A GGUF architecture llmc reads itself: llama.cpp's name for it (`general.architecture`), transformers'
+    model_type, a name for messages, the transformers config its keys make, and where its weights differ from
+    gguf's name table as they are: `values` gives a parameter's values (None: by the name table), `names` where a
+    parameter may be in the file (default: the name table's name). `rope_freqs`: a `rope_freqs` tensor divides the
+    rotary frequencies (Llama 3's scaling), as for the families transformers reads."""
+
+    arch: str
+    model_type: str
+    title: str
+    config: Callable[[GGUFFile], Any]
+    values: Callable[[str, GGUFFile, Any], np.ndarray | None] | None = None
+    names: Callable[[str, Any], list[str]] | None = None
+    rope_freqs: bool = True
+
+
+def _own_families() -> tuple[Family, ...]:
+    return (Family(GEMMA4, "gemma4_text", "Gemma 4", lambda g: _gemma4_config(g.reader, g.path),
+                   names=_gemma4_names, rope_freqs=False),
+            Family(GPT_OSS, "gpt_oss", "gpt-oss", lambda g: _gpt_oss_config(g.reader, g.path),
+                   values=lambda key, g, config: _gpt_oss_values(key, g.read)))
+
+
+@functools.cache
+def families() -> dict[str, Family]:
+    """The families llmc reads itself, by transformers' model_type (gguf_archs' modules and Gemma 4 / gpt-oss)."""
+    from llmc.export import gguf_archs
+
+    out = {f.model_type: f for f in (*_own_families(), *gguf_archs.families())}
+    return out
+
+
+def model_type_of(arch: str) -> str | None:
+    """The model_type of a GGUF architecture llmc reads itself (None: not one)."""
+    return next((f.model_type for f in families().values() if f.arch == arch), None)
+
+
+class _Families:
+    """`FAMILIES`: the model types whose GGUF files llmc reads itself (filled on first use: gguf_archs imports
+    this module)."""
+
+    def __contains__(self, model_type: object) -> bool:
+        return model_type in families()
+
+    def __iter__(self) -> Any:
+        return iter(families())
+
+
+FAMILIES = _Families()
+
+
+def config_for(path: Path, model_type: str) -> Any | None:
+    """The transformers config of a GGUF file of a family llmc reads itself (None: transformers' reader's)."""
+    family = families().get(model_type)
+    if family is None:
+        return None
+    try:
+        return family.config(GGUFFile.open(path))
+    except KeyError as e:  # a key every file of llama.cpp's converter has
+        key = str(e.args[0])
+        raise InputError(f"{path}: a {family.title} GGUF without "
+                         f"{key if key.startswith(('tokenizer.', family.arch + '.')) else family.arch + '.' + key}") \
+            from None
+
+
+def text_config(g: GGUFFile, model_type: str, **fields: Any) -> Any:
+    """The transformers config of `model_type` from the keys every converter's `TextModel` writes (the widths and
+    counts, the context, the head size, the norms' epsilon, the window, the rotary base, scaling and rotated share,
+    the vocabulary, BOS / pad and every end of generation, a tied head where the file has no `output.weight`), each
+    set where the config class has the field; `fields` (the family's own) over them."""
+    from transformers import AutoConfig
+
+    k = g.keys
+    base = AutoConfig.for_model(model_type)
+    tokens = g.reader.fields.get("tokenizer.ggml.tokens")
+    found: dict[str, Any] = {
+        "vocab_size": k.get("vocab_size", len(tokens.data) if tokens is not None else None),
+        "hidden_size": k["embedding_length"], "num_hidden_layers": k["block_count"],
+        "intermediate_size": k.get("feed_forward_length"), "num_attention_heads": k["attention.head_count"],
+        "num_key_value_heads": k.get("attention.head_count_kv"), "max_position_embeddings": k.get("context_length"),
+        "head_dim": k.get("attention.key_length"), "rms_norm_eps": k.get("attention.layer_norm_rms_epsilon"),
+        "layer_norm_eps": k.get("attention.layer_norm_epsilon"), "sliding_window": k.get("attention.sliding_window"),
+        "tie_word_embeddings": "output.weight" not in g.tensors}
+    kwargs = {name: value for name, value in found.items() if value is not None and hasattr(base, name)}
+    kwargs.update(_special_ids(g.reader, ()))
+    theirs = dict(getattr(base, "rope_parameters", None) or {})
+    if theirs and "full_attention" not in theirs:
+        theta = k.get("rope.freq_base", theirs.get("rope_theta")) or 10000.0
+        rope = {**theirs, "rope_type": "default", "rope_theta": float(theta)}
+        for drop in ("factor", "original_max_position_embeddings", "partial_rotary_factor"):
+            rope.pop(drop, None)
+        rope.update(_scaled_rope(k, g.tensors, g.path, g.arch))
+        head = int(kwargs.get("head_dim") or int(k["embedding_length"]) // int(k["attention.head_count"]))
+        if "rope.dimension_count" in k and int(k["rope.dimension_count"]) != head:
+            rope["partial_rotary_factor"] = int(k["rope.dimension_count"]) / head
+        kwargs["rope_parameters"] = rope
+    kwargs.update(fields)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
+    """The inverse of llama.cpp's reordering of a q / k product's rows (or bias) for its rotary (the converter's
+    `LlamaModel.permute`: each head's two rotary halves interleaved)."""
+    return rows.reshape(heads, rows.shape[0] // heads // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any, dict[str, Any]] | None:
+    """The fp32 transformers model of a GGUF file of a family llmc reads itself, every weight read from the file
+    here (None: transformers reads this family itself), and the weights the file does not hold (as transformers'
+    loading info names them). A file holding tensors the model has no place for is refused naming them.
+
+    transformers' own loader is not called: it does not read these families, or reads them wrongly (it parses a
+    gpt-oss file's yarn keys wrongly and stops; a Gemma 4 file's config fails its validation)."""
     config = config_for(path, model_type)
     if config is None:
         return None
-    import gguf
     import torch
-    from gguf.quants import dequantize
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
+    family = families()[model_type]
     try:
         with no_init_weights():  # (every weight is read below; buffers computed from the config are kept)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
@@ -317,28 +451,17 @@ def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any,
     except Exception as e:  # a value transformers cannot build the model from
         raise InputError(f"transformers cannot build the model of {path} ({type(e).__name__}: {one_line(e)})") \
             from None
-    reader = open_file(path)
-    tensors = {t.name: t for t in reader.tensors}
-
-    def read(name: str | None) -> np.ndarray | None:
-        t = tensors.get(name) if name else None
-        if t is None:
-            return None
-        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
-            tuple(int(d) for d in reversed(t.shape)))  # (GGUF's dims run innermost first)
-
-    arch = gguf.MODEL_ARCH.GEMMA4 if model_type == "gemma4_text" else gguf.MODEL_ARCH.GPT_OSS
-    names = gguf.get_tensor_name_map(arch, int(config.num_hidden_layers))
+    g = GGUFFile.open(path)
     held = model.state_dict(keep_vars=True)
     missing, mismatched = set(), []
     for key, target in held.items():
         if key == "lm_head.weight" and config.tie_word_embeddings:
             continue  # (the embeddings, tied)
-        if model_type == "gemma4_text":
-            values = read(next((n for n in _gemma4_names(key, names) if n in tensors), None))
-        else:
-            values = _gpt_oss_values(key, read)
-            values = read(names.get_name(key, try_suffixes=(".weight", ".bias"))) if values is None else values
+        values = family.values(key, g, config) if family.values else None
+        if values is None:
+            where = family.names(key, g.names) if family.names else [g.names.get_name(key, try_suffixes=(
+                ".weight", ".bias"))]
+            values = g.read(next((n for n in where if n in g.tensors), None))
         if values is None:
             missing.add(key)
             continue
@@ -349,6 +472,13 @@ def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any,
         with torch.no_grad():
             target.copy_(torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape)))
     model.tie_weights()
+    unread = [n for n in g.tensors if n not in g.used and n not in _READ_BY_LLMC]
+    if unread and not (missing or mismatched):  # (a file of another layout: the missing weights say more)
+        shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4 else "")
+        raise UnsupportedModelError(f"{path}: the {family.title} model has no place for {len(unread)} of the file's "
+                                    f"tensors ({shown})")
+    if family.rope_freqs:
+        apply_rope_freqs(model, path)
     return model.eval(), {"missing_keys": missing, "mismatched_keys": mismatched}
 
 

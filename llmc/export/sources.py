@@ -200,7 +200,7 @@ def _gguf_source(path: Path, name: str) -> ModelSource:
     except (ValueError, OSError) as e:
         raise InputError(f"{path} is not a readable GGUF file: {e}") from None
     arch = gguf_read.architecture(reader) if "general.architecture" in reader.fields else "?"
-    model_type = GGUF_ARCHITECTURES.get(arch, arch)
+    model_type = gguf_read.model_type_of(arch) or GGUF_ARCHITECTURES.get(arch, arch)
     if not _gguf_readable(arch, model_type):
         family = arch.replace("-", "_")
         hint = (f"; llmc builds {family} from its Hugging Face checkpoint: export that instead" if family in SUPPORTED
