@@ -348,35 +348,26 @@ def _own_families() -> tuple[Family, ...]:
 
 @functools.cache
 def families() -> dict[str, Family]:
-    """The families llmc reads itself, by transformers' model_type (gguf_archs' modules and Gemma 4 / gpt-oss)."""
+    """The families llmc reads itself, by llama.cpp's architecture name (gguf_archs' modules, Gemma 4, gpt-oss)."""
     from llmc.export import gguf_archs
 
-    out = {f.model_type: f for f in (*_own_families(), *gguf_archs.families())}
-    return out
+    return {f.arch: f for f in (*_own_families(), *gguf_archs.families())}
 
 
 def model_type_of(arch: str) -> str | None:
     """The model_type of a GGUF architecture llmc reads itself (None: not one)."""
-    return next((f.model_type for f in families().values() if f.arch == arch), None)
+    family = families().get(arch)
+    return None if family is None else family.model_type
 
 
-class _Families:
-    """`FAMILIES`: the model types whose GGUF files llmc reads itself (filled on first use: gguf_archs imports
-    this module)."""
-
-    def __contains__(self, model_type: object) -> bool:
-        return model_type in families()
-
-    def __iter__(self) -> Any:
-        return iter(families())
+def reads_itself(path: Path) -> bool:
+    """Whether llmc reads this GGUF file itself (its architecture is one of `families`), not transformers."""
+    return architecture(open_file(path)) in families()
 
 
-FAMILIES = _Families()
-
-
-def config_for(path: Path, model_type: str) -> Any | None:
+def config_for(path: Path) -> Any | None:
     """The transformers config of a GGUF file of a family llmc reads itself (None: transformers' reader's)."""
-    family = families().get(model_type)
+    family = families().get(architecture(open_file(path)))
     if family is None:
         return None
     try:
@@ -398,8 +389,10 @@ def text_config(g: GGUFFile, model_type: str, **fields: Any) -> Any:
     k = g.keys
     base = AutoConfig.for_model(model_type)
     tokens = g.reader.fields.get("tokenizer.ggml.tokens")
+    table = g.tensors.get("token_embd.weight")  # (its rows: the vocabulary the model has, padded or not)
     found: dict[str, Any] = {
-        "vocab_size": k.get("vocab_size", len(tokens.data) if tokens is not None else None),
+        "vocab_size": int(table.shape[-1]) if table is not None else k.get(
+            "vocab_size", len(tokens.data) if tokens is not None else None),
         "hidden_size": k["embedding_length"], "num_hidden_layers": k["block_count"],
         "intermediate_size": k.get("feed_forward_length"), "num_attention_heads": k["attention.head_count"],
         "num_key_value_heads": k.get("attention.head_count_kv"), "max_position_embeddings": k.get("context_length"),
@@ -409,7 +402,7 @@ def text_config(g: GGUFFile, model_type: str, **fields: Any) -> Any:
     kwargs = {name: value for name, value in found.items() if value is not None and hasattr(base, name)}
     kwargs.update(_special_ids(g.reader, ()))
     theirs = dict(getattr(base, "rope_parameters", None) or {})
-    if theirs and "full_attention" not in theirs:
+    if theirs and "full_attention" not in theirs and "rope_parameters" not in fields:  # (or the family's own)
         theta = k.get("rope.freq_base", theirs.get("rope_theta")) or 10000.0
         rope = {**theirs, "rope_type": "default", "rope_theta": float(theta)}
         for drop in ("factor", "original_max_position_embeddings", "partial_rotary_factor"):
@@ -429,21 +422,21 @@ def unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, rows.shape[0] // heads // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
-def load_model(path: Path, model_type: str, attention: str | None) -> tuple[Any, dict[str, Any]] | None:
+def load_model(path: Path, attention: str | None) -> tuple[Any, dict[str, Any]] | None:
     """The fp32 transformers model of a GGUF file of a family llmc reads itself, every weight read from the file
     here (None: transformers reads this family itself), and the weights the file does not hold (as transformers'
     loading info names them). A file holding tensors the model has no place for is refused naming them.
 
     transformers' own loader is not called: it does not read these families, or reads them wrongly (it parses a
     gpt-oss file's yarn keys wrongly and stops; a Gemma 4 file's config fails its validation)."""
-    config = config_for(path, model_type)
+    config = config_for(path)
     if config is None:
         return None
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
-    family = families()[model_type]
+    family = families()[architecture(open_file(path))]
     try:
         with no_init_weights():  # (every weight is read below; buffers computed from the config are kept)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,

@@ -37,6 +37,8 @@ _QWEN2 = [_split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
                  r"|\s+(?!\S)|\s+"), _BYTES]
 _LLAMA3 = [_split(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+"), _BYTES]
+
+
 def _chars(ranges: str) -> str:
     """A regex character class's body from code point ranges ("41-5A B5 ..."), the characters made here rather than
     written in the source: the classes below hold compatibility characters (U+1F7D, U+1FBE, U+2126, U+212A, ...)

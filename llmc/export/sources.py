@@ -190,7 +190,7 @@ def _gguf_readable(arch: str, model_type: str) -> bool:
     """Whether llmc (gguf_read) or transformers' GGUF reader reads a file of this architecture."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    return model_type in gguf_read.FAMILIES or arch in GGUF_CONFIG_MAPPING or \
+    return gguf_read.model_type_of(arch) is not None or arch in GGUF_CONFIG_MAPPING or \
         model_type.removesuffix("_text") in GGUF_CONFIG_MAPPING
 
 
@@ -234,7 +234,8 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
         kwargs["use_safetensors"] = src.use_safetensors
     tokenizer_kwargs = {k: v for k, v in kwargs.items() if k != "use_safetensors"}
     tokenizer_class: Any = AutoTokenizer
-    if src.kind == "gguf" and src.model_type in gguf_read.FAMILIES:  # AutoTokenizer reads the file's config as
+    own = src.kind == "gguf" and gguf_read.reads_itself(src.path)  # (a family llmc reads itself: gguf_read)
+    if own:  # AutoTokenizer reads the file's config as
         # transformers does (which fails on it) to pick a class; the generic one builds itself from the file's keys
         from transformers import PreTrainedTokenizerFast as tokenizer_class
     if src.kind == "hf":  # first: the tokenizer reads config.json too, and its faults are not the tokenizer's
@@ -256,7 +257,7 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
     if src.wrapper:
         from transformers import AutoModelForImageTextToText as auto  # type: ignore[no-redef]
     # (a family whose GGUF files transformers' reader gets wrong is read by llmc: gguf_read)
-    loaded: Any = gguf_read.load_model(src.path, src.model_type, attention) if src.kind == "gguf" else None
+    loaded: Any = gguf_read.load_model(src.path, attention) if own else None
     if loaded is None:
         if src.kind == "gguf":  # (its config as transformers reads it, with what that drops put back: gguf_read)
             try:
@@ -274,7 +275,7 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
             raise InputError(f"transformers cannot build the model of {where} ({type(e).__name__}: "
                              f"{one_line(e)})") from None
     model, info = loaded
-    if src.kind == "gguf" and src.model_type not in gguf_read.FAMILIES:  # (gguf_read's own: in their configs)
+    if src.kind == "gguf" and not own:  # (gguf_read's own: their ends in their configs)
         # no generation config in the file: the ends llama.cpp takes from it
         model.generation_config.eos_token_id = gguf_read.end_of_generation(gguf_read.open_file(src.path)) or None
         gguf_read.check_all_read(model, src.path)

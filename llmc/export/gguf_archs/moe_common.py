@@ -1,0 +1,65 @@
+"""What the mixture-of-experts families' GGUF files share (no family of its own): llama.cpp's converter stacks each
+layer's experts per projection (`ffn_gate_exps` / `ffn_up_exps` [E, I, H], `ffn_down_exps` [E, H, I] in numpy's
+order; with `--fuse-gate-up-exps`, gate and up as one `ffn_gate_up_exps` [E, 2I, H]), where transformers keeps them
+fused (`experts.gate_up_proj` [E, 2I, H], gate rows first; `experts.down_proj` [E, H, I]); the router is
+`ffn_gate_inp` whatever the checkpoint calls it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmc.errors import UnsupportedModelError
+from llmc.export.gguf_read import GGUFFile
+
+FAMILIES: tuple[Any, ...] = ()  # (helpers only)
+
+_ROUTERS = ("mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.router.weight")
+
+
+def layer_of(key: str) -> int | None:
+    """The layer index of a transformers parameter `model.layers.{i}....` (None: not a layer's)."""
+    parts = key.split(".")
+    if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdecimal():
+        return int(parts[2])
+    return None
+
+
+def experts(key: str, g: GGUFFile) -> np.ndarray | None:
+    """A layer's fused experts (`experts.gate_up_proj`: the stacked gate and up rows one after the other, or the
+    fused stack as it is; `experts.down_proj`) or its router, from the file's stacks; None for another key."""
+    i = layer_of(key)
+    if i is None:
+        return None
+    blk = f"blk.{i}"
+    if key.endswith("experts.gate_up_proj"):
+        if f"{blk}.ffn_gate_up_exps.weight" in g.tensors:
+            return g.read(f"{blk}.ffn_gate_up_exps.weight")
+        gate, up = g.read(f"{blk}.ffn_gate_exps.weight"), g.read(f"{blk}.ffn_up_exps.weight")
+        if gate is None or up is None:
+            return None
+        if gate.shape != up.shape:
+            raise UnsupportedModelError(f"{g.path}: {blk}.ffn_gate_exps {list(gate.shape)} beside ffn_up_exps "
+                                        f"{list(up.shape)}")
+        return np.concatenate((gate, up), axis=1)
+    if key.endswith("experts.down_proj"):
+        return g.read(f"{blk}.ffn_down_exps.weight")
+    if key.endswith(_ROUTERS):
+        return g.read(f"{blk}.ffn_gate_inp.weight")
+    return None
+
+
+def rows(g: GGUFFile, *names: str) -> np.ndarray | None:
+    """Tensors' rows one after the other (a gate and up product fused as transformers holds it)."""
+    parts = [p for n in names if (p := g.read(n)) is not None]
+    return np.concatenate(parts, axis=0) if len(parts) == len(names) else None
+
+
+def refuse(g: GGUFFile, key: str, value: Any, why: str) -> None:
+    raise UnsupportedModelError(f"{g.path}: {g.arch}.{key} {value!r}: {why}")
+
+
+def has(g: GGUFFile, name: str) -> bool:
+    """Whether the file holds tensor `name` in any layer (`name` without `blk.{i}.`)."""
+    return any(n.split(".", 2)[-1] == name for n in g.tensors if n.startswith("blk."))
