@@ -403,7 +403,7 @@ def text_config(g: GGUFFile, model_type: str, **fields: Any) -> Any:
     kwargs.update(_special_ids(g.reader, ()))
     theirs = dict(getattr(base, "rope_parameters", None) or {})
     if theirs and "full_attention" not in theirs and "rope_parameters" not in fields:  # (or the family's own)
-        theta = k.get("rope.freq_base", theirs.get("rope_theta")) or 10000.0
+        theta = k.get("rope.freq_base", 10000.0)  # (llama.cpp's where the file has none, not the class's)
         rope = {**theirs, "rope_type": "default", "rope_theta": float(theta)}
         for drop in ("factor", "original_max_position_embeddings", "partial_rotary_factor"):
             rope.pop(drop, None)
@@ -509,7 +509,8 @@ def _scaled_rope(f: dict[str, Any], tensors: dict[str, Any], path: Path, arch: s
         params: dict[str, Any] = {
             "rope_type": "longrope", "long_factor": [float(x) for x in np.asarray(long.data).ravel()],
             "short_factor": [float(x) for x in np.asarray(short.data).ravel()],
-            "original_max_position_embeddings": int(f["rope.scaling.original_context_length"])}
+            "original_max_position_embeddings": int(f.get("rope.scaling.original_context_length",
+                                                          f["context_length"]))}  # (llama.cpp's default)
         if "rope.scaling.attn_factor" in f:
             params["attention_factor"] = float(f["rope.scaling.attn_factor"])
         return params

@@ -1,0 +1,89 @@
+"""GLM-4-0414 / GLM-Z1 GGUF files (llmc/export/gguf_archs/dense_other_glm4.py) written as llama.cpp's `Glm4Model`
+writes them, read back to the logits of the checkpoint they came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gguf_files import TINY, _finish, _tokenizer, built, read_back
+
+from llmc.errors import UnsupportedModelError
+
+
+def write_glm4(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None,
+               extra: dict[str, Any] | None = None) -> Path:
+    """As `Glm4Model` writes it: `TextModel`'s keys (the head size as key / value lengths), the rotated dims as
+    head size x the rotary fraction; every tensor by gguf's name table as it is (the fused `gate_up_proj` as
+    `ffn_up`), no lm_head where tied. `extra`: keys added (GLM-4V's, GLM-OCR's) with the writer's own call."""
+    import gguf
+
+    c = model.config
+    rope = c.rope_parameters
+    w = gguf.GGUFWriter(str(out), "glm4")
+    for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
+                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
+                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
+                       (w.add_rope_freq_base, rope["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
+                       (w.add_key_length, c.head_dim), (w.add_value_length, c.head_dim),
+                       (w.add_file_type, gguf.LlamaFileType.ALL_F32),
+                       (w.add_rope_dimension_count, int(c.head_dim * rope.get("partial_rotary_factor", 0.5)))):
+        add(value)
+    for name, value in (extra or {}).items():
+        getattr(w, f"add_{name}")(value)
+    _tokenizer(w, folder, c.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4, c.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if mapped is None:
+            raise ValueError(f"gguf has no name for {name}")
+        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+    _finish(w, (), metadata)
+    return out
+
+
+def _glm4_9b(tmp: Path) -> tuple[Any, Path]:  # GLM-4-9B-0414's form: q / k / v biases, half of each head rotated
+    import transformers as tf
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    cfg = tf.Glm4Config(**TINY, head_dim=32, attention_bias=True, rope_parameters=rope, tie_word_embeddings=False)
+    return built(tmp, "glm4_9b", tf.Glm4ForCausalLM(cfg))
+
+
+def _glm4_32b(tmp: Path) -> tuple[Any, Path]:  # GLM-4-32B / Z1-32B's: no biases; tied here to cover the tied head
+    import transformers as tf
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    cfg = tf.Glm4Config(**TINY, head_dim=16, attention_bias=False, rope_parameters=rope, tie_word_embeddings=True)
+    return built(tmp, "glm4_32b", tf.Glm4ForCausalLM(cfg))
+
+
+def _glm4_full(tmp: Path) -> tuple[Any, Path]:  # the whole head rotated: the file's fraction, not GLM-4's 0.5
+    import transformers as tf
+
+    rope = {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 1.0}
+    cfg = tf.Glm4Config(**TINY, head_dim=16, rope_parameters=rope, tie_word_embeddings=False)
+    return built(tmp, "glm4_full", tf.Glm4ForCausalLM(cfg))
+
+
+CASES = {"glm4_9b": _glm4_9b, "glm4_32b": _glm4_32b, "glm4_full": _glm4_full}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_glm4_gguf_is_the_model_it_came_from(tmp_path: Path, name: str) -> None:
+    hf, folder = CASES[name](tmp_path)
+    assert read_back(hf, write_glm4(hf, folder, tmp_path / f"{name}.gguf")) <= 1e-4
+
+
+@pytest.mark.parametrize("extra", [{"rope_dimension_sections": [8, 12, 12, 0]}, {"nextn_predict_layers": 1}])
+def test_glm4v_and_nextn_files_are_refused(tmp_path: Path, extra: dict[str, Any]) -> None:
+    from llmc.export.sources import load, resolve
+
+    hf, folder = _glm4_32b(tmp_path)
+    path = write_glm4(hf, folder, tmp_path / "refused.gguf", extra=extra)
+    with pytest.raises(UnsupportedModelError, match=next(iter(extra)).split("_")[-1]):
+        load(resolve(str(path)))
