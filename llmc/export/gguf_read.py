@@ -422,6 +422,18 @@ def unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
     return rows.reshape(heads, rows.shape[0] // heads // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def _next_token(g: GGUFFile, name: str) -> bool:
+    """Whether a tensor is one of the multi-token-prediction blocks the converter appends (the last
+    `nextn_predict_layers` of `block_count`: GLM-4.5's, Nemotron-H's), which llama.cpp loads and never runs, as
+    transformers drops a checkpoint's: no model here has a place for them."""
+    nextn = int(g.keys.get("nextn_predict_layers", 0) or 0)
+    block = _BLOCK.match(name)
+    return nextn > 0 and block is not None and int(block.group(1)) >= int(g.keys["block_count"]) - nextn
+
+
 def load_model(path: Path, attention: str | None) -> tuple[Any, dict[str, Any]] | None:
     """The fp32 transformers model of a GGUF file of a family llmc reads itself, every weight read from the file
     here (None: transformers reads this family itself), and the weights the file does not hold (as transformers'
@@ -465,7 +477,7 @@ def load_model(path: Path, attention: str | None) -> tuple[Any, dict[str, Any]] 
         with torch.no_grad():
             target.copy_(torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape)))
     model.tie_weights()
-    unread = [n for n in g.tensors if n not in g.used and n not in _READ_BY_LLMC]
+    unread = [n for n in g.tensors if n not in g.used and n not in _READ_BY_LLMC and not _next_token(g, n)]
     if unread and not (missing or mismatched):  # (a file of another layout: the missing weights say more)
         shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4 else "")
         raise UnsupportedModelError(f"{path}: the {family.title} model has no place for {len(unread)} of the file's "

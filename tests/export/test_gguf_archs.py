@@ -50,3 +50,20 @@ def test_a_gguf_llmc_reads_itself_is_the_model_it_came_from(tmp_path: Path, name
     make, write = CASES[name]
     hf, folder = make(tmp_path)
     assert read_back(hf, write(hf, folder, tmp_path / f"{name}.gguf")) <= 1e-4
+
+
+def test_a_gguf_llmc_reads_itself_exports(tmp_path: Path) -> None:
+    """The whole route: a Gemma 1 file to an export (golden outputs and parity against the model llmc read) and its
+    engine, which computes the logits of the checkpoint the file came from."""
+    import torch
+
+    from llmc.engines.ort.build import export_engine
+    from llmc.export.exporter import ExportConfig, export
+
+    hf, folder = _gemma(tmp_path)
+    manifest = export(ExportConfig(str(write_gemma(hf, folder, tmp_path / "g.gguf")), tmp_path / "export"))
+    engine = export_engine(manifest, tmp_path / "export")
+    ids = np.random.default_rng(1).integers(3, 320, 40).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0, -1].numpy()
+    assert float(np.abs(engine.prefill([0], [ids], engine.new_kv_cache(1, 128))[0] - ref).max()) <= 1e-4

@@ -130,17 +130,7 @@ def _config(g: GGUFFile) -> Any:
     return text_config(g, "nemotron_h", **fields)
 
 
-def _leave_out_mtp(g: GGUFFile) -> None:
-    """The multi-token-prediction blocks' tensors counted as read: transformers' Nemotron-H has no place for them
-    (as it ignores a checkpoint's `mtp.*`), and the logits do not use them."""
-    n = _trunk(g)
-    g.used.update(name for name in g.tensors
-                  if name.startswith("blk.") and int(name.split(".")[1]) >= n)
-
-
 def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
-    if key == "model.norm_f.weight":
-        _leave_out_mtp(g)
     m = _LAYER.fullmatch(key)
     if m is None:
         return None  # (embeddings, final norm, head: gguf's table)

@@ -1,0 +1,70 @@
+"""GLM-4.5 / GLM-4.5-Air / GLM-4.6 (llama.cpp's `glm4moe`, the converter's `Glm4MoeModel`): `TextModel`'s keys with
+the NextN (multi-token prediction) layers counted in `block_count` and named by `nextn_predict_layers`, the rotated
+dims (`rope.dimension_count`: half of each head in every published checkpoint), the experts' count / width / shared
+count, the leading dense layers, sigmoid routing with its selection bias (`exp_probs_b`), the weights' scale and
+renormalization; q / k rows as they are (llama.cpp rotates GLM-4.5's halves, NeoX's way, as transformers does);
+each layer's experts stacked per projection.
+
+llama.cpp loads the NextN layers' tensors and never runs them (src/models/glm4-moe.cpp: `TENSOR_SKIP`, the graph
+stops at `block_count - nextn_predict_layers`), as transformers drops `model.layers.{46,92}.*` of the checkpoints:
+the model is the layers before them, their tensors are passed over and the config has no MTP layers.
+
+Refused: GLM-4.5V's text (`rope.dimension_sections`: M-RoPE) and softmax routing (transformers' GLM-4.5 routes by
+sigmoid)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmc.export.gguf_archs.moe_common import experts, layer_of, refuse
+from llmc.export.gguf_read import Family, GGUFFile, text_config
+
+SOFTMAX, SIGMOID = 1, 2  # (llama.cpp's expert_gating_func values)
+
+
+def _layers(g: GGUFFile) -> int:
+    """The layers the model runs: `block_count` less the NextN layers."""
+    k = g.keys
+    nextn = int(k.get("nextn_predict_layers", 0) or 0)
+    if nextn < 0 or nextn >= int(k["block_count"]):
+        refuse(g, "nextn_predict_layers", nextn, f"not fewer than the {k['block_count']} blocks")
+    return int(k["block_count"]) - nextn
+
+
+def _config(g: GGUFFile) -> Any:
+    k = g.keys
+    if any(int(s) for s in (k.get("rope.dimension_sections") or [])):
+        refuse(g, "rope.dimension_sections", k["rope.dimension_sections"], "GLM-4.5V's M-RoPE text model, which "
+               "transformers' GLM-4.5 does not rotate")
+    gating = int(k.get("expert_gating_func", SIGMOID) or SIGMOID)  # (llama.cpp: none written is sigmoid)
+    if gating != SIGMOID:
+        refuse(g, "expert_gating_func", gating, "transformers' GLM-4.5 routes by sigmoid")
+    head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
+    rotated = int(k.get("rope.dimension_count", head))
+    groups = int(k.get("expert_group_count", 1) or 1)
+    config = text_config(
+        g, "glm4_moe", num_hidden_layers=_layers(g), head_dim=head, hidden_act="silu",
+        attention_bias="blk.0.attn_q.bias" in g.tensors, use_qk_norm="blk.0.attn_q_norm.weight" in g.tensors,
+        n_routed_experts=int(k["expert_count"]), num_experts_per_tok=int(k["expert_used_count"]),
+        moe_intermediate_size=int(k["expert_feed_forward_length"]), n_shared_experts=int(k["expert_shared_count"]),
+        first_k_dense_replace=int(k.get("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(k.get("expert_weights_scale", 1.0) or 1.0),
+        norm_topk_prob=bool(k.get("expert_weights_norm", False)), n_group=groups,
+        topk_group=int(k.get("expert_group_used_count", groups) or groups), num_mtp_layers=0)
+    # (GLM-4.5's config puts 0.5 in for a rotary table without a fraction: the file's, whatever it is)
+    config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": rotated / head}
+    return config
+
+
+def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
+    if (found := experts(key, g)) is not None:
+        return found
+    i = layer_of(key)
+    if i is not None and key.endswith("mlp.gate.e_score_correction_bias"):
+        return g.read(f"blk.{i}.exp_probs_b.bias")
+    return None
+
+
+FAMILIES = (Family("glm4moe", "glm4_moe", "GLM-4.5", _config, values=_values),)
