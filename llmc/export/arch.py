@@ -231,7 +231,8 @@ def _inner_size(config: Any) -> int:
         return int(config.ffn_hidden_size)
     if config.model_type == "gptj":
         return int(config.n_inner or 4 * config.hidden_size)
-    if config.model_type == "kolibri1":  # (a mixture in every layer: no dense width)
+    if config.model_type == "kolibri1" or (config.model_type == "qwen3_5_moe_text" and getattr(
+            config, "intermediate_size", None) is None):  # (a mixture in every layer: no dense width)
         return int(config.moe_intermediate_size)
     if config.model_type == "kolibri1_1":  # (its mlp_only_layers')
         return int(config.mlp_only_intermediate_size)

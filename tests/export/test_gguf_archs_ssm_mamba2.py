@@ -169,6 +169,63 @@ def _granite(tmp: Path, moe: bool = True, rope: bool = False) -> tuple[Any, Path
     return built(tmp, f"granite_{moe}_{rope}", tf.GraniteMoeHybridForCausalLM(config))
 
 
+def write_bamba(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
+    """A Bamba checkpoint as `GraniteHybridModel` writes it (`BambaForCausalLM` is one of its architectures): the keys
+    of the dense Granite 4.0-H (no multipliers: Bamba has none), the rotated dims as the checkpoint's
+    `attn_rotary_emb` (over `LlamaModel`'s whole head: the later key stands), `rope.scaling.finetuned` true, the
+    context as it is; q / k permuted over the whole head on the attention layers, the MLP (`feed_forward`) and the
+    mixer's tensors by gguf's table in Mamba-2's layouts, the tokens padded to a multiple of 8."""
+    import gguf
+    import torch
+
+    c = model.config
+    n = c.num_hidden_layers
+    attn = list(c.attn_layer_indices)
+    head = c.hidden_size // c.num_attention_heads
+    d_inner = c.mamba_expand * c.hidden_size
+    w = gguf.GGUFWriter(str(out), "granitehybrid")
+    w.add_block_count(n)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv([c.num_key_value_heads if i in attn else 0 for i in range(n)])
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_dimension_count(int(head * c.rope_parameters["partial_rotary_factor"]))  # (attn_rotary_emb)
+    w.add_ssm_conv_kernel(c.mamba_d_conv)
+    w.add_ssm_state_size(c.mamba_d_state)
+    w.add_ssm_group_count(c.mamba_n_groups)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_time_step_rank(c.mamba_n_heads)
+    w.add_rope_scaling_finetuned(True)
+    _tokenizer(w, folder, _padded(c.vocab_size, 8))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GRANITE_HYBRID, n)
+    for name, data in _checkpoint(folder).items():
+        bid = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+        if bid is not None and bid not in attn:
+            data = _mamba2_tensor(name, data, c.mamba_n_groups, d_inner)
+        elif name.endswith(("q_proj.weight", "q_proj.bias")):
+            data = torch.from_numpy(_permute(data.numpy(), c.num_attention_heads))
+        elif name.endswith(("k_proj.weight", "k_proj.bias")):
+            data = torch.from_numpy(_permute(data.numpy(), c.num_key_value_heads))
+        w.add_tensor(_mamba2_name(names, name), np.ascontiguousarray(data.numpy()))
+    _finish(w, (), metadata)
+    return out
+
+
+def _bamba(tmp: Path, tied: bool = False) -> tuple[Any, Path]:
+    """Bamba's form: Mamba-2 layers with one attention layer, half of each head rotated, a dense MLP everywhere."""
+    import transformers as tf
+
+    config = tf.BambaConfig(**{**TINY, "num_hidden_layers": 3}, attn_layer_indices=[1], mamba_n_heads=8,
+                            mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=32,
+                            tie_word_embeddings=tied)
+    config.rope_parameters = {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}
+    return built(tmp, f"bamba_{tied}", tf.BambaForCausalLM(config))
+
+
 def write_falcon_h1(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
     """As `FalconH1Model` writes it: Mamba2Model's keys with the context, MLP width and heads put back, the vocabulary
     size, KV heads, head size, rotary base; every muP multiplier multiplied into the weights (`modify_tensors`),
@@ -259,9 +316,23 @@ def test_a_mamba2_family_gguf_is_the_model_it_came_from(tmp_path: Path, name: st
     assert read_back(hf, write(hf, folder, tmp_path / f"{name}.gguf")) <= 1e-4
 
 
-def test_a_granite_hybrid_rotating_part_of_a_head_is_refused(tmp_path: Path) -> None:
+def test_a_granite_hybrid_rotating_part_of_a_head_not_in_bambas_form_is_refused(tmp_path: Path) -> None:
+    """A Granite 4.0-H file (its multipliers written: attention.scale 1) rotating half a head: not Bamba's form, and
+    transformers' Granite 4.0-H rotates whole heads."""
     hf, folder = _granite(tmp_path, moe=False, rope=True)
-    path = write_granite_hybrid(hf, folder, tmp_path / "bamba_like.gguf",
+    path = write_granite_hybrid(hf, folder, tmp_path / "granite_partial.gguf",
                                 metadata={"granitehybrid.rope.dimension_count": 8})
     with pytest.raises(UnsupportedModelError, match="rope.dimension_count 8"):
         read_back(hf, path)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_bamba_gguf_is_the_bamba_checkpoint(tmp_path: Path, tied: bool) -> None:
+    """A Bamba checkpoint's file (half of each head rotated, q / k rows permuted over the whole head by the
+    converter) reads as transformers' Bamba with the checkpoint's rows: its model."""
+    from llmc.export.sources import load, resolve
+
+    hf, folder = _bamba(tmp_path, tied)
+    path = write_bamba(hf, folder, tmp_path / "bamba.gguf")
+    assert load(resolve(str(path))).model.config.model_type == "bamba"
+    assert read_back(hf, path) <= 1e-4

@@ -11,6 +11,13 @@
   `embedding_scale`, `residual_scale`, `logit_scale` (none: 1); q / k rows permuted as `LlamaModel` does; the experts'
   fused `input_linear` split into `ffn_gate_exps` / `ffn_up_exps`, the shared MLP's into `ffn_gate_shexp` /
   `ffn_up_shexp` (`ffn_gate` / `ffn_up` / `ffn_down` where there are no experts: the dense hybrids).
+- **Bamba** (`BambaForCausalLM`, written by the same `GraniteHybridModel` as `granitehybrid` -> bamba): Granite
+  4.0-H's dense form with no multipliers, rotating (`rope.scaling.finetuned`) part of each head
+  (`rope.dimension_count`: the checkpoint's `attn_rotary_emb`, half a head). The converter reorders q / k over the
+  whole head (`LlamaModel.permute`), which is undone as for Granite: the checkpoint's rows, its model. (llama.cpp
+  rotates, its NORM way, adjacent pairs of the first `rope.dimension_count` of the reordered rows: it pairs the
+  checkpoint's dims p and head / 2 + p where the checkpoint pairs p and rotated / 2 + p, so its output is not the
+  checkpoint's where the rotation is partial; llmc reads the checkpoint's model, which the file holds.)
 - **Falcon-H1** (`falcon-h1`): attention and Mamba-2 side by side; the converter multiplies its muP multipliers into
   the weights (embeddings, lm_head, q / k / v, o, the in-projection's z / x / B / C / dt rows, out, the MLP's gate and
   down), so the file's model is Falcon-H1's with every multiplier 1; the gated norm after the gate (llama.cpp's),
@@ -117,10 +124,13 @@ def _granite_config(g: GGUFFile) -> Any:
     heads, hidden = int(heads), int(k["embedding_length"])
     head = hidden // heads
     rope = bool(k.get("rope.scaling.finetuned", False))  # (llama.cpp rotates only where set: Bamba's form)
-    if rope and int(k.get("rope.dimension_count", head)) != head:
-        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.dimension_count {k['rope.dimension_count']} of a "
-                                    f"head of {head}: transformers' Granite 4.0-H rotates whole heads")
     experts = int(k.get("expert_count", 0) or 0)
+    if rope and int(k.get("rope.dimension_count", head)) != head:
+        if not _bambas(g, n, kv, head, experts):
+            raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.dimension_count {k['rope.dimension_count']} of a "
+                                        f"head of {head}: transformers' Granite 4.0-H rotates whole heads, and "
+                                        "the file is not Bamba's form (dense, no multipliers)")
+        return _bamba_config(g, n, kv, heads, head)
     up = g.tensors.get("blk.0.ffn_up_shexp.weight" if experts else "blk.0.ffn_up.weight")
     shared = int(up.shape[-1]) if up is not None else int(k.get("expert_shared_feed_forward_length", 0))
     m = mixer_fields(g)
@@ -140,6 +150,35 @@ def _granite_config(g: GGUFFile) -> Any:
     return text_config(g, "granitemoehybrid", **fields)
 
 
+def _bambas(g: GGUFFile, n: int, kv: list[int], head: int, experts: int) -> bool:
+    """Whether a `granitehybrid` file is Bamba's form: no experts, a dense MLP on every layer, none of Granite's
+    multipliers (or the ones Bamba's model has: the query scale 1 / sqrt(head size), the rest 1)."""
+    k = g.keys
+    ones = all(float(k.get(key) or 1.0) == 1.0 for key in ("embedding_scale", "residual_scale", "logit_scale"))
+    scale = k.get("attention.scale")
+    return experts == 0 and ones and (not scale or math.isclose(float(scale), head ** -0.5, rel_tol=1e-6)) and \
+        all(f"blk.{i}.{name}.weight" in g.tensors for i in range(n) for name in ("ffn_gate", "ffn_up", "ffn_down"))
+
+
+def _bamba_config(g: GGUFFile, n: int, kv: list[int], heads: int, head: int) -> Any:
+    k = g.keys
+    m = mixer_fields(g)
+    attention = [i for i in range(n) if kv[i]]
+    up = g.tensors["blk.0.ffn_up.weight"]
+    config = text_config(
+        g, "bamba", vocab_size=vocab_rows(g), intermediate_size=int(up.shape[-1]),
+        num_key_value_heads=kv[attention[0]] if attention else heads, attn_layer_indices=attention,
+        mamba_n_heads=m["heads"], mamba_d_head=m["head_dim"], mamba_n_groups=m["groups"], mamba_d_state=m["state"],
+        mamba_d_conv=m["conv"], mamba_expand=_expand(g, m["inner"]), hidden_act="silu",
+        attention_bias=any(f"blk.{i}.attn_q.bias" in g.tensors for i in range(n)),
+        mlp_bias=any(f"blk.{i}.ffn_up.bias" in g.tensors for i in range(n)),
+        mamba_conv_bias=any(f"blk.{i}.ssm_conv1d.bias" in g.tensors for i in range(n)),
+        mamba_proj_bias=any(f"blk.{i}.ssm_in.bias" in g.tensors for i in range(n)))
+    config.rope_parameters = {"rope_type": "default", "rope_theta": float(k.get("rope.freq_base", 10_000.0)),
+                              "partial_rotary_factor": int(k["rope.dimension_count"]) / head}
+    return config
+
+
 def _granite_values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
     if (values := mixer_values(key, g)) is not None:
         return values
@@ -154,6 +193,8 @@ def _granite_values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
         rows = g.read(f"{blk}.attn_{'q' if q else 'k'}.{kind}")
         heads = config.num_attention_heads if q else config.num_key_value_heads
         return None if rows is None else unpermute(rows, int(heads))
+    if config.model_type == "bamba":
+        return None  # (the rest by gguf's table: Bamba's feed_forward / pre_ff_layernorm as the dense hybrid's)
     experts = int(config.num_local_experts or 0)
     if tail == "block_sparse_moe.router.weight":
         return g.read(f"{blk}.ffn_gate_inp.weight")
@@ -199,6 +240,6 @@ def _falcon_h1_values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
 
 FAMILIES = (
     Family("mamba2", "mamba2", "Mamba-2", _mamba2_config, values=_mamba2_values, rope_freqs=False),
-    Family("granitehybrid", "granitemoehybrid", "Granite 4.0-H", _granite_config, values=_granite_values),
+    Family("granitehybrid", "granitemoehybrid", "Granite 4.0-H / Bamba", _granite_config, values=_granite_values),
     Family("falcon-h1", "falcon_h1", "Falcon-H1", _falcon_h1_config, values=_falcon_h1_values),
 )
