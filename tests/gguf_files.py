@@ -5,6 +5,7 @@ compared exactly with the model it came from."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,84 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's reordering of a Llama q / k product's rows (each head's rotary halves interleaved)."""
     return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
         weights.shape)
+
+
+# a tensor's transform for `add_tensors`: its values, or the (gguf name, values) pairs written in its place
+Transform = Callable[[str, np.ndarray], "np.ndarray | list[tuple[str, np.ndarray]]"]
+
+
+def permute_qk(config: Any) -> Transform:
+    """A transform for `add_tensors`: Llama's q / k rows (and biases) reordered (`_permute`), the rest as it is."""
+    def transform(name: str, values: np.ndarray) -> np.ndarray:
+        if name.endswith(("q_proj.weight", "q_proj.bias")):
+            return _permute(values, config.num_attention_heads)
+        if name.endswith(("k_proj.weight", "k_proj.bias")):
+            return _permute(values, config.num_key_value_heads)
+        return values
+    return transform
+
+
+def add_keys(w: Any, **values: Any) -> None:
+    """Metadata keys in the order given, each by the writer's own call (`head_count=4`: `w.add_head_count(4)`)."""
+    for key, value in values.items():
+        getattr(w, f"add_{key}")(value)
+
+
+_TEXT_KEYS = (("block_count", "num_hidden_layers"), ("context_length", "max_position_embeddings"),
+              ("embedding_length", "hidden_size"), ("feed_forward_length", "intermediate_size"),
+              ("head_count", "num_attention_heads"), ("head_count_kv", "num_key_value_heads"))
+
+
+def add_text_keys(w: Any, config: Any, **values: Any) -> None:
+    """The six keys `TextModel.set_gguf_parameters` begins with (layers, context, width, MLP width, heads, KV heads)
+    from `config`, a key named in `values` taking its value there instead; then `values`' other keys (`add_keys`)."""
+    add_keys(w, **{key: values[key] if key in values else getattr(config, field) for key, field in _TEXT_KEYS},
+             **{key: value for key, value in values.items() if key not in dict(_TEXT_KEYS)})
+
+
+_YARN_KEYS = {"extrapolation_factor": "yarn_ext_factor", "attention_factor": "yarn_attn_factor",
+              "beta_fast": "yarn_beta_fast", "beta_slow": "yarn_beta_slow"}
+
+
+def add_yarn_keys(w: Any, rope: dict[str, Any], optional: tuple[str, ...] = ("beta_fast", "beta_slow")) -> None:
+    """yarn's `rope.scaling.*` keys from the rotary parameters `rope`: type, factor, original context, then each of
+    `optional` (`extrapolation_factor`, `attention_factor`, `beta_fast`, `beta_slow`) the parameters give."""
+    import gguf
+
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    for key in optional:
+        if rope.get(key) is not None:
+            getattr(w, f"add_rope_scaling_{_YARN_KEYS[key]}")(rope[key])
+
+
+def add_tensors(w: Any, model: Any, arch: Any, transform: Transform | None = None,
+                skip: Callable[[str], bool] | None = None, blocks: int | None = None) -> None:
+    """Every tensor of `model` under gguf's name for `arch` (a `gguf.MODEL_ARCH` or its name; `blocks` layers, the
+    config's by default), through `transform(name, values)` where given (a list from it: the tensors written under
+    the gguf names it gives instead); the head left out where tied, and the names `skip` says."""
+    import gguf
+
+    c = model.config
+    if isinstance(arch, str):
+        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(arch, c.num_hidden_layers if blocks is None else blocks)
+    for name, tensor in model.state_dict().items():
+        if (name == "lm_head.weight" and c.tie_word_embeddings) or (skip is not None and skip(name)):
+            continue
+        values = tensor.detach().float().numpy()
+        if transform is not None:
+            written = transform(name, values)
+            if isinstance(written, list):
+                for mapped, array in written:
+                    w.add_tensor(mapped, np.ascontiguousarray(array))
+                continue
+            values = written
+        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if mapped is None:
+            raise ValueError(f"gguf has no name for {name}")
+        w.add_tensor(mapped, np.ascontiguousarray(values))
 
 
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",

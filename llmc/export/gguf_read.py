@@ -306,6 +306,14 @@ class GGUFFile:
         arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.arch)
         return gguf.get_tensor_name_map(arch, int(self.keys["block_count"]))
 
+    def layers(self) -> int:
+        """The layers the model runs: `block_count` less the multi-token-prediction blocks the converter appends
+        (`nextn_predict_layers`), which llama.cpp loads and never runs."""
+        n, nextn = int(self.keys["block_count"]), int(self.keys.get("nextn_predict_layers", 0) or 0)
+        if not 0 <= nextn < n:
+            raise UnsupportedModelError(f"{self.path}: {self.arch}.nextn_predict_layers {nextn} of {n} blocks")
+        return n - nextn
+
     def named(self, key: str) -> np.ndarray | None:
         """A transformers parameter's values under the name gguf's table gives it; None if not there."""
         return self.read(self.names.get_name(key, try_suffixes=(".weight", ".bias")))
@@ -416,6 +424,17 @@ def text_config(g: GGUFFile, model_type: str, **fields: Any) -> Any:
     return AutoConfig.for_model(model_type, **kwargs)
 
 
+def rotated_share(g: GGUFFile, head: int, title: str) -> float:
+    """The share of each head rotated (`rope.dimension_count`, the whole head where absent), refused where
+    transformers' `title` class cannot rotate it (odd, past the head, or not a share it rounds back to)."""
+    rotated = int(g.keys.get("rope.dimension_count", head))
+    factor = rotated / head
+    if rotated > head or rotated % 2 or int(head * factor) != rotated:
+        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.dimension_count {rotated} of a head of {head}: "
+                                    f"transformers' {title} cannot rotate that share")
+    return factor
+
+
 def unpermute(rows: np.ndarray, heads: int) -> np.ndarray:
     """The inverse of llama.cpp's reordering of a q / k product's rows (or bias) for its rotary (the converter's
     `LlamaModel.permute`: each head's two rotary halves interleaved)."""
@@ -429,9 +448,8 @@ def _next_token(g: GGUFFile, name: str) -> bool:
     """Whether a tensor is one of the multi-token-prediction blocks the converter appends (the last
     `nextn_predict_layers` of `block_count`: GLM-4.5's, Nemotron-H's), which llama.cpp loads and never runs, as
     transformers drops a checkpoint's: no model here has a place for them."""
-    nextn = int(g.keys.get("nextn_predict_layers", 0) or 0)
     block = _BLOCK.match(name)
-    return nextn > 0 and block is not None and int(block.group(1)) >= int(g.keys["block_count"]) - nextn
+    return block is not None and int(block.group(1)) >= g.layers()
 
 
 def load_model(path: Path, attention: str | None) -> tuple[Any, dict[str, Any]] | None:

@@ -8,7 +8,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _llama3_divisors, _tokenizer, built, read_back
+from gguf_files import (
+    TINY,
+    _finish,
+    _llama3_divisors,
+    _tokenizer,
+    add_tensors,
+    add_text_keys,
+    built,
+    read_back,
+)
 
 from llmc.errors import UnsupportedModelError
 
@@ -23,29 +32,20 @@ def write_apertus(model: Any, folder: Path, out: Path, leave_out: tuple[str, ...
     rope = dict(c.rope_parameters)
     head = c.head_dim
     w = gguf.GGUFWriter(str(out), "apertus")
-    for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_rope_freq_base, rope["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
-                       (w.add_key_length, head), (w.add_value_length, head),
-                       (w.add_file_type, gguf.LlamaFileType.ALL_F32), (w.add_vocab_size, c.vocab_size),
-                       (w.add_rope_dimension_count, head)):
-        add(value)
+    add_text_keys(w, c, rope_freq_base=rope["rope_theta"], layer_norm_rms_eps=c.rms_norm_eps, key_length=head,
+                  value_length=head, file_type=gguf.LlamaFileType.ALL_F32, vocab_size=c.vocab_size,
+                  rope_dimension_count=head)
     _tokenizer(w, folder, c.vocab_size)
     if rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama3_divisors(rope, head))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.APERTUS, c.num_hidden_layers)
     xielu: dict[str, list[float]] = {"alpha_p": [], "alpha_n": [], "beta": [], "eps": []}
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        if ".act_fn." in name:
-            xielu[name.rsplit(".", 1)[1]].append(tensor.detach().float().item())
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+
+    def collect(name: str, values: np.ndarray) -> np.ndarray | list[tuple[str, np.ndarray]]:
+        if ".act_fn." not in name:
+            return values
+        xielu[name.rsplit(".", 1)[1]].append(values.item())
+        return []
+    add_tensors(w, model, gguf.MODEL_ARCH.APERTUS, collect)
     w.add_xielu_alpha_n(xielu["alpha_n"])
     w.add_xielu_alpha_p(xielu["alpha_p"])
     w.add_xielu_beta(xielu["beta"])

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_tensors, add_text_keys, built, read_back
 
 from llmc.errors import UnsupportedModelError
 
@@ -24,12 +24,7 @@ def write_cohere(model: Any, folder: Path, out: Path, extra: dict[str, np.ndarra
     c = model.config
     arch = {"cohere": "command-r", "cohere2": "cohere2"}[c.model_type]
     w = gguf.GGUFWriter(str(out), arch)
-    for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_rope_freq_base, c.rope_parameters["rope_theta"]),
-                       (w.add_layer_norm_eps, c.layer_norm_eps)):
-        add(value)
+    add_text_keys(w, c, rope_freq_base=c.rope_parameters["rope_theta"], layer_norm_eps=c.layer_norm_eps)
     if c.to_dict().get("head_dim") is not None:
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
@@ -41,15 +36,8 @@ def write_cohere(model: Any, folder: Path, out: Path, extra: dict[str, np.ndarra
         w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.COMMAND_R if arch == "command-r" else gguf.MODEL_ARCH.COHERE2,
-                                     c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" or (arch == "cohere2" and name.endswith(".bias")):
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+    add_tensors(w, model, arch,  # (no head: tied; Cohere2's biases dropped)
+                skip=lambda name: name == "lm_head.weight" or (arch == "cohere2" and name.endswith(".bias")))
     _finish(w, (), None, extra)
     return out
 

@@ -7,9 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _permute, _tokenizer, built, read_back
+from gguf_files import (
+    TINY,
+    _finish,
+    _tokenizer,
+    add_keys,
+    add_tensors,
+    add_text_keys,
+    built,
+    permute_qk,
+    read_back,
+)
 
 from llmc.errors import UnsupportedModelError
 
@@ -25,35 +34,16 @@ def write_granite(model: Any, folder: Path, out: Path, hybrid: bool = False,
     c = model.config
     n = c.num_hidden_layers
     w = gguf.GGUFWriter(str(out), "granite")
-    for add, value in ((w.add_block_count, n), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_rope_freq_base, c.rope_parameters["rope_theta"]),
-                       (w.add_layer_norm_rms_eps, c.rms_norm_eps), (w.add_file_type, gguf.LlamaFileType.ALL_F32),
-                       (w.add_vocab_size, c.vocab_size),
-                       (w.add_rope_dimension_count, c.hidden_size // c.num_attention_heads),
-                       (w.add_attention_scale, c.attention_multiplier), (w.add_embedding_scale, c.embedding_multiplier),
-                       (w.add_residual_scale, c.residual_multiplier), (w.add_logit_scale, c.logits_scaling)):
-        add(value)
+    add_text_keys(w, c, rope_freq_base=c.rope_parameters["rope_theta"], layer_norm_rms_eps=c.rms_norm_eps,
+                  file_type=gguf.LlamaFileType.ALL_F32, vocab_size=c.vocab_size,
+                  rope_dimension_count=c.hidden_size // c.num_attention_heads,
+                  attention_scale=c.attention_multiplier, embedding_scale=c.embedding_multiplier,
+                  residual_scale=c.residual_multiplier, logit_scale=c.logits_scaling)
     if hybrid:
-        for add, value in ((w.add_ssm_conv_kernel, 4), (w.add_ssm_state_size, 128), (w.add_ssm_group_count, 1),
-                           (w.add_ssm_inner_size, 2 * c.hidden_size), (w.add_ssm_time_step_rank, 8),
-                           (w.add_head_count_kv, [c.num_key_value_heads] * n), (w.add_rope_scaling_finetuned, True)):
-            add(value)
+        add_keys(w, ssm_conv_kernel=4, ssm_state_size=128, ssm_group_count=1, ssm_inner_size=2 * c.hidden_size,
+                 ssm_time_step_rank=8, head_count_kv=[c.num_key_value_heads] * n, rope_scaling_finetuned=True)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GRANITE, n)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        values = tensor.detach().float().numpy()
-        if name.endswith(("q_proj.weight", "q_proj.bias")):
-            values = _permute(values, c.num_attention_heads)
-        elif name.endswith(("k_proj.weight", "k_proj.bias")):
-            values = _permute(values, c.num_key_value_heads)
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(values))
+    add_tensors(w, model, gguf.MODEL_ARCH.GRANITE, permute_qk(c))
     _finish(w, (), metadata)
     return out
 

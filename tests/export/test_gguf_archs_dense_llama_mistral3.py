@@ -8,9 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _permute, _tokenizer, built, read_back
+from gguf_files import (
+    TINY,
+    _finish,
+    _tokenizer,
+    add_tensors,
+    add_text_keys,
+    add_yarn_keys,
+    built,
+    permute_qk,
+    read_back,
+)
 
 from llmc.errors import UnsupportedModelError
 
@@ -28,18 +37,9 @@ def write_mistral3(model: Any, folder: Path, out: Path, metadata: dict[str, Any]
     rope = dict(c.rope_parameters)
     head = c.to_dict().get("head_dim")
     w = gguf.GGUFWriter(str(out), "mistral3")
-    for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads)):
-        add(value)
+    add_text_keys(w, c)
     if rope.get("rope_type") == "yarn":
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(rope["factor"])
-        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-        for key, add in (("beta_fast", w.add_rope_scaling_yarn_beta_fast),
-                         ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
-            if rope.get(key) is not None:
-                add(rope[key])
+        add_yarn_keys(w, rope)
     w.add_rope_freq_base(rope["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     if head is not None:
@@ -54,19 +54,7 @@ def write_mistral3(model: Any, folder: Path, out: Path, metadata: dict[str, Any]
     for key, value in (more or {}).items():
         w.add_float32(key, value)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MISTRAL3, c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        values = tensor.detach().float().numpy()
-        if name.endswith(("q_proj.weight", "q_proj.bias")):
-            values = _permute(values, c.num_attention_heads)
-        elif name.endswith(("k_proj.weight", "k_proj.bias")):
-            values = _permute(values, c.num_key_value_heads)
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(values))
+    add_tensors(w, model, gguf.MODEL_ARCH.MISTRAL3, permute_qk(c))
     _finish(w, (), metadata)
     return out
 

@@ -8,9 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_tensors, add_text_keys, add_yarn_keys, built, read_back
 
 from llmc.errors import UnsupportedModelError
 
@@ -24,22 +23,11 @@ def write_olmo2(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | 
     import gguf
 
     c = model.config
-    n = c.num_hidden_layers
     rope = c.rope_parameters.get("full_attention", c.rope_parameters)
     w = gguf.GGUFWriter(str(out), "olmo2")
-    for add, value in ((w.add_block_count, n), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads)):
-        add(value)
+    add_text_keys(w, c)
     if rope.get("rope_type") == "yarn":
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(rope["factor"])
-        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-        for key, add in (("attention_factor", w.add_rope_scaling_yarn_attn_factor),
-                         ("beta_fast", w.add_rope_scaling_yarn_beta_fast),
-                         ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
-            if rope.get(key) is not None:
-                add(rope[key])
+        add_yarn_keys(w, rope, ("attention_factor", "beta_fast", "beta_slow"))
     w.add_rope_freq_base(rope["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     if c.to_dict().get("head_dim") is not None:
@@ -52,14 +40,7 @@ def write_olmo2(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | 
     for key, value in (more or {}).items():
         w.add_float32(key, value)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.OLMO2, n)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+    add_tensors(w, model, gguf.MODEL_ARCH.OLMO2)
     _finish(w, (), metadata)
     return out
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_tensors, add_text_keys, built, read_back
 
 
 def write_seed_oss(model: Any, folder: Path, out: Path) -> Path:
@@ -17,22 +16,10 @@ def write_seed_oss(model: Any, folder: Path, out: Path) -> Path:
 
     c = model.config
     w = gguf.GGUFWriter(str(out), "seed_oss")
-    for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_rope_freq_base, c.rope_parameters["rope_theta"]),
-                       (w.add_layer_norm_rms_eps, c.rms_norm_eps), (w.add_key_length, c.head_dim),
-                       (w.add_value_length, c.head_dim), (w.add_file_type, gguf.LlamaFileType.ALL_F32)):
-        add(value)
+    add_text_keys(w, c, rope_freq_base=c.rope_parameters["rope_theta"], layer_norm_rms_eps=c.rms_norm_eps,
+                  key_length=c.head_dim, value_length=c.head_dim, file_type=gguf.LlamaFileType.ALL_F32)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.SEED_OSS, c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+    add_tensors(w, model, gguf.MODEL_ARCH.SEED_OSS)
     _finish(w, (), None)
     return out
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_keys, add_tensors, built, read_back
 
 
 def write_gptneox(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None,
@@ -23,30 +23,24 @@ def write_gptneox(model: Any, folder: Path, out: Path, metadata: dict[str, Any] 
     c = model.config
     heads, width = c.num_attention_heads, c.hidden_size
     w = gguf.GGUFWriter(str(out), "gptneox")
-    for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, width),
-                       (w.add_block_count, c.num_hidden_layers), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_rope_dimension_count, int(c.rope_parameters["partial_rotary_factor"] * (width // heads))),
-                       (w.add_head_count, heads), (w.add_parallel_residual, c.use_parallel_residual),
-                       (w.add_layer_norm_eps, c.layer_norm_eps), (w.add_file_type, gguf.LlamaFileType.ALL_F32)):
-        add(value)
+    add_keys(w, context_length=c.max_position_embeddings, embedding_length=width, block_count=c.num_hidden_layers,
+             feed_forward_length=c.intermediate_size,
+             rope_dimension_count=int(c.rope_parameters["partial_rotary_factor"] * (width // heads)), head_count=heads,
+             parallel_residual=c.use_parallel_residual, layer_norm_eps=c.layer_norm_eps,
+             file_type=gguf.LlamaFileType.ALL_F32)
     if kv is not None:
         w.add_head_count_kv(kv)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPTNEOX, c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        values = tensor.detach().float().numpy()
+
+    def regroup(name: str, values: np.ndarray) -> np.ndarray:
         if name.endswith("attention.query_key_value.weight"):
             qkv = values.reshape(heads, 3, width // heads, width)
-            values = np.concatenate([qkv[:, i].reshape(-1, width) for i in range(3)])
-        elif name.endswith("attention.query_key_value.bias"):
+            return np.concatenate([qkv[:, i].reshape(-1, width) for i in range(3)])
+        if name.endswith("attention.query_key_value.bias"):
             qkv = values.reshape(heads, 3, width // heads)
-            values = np.concatenate([qkv[:, i].reshape(width) for i in range(3)])
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(values))
+            return np.concatenate([qkv[:, i].reshape(width) for i in range(3)])
+        return values
+    add_tensors(w, model, gguf.MODEL_ARCH.GPTNEOX, regroup)
     _finish(w, (), metadata)
     return out
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _permute, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_tensors, add_text_keys, built, permute_qk, read_back
 
 
 def write_olmo(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
@@ -20,28 +19,12 @@ def write_olmo(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | N
 
     c = model.config
     w = gguf.GGUFWriter(str(out), "olmo")
-    for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_rope_freq_base, c.rope_parameters["rope_theta"]),
-                       (w.add_file_type, gguf.LlamaFileType.ALL_F32), (w.add_layer_norm_eps, 1e-5)):
-        add(value)
+    add_text_keys(w, c, rope_freq_base=c.rope_parameters["rope_theta"], file_type=gguf.LlamaFileType.ALL_F32,
+                  layer_norm_eps=1e-5)
     if c.clip_qkv is not None:
         w.add_clamp_kqv(c.clip_qkv)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.OLMO, c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        values = tensor.detach().float().numpy()
-        if name.endswith("q_proj.weight"):
-            values = _permute(values, c.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            values = _permute(values, c.num_key_value_heads)
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(values))
+    add_tensors(w, model, gguf.MODEL_ARCH.OLMO, permute_qk(c))  # (OLMo has no q / k biases)
     _finish(w, (), metadata)
     return out
 

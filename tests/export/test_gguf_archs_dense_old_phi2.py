@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_keys, add_tensors, built, read_back
 
 
 def write_phi2(model: Any, folder: Path, out: Path, fused: bool = False,
@@ -22,31 +22,22 @@ def write_phi2(model: Any, folder: Path, out: Path, fused: bool = False,
     c = model.config
     share = c.rope_parameters["partial_rotary_factor"]
     w = gguf.GGUFWriter(str(out), "phi2")
-    for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_embedding_length, c.hidden_size),
-                       (w.add_feed_forward_length, 4 * c.hidden_size), (w.add_block_count, c.num_hidden_layers),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_attention_heads),
-                       (w.add_layer_norm_eps, c.layer_norm_eps),
-                       (w.add_rope_dimension_count, int(share * c.hidden_size) // c.num_attention_heads),
-                       (w.add_file_type, gguf.LlamaFileType.ALL_F32), (w.add_add_bos_token, False)):
-        add(value)
+    add_keys(w, context_length=c.max_position_embeddings, embedding_length=c.hidden_size,
+             feed_forward_length=4 * c.hidden_size, block_count=c.num_hidden_layers, head_count=c.num_attention_heads,
+             head_count_kv=c.num_attention_heads, layer_norm_eps=c.layer_norm_eps,
+             rope_dimension_count=int(share * c.hidden_size) // c.num_attention_heads,
+             file_type=gguf.LlamaFileType.ALL_F32, add_bos_token=False)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.PHI2, c.num_hidden_layers)
     state = model.state_dict()
-    for name, tensor in state.items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        values = tensor.detach().float().numpy()
-        if fused and ".self_attn." in name and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):
-            if ".q_proj." not in name:
-                continue
-            values = np.concatenate([state[name.replace("q_proj", p)].float().numpy()
-                                     for p in ("q_proj", "k_proj", "v_proj")])
-            w.add_tensor(f"blk.{name.split('.')[2]}.attn_qkv.{name.split('.')[-1]}", np.ascontiguousarray(values))
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(values))
+
+    def fuse(name: str, values: np.ndarray) -> np.ndarray | list[tuple[str, np.ndarray]]:
+        if not (fused and ".self_attn." in name and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj")):
+            return values
+        if ".q_proj." not in name:
+            return []
+        qkv = [state[name.replace("q_proj", p)].float().numpy() for p in ("q_proj", "k_proj", "v_proj")]
+        return [(f"blk.{name.split('.')[2]}.attn_qkv.{name.split('.')[-1]}", np.concatenate(qkv))]
+    add_tensors(w, model, gguf.MODEL_ARCH.PHI2, fuse)
     _finish(w, (), metadata)
     return out
 

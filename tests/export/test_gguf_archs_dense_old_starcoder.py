@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from gguf_files import _finish, _tokenizer, built, read_back
+from gguf_files import _finish, _tokenizer, add_keys, add_tensors, built, read_back
 
 
 def write_starcoder(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None) -> Path:
@@ -19,20 +18,11 @@ def write_starcoder(model: Any, folder: Path, out: Path, metadata: dict[str, Any
 
     c = model.config
     w = gguf.GGUFWriter(str(out), "starcoder")
-    for add, value in ((w.add_context_length, c.n_positions), (w.add_embedding_length, c.n_embd),
-                       (w.add_feed_forward_length, 4 * c.n_embd), (w.add_block_count, c.n_layer),
-                       (w.add_head_count, c.n_head), (w.add_head_count_kv, 1),
-                       (w.add_layer_norm_eps, c.layer_norm_epsilon), (w.add_file_type, gguf.LlamaFileType.ALL_F32)):
-        add(value)
+    add_keys(w, context_length=c.n_positions, embedding_length=c.n_embd, feed_forward_length=4 * c.n_embd,
+             block_count=c.n_layer, head_count=c.n_head, head_count_kv=1, layer_norm_eps=c.layer_norm_epsilon,
+             file_type=gguf.LlamaFileType.ALL_F32)
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.STARCODER, c.n_layer)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+    add_tensors(w, model, gguf.MODEL_ARCH.STARCODER, blocks=c.n_layer)
     _finish(w, (), metadata)
     return out
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_keys, add_tensors, add_text_keys, built, read_back
 
 from llmc.errors import UnsupportedModelError
 
@@ -24,31 +23,17 @@ def write_dense(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | 
     arch = "ernie4_5" if c.model_type == "ernie4_5" else "hunyuan-dense"
     rope = c.rope_parameters
     w = gguf.GGUFWriter(str(out), arch)
-    for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_rope_freq_base, rope["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
-                       (w.add_key_length, c.head_dim), (w.add_value_length, c.head_dim),
-                       (w.add_file_type, gguf.LlamaFileType.ALL_F32)):
-        add(value)
+    add_text_keys(w, c, rope_freq_base=rope["rope_theta"], layer_norm_rms_eps=c.rms_norm_eps, key_length=c.head_dim,
+                  value_length=c.head_dim, file_type=gguf.LlamaFileType.ALL_F32)
     if arch == "hunyuan-dense" and rope.get("rope_type") == "dynamic":
         w.add_rope_freq_base(rope["rope_theta"] * rope["alpha"] ** (c.head_dim / (c.head_dim - 2)))
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
         w.add_rope_scaling_factor(1)
         w.add_rope_scaling_orig_ctx_len(256 * 1024)
         w.add_context_length(256 * 1024)
-    for name, value in (extra or {}).items():
-        getattr(w, f"add_{name}")(value)
+    add_keys(w, **(extra or {}))
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.ERNIE4_5 if arch == "ernie4_5" else gguf.MODEL_ARCH.HUNYUAN_DENSE,
-                                     c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+    add_tensors(w, model, arch)
     _finish(w, (), metadata)  # (the converter's second context / base key replaces the first, as here)
     return out
 

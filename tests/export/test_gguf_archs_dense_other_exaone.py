@@ -6,9 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _llama3_divisors, _tokenizer, built, read_back
+from gguf_files import (
+    TINY,
+    _finish,
+    _llama3_divisors,
+    _tokenizer,
+    add_tensors,
+    add_text_keys,
+    built,
+    read_back,
+)
 
 from llmc.errors import UnsupportedModelError
 
@@ -29,11 +37,7 @@ def write_exaone(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
     rope = c.rope_parameters
     head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(out), arch)
-    for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
-                       (w.add_rope_freq_base, rope["rope_theta"]), (w.add_layer_norm_rms_eps, c.rms_norm_eps)):
-        add(value)
+    add_text_keys(w, c, rope_freq_base=rope["rope_theta"], layer_norm_rms_eps=c.rms_norm_eps)
     if getattr(c, "head_dim", None) is not None:
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
@@ -49,15 +53,7 @@ def write_exaone(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
     _tokenizer(w, folder, c.vocab_size)
     if rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama3_divisors(rope, head))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.EXAONE4 if arch == "exaone4" else gguf.MODEL_ARCH.EXAONE,
-                                     c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+    add_tensors(w, model, arch)
     _finish(w, leave_out, metadata)
     return out
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_keys, add_tensors, built, read_back
 
 from llmc.errors import UnsupportedModelError
 
@@ -23,27 +23,16 @@ def write_minicpm3(model: Any, folder: Path, out: Path, leave_out: tuple[str, ..
     c = model.config
     rope = c.rope_parameters
     w = gguf.GGUFWriter(str(out), "minicpm3")
-    for add, value in ((w.add_file_type, gguf.LlamaFileType.ALL_F32), (w.add_context_length, c.max_position_embeddings),
-                       (w.add_embedding_length, c.hidden_size), (w.add_block_count, c.num_hidden_layers),
-                       (w.add_feed_forward_length, c.intermediate_size), (w.add_head_count, c.num_attention_heads),
-                       (w.add_head_count_kv, c.num_key_value_heads), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
-                       (w.add_vocab_size, c.vocab_size), (w.add_q_lora_rank, c.q_lora_rank),
-                       (w.add_kv_lora_rank, c.kv_lora_rank),
-                       (w.add_key_length, c.qk_nope_head_dim + c.qk_rope_head_dim),
-                       (w.add_rope_dimension_count, c.qk_rope_head_dim)):
-        add(value)
+    add_keys(w, file_type=gguf.LlamaFileType.ALL_F32, context_length=c.max_position_embeddings,
+             embedding_length=c.hidden_size, block_count=c.num_hidden_layers, feed_forward_length=c.intermediate_size,
+             head_count=c.num_attention_heads, head_count_kv=c.num_key_value_heads, layer_norm_rms_eps=c.rms_norm_eps,
+             vocab_size=c.vocab_size, q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank,
+             key_length=c.qk_nope_head_dim + c.qk_rope_head_dim, rope_dimension_count=c.qk_rope_head_dim)
     _tokenizer(w, folder, c.vocab_size)
     if rope.get("rope_type") == "longrope":
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MINICPM3, c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and c.tie_word_embeddings:
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(tensor.detach().float().numpy()))
+    add_tensors(w, model, gguf.MODEL_ARCH.MINICPM3)
     _finish(w, leave_out, None)
     return out
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf_files import TINY, _finish, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _tokenizer, add_keys, add_tensors, built, read_back
 
 
 def write_phimoe(model: Any, folder: Path, out: Path) -> Path:
@@ -24,31 +24,21 @@ def write_phimoe(model: Any, folder: Path, out: Path) -> Path:
     w.add_name("tiny-phimoe")
     orig = rope["original_max_position_embeddings"]
     rotated = int(rope.get("partial_rotary_factor", 1.0) * c.hidden_size) // c.num_attention_heads
-    for add, value in ((w.add_context_length, c.max_position_embeddings), (w.add_rope_scaling_orig_ctx_len, orig),
-                       (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
-                       (w.add_block_count, c.num_hidden_layers), (w.add_head_count, c.num_attention_heads),
-                       (w.add_head_count_kv, c.num_key_value_heads), (w.add_layer_norm_rms_eps, c.rms_norm_eps),
-                       (w.add_rope_dimension_count, rotated), (w.add_rope_freq_base, rope["rope_theta"]),
-                       (w.add_file_type, gguf.LlamaFileType.ALL_F32), (w.add_sliding_window, c.sliding_window or 0),
-                       (w.add_expert_used_count, c.num_experts_per_tok), (w.add_expert_count, c.num_local_experts)):
-        add(value)
+    add_keys(w, context_length=c.max_position_embeddings, rope_scaling_orig_ctx_len=orig,
+             embedding_length=c.hidden_size, feed_forward_length=c.intermediate_size, block_count=c.num_hidden_layers,
+             head_count=c.num_attention_heads, head_count_kv=c.num_key_value_heads, layer_norm_rms_eps=c.rms_norm_eps,
+             rope_dimension_count=rotated, rope_freq_base=rope["rope_theta"], file_type=gguf.LlamaFileType.ALL_F32,
+             sliding_window=c.sliding_window or 0, expert_used_count=c.num_experts_per_tok,
+             expert_count=c.num_local_experts)
     _tokenizer(w, folder, c.vocab_size)
     if rope.get("long_factor"):
         scale = c.max_position_embeddings / orig
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.PHIMOE, c.num_hidden_layers)
-    for name, tensor in model.state_dict().items():
-        values = tensor.detach().float().numpy()
-        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            for mapped, array in split_experts(name, values):
-                w.add_tensor(mapped, np.ascontiguousarray(array))
-            continue
-        mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            raise ValueError(f"gguf has no name for {name}")
-        w.add_tensor(mapped, np.ascontiguousarray(values))
+    assert not c.tie_word_embeddings  # (the converter writes the head)
+    add_tensors(w, model, gguf.MODEL_ARCH.PHIMOE, lambda name, values: (
+        list(split_experts(name, values)) if name.endswith(("experts.gate_up_proj", "experts.down_proj")) else values))
     _finish(w, (), None)
     return out
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf_files import TINY, _finish, _permute, _tokenizer, built, read_back
+from gguf_files import TINY, _finish, _permute, _tokenizer, add_keys, add_text_keys, built, read_back
 
 from llmc.errors import UnsupportedModelError
 
@@ -56,17 +56,10 @@ def write_mamba2(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
     c = model.config
     d_inner = int(c.expand * c.hidden_size)
     w = gguf.GGUFWriter(str(out), "mamba2")
-    w.add_context_length(2**20)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(0)
-    w.add_head_count(0)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_ssm_conv_kernel(c.conv_kernel)
-    w.add_ssm_inner_size(d_inner)
-    w.add_ssm_state_size(c.state_size)
-    w.add_ssm_time_step_rank(d_inner // c.head_dim)
-    w.add_ssm_group_count(c.n_groups)
-    w.add_layer_norm_rms_eps(c.layer_norm_epsilon)
+    add_keys(w, context_length=2**20, embedding_length=c.hidden_size, feed_forward_length=0, head_count=0,
+             block_count=c.num_hidden_layers, ssm_conv_kernel=c.conv_kernel, ssm_inner_size=d_inner,
+             ssm_state_size=c.state_size, ssm_time_step_rank=d_inner // c.head_dim, ssm_group_count=c.n_groups,
+             layer_norm_rms_eps=c.layer_norm_epsilon)
     _tokenizer(w, folder, _padded(c.vocab_size, 16))
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MAMBA2, c.num_hidden_layers)
     for name, data in _checkpoint(folder).items():
@@ -119,12 +112,8 @@ def write_granite_hybrid(model: Any, folder: Path, out: Path, metadata: dict[str
                        (w.add_expert_shared_feed_forward_length, c.shared_intermediate_size)):
         if value:
             add(value)
-    w.add_ssm_conv_kernel(c.mamba_d_conv)
-    w.add_ssm_state_size(c.mamba_d_state)
-    w.add_ssm_group_count(c.mamba_n_groups)
-    w.add_ssm_inner_size(d_inner)
-    w.add_ssm_time_step_rank(c.mamba_n_heads)
-    w.add_rope_scaling_finetuned(use_rope)
+    add_keys(w, ssm_conv_kernel=c.mamba_d_conv, ssm_state_size=c.mamba_d_state, ssm_group_count=c.mamba_n_groups,
+             ssm_inner_size=d_inner, ssm_time_step_rank=c.mamba_n_heads, rope_scaling_finetuned=use_rope)
     _tokenizer(w, folder, _padded(c.vocab_size, 8))
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GRANITE_HYBRID, n)
     heads, kv = c.num_attention_heads, c.num_key_value_heads
@@ -184,22 +173,12 @@ def write_bamba(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | 
     head = c.hidden_size // c.num_attention_heads
     d_inner = c.mamba_expand * c.hidden_size
     w = gguf.GGUFWriter(str(out), "granitehybrid")
-    w.add_block_count(n)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv([c.num_key_value_heads if i in attn else 0 for i in range(n)])
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
-    w.add_rope_dimension_count(int(head * c.rope_parameters["partial_rotary_factor"]))  # (attn_rotary_emb)
-    w.add_ssm_conv_kernel(c.mamba_d_conv)
-    w.add_ssm_state_size(c.mamba_d_state)
-    w.add_ssm_group_count(c.mamba_n_groups)
-    w.add_ssm_inner_size(d_inner)
-    w.add_ssm_time_step_rank(c.mamba_n_heads)
-    w.add_rope_scaling_finetuned(True)
+    add_text_keys(w, c, block_count=n, head_count_kv=[c.num_key_value_heads if i in attn else 0 for i in range(n)],
+                  rope_freq_base=c.rope_parameters["rope_theta"], layer_norm_rms_eps=c.rms_norm_eps,
+                  vocab_size=c.vocab_size,
+                  rope_dimension_count=int(head * c.rope_parameters["partial_rotary_factor"]),  # (attn_rotary_emb)
+                  ssm_conv_kernel=c.mamba_d_conv, ssm_state_size=c.mamba_d_state, ssm_group_count=c.mamba_n_groups,
+                  ssm_inner_size=d_inner, ssm_time_step_rank=c.mamba_n_heads, rope_scaling_finetuned=True)
     _tokenizer(w, folder, _padded(c.vocab_size, 8))
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GRANITE_HYBRID, n)
     for name, data in _checkpoint(folder).items():
@@ -235,13 +214,9 @@ def write_falcon_h1(model: Any, folder: Path, out: Path, metadata: dict[str, Any
     c = model.config
     d_inner = c.mamba_d_ssm
     w = gguf.GGUFWriter(str(out), "falcon-h1")
-    w.add_embedding_length(c.hidden_size)
-    w.add_ssm_conv_kernel(c.mamba_d_conv)
-    w.add_ssm_inner_size(d_inner)
-    w.add_ssm_state_size(c.mamba_d_state)
-    w.add_ssm_time_step_rank(d_inner // c.mamba_d_head)
-    w.add_ssm_group_count(c.mamba_n_groups)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    add_keys(w, embedding_length=c.hidden_size, ssm_conv_kernel=c.mamba_d_conv, ssm_inner_size=d_inner,
+             ssm_state_size=c.mamba_d_state, ssm_time_step_rank=d_inner // c.mamba_d_head,
+             ssm_group_count=c.mamba_n_groups, layer_norm_rms_eps=c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)

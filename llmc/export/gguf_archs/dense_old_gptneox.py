@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from llmc.errors import UnsupportedModelError
-from llmc.export.gguf_read import Family, GGUFFile, _scaled_rope, text_config
+from llmc.export.gguf_read import Family, GGUFFile, _scaled_rope, rotated_share, text_config
 
 
 def _config(g: GGUFFile) -> Any:
@@ -21,11 +21,7 @@ def _config(g: GGUFFile) -> Any:
         raise UnsupportedModelError(f"{g.path}: gptneox.attention.head_count_kv {k['attention.head_count_kv']} "
                                     f"for {heads} heads: GPT-NeoX's keys and values have a head per query head")
     head = width // heads
-    rotated = int(k.get("rope.dimension_count", head))
-    factor = rotated / head
-    if rotated > head or rotated % 2 or int(head * factor) != rotated:
-        raise UnsupportedModelError(f"{g.path}: gptneox.rope.dimension_count {rotated} of a head of {head}: "
-                                    "transformers' GPT-NeoX cannot rotate that share")
+    factor = rotated_share(g, head, "GPT-NeoX")
     if "rope_freqs.weight" in g.tensors:
         raise UnsupportedModelError(f"{g.path}: rope_freqs.weight: llama.cpp's GPT-NeoX has no rotary factors")
     rope = {"rope_type": "default", "rope_theta": float(k.get("rope.freq_base", 10000.0)),

@@ -46,13 +46,6 @@ _CENTRED = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_a
 _DEFAULT_SECTIONS = [11, 11, 10]  # (transformers' and the converter's default)
 
 
-def _trunk(g: GGUFFile) -> int:
-    n, nextn = int(g.keys["block_count"]), int(g.keys.get("nextn_predict_layers", 0) or 0)
-    if not 0 <= nextn < n:
-        refuse(g, "nextn_predict_layers", nextn, f"of {n} blocks")
-    return n - nextn
-
-
 def _layer_types(g: GGUFFile, n: int) -> list[str]:
     interval = int(g.keys.get("full_attention_interval", 4))
     if interval < 1:
@@ -69,7 +62,7 @@ def _layer_types(g: GGUFFile, n: int) -> list[str]:
 
 def _config(g: GGUFFile, model_type: str) -> Any:
     k = g.keys
-    n = _trunk(g)
+    n = g.layers()
     hidden, heads = int(k["embedding_length"]), int(k["attention.head_count"])
     head = int(k.get("attention.key_length") or hidden // heads)
     if int(k.get("attention.value_length", head)) != head:

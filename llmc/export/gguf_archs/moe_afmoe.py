@@ -22,9 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from llmc.export.gguf_archs.moe_common import experts, layer_of, refuse
+from llmc.export.gguf_archs.moe_common import bias_values, refuse
 from llmc.export.gguf_archs.moe_exaone import rope_base, swa_period
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
@@ -66,13 +64,4 @@ def _config(g: GGUFFile) -> Any:
     return config
 
 
-def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
-    if (found := experts(key, g)) is not None:
-        return found
-    i = layer_of(key)
-    if i is not None and key.endswith("mlp.expert_bias"):  # (renamed expert_bias.bias by the converter)
-        return g.read(f"blk.{i}.exp_probs_b.bias")
-    return None
-
-
-FAMILIES = (Family("afmoe", "afmoe", "Trinity (AFMoE)", _config, values=_values),)
+FAMILIES = (Family("afmoe", "afmoe", "Trinity (AFMoE)", _config, values=bias_values("mlp.expert_bias")),)

@@ -6,6 +6,7 @@ fused (`experts.gate_up_proj` [E, 2I, H], gate rows first; `experts.down_proj` [
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,23 @@ def experts(key: str, g: GGUFFile) -> np.ndarray | None:
     if key.endswith(_ROUTERS):
         return g.read(f"{blk}.ffn_gate_inp.weight")
     return None
+
+
+def moe_values(key: str, g: GGUFFile, bias: str | None = None) -> np.ndarray | None:
+    """`experts(key, g)`, or for a layer's router score bias (the parameter ending `bias`) the file's
+    `exp_probs_b.bias`; None for another key."""
+    if (found := experts(key, g)) is not None:
+        return found
+    i = layer_of(key)
+    if i is not None and bias is not None and key.endswith(bias):
+        return g.read(f"blk.{i}.exp_probs_b.bias")
+    return None
+
+
+def bias_values(bias: str) -> Callable[[str, GGUFFile, Any], np.ndarray | None]:
+    """A family's `values` reading nothing of its own but the experts, the router and the score bias `bias`
+    (`moe_values`)."""
+    return lambda key, g, config: moe_values(key, g, bias)
 
 
 def rows(g: GGUFFile, *names: str) -> np.ndarray | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from llmc.export.gguf_archs.moe_common import experts, layer_of, refuse
+from llmc.export.gguf_archs.moe_common import layer_of, moe_values, refuse
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 SOFTMAX, SIGMOID = 1, 2  # (llama.cpp's expert_gating_func values)
@@ -92,24 +92,20 @@ def _config(g: GGUFFile) -> Any:
 
 
 def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
-    if (found := experts(key, g)) is not None:
+    if (found := moe_values(key, g, "mlp.gate.e_score_correction_bias")) is not None:
         return found
     i = layer_of(key)
-    if i is None:
+    if i is None or not key.endswith("self_attn.kv_b_proj.weight"):
         return None
-    if key.endswith("mlp.gate.e_score_correction_bias"):
-        return g.read(f"blk.{i}.exp_probs_b.bias")
-    if key.endswith("self_attn.kv_b_proj.weight"):
-        if f"blk.{i}.attn_kv_b.weight" in g.tensors:
-            return g.read(f"blk.{i}.attn_kv_b.weight")
-        k_b, v_b = g.read(f"blk.{i}.attn_k_b.weight"), g.read(f"blk.{i}.attn_v_b.weight")
-        if k_b is None or v_b is None:
-            return None
-        heads = int(config.num_attention_heads)  # [H, rank, nope] and [H, v, rank] -> [H * (nope + v), rank]
-        k_b = k_b.reshape(heads, int(config.kv_lora_rank), -1).transpose(0, 2, 1)
-        v_b = v_b.reshape(heads, -1, int(config.kv_lora_rank))
-        return np.concatenate((k_b, v_b), axis=1).reshape(-1, int(config.kv_lora_rank))
-    return None
+    if f"blk.{i}.attn_kv_b.weight" in g.tensors:
+        return g.read(f"blk.{i}.attn_kv_b.weight")
+    k_b, v_b = g.read(f"blk.{i}.attn_k_b.weight"), g.read(f"blk.{i}.attn_v_b.weight")
+    if k_b is None or v_b is None:
+        return None
+    heads = int(config.num_attention_heads)  # [H, rank, nope] and [H, v, rank] -> [H * (nope + v), rank]
+    k_b = k_b.reshape(heads, int(config.kv_lora_rank), -1).transpose(0, 2, 1)
+    v_b = v_b.reshape(heads, -1, int(config.kv_lora_rank))
+    return np.concatenate((k_b, v_b), axis=1).reshape(-1, int(config.kv_lora_rank))
 
 
 FAMILIES = (Family("deepseek2", "deepseek_v2", "DeepSeek-V2 / V3", _config, values=_values, rope_freqs=False),)

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from llmc.export.gguf_archs.moe_common import experts, layer_of, refuse
+from llmc.export.gguf_archs.moe_common import bias_values, refuse
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 SOFTMAX, SIGMOID = 1, 2  # (llama.cpp's expert_gating_func values)
@@ -40,13 +38,4 @@ def _config(g: GGUFFile) -> Any:
         n_group=groups, topk_group=int(k.get("expert_group_used_count", groups) or groups))
 
 
-def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
-    if (found := experts(key, g)) is not None:
-        return found
-    i = layer_of(key)
-    if i is not None and key.endswith("mlp.gate.e_score_correction_bias"):
-        return g.read(f"blk.{i}.exp_probs_b.bias")
-    return None
-
-
-FAMILIES = (Family("dots1", "dots1", "dots.llm1", _config, values=_values),)
+FAMILIES = (Family("dots1", "dots1", "dots.llm1", _config, values=bias_values("mlp.gate.e_score_correction_bias")),)

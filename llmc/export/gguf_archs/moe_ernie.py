@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from llmc.export.gguf_archs.moe_common import experts, layer_of, refuse
+from llmc.export.gguf_archs.moe_common import bias_values, refuse
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 
@@ -39,13 +37,5 @@ def _config(g: GGUFFile) -> Any:
                        moe_layer_end_index=n - 1, use_bias=False, hidden_act="silu")
 
 
-def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
-    if (found := experts(key, g)) is not None:
-        return found
-    i = layer_of(key)
-    if i is not None and key.endswith("mlp.gate.moe_statics.e_score_correction_bias"):
-        return g.read(f"blk.{i}.exp_probs_b.bias")
-    return None
-
-
-FAMILIES = (Family("ernie4_5-moe", "ernie4_5_moe", "ERNIE 4.5 MoE", _config, values=_values),)
+FAMILIES = (Family("ernie4_5-moe", "ernie4_5_moe", "ERNIE 4.5 MoE", _config,
+                   values=bias_values("mlp.gate.moe_statics.e_score_correction_bias")),)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from llmc.export.gguf_archs.moe_common import experts, layer_of, refuse
+from llmc.export.gguf_archs.moe_common import layer_of, moe_values, refuse
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 SIGMOID = 2  # (llama.cpp's expert_gating_func value)
@@ -52,14 +52,6 @@ def rope_base(g: GGUFFile) -> float:
     return float(k.get("rope.freq_base_swa", k.get("rope.freq_base", 10_000.0)))
 
 
-def _layers(g: GGUFFile) -> int:
-    k = g.keys
-    nextn = int(k.get("nextn_predict_layers", 0) or 0)
-    if nextn < 0 or nextn >= int(k["block_count"]):
-        refuse(g, "nextn_predict_layers", nextn, f"not fewer than the {k['block_count']} blocks")
-    return int(k["block_count"]) - nextn
-
-
 def _config(g: GGUFFile) -> Any:
     k = g.keys
     gating = int(k["expert_gating_func"])  # (llama.cpp requires it)
@@ -69,7 +61,7 @@ def _config(g: GGUFFile) -> Any:
     if int(k.get("rope.dimension_count", head)) != head:
         refuse(g, "rope.dimension_count", k["rope.dimension_count"], f"llama.cpp's EXAONE MoE rotates whole heads "
                f"of {head}")
-    n = _layers(g)
+    n = g.layers()
     width = int(k["expert_feed_forward_length"])
     shared = int(k.get("expert_shared_feed_forward_length", width) or width)
     if shared % width:
@@ -89,13 +81,10 @@ def _config(g: GGUFFile) -> Any:
 
 
 def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
-    if (found := experts(key, g)) is not None:
-        return found
-    i = layer_of(key)
-    if i is not None and key.endswith("mlp.gate.e_score_correction_bias"):
-        bias = g.read(f"blk.{i}.exp_probs_b.bias")  # (optional in llama.cpp: none is no bias)
-        return np.zeros(int(config.num_experts), dtype=np.float32) if bias is None else bias
-    return None
+    found = moe_values(key, g, "mlp.gate.e_score_correction_bias")
+    if found is None and layer_of(key) is not None and key.endswith("mlp.gate.e_score_correction_bias"):
+        return np.zeros(int(config.num_experts), dtype=np.float32)  # (optional in llama.cpp: none is no bias)
+    return found
 
 
 FAMILIES = (Family("exaone-moe", "exaone_moe", "K-EXAONE", _config, values=_values),)

@@ -16,21 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from llmc.export.gguf_archs.moe_common import experts, layer_of, refuse
+from llmc.export.gguf_archs.moe_common import bias_values, refuse
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 SOFTMAX, SIGMOID = 1, 2  # (llama.cpp's expert_gating_func values)
-
-
-def _layers(g: GGUFFile) -> int:
-    """The layers the model runs: `block_count` less the NextN layers."""
-    k = g.keys
-    nextn = int(k.get("nextn_predict_layers", 0) or 0)
-    if nextn < 0 or nextn >= int(k["block_count"]):
-        refuse(g, "nextn_predict_layers", nextn, f"not fewer than the {k['block_count']} blocks")
-    return int(k["block_count"]) - nextn
 
 
 def _config(g: GGUFFile) -> Any:
@@ -45,7 +34,7 @@ def _config(g: GGUFFile) -> Any:
     rotated = int(k.get("rope.dimension_count", head))
     groups = int(k.get("expert_group_count", 1) or 1)
     config = text_config(
-        g, "glm4_moe", num_hidden_layers=_layers(g), head_dim=head, hidden_act="silu",
+        g, "glm4_moe", num_hidden_layers=g.layers(), head_dim=head, hidden_act="silu",
         attention_bias="blk.0.attn_q.bias" in g.tensors, use_qk_norm="blk.0.attn_q_norm.weight" in g.tensors,
         n_routed_experts=int(k["expert_count"]), num_experts_per_tok=int(k["expert_used_count"]),
         moe_intermediate_size=int(k["expert_feed_forward_length"]), n_shared_experts=int(k["expert_shared_count"]),
@@ -58,13 +47,4 @@ def _config(g: GGUFFile) -> Any:
     return config
 
 
-def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
-    if (found := experts(key, g)) is not None:
-        return found
-    i = layer_of(key)
-    if i is not None and key.endswith("mlp.gate.e_score_correction_bias"):
-        return g.read(f"blk.{i}.exp_probs_b.bias")
-    return None
-
-
-FAMILIES = (Family("glm4moe", "glm4_moe", "GLM-4.5", _config, values=_values),)
+FAMILIES = (Family("glm4moe", "glm4_moe", "GLM-4.5", _config, values=bias_values("mlp.gate.e_score_correction_bias")),)

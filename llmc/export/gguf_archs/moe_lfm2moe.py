@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from llmc.export.gguf_archs.moe_common import experts, layer_of, refuse
+from llmc.export.gguf_archs.moe_common import layer_of, moe_values, refuse
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 SOFTMAX, SIGMOID = 1, 2  # (llama.cpp's expert_gating_func values)
@@ -49,17 +49,13 @@ def _config(g: GGUFFile) -> Any:
 
 
 def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
-    if (found := experts(key, g)) is not None:
+    if (found := moe_values(key, g, "feed_forward.expert_bias")) is not None:
         return found
     i = layer_of(key)
-    if i is None:
+    if i is None or not key.endswith("conv.conv.weight"):
         return None
-    if key.endswith("feed_forward.expert_bias"):
-        return g.read(f"blk.{i}.exp_probs_b.bias")
-    if key.endswith("conv.conv.weight"):  # ([hidden, L] -> [hidden, 1, L])
-        taps = g.read(f"blk.{i}.shortconv.conv.weight")
-        return None if taps is None or taps.ndim != 2 else taps[:, None, :]
-    return None
+    taps = g.read(f"blk.{i}.shortconv.conv.weight")  # ([hidden, L] -> [hidden, 1, L])
+    return None if taps is None or taps.ndim != 2 else taps[:, None, :]
 
 
 FAMILIES = (Family("lfm2moe", "lfm2_moe", "LFM2-MoE", _config, values=_values),)

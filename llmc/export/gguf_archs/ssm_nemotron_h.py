@@ -57,14 +57,6 @@ def _one(g: GGUFFile, key: str, values: list[int], what: str) -> int | None:
     return found[0] if found else None
 
 
-def _trunk(g: GGUFFile) -> int:
-    """The model's own layers: the blocks less the multi-token-prediction head's (`nextn_predict_layers`)."""
-    n, nextn = int(g.keys["block_count"]), int(g.keys.get("nextn_predict_layers", 0) or 0)
-    if not 0 <= nextn < n:
-        raise UnsupportedModelError(f"{g.path}: {g.arch}.nextn_predict_layers {nextn} of {n} blocks")
-    return n - nextn
-
-
 def _layer_types(g: GGUFFile, n: int, kv: list[int], ff: list[int]) -> list[str]:
     """transformers' `layers_block_type` as llama.cpp tells the layers apart."""
     types = []
@@ -84,7 +76,7 @@ def _layer_types(g: GGUFFile, n: int, kv: list[int], ff: list[int]) -> list[str]
 
 def _config(g: GGUFFile) -> Any:
     k = g.keys
-    n = _trunk(g)
+    n = g.layers()
     kv, ff = _per_layer(g, "attention.head_count_kv", n), _per_layer(g, "feed_forward_length", n)
     types = _layer_types(g, n, kv, ff)
     where = {t: [i for i in range(n) if types[i] == t] for t in ("full_attention", "mlp", "moe")}
