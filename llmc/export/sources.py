@@ -53,7 +53,7 @@ DEFAULT = DefaultModel(
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
 _NOT_TEXT = ("vision_config", "text_config", "model_type", "architectures", "transformers_version", "auto_map")
-GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "gpt-oss": "gpt_oss", "qwen2moe": "qwen2_moe",
+GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe",
                       "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
 
 

@@ -13,7 +13,6 @@ Refused: a file without `attention.q_lora_rank` (llama.cpp's MiniCPM3 always has
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -41,14 +40,11 @@ def _config(g: GGUFFile) -> Any:
                     original_max_position_embeddings=int(k.get("rope.scaling.original_context_length",
                                                                k["context_length"])),
                     attention_factor=float(k.get("rope.scaling.attn_factor", 1.0)))
-    plain = dataclasses.replace(g, tensors={n: t for n, t in g.tensors.items() if n not in _FACTORS})
-    config = text_config(plain, "minicpm3", hidden_act="silu", attention_bias=False, mlp_bias=False,
-                         q_lora_rank=int(k["attention.q_lora_rank"]), kv_lora_rank=int(k["attention.kv_lora_rank"]),
-                         qk_rope_head_dim=rotated, qk_nope_head_dim=qk_head - rotated,
-                         v_head_dim=int(k.get("attention.value_length", width // heads)),
-                         scale_emb=12.0, scale_depth=1.4, dim_model_base=256, rope_parameters=rope)
-    config.rope_parameters = rope  # (text_config's share of the head rotated is the q / k head's: not MiniCPM3's)
-    return config
+    return text_config(g, "minicpm3", hidden_act="silu", attention_bias=False, mlp_bias=False,
+                       q_lora_rank=int(k["attention.q_lora_rank"]), kv_lora_rank=int(k["attention.kv_lora_rank"]),
+                       qk_rope_head_dim=rotated, qk_nope_head_dim=qk_head - rotated,
+                       v_head_dim=int(k.get("attention.value_length", width // heads)),
+                       scale_emb=12.0, scale_depth=1.4, dim_model_base=256, rope_parameters=rope)
 
 
 FAMILIES = (Family("minicpm3", "minicpm3", "MiniCPM3", _config),)

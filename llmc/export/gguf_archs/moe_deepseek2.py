@@ -16,7 +16,6 @@ the rotated dims unscaled and scales q.k by (1 + 0.1 mscale_all_dim ln factor)^2
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -84,11 +83,9 @@ def _config(g: GGUFFile) -> Any:
         moe_intermediate_size=int(k["expert_feed_forward_length"]),
         routed_scaling_factor=float(k.get("expert_weights_scale", 1.0) or 1.0), norm_topk_prob=norm,
         n_group=groups, topk_group=used, rope_parameters=_rope(g), attention_bias=False)
-    plain = dataclasses.replace(g, keys={n: v for n, v in k.items() if not n.startswith("rope.scaling.")})
-    # (text_config reads the rotary scaling its own way, which refuses yarn's log multiplier: `_rope` reads it)
-    if v3:
-        return text_config(plain, "deepseek_v3", rope_interleave=True, **fields)
-    return text_config(plain, "deepseek_v2", topk_method="greedy", **fields)
+    if v3:  # (the rotary `_rope` reads, yarn's log multiplier among it: text_config leaves a given one alone)
+        return text_config(g, "deepseek_v3", rope_interleave=True, **fields)
+    return text_config(g, "deepseek_v2", topk_method="greedy", **fields)
 
 
 def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
