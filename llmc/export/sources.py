@@ -54,7 +54,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl")
 # GGUF's architecture names where they differ from transformers' model_type (transformers maps them when loading)
 _NOT_TEXT = ("vision_config", "text_config", "model_type", "architectures", "transformers_version", "auto_map")
 GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe",
-                      "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe"}
+                      "qwen3moe": "qwen3_moe", "qwen3_moe": "qwen3_moe", "minimax-m2": "minimax_m2"}
 
 
 @dataclass(frozen=True)
