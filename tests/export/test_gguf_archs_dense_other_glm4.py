@@ -1,11 +1,13 @@
 """GLM-4-0414 / GLM-Z1 GGUF files (llmc/export/gguf_archs/dense_other_glm4.py) written as llama.cpp's `Glm4Model`
-writes them, read back to the logits of the checkpoint they came from."""
+writes them, and GLM-4-9B / ChatGLM files as its `ChatGLMModel` writes them, read back to the logits of the
+checkpoint they came from."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from gguf_files import TINY, _finish, _tokenizer, add_keys, add_tensors, add_text_keys, built, read_back
 
@@ -73,3 +75,58 @@ def test_glm4v_and_nextn_files_are_refused(tmp_path: Path, extra: dict[str, Any]
     path = write_glm4(hf, folder, tmp_path / "refused.gguf", extra=extra)
     with pytest.raises(UnsupportedModelError, match=next(iter(extra)).split("_")[-1]):
         load(resolve(str(path)))
+
+
+def write_chatglm(model: Any, folder: Path, out: Path, fused: bool = False, rope_ratio: float | None = None) -> Path:
+    """As `ChatGLMModel` writes `GlmForCausalLM`: its own keys (the context, width, MLP width, layers, heads, KV
+    heads, RMS epsilon, the rotated dims as head size x the rotary fraction, the base 10,000 x `rope_ratio` or
+    10,000: the checkpoint's rope_theta unread); every tensor by gguf's name table as it is. `fused`: q / k / v as
+    THUDM's own format holds them, one `attn_qkv` product and bias (queries', keys', values' rows)."""
+    import gguf
+
+    c = model.config
+    rope = c.rope_parameters
+    w = gguf.GGUFWriter(str(out), "chatglm")
+    add_keys(w, context_length=c.max_position_embeddings, embedding_length=c.hidden_size,
+             feed_forward_length=c.intermediate_size, block_count=c.num_hidden_layers,
+             head_count=c.num_attention_heads, head_count_kv=c.num_key_value_heads,
+             layer_norm_rms_eps=c.rms_norm_eps, file_type=gguf.LlamaFileType.ALL_F32,
+             rope_dimension_count=int(c.head_dim * rope.get("partial_rotary_factor", 0.5)), add_bos_token=False,
+             rope_freq_base=10000.0 * (rope_ratio or 1.0))
+    _tokenizer(w, folder, c.vocab_size)
+    state = model.state_dict()
+
+    def transform(name: str, values: np.ndarray) -> np.ndarray | list[tuple[str, np.ndarray]]:
+        if not fused or ".self_attn." not in name or "o_proj" in name:
+            return values
+        if "q_proj" not in name:
+            return []  # (written with the queries)
+        i, kind = name.split(".")[2], name.rsplit(".", 1)[-1]
+        parts = [state[name.replace("q_proj", p)].float().numpy() for p in ("q_proj", "k_proj", "v_proj")]
+        return [(f"blk.{i}.attn_qkv.{kind}", np.concatenate(parts))]
+
+    add_tensors(w, model, gguf.MODEL_ARCH.CHATGLM, transform)
+    _finish(w, (), None)
+    return out
+
+
+def _glm_9b(tmp: Path, theta: float = 10000.0) -> tuple[Any, Path]:
+    """GLM-4-9B-chat-hf's form: q / k / v biases, two KV heads, half of each head rotated, the fused gate / up."""
+    import transformers as tf
+
+    rope = {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.5}
+    cfg = tf.GlmConfig(**TINY, head_dim=16, attention_bias=True, rope_parameters=rope, tie_word_embeddings=False)
+    return built(tmp, f"glm_9b_{theta}", tf.GlmForCausalLM(cfg))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_chatglm_gguf_is_the_model_it_came_from(tmp_path: Path, fused: bool) -> None:
+    hf, folder = _glm_9b(tmp_path)
+    assert read_back(hf, write_chatglm(hf, folder, tmp_path / "glm.gguf", fused=fused)) <= 1e-4
+
+
+def test_a_chatglm_gguf_rotates_at_the_files_base(tmp_path: Path) -> None:
+    """The converter writes 10,000 x rope_ratio, not the checkpoint's rope_theta: the file's base is the model."""
+    hf, folder = _glm_9b(tmp_path, theta=500000.0)
+    assert read_back(hf, write_chatglm(hf, folder, tmp_path / "glm.gguf", rope_ratio=50.0)) <= 1e-4
+    assert read_back(hf, write_chatglm(hf, folder, tmp_path / "glm1.gguf")) > 1e-3
