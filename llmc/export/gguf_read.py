@@ -424,6 +424,21 @@ def text_config(g: GGUFFile, model_type: str, **fields: Any) -> Any:
     return AutoConfig.for_model(model_type, **kwargs)
 
 
+def text_sections(g: GGUFFile, rotated: int) -> bool:
+    """Whether the file rotates by a multimodal rotary's sections (`rope.dimension_sections`: a vision-language
+    model's text half), checked to turn text as one rotary: a text token takes the same position in each of the first
+    three sections (llama.cpp puts it there), and the sections only choose whose position a frequency turns by, so
+    sections covering the `rotated` dims' pairs with those three are the plain rotary; a 4th with dims is refused."""
+    sections = [int(s) for s in g.keys.get("rope.dimension_sections") or []]
+    if not any(sections):
+        return False
+    if sum(sections[:3]) != rotated // 2 or any(sections[3:]):
+        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.dimension_sections {sections}: not three sections of "
+                                    f"the {rotated // 2} rotated pairs, so a text token would not turn as by one "
+                                    "rotary")
+    return True
+
+
 def rotated_share(g: GGUFFile, head: int, title: str) -> float:
     """The share of each head rotated (`rope.dimension_count`, the whole head where absent), refused where
     transformers' `title` class cannot rotate it (odd, past the head, or not a share it rounds back to)."""

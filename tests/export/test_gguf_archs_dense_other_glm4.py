@@ -14,22 +14,38 @@ from gguf_files import TINY, _finish, _tokenizer, add_keys, add_tensors, add_tex
 from llmc.errors import UnsupportedModelError
 
 
+def _normal_to_neox(rows: np.ndarray, head: int, rotated: int) -> np.ndarray:
+    """The converter's reordering of GLM-4.1V's q / k rows for llama.cpp's multimodal rotary: each head's rotated
+    dims even ones first, then odd ones."""
+    heads = rows.reshape(rows.shape[0] // head, head, -1)
+    rot = heads[:, :rotated]
+    return np.concatenate((rot[:, ::2], rot[:, 1::2], heads[:, rotated:]), axis=1).reshape(rows.shape)
+
+
 def write_glm4(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None,
                extra: dict[str, Any] | None = None) -> Path:
     """As `Glm4Model` writes it: `TextModel`'s keys (the head size as key / value lengths), the rotated dims as
     head size x the rotary fraction; every tensor by gguf's name table as it is (the fused `gate_up_proj` as
-    `ffn_up`), no lm_head where tied. `extra`: keys added (GLM-4V's, GLM-OCR's) with the writer's own call."""
+    `ffn_up`), no lm_head where tied. `extra`: keys added (GLM-4.1V's sections, GLM-OCR's) with the writer's own
+    call; with GLM-4.1V's sections its q / k rows reordered as its converter does (`_normal_to_neox`)."""
     import gguf
 
     c = model.config
     rope = c.rope_parameters
+    rotated = int(c.head_dim * rope.get("partial_rotary_factor", 0.5))
     w = gguf.GGUFWriter(str(out), "glm4")
     add_text_keys(w, c, rope_freq_base=rope["rope_theta"], layer_norm_rms_eps=c.rms_norm_eps, key_length=c.head_dim,
-                  value_length=c.head_dim, file_type=gguf.LlamaFileType.ALL_F32,
-                  rope_dimension_count=int(c.head_dim * rope.get("partial_rotary_factor", 0.5)))
+                  value_length=c.head_dim, file_type=gguf.LlamaFileType.ALL_F32, rope_dimension_count=rotated)
     add_keys(w, **(extra or {}))
     _tokenizer(w, folder, c.vocab_size)
-    add_tensors(w, model, gguf.MODEL_ARCH.GLM4)
+    mrope = "rope_dimension_sections" in (extra or {})
+
+    def transform(name: str, values: np.ndarray) -> np.ndarray:
+        if mrope and name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
+            return _normal_to_neox(values, c.head_dim, rotated)
+        return values
+
+    add_tensors(w, model, gguf.MODEL_ARCH.GLM4, transform)
     _finish(w, (), metadata)
     return out
 
@@ -67,8 +83,15 @@ def test_a_glm4_gguf_is_the_model_it_came_from(tmp_path: Path, name: str) -> Non
     assert read_back(hf, write_glm4(hf, folder, tmp_path / f"{name}.gguf")) <= 1e-4
 
 
+def test_a_glm4v_text_gguf_is_its_text_model(tmp_path: Path) -> None:
+    """GLM-4.1V's text half: GLM-4 with the multimodal rotary's sections and its q / k rows reordered for them."""
+    hf, folder = _glm4_9b(tmp_path)
+    path = write_glm4(hf, folder, tmp_path / "glm4v.gguf", extra={"rope_dimension_sections": [2, 3, 3, 0]})
+    assert read_back(hf, path) <= 1e-4
+
+
 @pytest.mark.parametrize("extra", [{"rope_dimension_sections": [8, 12, 12, 0]}, {"nextn_predict_layers": 1}])
-def test_glm4v_and_nextn_files_are_refused(tmp_path: Path, extra: dict[str, Any]) -> None:
+def test_glm4v_sections_past_the_rotary_and_nextn_files_are_refused(tmp_path: Path, extra: dict[str, Any]) -> None:
     from llmc.export.sources import load, resolve
 
     hf, folder = _glm4_32b(tmp_path)

@@ -14,12 +14,13 @@ from llmc.errors import UnsupportedModelError
 from .test_gguf_archs_moe_common import text_keys, write_moe
 
 
-def write_glm4moe(model: Any, folder: Path, out: Path, nextn: int = 1, metadata: dict[str, Any] | None = None) -> Path:
+def write_glm4moe(model: Any, folder: Path, out: Path, nextn: int = 1, metadata: dict[str, Any] | None = None,
+                  sections: list[int] | None = None) -> Path:
     """`TextModel`'s keys with `nextn` NextN layers counted in the blocks (their tensors written after the model's,
     as the checkpoint holds them: a whole layer and the NextN projections / norms), the rotated dims (head size x
     `partial_rotary_factor`, 0.5 where the config has none), the experts' count / width / shared count, the leading
     dense layers, sigmoid gating, the weights' scale and norm, `nextn_predict_layers`; the selection bias as
-    `exp_probs_b.bias`, the experts stacked."""
+    `exp_probs_b.bias`, the experts stacked; `sections`: GLM-4.5V's multimodal rotary sections."""
     c = model.config
     rng = np.random.default_rng(0)
     h_, e, i_ = c.hidden_size, c.n_routed_experts, c.moe_intermediate_size
@@ -39,6 +40,8 @@ def write_glm4moe(model: Any, folder: Path, out: Path, nextn: int = 1, metadata:
         w.add_expert_weights_scale(h["routed_scaling_factor"])
         w.add_expert_weights_norm(h["norm_topk_prob"])
         w.add_nextn_predict_layers(nextn)
+        if sections is not None:
+            w.add_rope_dimension_sections(sections)
         for n in range(c.num_hidden_layers, c.num_hidden_layers + nextn):  # (the MTP layers: llama.cpp skips them)
             for name, shape in (("attn_norm.weight", (h_,)), ("attn_q.weight", (h_, h_)),
                                 ("ffn_gate_inp.weight", (e, h_)), ("exp_probs_b.bias", (e,)),
@@ -101,3 +104,11 @@ def test_glm4moe_softmax_routing_is_refused(tmp_path: Path) -> None:
     path = write_glm4moe(hf, folder, tmp_path / "glm.gguf", metadata={"glm4moe.expert_gating_func": 1})
     with pytest.raises(UnsupportedModelError, match="expert_gating_func"):
         load(resolve(str(path)))
+
+
+def test_a_glm4v_moe_text_gguf_is_its_text_model(tmp_path: Path) -> None:
+    """GLM-4.5V's text half: GLM-4.5 with the multimodal rotary's sections (q / k rows as they are)."""
+    hf, folder = _glm(tmp_path)
+    assert read_back(hf, write_glm4moe(hf, folder, tmp_path / "glm.gguf", sections=[2, 2, 2, 0])) <= 1e-4
+    with pytest.raises(UnsupportedModelError, match="dimension_sections"):
+        read_back(hf, write_glm4moe(hf, folder, tmp_path / "bad.gguf", sections=[2, 2, 2, 2]))

@@ -5,8 +5,13 @@ extra norms after attention and after the MLP; q / k rows as they are (llama.cpp
 as transformers' GLM-4 does). The q / k / v biases are the file's (GLM-4-9B's have them, 32B's not); the output
 product has none.
 
-Refused: GLM-4V's text (`rope.dimension_sections`: M-RoPE, its q / k rows reordered for it) and files with
-NextN layers (`nextn_predict_layers`, GLM-OCR's: transformers' GLM-4 has no place for them).
+GLM-4.1V's text (`Glm4vForConditionalGeneration` through the same converter) adds the multimodal rotary's sections
+and writes each head's rotated q / k rows even ones first, then odd ones, for llama.cpp's multimodal rotary (NeoX's
+pairs only): on text every section turns by the same position (`text_sections`), so with the rows put back it is
+GLM-4 (llmc's checkpoints of it are too: arch.TEXT_FAMILY).
+
+Refused: sections that would not turn text as one rotary, and files with NextN layers (`nextn_predict_layers`,
+GLM-OCR's: transformers' GLM-4 has no place for them).
 
 GLM-4-9B and ChatGLM3 (llama.cpp's `chatglm`, the converter's `ChatGLMModel` for `GlmForCausalLM` and THUDM's own
 `ChatGLMModel` format): the same model without the two extra norms, transformers' `glm`. Its keys are the
@@ -25,25 +30,43 @@ import numpy as np
 
 from llmc.errors import UnsupportedModelError
 from llmc.export.gguf_archs.moe_common import layer_of
-from llmc.export.gguf_read import Family, GGUFFile, text_config
+from llmc.export.gguf_read import Family, GGUFFile, text_config, text_sections
 
 
 def _config(g: GGUFFile) -> Any:
     k = g.keys
-    if any(int(s) for s in (k.get("rope.dimension_sections") or [])):
-        raise UnsupportedModelError(f"{g.path}: glm4.rope.dimension_sections {k['rope.dimension_sections']}: "
-                                    "GLM-4V's M-RoPE text model, which transformers' GLM-4 does not rotate")
     if int(k.get("nextn_predict_layers", 0)):
         raise UnsupportedModelError(f"{g.path}: glm4.nextn_predict_layers {k['nextn_predict_layers']}: "
                                     "transformers' GLM-4 has no NextN layers")
     head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
     rotated = int(k.get("rope.dimension_count", head))
+    text_sections(g, rotated)  # (GLM-4.1V's text: its rows put back in `_values`)
     config = text_config(g, "glm4", head_dim=head, hidden_act="silu",
                          attention_bias="blk.0.attn_q.bias" in g.tensors)
     # (GLM-4's config puts 0.5 in for a rotary table without a fraction: the file's, whatever it is)
     config.rope_parameters = {**config.rope_parameters, "partial_rotary_factor": rotated / head,
                               "rope_theta": float(k.get("rope.freq_base", 10_000.0))}  # (llama.cpp's default)
     return config
+
+
+def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
+    """GLM-4.1V's q / k rows (and biases) put back in their heads' order: its converter writes each head's rotated
+    dims even ones first, then odd ones (`normal_to_neox`), for llama.cpp's multimodal rotary, which turns only
+    NeoX's pairs; None for the rest, and for every parameter of a file without sections."""
+    i, head = layer_of(key), config.head_dim
+    rotated = int(g.keys.get("rope.dimension_count", head))
+    if i is None or not key.endswith(_QK) or not text_sections(g, rotated):
+        return None
+    rows = g.read(f"blk.{i}.attn_{'q' if '.q_proj.' in key else 'k'}.{key.rsplit('.', 1)[-1]}")
+    if rows is None:
+        return None
+    heads = rows.reshape(rows.shape[0] // head, head, -1)
+    out = heads.copy()
+    out[:, 0:rotated:2], out[:, 1:rotated:2] = heads[:, :rotated // 2], heads[:, rotated // 2:rotated]
+    return out.reshape(rows.shape)
+
+
+_QK = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")
 
 
 def _chatglm_config(g: GGUFFile) -> Any:
@@ -78,5 +101,5 @@ def _chatglm_values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
     return rows[start:start + (q, kv, kv)[which]]
 
 
-FAMILIES = (Family("glm4", "glm4", "GLM-4", _config),
+FAMILIES = (Family("glm4", "glm4", "GLM-4", _config, values=_values),
             Family("chatglm", "glm", "GLM-4-9B / ChatGLM", _chatglm_config, values=_chatglm_values))

@@ -19,19 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 from llmc.export.gguf_archs.moe_common import moe_values, refuse
-from llmc.export.gguf_read import Family, GGUFFile, text_config
+from llmc.export.gguf_read import Family, GGUFFile, text_config, text_sections
 
 
 def _sections(g: GGUFFile, head: int) -> None:
-    """The multimodal rotary's sections must cover the rotated pairs with the three positions a text token fills."""
-    k = g.keys
-    sections = [int(s) for s in k.get("rope.dimension_sections") or []]
-    rotated = int(k.get("rope.dimension_count", head))
+    """Whole heads rotated, by sections that turn text as one rotary (`text_sections`)."""
+    rotated = int(g.keys.get("rope.dimension_count", head))
     if rotated != head:
         refuse(g, "rope.dimension_count", rotated, f"the text family rotates whole heads of {head}")
-    if sections and (sum(sections[:3]) != rotated // 2 or any(sections[3:])):
-        refuse(g, "rope.dimension_sections", sections, f"not three sections of the {rotated // 2} rotated pairs: a "
-               "text token's rotation there is not one rotary")
+    text_sections(g, rotated)
 
 
 def _head(g: GGUFFile) -> int:

@@ -9,7 +9,11 @@ llama.cpp loads the NextN layers' tensors and never runs them (src/models/glm4-m
 stops at `block_count - nextn_predict_layers`), as transformers drops `model.layers.{46,92}.*` of the checkpoints:
 the model is the layers before them, their tensors are passed over and the config has no MTP layers.
 
-Refused: GLM-4.5V's text (`rope.dimension_sections`: M-RoPE) and softmax routing (transformers' GLM-4.5 routes by
+GLM-4.5V's text (`Glm4vMoeForConditionalGeneration` through the same converter) adds the multimodal rotary's
+sections, its q / k rows as they are (it turns NeoX's pairs already): on text every section turns by the same
+position (`text_sections`), so it is GLM-4.5 (llmc's checkpoints of it are too: arch.TEXT_FAMILY).
+
+Refused: sections that would not turn text as one rotary, and softmax routing (transformers' GLM-4.5 routes by
 sigmoid)."""
 
 from __future__ import annotations
@@ -17,21 +21,19 @@ from __future__ import annotations
 from typing import Any
 
 from llmc.export.gguf_archs.moe_common import bias_values, refuse
-from llmc.export.gguf_read import Family, GGUFFile, text_config
+from llmc.export.gguf_read import Family, GGUFFile, text_config, text_sections
 
 SOFTMAX, SIGMOID = 1, 2  # (llama.cpp's expert_gating_func values)
 
 
 def _config(g: GGUFFile) -> Any:
     k = g.keys
-    if any(int(s) for s in (k.get("rope.dimension_sections") or [])):
-        refuse(g, "rope.dimension_sections", k["rope.dimension_sections"], "GLM-4.5V's M-RoPE text model, which "
-               "transformers' GLM-4.5 does not rotate")
     gating = int(k.get("expert_gating_func", SIGMOID) or SIGMOID)  # (llama.cpp: none written is sigmoid)
     if gating != SIGMOID:
         refuse(g, "expert_gating_func", gating, "transformers' GLM-4.5 routes by sigmoid")
     head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
     rotated = int(k.get("rope.dimension_count", head))
+    text_sections(g, rotated)  # (GLM-4.5V's text: on text its sections turn as GLM-4.5's rotary)
     groups = int(k.get("expert_group_count", 1) or 1)
     config = text_config(
         g, "glm4_moe", num_hidden_layers=g.layers(), head_dim=head, hidden_act="silu",
