@@ -424,7 +424,7 @@ def write_family(model: Any, folder: Path, out: Path, metadata: dict[str, Any] |
 
 
 CONVERTED = {"gpt2": "gpt2", "starcoder2": "starcoder2", "falcon": "falcon", "stablelm": "stablelm",
-             "nemotron": "nemotron", "mamba": "mamba"}
+             "nemotron": "nemotron", "mamba": "mamba", "falcon_mamba": "mamba"}
 
 
 def write_converted(model: Any, folder: Path, out: Path, metadata: dict[str, Any] | None = None,
@@ -440,7 +440,8 @@ def write_converted(model: Any, folder: Path, out: Path, metadata: dict[str, Any
     - Nemotron (`NemotronModel`): `TextModel`'s keys, the vocabulary size, both epsilon keys, the rotated dims
       from hidden / heads, the rotary scaling's type; norms stored as 1 + w;
     - Mamba (`MambaModel`): context 2^20, no heads, the four `ssm.*` sizes, the token list padded to a multiple of
-      8; A as -exp(A_log) under `ssm_a`, the convolution squeezed to [inner, taps].
+      8; A as -exp(A_log) under `ssm_a`, the convolution squeezed to [inner, taps]; Falcon Mamba the same, written
+      as `mamba` with `ssm.dt_b_c_rms` set.
     `metadata` replaces keys' values, `leave_out` drops keys."""
     import gguf
 
@@ -463,14 +464,15 @@ def write_converted(model: Any, folder: Path, out: Path, metadata: dict[str, Any
                            (w.add_block_count, c.num_hidden_layers), (w.add_head_count, c.num_attention_heads),
                            (w.add_head_count_kv, n_kv), (w.add_layer_norm_eps, c.layer_norm_epsilon)):
             add(value)
-    elif kind == "mamba":
+    elif kind in ("mamba", "falcon_mamba"):
         vocab = -(c.vocab_size // -8) * 8
         for add, value in ((w.add_context_length, 2**20), (w.add_embedding_length, c.hidden_size),
                            (w.add_feed_forward_length, 0), (w.add_head_count, 0),
                            (w.add_block_count, c.num_hidden_layers), (w.add_ssm_conv_kernel, c.conv_kernel),
                            (w.add_ssm_inner_size, c.intermediate_size), (w.add_ssm_state_size, c.state_size),
                            (w.add_ssm_time_step_rank, c.time_step_rank),
-                           (w.add_layer_norm_rms_eps, c.layer_norm_epsilon), (w.add_ssm_dt_b_c_rms, False)):
+                           (w.add_layer_norm_rms_eps, c.layer_norm_epsilon),
+                           (w.add_ssm_dt_b_c_rms, kind == "falcon_mamba")):
             add(value)
     else:  # TextModel's keys, then the family's
         for add, value in ((w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
@@ -522,7 +524,7 @@ def write_converted(model: Any, folder: Path, out: Path, metadata: dict[str, Any
             name += ".weight"
         elif kind == "nemotron" and name.endswith("norm.weight"):
             values = values + 1
-        elif kind == "mamba" and name.endswith(".A_log"):
+        elif kind in ("mamba", "falcon_mamba") and name.endswith(".A_log"):
             values = -np.exp(values)
         mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if mapped is None:

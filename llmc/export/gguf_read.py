@@ -763,6 +763,33 @@ def check_all_read(model: Any, path: Path) -> None:
                                     "file's model")
 
 
+def is_falcon_mamba(reader: Any) -> bool:
+    """Whether a file is Falcon Mamba: llama.cpp's converter writes it as `mamba` with `ssm.dt_b_c_rms` set (the
+    mixer's dt, B and C RMS-normalized), which transformers' reader does not look at."""
+    norms = reader.fields.get("mamba.ssm.dt_b_c_rms")
+    return architecture(reader) == "mamba" and norms is not None and bool(norms.parts[norms.data[0]][0])
+
+
+def as_falcon_mamba(model: Any, path: Path) -> Any:
+    """A Falcon Mamba file's model, which transformers' reader loads as Mamba (the same parameters, without the
+    mixer's norms): the same weights in transformers' Falcon Mamba, moved, not copied. llama.cpp normalizes dt, B
+    and C with the file's `layer_norm_rms_epsilon`, the blocks' (the checkpoint's own `mixer_rms_eps` is not in the
+    file), so that is the mixer's epsilon here."""
+    import torch
+    from transformers import FalconMambaConfig, FalconMambaForCausalLM
+
+    f = _fields(open_file(path), "mamba")
+    fields = {k: v for k, v in model.config.to_dict().items()
+              if k not in ("model_type", "architectures", "transformers_version", "quantization_config")}
+    config = FalconMambaConfig(**fields, mixer_rms_eps=float(f.get("attention.layer_norm_rms_epsilon", 1e-5)))
+    with torch.device("meta"):
+        falcon = FalconMambaForCausalLM(config)
+    falcon.load_state_dict(model.state_dict(), strict=True, assign=True)
+    falcon.tie_weights()
+    falcon.generation_config = model.generation_config
+    return falcon.eval()
+
+
 def apply_rope_freqs(model: Any, path: Path) -> None:
     """A `rope_freqs` tensor (llama.cpp's per-frequency divisors: Llama 3.x's rotary scaling is written only so)
     divides transformers' rotary frequencies, which its reader leaves unscaled; a file whose rotated dims

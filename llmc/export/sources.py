@@ -207,12 +207,9 @@ def _gguf_source(path: Path, name: str) -> ModelSource:
                 else "")
         raise UnsupportedModelError(f"{path} is a GGUF file of architecture {arch!r}, which llmc does not read "
                                     f"(neither it nor transformers' GGUF reader){hint}")
+    if gguf_read.is_falcon_mamba(reader):  # (llama.cpp writes Falcon Mamba as "mamba" with ssm.dt_b_c_rms)
+        model_type = "falcon_mamba"
     check_supported(model_type)
-    norms = reader.fields.get("mamba.ssm.dt_b_c_rms")  # (llama.cpp writes Falcon Mamba as "mamba" with this flag)
-    if arch == "mamba" and norms is not None and bool(norms.parts[norms.data[0]][0]):
-        raise UnsupportedModelError(f"{path} is a Falcon Mamba GGUF (mamba.ssm.dt_b_c_rms is true): transformers "
-                                    "loads it as Mamba without its dt, B and C norms, a different model; export its "
-                                    "Hugging Face checkpoint (falcon_mamba) instead")
     gguf_vocab.check(reader, path)
     return ModelSource(name, path, "gguf", model_type)
 
@@ -281,6 +278,8 @@ def load(src: ModelSource, attention: str | None = "eager") -> LoadedModel:
         gguf_read.check_all_read(model, src.path)
         gguf_read.apply_rope_freqs(model, src.path)
         gguf_read.undo_layouts(model, src.path, info)
+        if src.model_type == "falcon_mamba":
+            model = gguf_read.as_falcon_mamba(model, src.path)
     if src.wrapper:
         model = _language_model(model)
     _check_weights_match(where, info, int(model.config.num_hidden_layers))

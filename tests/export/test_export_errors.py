@@ -127,26 +127,6 @@ def test_a_gguf_llmc_does_not_read_names_the_checkpoint_to_export(tmp_path: Path
         _export(path, tmp_path / "out")
 
 
-def test_a_falcon_mamba_gguf_is_refused_naming_its_norms(tmp_path: Path) -> None:
-    """llama.cpp writes Falcon Mamba as architecture "mamba" with ssm.dt_b_c_rms; transformers' GGUF loader reads it
-    as Mamba without those norms: refused, before anything is loaded."""
-    import gguf
-    import numpy as np
-
-    path = tmp_path / "falcon-mamba.gguf"
-    writer = gguf.GGUFWriter(str(path), "mamba")
-    writer.add_ssm_dt_b_c_rms(True)
-    writer.add_tensor("x", np.zeros(4, np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(UnsupportedModelError, match=r"Falcon Mamba GGUF \(mamba.ssm.dt_b_c_rms is true\)"):
-        _export(path, tmp_path / "out")
-    _assert_cli_error(_cli("export", path, "-o", tmp_path / "cli"), "mamba.ssm.dt_b_c_rms", "falcon_mamba")
-    assert _leftovers(tmp_path, "out") == []
-
-
 def test_trust_remote_code_is_refused(tmp_path: Path, tiny_hf: Path) -> None:
     folder = _copy_model(tiny_hf, tmp_path / "remote")
     _edit_config(folder, auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"})

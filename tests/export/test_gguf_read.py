@@ -221,6 +221,8 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
         "mamba": lambda: tf.MambaForCausalLM(tf.MambaConfig(**mamba)),  # (as published: no projection biases)
         "mamba_biased": lambda: tf.MambaForCausalLM(tf.MambaConfig(**mamba, use_bias=True)),
+        # (llama.cpp normalizes the mixer's dt, B and C with the blocks' epsilon, the only one in the file)
+        "falcon_mamba": lambda: tf.FalconMambaForCausalLM(tf.FalconMambaConfig(**mamba, mixer_rms_eps=1e-5)),
     }[name]()
     with torch.no_grad():
         for p in model.parameters():
@@ -237,13 +239,14 @@ def _family(tmp: Path, name: str) -> tuple[Any, Path]:
 @pytest.mark.parametrize("name", ["llama3", "mistral", "qwen2_yarn", "qwen3", "qwen3_moe", "qwen2_moe", "lfm2", "gemma2", "gemma3",
                                   "phi3_longrope", "llama_bias", "gpt2", "gpt2_untied", "starcoder2", "starcoder2_15b",
                                   "falcon_7b", "falcon_40b", "falcon2_11b", "stablelm2_1_6b", "stablelm2_12b",
-                                  "nemotron_bias", "mamba", "mamba_biased"])
+                                  "nemotron_bias", "mamba", "mamba_biased", "falcon_mamba"])
 def test_a_gguf_of_a_family_transformers_reads_is_the_model_it_came_from(tmp_path: Path, name: str) -> None:
     """transformers' reader drops the rotary scaling (Llama 3's `rope_freqs`, a yarn or linear `rope.scaling`:
     Gemma 3 4B-27B's full layers, Phi-3's longrope factors), the rotary base (StarCoder2's), Qwen3's head size,
     Gemma 2's soft-caps, Gemma's query scale, Phi's rotated share and window, GPT-2's positions, the biases of
-    Llama, Nemotron and Mamba files, StableLM 2 12B's q / k norms, and reads every Falcon file as 7B's form with a
-    tied head and its q / k / v rows in llama.cpp's order; llmc puts them back. 100 positions: past the windows and
+    Llama, Nemotron and Mamba files, StableLM 2 12B's q / k norms, a Falcon Mamba file's mixer norms (it reads the
+    file as Mamba), and reads every Falcon file as 7B's form with a tied head and its q / k / v rows in llama.cpp's
+    order; llmc puts them back. 100 positions: past the windows and
     past the original contexts of yarn, llama3 and longrope (where its long factors take over)."""
     hf, folder = _family(tmp_path, name)
     writer = write_converted if hf.config.model_type in CONVERTED else write_family
