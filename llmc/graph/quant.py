@@ -254,8 +254,9 @@ def _by_columns(pack: Callable[[np.ndarray, bool, str], np.ndarray], w_kn: np.nd
 def pack_q4_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -> np.ndarray:
     """W [K, N] -> MatMulQ4's packed tiles [ceil(N / 32), K / 32, 640] uint8 (pairs of 16-column tiles side by side,
     per block of 32 along K; matmul_q4.h): q in 0..15 with w = scale * q + min, scale and min fp16 (min = the
-    block's minimum: GGUF Q4_1's numbers come back as they were). `gated`: W = [gate | up] of a SwiGLU MLP, its
-    tiles interleaved."""
+    block's minimum: GGUF Q4_1's numbers come back as they were; or GGUF Q4_0's grid, where that holds a block
+    exactly: its numbers come back as they were too). `gated`: W = [gate | up] of a SwiGLU MLP, its tiles
+    interleaved."""
     if not gated and w_kn.shape[1] > COLUMN_CHUNK:
         return _by_columns(pack_q4_tiles, w_kn, name)
     wb = _tile_blocks(w_kn, gated, name, "4-bit")
@@ -267,11 +268,32 @@ def pack_q4_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     scales[ternary] = h[ternary].astype(np.float16)
     lo[ternary] = -scales[ternary]
     scales[scales == 0] = 1.0
-    q = np.clip(np.rint((wb - lo.astype(np.float32)[:, None]) / scales.astype(np.float32)[:, None]), 0, 15)
+    q = _on_grid(wb, scales, lo)
+    # GGUF Q4_0's grid, w = d (q - 8) with the block's largest |w| at q = 0: d = that w / -8, exact in fp16 (negative
+    # where that w is positive) and min = that w. Its blocks rarely reach q = 15, so the min / max grid above would
+    # put their values between its steps; where this one holds a block exactly (and that one does not), it is taken.
+    # (Other weights keep the min / max grid: the one every other product of the same weights is checked against.)
+    top = np.take_along_axis(wb, np.abs(wb).argmax(axis=1)[:, None], axis=1)[:, 0]
+    d0, lo0 = (top / -8).astype(np.float16), top.astype(np.float16)
+    d0[d0 == 0] = 1.0
+    q0 = _on_grid(wb, d0, lo0)
+    err0 = _grid_error(wb, q0, d0, lo0)
+    exact = (err0 <= 1e-6 * np.abs(top)) & (err0 < _grid_error(wb, q, scales, lo))
+    q, scales, lo = np.where(exact[:, None], q0, q), np.where(exact, d0, scales), np.where(exact, lo0, lo)
     q6 = q.astype(np.uint8).reshape(blocks, 4, 2, 4, tiles, TILE)  # k = 32 b + 8 c + 4 h + i
     nibbles = (q6[:, :, 0] | (q6[:, :, 1] << 4)).transpose(3, 0, 1, 4, 2).reshape(tiles, blocks, 256)
     per_tile = [a.reshape(blocks, tiles, TILE).transpose(1, 0, 2).copy().view(np.uint8) for a in (scales, lo)]
     return _pairs(np.concatenate([nibbles, *per_tile], axis=2))  # from [tiles, blocks, 320]
+
+
+def _on_grid(wb: np.ndarray, scales: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """The 4-bit q of blocks [blocks, 32, N] on the grid scale * q + lo (fp16 [blocks, N])."""
+    return np.clip(np.rint((wb - lo.astype(np.float32)[:, None]) / scales.astype(np.float32)[:, None]), 0, 15)
+
+
+def _grid_error(wb: np.ndarray, q: np.ndarray, scales: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """The largest |w - (scale * q + lo)| of each block and column [blocks, N], as the kernel computes w."""
+    return np.abs(q * scales.astype(np.float32)[:, None] + lo.astype(np.float32)[:, None] - wb).max(axis=1)
 
 
 def _pairs(per_tile: np.ndarray) -> np.ndarray:

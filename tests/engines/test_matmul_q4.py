@@ -13,7 +13,7 @@ import onnx
 import pytest
 from conftest import Built
 from onnx import TensorProto, helper, numpy_helper
-from quant_grids import q4_1_like, q8_0_like
+from quant_grids import q4_0_like, q4_1_like, q4_k_like, q8_0_like
 
 from llmc import LLM, SamplingParams
 from llmc.engines.kernels import ops_version
@@ -52,6 +52,20 @@ def test_packing_keeps_a_q4_1_grid_exactly(k: int, n: int, gated: bool) -> None:
     packed = pack_q4_tiles(w, gated)
     assert packed.shape == (-(-n // 32), k // 32, 640) and packed.dtype == np.uint8
     np.testing.assert_array_equal(unpack_q4_tiles(packed, n, gated), w)
+
+
+@pytest.mark.parametrize(("k", "n", "gated"), [(64, 24, False), (576, 192, True)])
+def test_packing_keeps_a_q4_0_grid_exactly(k: int, n: int, gated: bool) -> None:
+    """GGUF Q4_0's blocks rarely reach q = 15, so the block's min / max grid would miss their steps: its own grid
+    (d = the largest |w| / -8, negative where that w is positive) holds them as they were."""
+    w = q4_0_like(RNG, k, n)
+    np.testing.assert_array_equal(unpack_q4_tiles(pack_q4_tiles(w, gated), n, gated), w)
+
+
+def test_packing_holds_a_q4_k_grid_to_its_fp16_scale_and_min() -> None:
+    w = q4_k_like(RNG, 512, 48)
+    err = np.linalg.norm(unpack_q4_tiles(pack_q4_tiles(w), 48) - w) / np.linalg.norm(w)
+    assert err < 1e-3  # (fp16's rounding of d * sc and dmin * m; half a step would be ~5e-2)
 
 
 def test_packing_random_weights_is_bounded_by_the_grid() -> None:
@@ -337,6 +351,28 @@ def test_16_bit_activations_match_their_reference_and_the_float_product(
     exact = _gate(x.astype(np.float64) @ w + (bias if bias is not None else 0), gated)
     err16, err8 = (np.abs(y - exact).max() / np.abs(exact).max() for y in (y16, y8))
     assert err16 < 1e-4 and err16 < err8 / 30, (err16, err8)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("act_bits", [8, 16])
+@pytest.mark.parametrize(("batch", "seq"), [(1, 1), (3, 1), (2, 20)])  # (40 rows: a prompt's arithmetic too)
+def test_a_q4_0_grid_s_negative_scales_compute_their_reference(llmc_ops: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               path: str, act_bits: int, batch: int, seq: int) -> None:
+    """Q4_0's grid keeps a block whose largest |w| is positive with a negative scale: every path multiplies it out
+    as any other (its int8 arithmetic, its two levels, a prompt's rows)."""
+    for name, value in PATHS[path].items():
+        monkeypatch.setenv(name, value)
+    k, n = 96, 40
+    w = q4_0_like(RNG, k, n)
+    x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
+    y = _session(llmc_ops, k, n, pack_q4_tiles(w), None, False, 2, 2, act_bits).run(None, {"x": x})[0]
+    expected = _reference(x, w, None, False, act_bits=act_bits)
+    if batch * seq >= 32:  # (a prompt's rows may take bf16 tiles: matmul_q4.h, LLMC_Q4_WIDE_ROWS)
+        expected = x.astype(np.float64) @ w
+        tol = 5e-2 if act_bits == 8 else 1e-2
+    else:
+        tol = 1e-4
+    np.testing.assert_allclose(y, expected, rtol=tol, atol=tol * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("path", list(PATHS))

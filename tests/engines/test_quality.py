@@ -408,3 +408,21 @@ def test_the_head_s_window_is_in_its_outputs_units_and_off_under_a_soft_cap() ->
     assert head_window(m) == HEAD_WINDOW == 8.0
     assert head_window(replace(m, logits_scaling=4.0)) == 32.0  # the logits are the head's outputs / 4
     assert head_window(replace(m, final_softcap=30.0)) == 0.0  # tanh squeezes any gap: two levels everywhere
+
+
+@pytest.mark.parametrize(("grid", "raised"), [("q4_1", "int4-act16"), ("q4_0", "int4-act16"), ("q4_k", "int4-act16"),
+                                              ("float", "int8")])
+def test_a_raised_layer_keeps_4_bit_weights_that_8_bits_would_not_hold_closer(grid: str, raised: str) -> None:
+    """A GGUF's own 4-bit grids (Q4_1, Q4_0: exactly; Q4_K: to fp16's rounding of its products, as close as 8 bits
+    would hold them) keep their weights and take 16-bit activations; other weights go to 8 bits."""
+    from types import SimpleNamespace
+
+    from quant_grids import q4_0_like, q4_1_like, q4_k_like
+
+    rng = np.random.default_rng(3)
+    k, n = 512, 64
+    w = {"q4_1": lambda: q4_1_like(rng, k, n, fp16=True), "q4_0": lambda: q4_0_like(rng, k, n),
+         "q4_k": lambda: q4_k_like(rng, k, n),
+         "float": lambda: rng.standard_normal((k, n)).astype(np.float32) * 0.02}[grid]()
+    ckpt = SimpleNamespace(weights={"layers.0.mlp.down.weight": w})
+    assert quality._raise_to(ckpt, "layers.0.mlp.down", QuantSpec(4, kernel="llmc")) == raised  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ from llmc.graph.layers import CALIBRATE_INPUT, CALIBRATE_POSITIONS, GraphOptions
 from llmc.graph.quant import (
     Q2TILES,
     Q4TILES,
+    Q8TILES,
     TILE_BLOCK,
     QuantSpec,
     dequantize,
@@ -44,6 +45,7 @@ from llmc.graph.quant import (
     ternary_blocks,
     unpack_q2_tiles,
     unpack_q4_tiles,
+    unpack_q8_tiles,
 )
 from llmc.graph.resume import CALIBRATE_START, RESUME_PREFIX, NotResumable
 from llmc.manifest import GraphSpec, ModelSpec, TensorSpec
@@ -61,6 +63,7 @@ CALIBRATION_PROMPTS = (  # (each run of the calibration graph scores them all: k
 )
 CONTINUATION = 16  # greedy tokens of the model scored after each calibration prompt
 EXACT_WEIGHTS = 1e-4  # relative error below which a layer's low-precision weights count as the model's own
+CLOSER = 2.0  # how much closer 8-bit weights must hold a layer than its own 4-bit ones for a raise to take them
 REPORT_EVERY = 30.0  # seconds between the sensitivity step's progress lines
 
 
@@ -242,25 +245,35 @@ def continuations(reference: Engine, prompts: list[list[int]]) -> list[list[int]
 
 
 def _raise_to(ckpt: Checkpoint, name: str, spec: QuantSpec) -> str:
-    """Wider activations on the layer's own low-precision weights when those are exact (16-bit ones in llmc's
+    """Wider activations on the layer's own low-precision weights when those are the model's (16-bit ones in llmc's
     4-bit operator: the same bytes; else fp32 ones), else 8-bit weights; an 8-bit layer keeps its weights and takes
     16-bit activations in two int8 levels (MatMulNBits has no fast 8-bit path with fp32 activations on the CPU:
-    ~110 ms a call for SmolLM2's head, measured)."""
+    ~110 ms a call for SmolLM2's head, measured). 4-bit weights are the model's where they hold it exactly (GGUF
+    Q4_1's and Q4_0's grids) or about as closely as 8-bit ones would (a GGUF Q4_K block's scale and min are
+    products that fp16 rounds, 2-5e-4 of the weights either way: 8 bits would double the bytes for nothing)."""
     base = spec.precision_of(name)
     if base == "int8":
         return "int8-act16"
     w = _float_weight(ckpt, name)
-    parts = quantize_as(w, "w", base, spec)
+    err = _repacked_error(w, base, spec)
+    if err > EXACT_WEIGHTS and err > CLOSER * _repacked_error(w, "int8", spec):
+        return "int8"
+    return "int4-act16" if spec.q4_tiles(4) else "int4-fp32act"
+
+
+def _repacked_error(w: np.ndarray, precision: str, spec: QuantSpec) -> float:
+    """How far a weight [K, N] at `precision` is from its float values (relative Frobenius norm)."""
+    parts = quantize_as(w, "w", precision, spec)
+    bits = int(precision.removeprefix("int").split("-")[0])
     if "w" + Q4TILES in parts:
         back = unpack_q4_tiles(parts["w" + Q4TILES], w.shape[1])
+    elif "w" + Q8TILES in parts:
+        back = unpack_q8_tiles(parts["w" + Q8TILES], w.shape[1])
     elif "w" + Q2TILES in parts:  # (ternary columns: exact)
         back = unpack_q2_tiles(parts["w" + Q2TILES], w.shape[1])
     else:
-        back = dequantize({k.removeprefix("w"): v for k, v in parts.items()}, spec.for_bits(4))
-    err = float(np.linalg.norm(back - w) / max(float(np.linalg.norm(w)), 1e-30))
-    if err > EXACT_WEIGHTS:
-        return "int8"
-    return "int4-act16" if spec.q4_tiles(4) else "int4-fp32act"
+        back = dequantize({k.removeprefix("w"): v for k, v in parts.items()}, spec.for_bits(bits))
+    return float(np.linalg.norm(back - w) / max(float(np.linalg.norm(w)), 1e-30))
 
 
 def _float_weight(ckpt: Checkpoint, name: str) -> np.ndarray:
