@@ -9,15 +9,14 @@ from typing import Any
 import numpy as np
 
 from llmc.errors import UnsupportedModelError
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
 from llmc.export.gguf_read import Family, GGUFFile, text_config, unpermute
 
 
 def _config(g: GGUFFile) -> Any:
     k = g.keys
     head = int(k["embedding_length"]) // int(k["attention.head_count"])
-    if int(k.get("rope.dimension_count", head)) != head:  # (llama.cpp's OLMo rotates whole heads)
-        raise UnsupportedModelError(f"{g.path}: olmo.rope.dimension_count {k['rope.dimension_count']} of a head of "
-                                    f"{head}: OLMo rotates whole heads")
+    whole_head_rotated(g, head)
     eps = float(k.get("attention.layer_norm_epsilon", 1e-5))
     if abs(eps - 1e-5) > 1e-12:  # (transformers' OLMo norms with 1e-5, fixed)
         raise UnsupportedModelError(f"{g.path}: olmo.attention.layer_norm_epsilon {eps}: transformers' OLMo norms "

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from llmc.errors import UnsupportedModelError
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 _PRODUCTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -35,9 +36,7 @@ def _config(g: GGUFFile) -> Any:
         raise UnsupportedModelError(f"{g.path}: output.weight: llama.cpp's BitNet computes its head with the "
                                     "embeddings (token_embd.weight)")
     head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
-    if int(k.get("rope.dimension_count", head)) != head:
-        raise UnsupportedModelError(f"{g.path}: bitnet.rope.dimension_count {k['rope.dimension_count']} for heads "
-                                    f"of {head}: transformers' BitNet rotates whole heads")
+    whole_head_rotated(g, head)
     act = str(k.get("hidden_activation", "silu"))
     if act not in _ACTIVATIONS:
         raise UnsupportedModelError(f"{g.path}: bitnet.hidden_activation {act!r}: llmc reads BitNet's silu and relu2")

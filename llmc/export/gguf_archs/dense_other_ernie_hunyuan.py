@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmc.errors import UnsupportedModelError
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 
@@ -26,9 +27,7 @@ def _head(g: GGUFFile) -> int:
     """The head size as llama.cpp takes it, refusing a file whose rotated dims are not the whole head."""
     k = g.keys
     head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
-    if int(k.get("rope.dimension_count", head)) != head:
-        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.dimension_count {k['rope.dimension_count']} for heads "
-                                    f"of {head}: llama.cpp's {g.arch} rotates whole heads")
+    whole_head_rotated(g, head)
     return head
 
 

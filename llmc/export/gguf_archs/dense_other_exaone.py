@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmc.errors import UnsupportedModelError
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 
@@ -31,9 +32,7 @@ def _theta(g: GGUFFile) -> float:
 def _exaone_config(g: GGUFFile) -> Any:
     k = g.keys
     head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
-    if int(k.get("rope.dimension_count", head)) != head:
-        raise UnsupportedModelError(f"{g.path}: exaone.rope.dimension_count {k['rope.dimension_count']} for heads "
-                                    f"of {head}: llama.cpp's EXAONE rotates whole heads")
+    whole_head_rotated(g, head)
     eps = k.get("attention.layer_norm_rms_epsilon", k.get("attention.layer_norm_epsilon"))
     biases = [f"blk.0.{n}.bias" in g.tensors for n in ("attn_q", "attn_k", "attn_v", "attn_output")]
     if any(biases) and not all(biases):
@@ -67,9 +66,7 @@ def _exaone4_config(g: GGUFFile) -> Any:
         raise UnsupportedModelError(f"{g.path}: exaone4.nextn_predict_layers {k['nextn_predict_layers']}: "
                                     "transformers' EXAONE 4.0 has no NextN layers")
     head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
-    if int(k.get("rope.dimension_count", head)) != head:
-        raise UnsupportedModelError(f"{g.path}: exaone4.rope.dimension_count {k['rope.dimension_count']} for heads "
-                                    f"of {head}: llama.cpp's EXAONE 4.0 rotates whole heads")
+    whole_head_rotated(g, head)
     window: int | None = None
     types = ["full_attention"] * n
     if n == 64:  # (llama.cpp's 32B: the only EXAONE 4.0 it slides a window on)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
 from llmc.export.gguf_archs.moe_common import refuse
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
@@ -22,9 +23,7 @@ def _config(g: GGUFFile) -> Any:
     k = g.keys
     heads, hidden = int(k["attention.head_count"]), int(k["embedding_length"])
     head = int(k.get("attention.key_length") or hidden // heads)
-    if int(k.get("rope.dimension_count", head)) != head:
-        refuse(g, "rope.dimension_count", k["rope.dimension_count"], f"llama.cpp's Jais-2 rotates whole heads of "
-               f"{head}")
+    whole_head_rotated(g, head)
     kv = int(k.get("attention.head_count_kv", heads))
     if kv != heads or head * heads != hidden:
         refuse(g, "attention.head_count_kv", kv, f"llama.cpp's Jais-2 loads k / v biases {hidden} wide: as many KV "

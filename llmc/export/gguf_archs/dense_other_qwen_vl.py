@@ -18,16 +18,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmc.export.gguf_archs.moe_common import moe_values, refuse
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
+from llmc.export.gguf_archs.moe_common import moe_values
 from llmc.export.gguf_read import Family, GGUFFile, text_config, text_sections
 
 
 def _sections(g: GGUFFile, head: int) -> None:
     """Whole heads rotated, by sections that turn text as one rotary (`text_sections`)."""
-    rotated = int(g.keys.get("rope.dimension_count", head))
-    if rotated != head:
-        refuse(g, "rope.dimension_count", rotated, f"the text family rotates whole heads of {head}")
-    text_sections(g, rotated)
+    whole_head_rotated(g, head)
+    text_sections(g, head)
 
 
 def _head(g: GGUFFile) -> int:

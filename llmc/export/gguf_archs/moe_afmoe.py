@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
 from llmc.export.gguf_archs.moe_common import bias_values, refuse
 from llmc.export.gguf_archs.moe_exaone import rope_base, swa_period
 from llmc.export.gguf_read import Family, GGUFFile, text_config
@@ -44,9 +45,7 @@ def _config(g: GGUFFile) -> Any:
                "4th unrotated; transformers' AFMoE rotates exactly its sliding layers")
     heads, hidden = int(k["attention.head_count"]), int(k["embedding_length"])
     head = int(k.get("attention.key_length") or hidden // heads)
-    if int(k.get("rope.dimension_count", head)) != head:
-        refuse(g, "rope.dimension_count", k["rope.dimension_count"], f"transformers' AFMoE rotates whole heads of "
-               f"{head}")
+    whole_head_rotated(g, head)
     n = int(k["block_count"])
     sliding = swa_period(g, n)
     if sliding != [(i + 1) % NO_ROPE_STEP != 0 for i in range(n)]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
 from llmc.export.gguf_archs.moe_common import layer_of, moe_values, refuse
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
@@ -58,9 +59,7 @@ def _config(g: GGUFFile) -> Any:
     if gating != SIGMOID:
         refuse(g, "expert_gating_func", gating, "transformers' EXAONE MoE routes by sigmoid")
     head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
-    if int(k.get("rope.dimension_count", head)) != head:
-        refuse(g, "rope.dimension_count", k["rope.dimension_count"], f"llama.cpp's EXAONE MoE rotates whole heads "
-               f"of {head}")
+    whole_head_rotated(g, head)
     n = g.layers()
     width = int(k["expert_feed_forward_length"])
     shared = int(k.get("expert_shared_feed_forward_length", width) or width)

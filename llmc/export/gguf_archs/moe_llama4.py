@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
 from llmc.export.gguf_archs.moe_common import experts, refuse
 from llmc.export.gguf_archs.moe_exaone import rope_base, swa_period
 from llmc.export.gguf_read import Family, GGUFFile, text_config
@@ -42,9 +43,7 @@ def _config(g: GGUFFile) -> Any:
                "unrotated; transformers' Llama 4 rotates its chunked layers")
     heads, hidden = int(k["attention.head_count"]), int(k["embedding_length"])
     head = int(k.get("attention.key_length") or hidden // heads)
-    if int(k.get("rope.dimension_count", head)) != head:
-        refuse(g, "rope.dimension_count", k["rope.dimension_count"], f"llama.cpp's Llama 4 rotates whole heads of "
-               f"{head}")
+    whole_head_rotated(g, head)
     scale = float(k.get("attention.scale", 0.0) or 0.0)
     if scale and not math.isclose(scale, head ** -0.5, rel_tol=1e-6):
         refuse(g, "attention.scale", scale, f"transformers' Llama 4 scales the queries by {head} ** -0.5")
