@@ -49,3 +49,18 @@ def q4_k_like(rng: np.random.Generator, k: int, n: int) -> np.ndarray:
     q = rng.integers(0, 16, (sb, 8, 32, n))
     q[:, :, 0], q[:, :, 1] = 0, 15
     return ((d * sc)[:, :, None] * q - (dmin * m)[:, :, None]).reshape(k, n).astype(np.float32)
+
+
+def q5_like(rng: np.random.Generator, k: int, n: int, symmetric: bool) -> np.ndarray:
+    """GGUF Q5_1's grid (w = d * q + m, q in 0..31 using its whole range) or Q5_0's (`symmetric`: w = d (q - 16), the
+    block's largest |w| at q = 0), per block of 32 along K; d and m fp16."""
+    d = (rng.random((k // 32, n)) * 0.05 + 0.005).astype(np.float16).astype(np.float32)
+    if symmetric:
+        d *= rng.choice([-1.0, 1.0], (k // 32, n)).astype(np.float32)
+        q = rng.integers(1, 31, (k // 32, 32, n))
+        q[:, 0, :] = 0
+        return ((q - 16) * d[:, None, :]).reshape(k, n).astype(np.float32)
+    m = (rng.standard_normal((k // 32, n)) * 0.3).astype(np.float16).astype(np.float32)
+    q = rng.integers(0, 32, (k // 32, 32, n))
+    q[:, 0, :], q[:, 1, :] = 0, 31
+    return (q * d[:, None, :] + m[:, None, :]).reshape(k, n).astype(np.float32)

@@ -291,6 +291,11 @@ def _on_grid(wb: np.ndarray, scales: np.ndarray, lo: np.ndarray) -> np.ndarray:
     return np.clip(np.rint((wb - lo.astype(np.float32)[:, None]) / scales.astype(np.float32)[:, None]), 0, 15)
 
 
+def _q8_on(wb: np.ndarray, scales: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """The 8-bit q of blocks [blocks, rows, N] on the grid scale * q + lo ([blocks, N])."""
+    return np.clip(np.rint((wb - lo[:, None]) / scales[:, None]), 0, 255)
+
+
 def _grid_error(wb: np.ndarray, q: np.ndarray, scales: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """The largest |w - (scale * q + lo)| of each block and column [blocks, N], as the kernel computes w."""
     return np.abs(q * scales.astype(np.float32)[:, None] + lo.astype(np.float32)[:, None] - wb).max(axis=1)
@@ -326,8 +331,9 @@ def pack_q8_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     """W [K, N] -> MatMulQ8's packed tiles [ceil(N / 32), K / 32, 1152] uint8 (matmul_q4.h): per block of 32 along
     K and column, w = scale * q + min with q in 0..255, scale and min fp16. A block GGUF Q8_0's form holds exactly
     (d = max |w| / 127 in fp16, w = d * q8) is stored as scale d, min -128 d; any other as its own grid, min = the
-    block's minimum and scale = (max - min) / 255 (a 4-bit grid's d / 17). Chunk c of a tile's block holds k = 4 c ..
-    4 c + 3 of its 16 columns, then the 16 scales and 16 mins."""
+    block's minimum and scale = (max - min) / 255, or one of GGUF's narrower grids where that holds it at least
+    twice as close (below). Chunk c of a tile's block holds k = 4 c .. 4 c + 3 of its 16 columns, then the 16 scales
+    and 16 mins."""
     if not gated and w_kn.shape[1] > COLUMN_CHUNK:
         return _by_columns(pack_q8_tiles, w_kn, name)
     wb = _tile_blocks(w_kn, gated, name, "8-bit")
@@ -342,7 +348,30 @@ def pack_q8_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     step[ternary] = h[ternary].astype(np.float16).astype(np.float32)
     lo[ternary] = -step[ternary]
     scale, low = np.where(symmetric, d, np.where(step > 0, step, 1)), np.where(symmetric, -128 * d, lo)
-    q = np.clip(np.rint((wb - low[:, None]) / np.where(scale > 0, scale, 1)[:, None]), 0, 255).astype(np.uint8)
+    q = np.clip(np.rint((wb - low[:, None]) / np.where(scale > 0, scale, 1)[:, None]), 0, 255)
+    # GGUF's narrower grids on their own steps: q spanning 0..15 / 31 / 63 / 127 from the block's minimum (Q4_1,
+    # Q4_K, Q5_1, Q5_K, ...), or Q4_0's / Q5_0's d (q - 8 / 16) with the largest |w| at q = 0. Their steps are not
+    # the 255ths of the block's range, so a block of them lies between those; one of these grids is taken where it
+    # holds the block at least twice as close (exactly, for Q4_0 / Q4_1 / Q5_0 / Q5_1; to fp16's rounding of the
+    # K-quants' products), which a block of other weights never is.
+    err = _grid_error(wb, q, scale, low)
+    top = np.take_along_axis(wb, np.abs(wb).argmax(axis=1)[:, None], axis=1)[:, 0]
+    span = wb.max(axis=1) - lo
+    for s_c, lo_c in [(span / n, lo) for n in (15, 31)] + [(top / -z, top) for z in (8, 16)]:
+        s_c, lo_c = s_c.astype(np.float16).astype(np.float32), lo_c.astype(np.float16).astype(np.float32)
+        s_c[s_c == 0] = 1.0
+        # (a block's first 4 weights first: other weights' blocks are all but never within half the error there)
+        maybe = (_grid_error(wb[:, :4], _q8_on(wb[:, :4], s_c, lo_c), s_c, lo_c) < err / 2) & ~ternary & ~symmetric
+        b, c = np.nonzero(maybe)
+        if not len(b):
+            continue
+        sub, s_m, lo_m = wb[b, :, c][..., None].transpose(1, 2, 0), s_c[b, c][None], lo_c[b, c][None]  # [32, 1, M]
+        q_m = _q8_on(sub.transpose(1, 0, 2), s_m, lo_m)  # [1, 32, M]
+        e_m = _grid_error(sub.transpose(1, 0, 2), q_m, s_m, lo_m)[0]
+        take = e_m < err[b, c] / 2
+        b, c = b[take], c[take]
+        q[b, :, c], scale[b, c], low[b, c], err[b, c] = q_m[0, :, take], s_m[0, take], lo_m[0, take], e_m[take]
+    q = q.astype(np.uint8)
     values = q.reshape(blocks, 8, 4, tiles, TILE).transpose(3, 0, 1, 4, 2).reshape(tiles, blocks, 512)  # k = 4 c + i
     grid = [a.astype(np.float16).reshape(blocks, tiles, TILE).transpose(1, 0, 2).copy().view(np.uint8)
             for a in (scale, low)]

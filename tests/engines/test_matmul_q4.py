@@ -13,7 +13,7 @@ import onnx
 import pytest
 from conftest import Built
 from onnx import TensorProto, helper, numpy_helper
-from quant_grids import q4_0_like, q4_1_like, q4_k_like, q8_0_like
+from quant_grids import q4_0_like, q4_1_like, q4_k_like, q5_like, q8_0_like
 
 from llmc import LLM, SamplingParams
 from llmc.engines.kernels import ops_version
@@ -58,12 +58,12 @@ def test_packing_keeps_a_q4_1_grid_exactly(k: int, n: int, gated: bool) -> None:
 def test_packing_keeps_a_q4_0_grid_exactly(k: int, n: int, gated: bool) -> None:
     """GGUF Q4_0's blocks rarely reach q = 15, so the block's min / max grid would miss their steps: its own grid
     (d = the largest |w| / -8, negative where that w is positive) holds them as they were."""
-    w = q4_0_like(RNG, k, n)
+    w = q4_0_like(np.random.default_rng(k + n), k, n)
     np.testing.assert_array_equal(unpack_q4_tiles(pack_q4_tiles(w, gated), n, gated), w)
 
 
 def test_packing_holds_a_q4_k_grid_to_its_fp16_scale_and_min() -> None:
-    w = q4_k_like(RNG, 512, 48)
+    w = q4_k_like(np.random.default_rng(5), 512, 48)
     err = np.linalg.norm(unpack_q4_tiles(pack_q4_tiles(w), 48) - w) / np.linalg.norm(w)
     assert err < 1e-3  # (fp16's rounding of d * sc and dmin * m; half a step would be ~5e-2)
 
@@ -114,13 +114,28 @@ def test_8_bit_packing_keeps_a_q8_0_grid_exactly(k: int, n: int, gated: bool) ->
         np.testing.assert_array_equal(packed[0, 0, 512:576].copy().view(np.float16), np.concatenate([d, -128 * d]))
 
 
-def test_8_bit_packing_holds_a_4_bit_grid_to_its_fp16_scale() -> None:
-    """A raised GGUF Q4_1 layer: q = 17 q4 on scale d / 17 (fp16), the min as it was."""
-    w = _q4_1_like(64, 32)
+@pytest.mark.parametrize("grid", ["q4_1", "q4_0", "q5_1", "q5_0"])
+def test_8_bit_packing_keeps_gguf_s_narrower_grids_exactly(grid: str) -> None:
+    """A raised GGUF Q4_1 layer, or a Q4_0 / Q5_0 / Q5_1 file built at 8 bits: each block on its own steps (from
+    its minimum, or Q4_0's / Q5_0's d from its largest |w|), not the 255ths of its range it lies between."""
+    rng = np.random.default_rng(9)
+    w = {"q4_1": lambda: q4_1_like(rng, 64, 32, fp16=True), "q4_0": lambda: q4_0_like(rng, 64, 32),
+         "q5_1": lambda: q5_like(rng, 64, 32, symmetric=False), "q5_0": lambda: q5_like(rng, 64, 32, symmetric=True)}[grid]()
     back = unpack_q8_tiles(pack_q8_tiles(w), 32)
-    span = (w.reshape(2, 32, 32).max(axis=1) - w.reshape(2, 32, 32).min(axis=1))[:, None, :]
-    assert np.all(np.abs(back - w).reshape(2, 32, 32) <= span * 2.0**-11)  # the scale's rounding only
+    np.testing.assert_array_equal(back, w)
     assert not np.array_equal(back, unpack_q8_tiles(pack_q8_tiles(w + 1e-3), 32))  # (not a constant answer)
+
+
+def test_8_bit_packing_holds_a_q4_k_grid_closer_than_its_255ths() -> None:
+    """Q4_K's blocks on their own steps to fp16's rounding of d * sc and dmin * m (measured 1.8e-4), closer than the
+    255ths of each block's range (2.1e-4)."""
+    w = q4_k_like(np.random.default_rng(11), 512, 48)
+    blocks = w.reshape(16, 32, 48)
+    lo = blocks.min(axis=1, keepdims=True).astype(np.float16).astype(np.float32)
+    step = ((blocks.max(axis=1, keepdims=True) - lo) / 255).astype(np.float16).astype(np.float32)
+    plain = (np.clip(np.rint((blocks - lo) / step), 0, 255) * step + lo).reshape(512, 48)
+    err, err_plain = (np.linalg.norm(b - w) / np.linalg.norm(w) for b in (unpack_q8_tiles(pack_q8_tiles(w), 48), plain))
+    assert err < 0.9 * err_plain, (err, err_plain)
 
 
 def test_8_bit_packing_random_weights_is_bounded_by_the_grid() -> None:
@@ -362,9 +377,9 @@ def test_a_q4_0_grid_s_negative_scales_compute_their_reference(llmc_ops: Path, m
     as any other (its int8 arithmetic, its two levels, a prompt's rows)."""
     for name, value in PATHS[path].items():
         monkeypatch.setenv(name, value)
-    k, n = 96, 40
-    w = q4_0_like(RNG, k, n)
-    x = RNG.standard_normal((batch, seq, k)).astype(np.float32)
+    k, n, rng = 96, 40, np.random.default_rng(batch * seq)
+    w = q4_0_like(rng, k, n)
+    x = rng.standard_normal((batch, seq, k)).astype(np.float32)
     y = _session(llmc_ops, k, n, pack_q4_tiles(w), None, False, 2, 2, act_bits).run(None, {"x": x})[0]
     expected = _reference(x, w, None, False, act_bits=act_bits)
     if batch * seq >= 32:  # (a prompt's rows may take bf16 tiles: matmul_q4.h, LLMC_Q4_WIDE_ROWS)
