@@ -426,3 +426,13 @@ def test_a_raised_layer_keeps_4_bit_weights_that_8_bits_would_not_hold_closer(gr
          "float": lambda: rng.standard_normal((k, n)).astype(np.float32) * 0.02}[grid]()
     ckpt = SimpleNamespace(weights={"layers.0.mlp.down.weight": w})
     assert quality._raise_to(ckpt, "layers.0.mlp.down", QuantSpec(4, kernel="llmc")) == raised  # type: ignore[arg-type]
+
+
+def test_on_onnx_runtime_s_operator_only_exact_4_bit_weights_stay() -> None:
+    """MatMulNBits' fp32 activations are its slow path: a Q4_K layer raised there takes 8-bit weights."""
+    from types import SimpleNamespace
+
+    from quant_grids import q4_k_like
+
+    ckpt = SimpleNamespace(weights={"layers.0.mlp.down.weight": q4_k_like(np.random.default_rng(3), 512, 64)})
+    assert quality._raise_to(ckpt, "layers.0.mlp.down", QuantSpec(4, kernel="ort")) == "int8"  # type: ignore[arg-type]

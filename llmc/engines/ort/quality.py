@@ -249,15 +249,16 @@ def _raise_to(ckpt: Checkpoint, name: str, spec: QuantSpec) -> str:
     4-bit operator: the same bytes; else fp32 ones), else 8-bit weights; an 8-bit layer keeps its weights and takes
     16-bit activations in two int8 levels (MatMulNBits has no fast 8-bit path with fp32 activations on the CPU:
     ~110 ms a call for SmolLM2's head, measured). 4-bit weights are the model's where they hold it exactly (GGUF
-    Q4_1's and Q4_0's grids) or about as closely as 8-bit ones would (a GGUF Q4_K block's scale and min are
-    products that fp16 rounds, 2-5e-4 of the weights either way: 8 bits would double the bytes for nothing)."""
+    Q4_1's and Q4_0's grids) or, in llmc's operator, about as closely as 8-bit ones would (a GGUF Q4_K block's
+    scale and min are products that fp16 rounds, 2-5e-4 of the weights either way: 8 bits would double the bytes
+    for nothing)."""
     base = spec.precision_of(name)
     if base == "int8":
         return "int8-act16"
     w = _float_weight(ckpt, name)
     err = _repacked_error(w, base, spec)
-    if err > EXACT_WEIGHTS and err > CLOSER * _repacked_error(w, "int8", spec):
-        return "int8"
+    if err > EXACT_WEIGHTS and not (spec.q4_tiles(4) and err <= CLOSER * _repacked_error(w, "int8", spec)):
+        return "int8"  # (MatMulNBits' fp32 activations are its slow path: there only exact weights keep 4 bits)
     return "int4-act16" if spec.q4_tiles(4) else "int4-fp32act"
 
 
