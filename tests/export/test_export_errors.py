@@ -107,10 +107,10 @@ def test_unsupported_gguf_architecture(tmp_path: Path) -> None:
     assert _leftovers(tmp_path, "out") == []
 
 
-@pytest.mark.parametrize(("arch", "family"), [("minimax-m2", "minimax_m2"), ("rwkv7", None)])
+@pytest.mark.parametrize(("arch", "family"), [("granite-swa", "granite_swa"), ("rwkv7", None)])
 def test_a_gguf_llmc_does_not_read_names_the_checkpoint_to_export(tmp_path: Path, arch: str, family: str | None) -> None:
     """A family llmc builds from its Hugging Face checkpoint, whose GGUF files neither llmc nor transformers reads
-    (MiniMax-M2's, written "minimax-m2"), is refused pointing at the checkpoint, not as an unknown model type."""
+    (Granite SWA's, written "granite-swa"), is refused pointing at the checkpoint, not as an unknown model type."""
     import gguf
     import numpy as np
 
