@@ -300,10 +300,13 @@ class GGUFFile:
 
     @functools.cached_property
     def names(self) -> Any:
-        """gguf's name table of the file's architecture: a transformers parameter's name -> the file's."""
+        """gguf's name table of the file's architecture (or the one its family follows, where gguf's package has
+        none for it: `Family.table`): a transformers parameter's name -> the file's."""
         import gguf
 
-        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.arch)
+        family = families().get(self.arch)
+        table = family.table if family is not None and family.table else self.arch
+        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == table)
         return gguf.get_tensor_name_map(arch, int(self.keys["block_count"]))
 
     def layers(self) -> int:
@@ -336,7 +339,8 @@ class Family:
     model_type, a name for messages, the transformers config its keys make, and where its weights differ from
     gguf's name table as they are: `values` gives a parameter's values (None: by the name table), `names` where a
     parameter may be in the file (default: the name table's name). `rope_freqs`: a `rope_freqs` tensor divides the
-    rotary frequencies (Llama 3's scaling), as for the families transformers reads."""
+    rotary frequencies (Llama 3's scaling), as for the families transformers reads. `table`: the architecture whose
+    name table the file follows, for an architecture newer than gguf's package."""
 
     arch: str
     model_type: str
@@ -345,6 +349,7 @@ class Family:
     values: Callable[[str, GGUFFile, Any], np.ndarray | None] | None = None
     names: Callable[[str, Any], list[str]] | None = None
     rope_freqs: bool = True
+    table: str = ""  # the architecture whose gguf name table the file's tensors follow ("": its own)
 
 
 def _own_families() -> tuple[Family, ...]:

@@ -83,10 +83,10 @@ def split_experts(name: str, values: np.ndarray) -> Tensors:
 
 def write_moe(model: Any, folder: Path, out: Path, arch: str, keys: Callable[[Any, dict[str, Any]], None],
               transform: Callable[[str, np.ndarray], Tensors | None] | None = None, skip: tuple[str, ...] = (),
-              metadata: dict[str, Any] | None = None, leave_out: tuple[str, ...] = ()) -> Path:
+              metadata: dict[str, Any] | None = None, leave_out: tuple[str, ...] = (), table: str = "") -> Path:
     """A tiny model as its family's converter writes it: `keys(writer, hparams)` its metadata, the tokenizer, each
-    tensor through `transform(name, values)` (None: under gguf's name as it is), the experts stacked; `skip` names
-    left out (a tied head)."""
+    tensor through `transform(name, values)` (None: under gguf's name as it is, by `table`'s name table where
+    gguf's package has none for `arch`), the experts stacked; `skip` names left out (a tied head)."""
     import gguf
 
     c = model.config
@@ -94,7 +94,7 @@ def write_moe(model: Any, folder: Path, out: Path, arch: str, keys: Callable[[An
     w.add_name(f"tiny-{c.model_type}")
     keys(w, c.to_dict())
     _tokenizer(w, folder, c.vocab_size)
-    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == (table or arch)),
                                      c.num_hidden_layers)
     for name, tensor in model.state_dict().items():
         if name in skip or (name == "lm_head.weight" and c.tie_word_embeddings):
