@@ -23,22 +23,16 @@ from __future__ import annotations
 from typing import Any
 
 from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
-from llmc.export.gguf_archs.moe_common import bias_values, refuse
+from llmc.export.gguf_archs.moe_common import bias_values, refuse, sigmoid_renormalized
 from llmc.export.gguf_archs.moe_exaone import rope_base, swa_period
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
-SIGMOID = 2  # (llama.cpp's expert_gating_func value; none written is sigmoid)
 NO_ROPE_STEP = 4  # (llama.cpp's n_no_rope_layer_step: a literal, no key)
 
 
 def _config(g: GGUFFile) -> Any:
     k = g.keys
-    gating = int(k.get("expert_gating_func", SIGMOID) or SIGMOID)
-    if gating != SIGMOID:
-        refuse(g, "expert_gating_func", gating, "transformers' AFMoE routes by sigmoid")
-    if not bool(k.get("expert_weights_norm", False)):
-        refuse(g, "expert_weights_norm", k.get("expert_weights_norm", False), "transformers' AFMoE always "
-               "renormalizes the chosen experts' weights")
+    sigmoid_renormalized(g, "AFMoE")
     window = int(k.get("attention.sliding_window", 0) or 0)
     if window <= 0:
         refuse(g, "attention.sliding_window", window, "without a window llama.cpp slides no layer yet leaves every "

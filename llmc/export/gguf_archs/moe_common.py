@@ -81,3 +81,19 @@ def refuse(g: GGUFFile, key: str, value: Any, why: str) -> None:
 def has(g: GGUFFile, name: str) -> bool:
     """Whether the file holds tensor `name` in any layer (`name` without `blk.{i}.`)."""
     return any(n.split(".", 2)[-1] == name for n in g.tensors if n.startswith("blk."))
+
+
+SIGMOID = 2  # (llama.cpp's expert_gating_func value)
+
+
+def sigmoid_renormalized(g: GGUFFile, title: str) -> None:
+    """Refuses routing other than transformers' `title`'s: the sigmoid of the router's logits (llama.cpp's
+    `expert_gating_func`, none written read as sigmoid), the chosen experts' weights always renormalized
+    (`expert_weights_norm`, none written: not)."""
+    k = g.keys
+    gating = int(k.get("expert_gating_func", SIGMOID) or SIGMOID)
+    if gating != SIGMOID:
+        refuse(g, "expert_gating_func", gating, f"transformers' {title} routes by sigmoid")
+    if not bool(k.get("expert_weights_norm", False)):
+        refuse(g, "expert_weights_norm", k.get("expert_weights_norm", False), f"transformers' {title} always "
+               "renormalizes the chosen experts' weights")

@@ -20,21 +20,15 @@ from typing import Any
 import numpy as np
 
 from llmc.export.gguf_archs.dense_llama_common import whole_head_rotated
-from llmc.export.gguf_archs.moe_common import layer_of, moe_values, refuse
+from llmc.export.gguf_archs.moe_common import layer_of, moe_values, refuse, sigmoid_renormalized
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
-SIGMOID = 2  # (llama.cpp's expert_gating_func value; none written is sigmoid here)
 BIAS = "mlp.e_score_correction_bias"
 
 
 def _config(g: GGUFFile) -> Any:
     k = g.keys
-    gating = int(k.get("expert_gating_func", SIGMOID) or SIGMOID)
-    if gating != SIGMOID:
-        refuse(g, "expert_gating_func", gating, "transformers' HY V3 routes by sigmoid")
-    if not bool(k.get("expert_weights_norm", False)):
-        refuse(g, "expert_weights_norm", k.get("expert_weights_norm", False), "transformers' HY V3 always "
-               "renormalizes the chosen experts' weights")
+    sigmoid_renormalized(g, "HY V3")
     head = int(k.get("attention.key_length") or int(k["embedding_length"]) // int(k["attention.head_count"]))
     whole_head_rotated(g, head)
     width = int(k["expert_feed_forward_length"])
