@@ -349,11 +349,11 @@ def pack_q8_tiles(w_kn: np.ndarray, gated: bool = False, name: str = "weight") -
     lo[ternary] = -step[ternary]
     scale, low = np.where(symmetric, d, np.where(step > 0, step, 1)), np.where(symmetric, -128 * d, lo)
     q = np.clip(np.rint((wb - low[:, None]) / np.where(scale > 0, scale, 1)[:, None]), 0, 255)
-    # GGUF's narrower grids on their own steps: q spanning 0..15 / 31 / 63 / 127 from the block's minimum (Q4_1,
-    # Q4_K, Q5_1, Q5_K, ...), or Q4_0's / Q5_0's d (q - 8 / 16) with the largest |w| at q = 0. Their steps are not
-    # the 255ths of the block's range, so a block of them lies between those; one of these grids is taken where it
-    # holds the block at least twice as close (exactly, for Q4_0 / Q4_1 / Q5_0 / Q5_1; to fp16's rounding of the
-    # K-quants' products), which a block of other weights never is.
+    # GGUF's narrower grids on their own steps: q spanning 0..15 or 0..31 from the block's minimum (Q4_1, Q4_K,
+    # Q5_1, Q5_K), or Q4_0's / Q5_0's d (q - 8 / 16) with the largest |w| at q = 0. Their steps are not the 255ths of
+    # the block's range, so a block of them lies between those; one of these grids is taken where it holds the block
+    # at least twice as close (exactly, for Q4_0 / Q4_1 / Q5_0 / Q5_1; to fp16's rounding of the K-quants'
+    # products), which a block of other weights all but never is.
     err = _grid_error(wb, q, scale, low)
     top = np.take_along_axis(wb, np.abs(wb).argmax(axis=1)[:, None], axis=1)[:, 0]
     span = wb.max(axis=1) - lo
