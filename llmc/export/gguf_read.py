@@ -317,6 +317,17 @@ class GGUFFile:
             raise UnsupportedModelError(f"{self.path}: {self.arch}.nextn_predict_layers {nextn} of {n} blocks")
         return n - nextn
 
+    def per_layer(self, key: str, n: int, default: Any = None) -> list[int]:
+        """A key llama.cpp reads per layer (`get_key_or_arr`): an array's first `n` values, or a scalar for every
+        layer (`default` where the file has none; neither: a KeyError, as for any key a converter always writes)."""
+        value = self.keys.get(key, default)
+        if value is None:
+            raise KeyError(key)
+        values = [int(v) for v in value] if isinstance(value, list) else [int(value)] * n
+        if len(values) < n:
+            raise UnsupportedModelError(f"{self.path}: {self.arch}.{key} has {len(values)} values for {n} layers")
+        return values[:n]
+
     def named(self, key: str) -> np.ndarray | None:
         """A transformers parameter's values under the name gguf's table gives it; None if not there."""
         return self.read(self.names.get_name(key, try_suffixes=(".weight", ".bias")))

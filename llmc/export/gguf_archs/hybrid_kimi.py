@@ -46,8 +46,7 @@ def _config(g: GGUFFile) -> Any:
     if isinstance(heads, list):
         refuse(g, "attention.head_count", heads, "per layer: transformers' Kimi Linear takes one head count")
     heads = int(heads)
-    kv = k["attention.head_count_kv"]
-    kv = [int(v) for v in kv] if isinstance(kv, list) else [int(kv)] * n
+    kv = g.per_layer("attention.head_count_kv", n)
     if len(kv) != n:
         refuse(g, "attention.head_count_kv", kv, f"{len(kv)} values for {n} layers")
     gating = int(k["expert_gating_func"])

@@ -33,8 +33,7 @@ def _config(g: GGUFFile) -> Any:
         refuse(g, "attention.sliding_window", k["attention.sliding_window"], "transformers' LFM2-MoE has no window")
     if int(k.get("expert_group_count", 1) or 1) > 1:
         refuse(g, "expert_group_count", k["expert_group_count"], "transformers' LFM2-MoE routes without groups")
-    kv = k["attention.head_count_kv"]
-    kv = [int(v) for v in kv] if isinstance(kv, list) else [int(kv)] * n
+    kv = g.per_layer("attention.head_count_kv", n)
     heads = sorted({v for v in kv if v})
     if len(kv) != n or len(heads) != 1:
         refuse(g, "attention.head_count_kv", kv, "not one KV head count on the attention layers (0 on the "

@@ -31,21 +31,15 @@ from llmc.export.gguf_read import Family, GGUFFile, rotated_share, text_config
 BIAS = "mlp.gate.e_score_correction_bias"
 
 
-def _per_layer(g: GGUFFile, key: str, n: int) -> list[int]:
-    """A key llama.cpp reads per layer (`get_key_or_arr`): an array's first `n`, or a scalar for every layer."""
-    value = g.keys[key]
-    return [int(v) for v in value[:n]] if isinstance(value, list) else [int(value)] * n
-
-
 def _config(g: GGUFFile) -> Any:
     k = g.keys
     n = g.layers()
-    heads = _per_layer(g, "attention.head_count", n)
+    heads = g.per_layer("attention.head_count", n)
     if len(set(heads)) != 1:
         refuse(g, "attention.head_count", k["attention.head_count"], "transformers' MiMo-V2-Flash has one query head "
                "count")
-    sliding = [bool(s) for s in _per_layer(g, "attention.sliding_window_pattern", n)]
-    kv = _per_layer(g, "attention.head_count_kv", n)
+    sliding = [bool(s) for s in g.per_layer("attention.sliding_window_pattern", n)]
+    kv = g.per_layer("attention.head_count_kv", n)
     full_kv = {c for c, s in zip(kv, sliding, strict=True) if not s}
     swa_kv = {c for c, s in zip(kv, sliding, strict=True) if s}
     base_kv = next(iter(full_kv)) if full_kv else next(iter(swa_kv)) // 2

@@ -44,8 +44,7 @@ def _period(g: GGUFFile, layers: list[int], n: int, what: str) -> tuple[int, int
 def _config(g: GGUFFile) -> Any:
     k = g.keys
     n = int(k["block_count"])
-    kv = k["attention.head_count_kv"]
-    kv = [int(v) for v in kv] if isinstance(kv, list) else [int(kv)] * n
+    kv = g.per_layer("attention.head_count_kv", n)
     if len(kv) != n:
         raise UnsupportedModelError(f"{g.path}: {g.arch}.attention.head_count_kv has {len(kv)} values for {n} layers")
     attention = [i for i in range(n) if kv[i]]

@@ -111,8 +111,7 @@ def _mamba2_values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
 def _granite_config(g: GGUFFile) -> Any:
     k = g.keys
     n = int(k["block_count"])
-    kv = k["attention.head_count_kv"]
-    kv = [int(v) for v in kv] if isinstance(kv, list) else [int(kv)] * n
+    kv = g.per_layer("attention.head_count_kv", n)
     heads = k["attention.head_count"]
     if isinstance(heads, list) or len(kv) != n:
         raise UnsupportedModelError(f"{g.path}: {g.arch}.attention.head_count {heads} / head_count_kv {kv}: "

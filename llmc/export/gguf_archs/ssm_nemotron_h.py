@@ -39,16 +39,6 @@ from llmc.export.gguf_read import Family, GGUFFile, text_config, unpermute
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
-def _per_layer(g: GGUFFile, key: str, n: int, default: Any = None) -> list[int]:
-    value = g.keys.get(key, default)
-    if value is None:
-        raise KeyError(key)
-    values = [int(v) for v in value] if isinstance(value, list) else [int(value)] * n
-    if len(values) < n:
-        raise UnsupportedModelError(f"{g.path}: {g.arch}.{key} has {len(values)} values for {n} layers")
-    return values[:n]
-
-
 def _one(g: GGUFFile, key: str, values: list[int], what: str) -> int | None:
     found = sorted(set(values))
     if len(found) > 1:
@@ -77,10 +67,10 @@ def _layer_types(g: GGUFFile, n: int, kv: list[int], ff: list[int]) -> list[str]
 def _config(g: GGUFFile) -> Any:
     k = g.keys
     n = g.layers()
-    kv, ff = _per_layer(g, "attention.head_count_kv", n), _per_layer(g, "feed_forward_length", n)
+    kv, ff = g.per_layer("attention.head_count_kv", n), g.per_layer("feed_forward_length", n)
     types = _layer_types(g, n, kv, ff)
     where = {t: [i for i in range(n) if types[i] == t] for t in ("full_attention", "mlp", "moe")}
-    all_heads = _per_layer(g, "attention.head_count", n)
+    all_heads = g.per_layer("attention.head_count", n)
     heads = _one(g, "attention.head_count", [all_heads[i] for i in where["full_attention"]], "attention") or \
         all_heads[0]
     kv_heads = _one(g, "attention.head_count_kv", [kv[i] for i in where["full_attention"]], "attention") or heads
