@@ -9,6 +9,12 @@ one process would share the cores), for --runs runs after a warm-up; the figure 
 of its rounds' medians, with the weight bytes a run reads and the GB/s that makes. Configurations differ only in
 environment variables (LLMC_PREFETCH, LLMC_KERNELS_AVX2, ...); --library takes another build of the operator
 library for every configuration instead of the installed one.
+
+A product with a `window` (a quality-raised head: its second int8 level only for the tiles whose one-level logits lie
+within the window of the row's largest) costs what its logits make it: random x spreads SmolLM2's logits over less
+than the window, so every tile takes the second level and the head times ~8 ms at 8 rows where the engine's (a
+model's peaked logits) takes ~1. The script says so when the engine has one; compare such engines by their decode
+steps (`llmc bench`), or the products without the head.
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ def products_model(engine: Path, rows: int, out: Path) -> tuple[list[int], int]:
     if not nodes:
         raise SystemExit(f"{engine}: no {', '.join(PRODUCTS)} nodes (an engine built with llmc's operators has them)")
     widths = sorted({int(n.input[0][1:]) for n in nodes})
+    windowed = [n.name for n in nodes if any(a.name == "window" and a.f > 0 for a in n.attribute)]
+    if windowed:
+        print(f"note: windowed ({', '.join(windowed)}): the second level only near a row's largest outputs, which on "
+              "random x is every tile, more than the engine's decode computes (this script's docstring)", file=sys.stderr)
     nbytes = sum(int(e.value) for u in used for e in inits[u].external_data if e.key == "length")
     graph = helper.make_graph(nodes, "products",
                               [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [rows, k]) for k in widths],
