@@ -26,22 +26,28 @@ from llmc.export.gguf_archs.dense_llama_common import (
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 
-def _granite(g: GGUFFile) -> Any:
+def granite_values(g: GGUFFile, model: str) -> dict[str, Any]:
+    """What a Granite file's keys say of a Granite model (`model`: transformers' class, for the refusal): heads of
+    width / heads, rotated whole, the KV heads, the four multipliers as llama.cpp reads them (an absent attention
+    scale 1 / sqrt(head size), absent embedding and residual scales 1), the biases the file has."""
     k = g.keys
-    if not k.get("rope.scaling.finetuned", True):
-        raise UnsupportedModelError(f"{g.path}: granite.rope.scaling.finetuned false: llama.cpp's Granite then "
-                                    "rotates nothing, transformers' Granite always rotates")
     head = int(k["embedding_length"]) // int(k["attention.head_count"])
     if int(k.get("attention.key_length", head)) != head:  # (the converter drops head_dim)
-        raise UnsupportedModelError(f"{g.path}: granite.attention.key_length {k['attention.key_length']}: "
-                                    f"transformers' Granite has heads of width / heads ({head})")
+        raise UnsupportedModelError(f"{g.path}: {g.arch}.attention.key_length {k['attention.key_length']}: "
+                                    f"transformers' {model} has heads of width / heads ({head})")
     whole_head_rotated(g, head)
-    return text_config(
-        g, "granite", num_key_value_heads=kv_heads(g),
-        attention_multiplier=float(k.get("attention.scale") or 1 / math.sqrt(head)),
-        embedding_multiplier=float(k.get("embedding_scale") or 1.0),
-        residual_multiplier=float(k.get("residual_scale") or 1.0), logits_scaling=float(k["logit_scale"]),
-        attention_bias=bias_flag(g, ATTENTION, "attention_bias"), mlp_bias=bias_flag(g, MLP, "mlp_bias"))
+    return dict(num_key_value_heads=kv_heads(g), attention_multiplier=float(k.get("attention.scale") or
+                                                                             1 / math.sqrt(head)),
+                embedding_multiplier=float(k.get("embedding_scale") or 1.0),
+                residual_multiplier=float(k.get("residual_scale") or 1.0), logits_scaling=float(k["logit_scale"]),
+                attention_bias=bias_flag(g, ATTENTION, "attention_bias"), mlp_bias=bias_flag(g, MLP, "mlp_bias"))
+
+
+def _granite(g: GGUFFile) -> Any:
+    if not g.keys.get("rope.scaling.finetuned", True):
+        raise UnsupportedModelError(f"{g.path}: granite.rope.scaling.finetuned false: llama.cpp's Granite then "
+                                    "rotates nothing, transformers' Granite always rotates")
+    return text_config(g, "granite", **granite_values(g, "Granite"))
 
 
 FAMILIES = (Family("granite", "granite", "Granite", _granite, values=unpermuted_qk),)
