@@ -27,6 +27,7 @@ without truncation) is the family's as every checkpoint has it.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -455,13 +456,14 @@ def text_sections(g: GGUFFile, rotated: int) -> bool:
     return True
 
 
-def rotated_share(g: GGUFFile, head: int, title: str) -> float:
-    """The share of each head rotated (`rope.dimension_count`, the whole head where absent), refused where
-    transformers' `title` class cannot rotate it (odd, past the head, or not a share it rounds back to)."""
-    rotated = int(g.keys.get("rope.dimension_count", head))
+def rotated_share(g: GGUFFile, head: int, title: str, key: str = "rope.dimension_count") -> float:
+    """The share of each head rotated (`key`; `rope.dimension_count` where a `_swa` key is absent, the whole head
+    where that is), refused where transformers' `title` class cannot rotate it (odd, past the head, or not a share
+    it rounds back to)."""
+    rotated = int(g.keys.get(key, g.keys.get("rope.dimension_count", head)))
     factor = rotated / head
     if rotated > head or rotated % 2 or int(head * factor) != rotated:
-        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.dimension_count {rotated} of a head of {head}: "
+        raise UnsupportedModelError(f"{g.path}: {g.arch}.{key} {rotated} of a head of {head}: "
                                     f"transformers' {title} cannot rotate that share")
     return factor
 
@@ -541,6 +543,34 @@ def load_model(path: Path, attention: str | None) -> tuple[Any, dict[str, Any]] 
 # llama.cpp's Gemma 2 / 3 scale the queries by n_embd / n_head at 27B (told by the layer count), by the head size
 # otherwise; the files carry neither query_pre_attn_scalar nor the size (llama-model.cpp)
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3_text": 62}
+
+
+def unread_yarn(g: GGUFFile, title: str) -> dict[str, Any]:
+    """The file's keys for `_scaled_rope` where llama.cpp's `title` reads no `rope.scaling.yarn_*` key and no
+    `rope.scaling.attn_factor` (OLMo 2 / 3, Laguna, Mellum): its scaling none, linear or yarn, yarn's betas 32 / 1
+    and its magnitude 0.1 ln(factor) + 1 whatever the file says. A file saying otherwise (a checkpoint's own
+    attention factor, say) is refused, as transformers' class would take it; the keys checked are dropped."""
+    k = g.keys
+    kind = k.get("rope.scaling.type", "none")
+    if kind not in ("none", "linear", "yarn"):
+        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.scaling.type {kind!r}: llama.cpp's {title} scales "
+                                    "its rotary by none, linear or yarn")
+    if float(k.get("rope.scaling.attn_factor", 1.0)) != 1.0:
+        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.scaling.attn_factor {k['rope.scaling.attn_factor']!r}: "
+                                    f"llama.cpp's {title} scales its rotary by it beside yarn's magnitude; "
+                                    f"transformers' {title} takes one attention factor")
+    keys = dict(k)
+    if kind == "yarn":
+        factor = float(k["rope.scaling.factor"])
+        taken = {"yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,  # (llama-hparams.h's defaults, which stand)
+                 "yarn_attn_factor": 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0}  # (get_mscale)
+        for knob, own in taken.items():
+            key = f"rope.scaling.{knob}"
+            if key in k and not math.isclose(float(k[key]), own, rel_tol=1e-6):
+                raise UnsupportedModelError(f"{g.path}: {g.arch}.{key} {k[key]!r}: llama.cpp's {title} does not "
+                                            f"read it: its yarn takes {own:.6g}, transformers' would take the file's")
+            keys.pop(key, None)
+    return keys
 
 
 def _scaled_rope(f: dict[str, Any], tensors: dict[str, Any], path: Path, arch: str) -> dict[str, Any]:

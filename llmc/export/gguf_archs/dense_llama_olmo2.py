@@ -21,12 +21,11 @@ than none, linear and yarn, a `rope_freqs` tensor (llama.cpp's OLMo 2 has no pla
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from llmc.errors import UnsupportedModelError
 from llmc.export.gguf_archs.dense_llama_common import kv_heads, whole_head_rotated
-from llmc.export.gguf_read import Family, GGUFFile, _scaled_rope, text_config
+from llmc.export.gguf_read import Family, GGUFFile, _scaled_rope, text_config, unread_yarn
 
 
 def _refuse(g: GGUFFile, key: str, why: str) -> None:
@@ -54,24 +53,7 @@ def _olmo3_rope(g: GGUFFile) -> dict[str, Any]:
     if "rope.freq_base_swa" in k and float(k["rope.freq_base_swa"]) != theta:
         _refuse(g, "rope.freq_base_swa", f"llama.cpp's OLMo 2 rotates its sliding layers with rope.freq_base ({theta}) "
                 "and shifts their cache with this one")
-    kind = k.get("rope.scaling.type", "none")
-    if kind not in ("none", "linear", "yarn"):
-        _refuse(g, "rope.scaling.type", "llmc reads OLMo 3 with none, linear or yarn scaling")
-    if float(k.get("rope.scaling.attn_factor", 1.0)) != 1.0:
-        _refuse(g, "rope.scaling.attn_factor", "llama.cpp multiplies its yarn magnitude by it (OLMo 3's attention "
-                "factor applied twice); transformers' OLMo 3 takes one attention factor")
-    keys = dict(k)
-    if kind == "yarn":
-        magnitude = 0.1 * math.log(float(k["rope.scaling.factor"])) + 1.0  # (factor > 1: llama.cpp's get_mscale)
-        if "rope.scaling.yarn_attn_factor" in k and not math.isclose(float(k["rope.scaling.yarn_attn_factor"]),
-                                                                     magnitude, rel_tol=1e-6):
-            _refuse(g, "rope.scaling.yarn_attn_factor", "llama.cpp's OLMo 2 does not read it: its yarn magnitude is "
-                    f"0.1 ln(factor) + 1 ({magnitude:.6g})")
-        for knob, default in (("yarn_beta_fast", 32.0), ("yarn_beta_slow", 1.0)):
-            if float(k.get(f"rope.scaling.{knob}", default)) != default:
-                _refuse(g, f"rope.scaling.{knob}", f"llama.cpp's OLMo 2 does not read it: its default {default} "
-                        "stands")
-        keys.pop("rope.scaling.yarn_attn_factor", None)
+    keys = unread_yarn(g, "OLMo 2")
     full = {"rope_type": "default", "rope_theta": theta, **_scaled_rope(keys, g.tensors, g.path, g.arch)}
     return {"sliding_attention": {"rope_type": "default", "rope_theta": theta}, "full_attention": full}
 
