@@ -545,22 +545,30 @@ def load_model(path: Path, attention: str | None) -> tuple[Any, dict[str, Any]] 
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3_text": 62}
 
 
+def plain_scaling(g: GGUFFile, title: str) -> str:
+    """The file's rotary scaling (`rope.scaling.type`), refused unless none, linear or yarn, or with a factor on
+    yarn's magnitude (`rope.scaling.attn_factor`, which llama.cpp multiplies in): transformers' `title` takes one
+    attention factor."""
+    k = g.keys
+    kind = str(k.get("rope.scaling.type", "none"))
+    if kind not in ("none", "linear", "yarn"):
+        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.scaling.type {kind!r}: llmc reads llama.cpp's {title} "
+                                    "with none, linear or yarn scaling")
+    if float(k.get("rope.scaling.attn_factor", 1.0)) != 1.0:
+        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.scaling.attn_factor {k['rope.scaling.attn_factor']!r}: "
+                                    f"llama.cpp's {title} scales its rotary by it beside yarn's magnitude; "
+                                    f"transformers' {title} takes one attention factor")
+    return kind
+
+
 def unread_yarn(g: GGUFFile, title: str) -> dict[str, Any]:
     """The file's keys for `_scaled_rope` where llama.cpp's `title` reads no `rope.scaling.yarn_*` key and no
     `rope.scaling.attn_factor` (OLMo 2 / 3, Laguna, Mellum): its scaling none, linear or yarn, yarn's betas 32 / 1
     and its magnitude 0.1 ln(factor) + 1 whatever the file says. A file saying otherwise (a checkpoint's own
     attention factor, say) is refused, as transformers' class would take it; the keys checked are dropped."""
     k = g.keys
-    kind = k.get("rope.scaling.type", "none")
-    if kind not in ("none", "linear", "yarn"):
-        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.scaling.type {kind!r}: llama.cpp's {title} scales "
-                                    "its rotary by none, linear or yarn")
-    if float(k.get("rope.scaling.attn_factor", 1.0)) != 1.0:
-        raise UnsupportedModelError(f"{g.path}: {g.arch}.rope.scaling.attn_factor {k['rope.scaling.attn_factor']!r}: "
-                                    f"llama.cpp's {title} scales its rotary by it beside yarn's magnitude; "
-                                    f"transformers' {title} takes one attention factor")
     keys = dict(k)
-    if kind == "yarn":
+    if plain_scaling(g, title) == "yarn":
         factor = float(k["rope.scaling.factor"])
         taken = {"yarn_beta_fast": 32.0, "yarn_beta_slow": 1.0,  # (llama-hparams.h's defaults, which stand)
                  "yarn_attn_factor": 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0}  # (get_mscale)

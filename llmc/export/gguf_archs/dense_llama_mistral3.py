@@ -28,7 +28,7 @@ from typing import Any
 
 from llmc.errors import UnsupportedModelError
 from llmc.export.gguf_archs.dense_llama_common import kv_heads, unpermuted_qk, whole_head_rotated
-from llmc.export.gguf_read import Family, GGUFFile, _scaled_rope, text_config
+from llmc.export.gguf_read import Family, GGUFFile, _scaled_rope, plain_scaling, text_config
 
 _LOG_MUL = "rope.scaling.yarn_log_multiplier"
 
@@ -42,13 +42,7 @@ def _rope(g: GGUFFile) -> dict[str, Any]:
     """transformers' rope_parameters of the file: its rotary base and scaling (yarn's magnitude from the log
     multiplier, as llama.cpp takes it), the attention temperature and the context it floors positions by."""
     k = g.keys
-    kind = k.get("rope.scaling.type", "none")
-    if kind not in ("none", "linear", "yarn"):
-        raise UnsupportedModelError(f"{g.path}: mistral3.rope.scaling.type {kind!r}: llmc reads llama.cpp's "
-                                    "Ministral 3 with none, linear or yarn scaling")
-    if float(k.get("rope.scaling.attn_factor", 1.0)) != 1.0:
-        raise UnsupportedModelError(f"{g.path}: mistral3.rope.scaling.attn_factor {k['rope.scaling.attn_factor']}: "
-                                    "a factor on llama.cpp's yarn magnitude that transformers' Ministral 3 has not")
+    kind = plain_scaling(g, "Ministral 3")
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(k.get("rope.freq_base", 10_000.0))}
     rope.update(_scaled_rope({key: v for key, v in k.items() if key != _LOG_MUL}, g.tensors, g.path, g.arch))
     log_mul = float(k.get(_LOG_MUL, 0.0))
