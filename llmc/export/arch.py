@@ -1654,7 +1654,10 @@ def _flint(config: Any) -> dict[str, Any]:
 def _moe(config: Any) -> dict[str, Any]:
     from llmc.graph.moe import is_sparse_layer, spec_from_hf_config
 
-    moe = spec_from_hf_config(config)
+    try:
+        moe = spec_from_hf_config(config)
+    except ValueError as e:  # (a mixture the router cannot take, e.g. groups of one expert: one line, not a traceback)
+        raise UnsupportedModelError(f"{config.model_type}'s mixture of experts is not supported: {e}") from None
     layers = tuple(is_sparse_layer(config, i) for i in range(config.num_hidden_layers))
     return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token,
             "moe_intermediate_size": moe.intermediate_size, "norm_topk_prob": moe.norm_topk_prob,

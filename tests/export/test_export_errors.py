@@ -529,3 +529,15 @@ def test_an_export_further_from_float64_than_transformers_is_refused(loud_head: 
     with pytest.raises(LlmcError, match=r"transformers' own fp32 error could not be measured"):
         export(ExportConfig(str(loud_head), tmp_path / "out2"))
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_a_mixture_the_router_cannot_take_is_refused_in_one_line(tmp_path: Path,
+                                                                  tiny_factory: Callable[[str], Built]) -> None:
+    """DeepSeek-V3's groups of one expert (a group scores by its two best): was a ValueError's traceback."""
+    folder = _copy_model(tiny_factory("deepseek_v3").hf_dir, tmp_path / "m")
+    _edit_config(folder, n_group=8, topk_group=4)
+    with pytest.raises(UnsupportedModelError, match="deepseek_v3's mixture of experts is not supported: num_groups "
+                                                    "must leave at least 2 experts a group") as e:
+        _export(folder, tmp_path / "out")
+    assert "\n" not in str(e.value)
+    assert _leftovers(tmp_path, "out") == []
