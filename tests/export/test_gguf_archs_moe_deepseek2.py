@@ -3,6 +3,7 @@ logits of the checkpoint."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +16,19 @@ from llmc.errors import UnsupportedModelError
 from .test_gguf_archs_moe_common import text_keys, write_moe
 
 
-def write_deepseek2(model: Any, folder: Path, out: Path, scoring: str, metadata: dict[str, Any] | None = None,
-                    split_kv_b: bool = True) -> Path:
+def write_deepseek2(model: Any, folder: Path, out: Path, scoring: str | None, metadata: dict[str, Any] | None = None,
+                    split_kv_b: bool = True, arch: str = "deepseek2", table: str | None = None, appended: int = 0,
+                    more_keys: Callable[[Any, dict[str, Any]], None] | None = None) -> Path:
     """`TextModel`'s keys with one KV head (the checkpoint's config.json `scoring_func` among them), then the
     latent ranks and heads' sizes, the leading dense layers, the experts' keys, the rotated dims, yarn's
     0.1 x mscale_all_dim; `kv_b_proj` split into `attn_k_b` ([H, rank, nope]) and `attn_v_b` ([H, v, rank]) (or
-    whole, as older converters wrote it), the selection bias as `exp_probs_b.bias`, the experts stacked."""
+    whole, as older converters wrote it), the selection bias as `exp_probs_b.bias`, the experts stacked. Its
+    subclasses' files: `arch` (by `table`'s names), `appended` blocks counted in `block_count`, `more_keys` after."""
     c = model.config
 
     def keys(w: Any, h: dict[str, Any]) -> None:
         h = {**h, "num_key_value_heads": 1, "scoring_func": scoring}
-        text_keys(w, h)
+        text_keys(w, {**h, "num_hidden_layers": h["num_hidden_layers"] + appended})
         w.add_leading_dense_block_count(h["first_k_dense_replace"])
         w.add_vocab_size(h["vocab_size"])
         if h.get("q_lora_rank") is not None:
@@ -44,6 +47,8 @@ def write_deepseek2(model: Any, folder: Path, out: Path, scoring: str, metadata:
         w.add_rope_dimension_count(h["qk_rope_head_dim"])
         if (mscale := (h.get("rope_parameters") or {}).get("mscale_all_dim")) is not None:
             w.add_rope_scaling_yarn_log_mul(0.1 * mscale)
+        if more_keys is not None:
+            more_keys(w, h)
 
     def transform(name: str, values: np.ndarray) -> list[tuple[str, np.ndarray]] | None:
         blk = f"blk.{name.split('.')[2]}" if name.startswith("model.layers.") else ""
@@ -55,7 +60,7 @@ def write_deepseek2(model: Any, folder: Path, out: Path, scoring: str, metadata:
             return [(f"{blk}.exp_probs_b.bias", values)]
         return None
 
-    return write_moe(model, folder, out, "deepseek2", keys, transform, metadata=metadata)
+    return write_moe(model, folder, out, arch, keys, transform, metadata=metadata, table=table)
 
 
 MLA = dict(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=8,

@@ -50,7 +50,9 @@ def _rope(g: GGUFFile) -> dict[str, Any]:
     return rope
 
 
-def _config(g: GGUFFile) -> Any:
+def mla_config(g: GGUFFile) -> Any:
+    """DeepSeek-V2's or V3's config from a `deepseek2` file's keys (also the base of its converter's subclasses':
+    GLM-5's, DeepSeek-V3.2's, moe_dsa)."""
     k = g.keys
     rope_dim = int(k["rope.dimension_count"])
     if "attention.key_length_mla" in k:
@@ -88,7 +90,9 @@ def _config(g: GGUFFile) -> Any:
     return text_config(g, "deepseek_v2", topk_method="greedy", **fields)
 
 
-def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
+def mla_values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
+    """A weight as the model has it: the experts from their stacks, the selection bias, `kv_b` joined back from
+    `k_b` / `v_b`."""
     if (found := moe_values(key, g, "mlp.gate.e_score_correction_bias")) is not None:
         return found
     i = layer_of(key)
@@ -105,4 +109,4 @@ def _values(key: str, g: GGUFFile, config: Any) -> np.ndarray | None:
     return np.concatenate((k_b, v_b), axis=1).reshape(-1, int(config.kv_lora_rank))
 
 
-FAMILIES = (Family("deepseek2", "deepseek_v2", "DeepSeek-V2 / V3", _config, values=_values, rope_freqs=False),)
+FAMILIES = (Family("deepseek2", "deepseek_v2", "DeepSeek-V2 / V3", mla_config, values=mla_values, rope_freqs=False),)
