@@ -12,8 +12,9 @@ library for every configuration instead of the installed one.
 
 A product with a `window` (a quality-raised head: its second int8 level only for the tiles whose one-level logits lie
 within the window of the row's largest) costs what its logits make it: random x spreads SmolLM2's logits over less
-than the window, so every tile takes the second level and the head times ~8 ms at 8 rows where the engine's (a
-model's peaked logits) takes ~1. The script says so when the engine has one; compare such engines by their decode
+than the window, so every tile takes the second level and the head times ~8-10 ms at 8 rows where the engine's (a
+model's peaked logits) takes between its one- and two-level times (1.3-3.4 ms, docs/performance_notes.md). The
+script says so when the engine has one; compare such engines by their decode
 steps (`llmc bench`), or the products without the head.
 """
 
