@@ -86,14 +86,20 @@ def has(g: GGUFFile, name: str) -> bool:
 SIGMOID = 2  # (llama.cpp's expert_gating_func value)
 
 
-def sigmoid_renormalized(g: GGUFFile, title: str) -> None:
-    """Refuses routing other than transformers' `title`'s: the sigmoid of the router's logits (llama.cpp's
-    `expert_gating_func`, none written read as sigmoid), the chosen experts' weights always renormalized
-    (`expert_weights_norm`, none written: not)."""
+def sigmoid_gated(g: GGUFFile, title: str, required: bool = False) -> None:
+    """Refuses gating other than the sigmoid of the router's logits, transformers' `title`'s (llama.cpp's
+    `expert_gating_func`; none written is read as sigmoid unless the family's loader `required` it)."""
     k = g.keys
-    gating = int(k.get("expert_gating_func", SIGMOID) or SIGMOID)
+    gating = int(k["expert_gating_func"] if required else k.get("expert_gating_func", SIGMOID) or SIGMOID)
     if gating != SIGMOID:
         refuse(g, "expert_gating_func", gating, f"transformers' {title} routes by sigmoid")
+
+
+def sigmoid_renormalized(g: GGUFFile, title: str) -> None:
+    """Refuses routing other than transformers' `title`'s: sigmoid gating (`sigmoid_gated`), the chosen experts'
+    weights always renormalized (`expert_weights_norm`, none written: not)."""
+    k = g.keys
+    sigmoid_gated(g, title)
     if not bool(k.get("expert_weights_norm", False)):
         refuse(g, "expert_weights_norm", k.get("expert_weights_norm", False), f"transformers' {title} always "
                "renormalizes the chosen experts' weights")

@@ -36,7 +36,7 @@ import dataclasses
 from typing import Any
 
 from llmc.export.gguf_archs import moe_deepseek2
-from llmc.export.gguf_archs.moe_common import SIGMOID, refuse
+from llmc.export.gguf_archs.moe_common import SIGMOID, refuse, sigmoid_gated
 from llmc.export.gguf_read import Family, GGUFFile, text_config
 
 # the latent attention's, the mixture's and the rotary's fields as moe_deepseek2 reads them (DeepSeek-V3's config)
@@ -64,11 +64,6 @@ def _dsa_config(g: GGUFFile, model_type: str, **fields: Any) -> Any:
                        index_topk=int(k["attention.indexer.top_k"]), **{f: getattr(mla, f) for f in _MLA}, **fields)
 
 
-def _sigmoid(g: GGUFFile, gating: int, title: str) -> None:
-    if gating != SIGMOID:
-        refuse(g, "expert_gating_func", gating, f"transformers' {title} routes by sigmoid")
-
-
 def _indexer_types(g: GGUFFile, n: int) -> list[str]:
     """Each layer's indexer as llama.cpp's glm-dsa takes it: the file's types, or (none written) every layer full
     below a 2^20 context (GLM-5 / 5.1), GLM-5.2's pattern from one."""
@@ -89,7 +84,7 @@ def _indexer_types(g: GGUFFile, n: int) -> list[str]:
 
 def _glm_config(g: GGUFFile) -> Any:
     k = g.keys
-    _sigmoid(g, int(k.get("expert_gating_func", SIGMOID) or SIGMOID), "GLM-MoE-DSA")  # (none written: sigmoid)
+    sigmoid_gated(g, "GLM-MoE-DSA")  # (none written: sigmoid)
     if "rope.scaling.yarn_log_multiplier" in k:
         refuse(g, "rope.scaling.yarn_log_multiplier", k["rope.scaling.yarn_log_multiplier"], "llama.cpp's glm-dsa "
                "does not read it (its q.k scale leaves out mscale_all_dim), transformers' GLM-MoE-DSA would take it")
@@ -97,7 +92,7 @@ def _glm_config(g: GGUFFile) -> Any:
 
 
 def _v32_config(g: GGUFFile) -> Any:
-    _sigmoid(g, int(g.keys["expert_gating_func"]), "DeepSeek-V3.2")  # (llama.cpp's deepseek32 requires the key)
+    sigmoid_gated(g, "DeepSeek-V3.2", required=True)  # (llama.cpp's deepseek32 requires the key)
     return _dsa_config(g, "deepseek_v32")
 
 
