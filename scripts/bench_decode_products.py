@@ -5,7 +5,8 @@ norms, sampling or Python in between.
     python scripts/bench_decode_products.py out/int4 --rows 1 --rounds 5 --env LLMC_PREFETCH=l1 --env LLMC_PREFETCH=l2
 
 Each round runs every configuration once, in its own process (ONNX Runtime's spinning pools of two sessions in
-one process would share the cores), for --runs runs after a warm-up; the figure per configuration is the median
+one process would share the cores), its session as the engine's (llmc's pool where every parallel node is llmc's;
+LLMC_POOL=onnxruntime: ONNX Runtime's), for --runs runs after a warm-up; the figure per configuration is the median
 of its rounds' medians, with the weight bytes a run reads and the GB/s that makes. Configurations differ only in
 environment variables (LLMC_PREFETCH, LLMC_KERNELS_AVX2, ...); --library takes another build of the operator
 library for every configuration instead of the installed one.
@@ -71,14 +72,19 @@ def products_model(engine: Path, rows: int, out: Path) -> tuple[list[int], int]:
 def child(model: Path, widths: list[int], rows: int, runs: int, threads: int, library: str | None) -> None:
     """One configuration's timed runs (this process's environment): prints their median in seconds."""
     import numpy as np
+    import onnx
     import onnxruntime as ort
 
     from llmc.engines.kernels import library_path, register
+    from llmc.engines.ort.run import uses_own_pool
 
+    # the engine's session: llmc's pool where every parallel node is llmc's (LLMC_POOL=onnxruntime: ONNX Runtime's)
+    own = uses_own_pool(onnx.load(str(model), load_external_data=False), threads)
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
+    so.intra_op_num_threads = 1 if own else threads
+    so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    register(so, Path(library) if library else library_path(), threads)
+    register(so, Path(library) if library else library_path(), threads, own_pool=own)
     session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     feeds = {f"x{k}": np.random.default_rng(0).standard_normal((rows, k)).astype(np.float32) for k in widths}
     for _ in range(10):
