@@ -4,6 +4,7 @@ resuming to the uninterrupted greedy output (tiny llama, fp32 caches)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -118,17 +119,23 @@ def test_preempted_sequence_resumes_to_the_same_greedy_output(tiny_llama: Built)
 
 def test_chunks_of_different_lengths_run_together_and_equal_one_row_runs(tiny_llama: Built,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows after a past with 4, 4, 2 and 1 new tokens: one run (new_tokens), the same logits as one run per row."""
+    """Rows after a past with 4, 4, 2 and 1 new tokens: one run (new_tokens), the same logits as one run per row
+    (the row of one token alone: a one-token step)."""
     engine = load_engine_dir(tiny_llama.engine("llmc"))
     assert io_names.NEW_TOKENS in engine.manifest.decode.input_names()
     runs: list[list[int]] = []
-    real_run = engine._run
+    real_run, real_step = engine._run, engine._paged_step
 
     def counting(graph: str, kv: object, rows: StepRows) -> np.ndarray:
         runs.append(rows.counts.tolist())
         return real_run(graph, kv, rows)
 
+    def counting_step(kv: HostPagedKVCache, slots: list[int], tokens: list[int]) -> np.ndarray:
+        runs.append([1] * len(slots))
+        return real_step(kv, slots, tokens)
+
     monkeypatch.setattr(engine, "_run", counting)
+    monkeypatch.setattr(engine, "_paged_step", counting_step)
     prompts = [[5, 9, 11], list(range(3, 40)), [4, 8, 30, 31, 2], [6, 7]]
     chunks = [[7, 8, 9, 10], [11, 12, 13, 14], [3, 3], [9]]
     logits = []
@@ -168,6 +175,41 @@ def test_one_token_steps_on_their_bound_table_equal_one_row_steps(tiny_llama: Bu
         np.testing.assert_array_equal(kept, value)
     assert kvs[0].lengths.tolist() == kvs[1].lengths.tolist() == [40, 7]
     assert {key[2] for key in engine._steps} == {1, 2}  # one binding per batch size, whatever the rows
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # (GPT-2's learned positions: its graph takes position_ids)
+def test_a_one_token_step_binds_the_inputs_the_step_core_feeds(tiny_factory: Callable[[str], Built], arch: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usual decode step (paged memory, one token a row) fills its bound arrays a row at a time instead of
+    building the step core's rows and feeds: what it binds is what `_feeds` gives for the same rows (positions,
+    seqlens_k, total_seq_len, each row's blocks), with rows out of slot order and tables of different lengths, and
+    it runs once, through no `_run`."""
+    engine = load_engine_dir(tiny_factory(arch).engine("llmc"), BLOCKS_OF_16)
+    assert (io_names.POSITION_IDS in engine._input_names) == (arch == "gpt2")
+    kv = engine.new_paged_kv_cache(3, 64, 12)
+    assert isinstance(kv, HostPagedKVCache)
+    kv.tables[0], kv.tables[1], kv.tables[2] = [5, 1, 6], [3], [0, 2, 4, 7]
+    engine.prefill([0, 1, 2], [list(range(3, 40)), [4, 8, 30], list(range(5, 55))], kv)
+    monkeypatch.setattr(engine, "_run", lambda *a: pytest.fail("a one-token step went through the step core"))
+    for step, slots in enumerate(([2, 0, 1], [1, 2, 0])):
+        start = kv.lengths[slots].copy()
+        tokens = [[10 + step + s] for s in slots]
+        logits = engine.decode(slots, tokens, kv)
+        assert logits.shape == (3, engine.logits_size) and np.isfinite(logits).all()
+        assert kv.lengths[slots].tolist() == (start + 1).tolist()
+        rows = StepRows(slots, np.array(tokens, np.int64), start, np.ones(3, np.int64), 1)
+        bound = engine._steps[(id(kv), 0, 3)][1]
+        fed = engine._feeds(kv, rows)
+        assert set(fed) - {io_names.NEW_TOKENS} <= set(bound)
+        for name, want in fed.items():
+            got = bound[name]
+            if name == io_names.BLOCK_TABLE:  # (bound as wide as a table can be: each row's own blocks first)
+                for b, slot in enumerate(slots):
+                    assert got[b, :len(kv.tables[slot])].tolist() == kv.tables[slot]
+            elif name == io_names.NEW_TOKENS:
+                assert got.tolist() == [1, 1, 1]  # bound as ones
+            else:
+                np.testing.assert_array_equal(got.reshape(np.shape(want)), want, err_msg=name)
 
 
 def test_a_new_paged_cache_never_runs_on_an_old_one_s_bindings(tiny_llama: Built,
