@@ -65,10 +65,9 @@ class KVCache(ABC):
 
     def check_room(self, slots: list[int], new_tokens: list[int]) -> None:
         for slot, n in zip(slots, new_tokens):
-            if self.lengths[slot] + n > self.max_len:
-                raise LimitError(
-                    f"sequence in slot {slot} needs {self.lengths[slot] + n} positions, KV cache holds {self.max_len}"
-                )
+            need = int(self.lengths[slot]) + n  # (Python ints: numpy's scalar arithmetic costs a decode step more)
+            if need > self.max_len:
+                raise LimitError(f"sequence in slot {slot} needs {need} positions, KV cache holds {self.max_len}")
 
 
 class PagedKVCache(KVCache):
@@ -93,9 +92,10 @@ class PagedKVCache(KVCache):
     def check_room(self, slots: list[int], new_tokens: list[int]) -> None:
         super().check_room(slots, new_tokens)
         for slot, n in zip(slots, new_tokens):
-            if self.lengths[slot] + n > len(self.tables[slot]) * self.block_size:
-                raise LimitError(f"sequence in slot {slot} needs {self.lengths[slot] + n} positions, its "
-                                 f"{len(self.tables[slot])} blocks hold {len(self.tables[slot]) * self.block_size}")
+            need, blocks = int(self.lengths[slot]) + n, len(self.tables[slot])
+            if need > blocks * self.block_size:
+                raise LimitError(f"sequence in slot {slot} needs {need} positions, its {blocks} blocks hold "
+                                 f"{blocks * self.block_size}")
 
 
 class Engine(ABC):
